@@ -1,0 +1,35 @@
+"""Shared fixtures. The BFC allocator must be chosen before TensorFlow's first op, so it is set at import time."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tfmem_magic
+
+tfmem_magic.prepare()  # TF_CPU_ALLOCATOR_USE_BFC=1 and quiet TF INFO logs, before any test imports TensorFlow
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+@pytest.fixture
+def shell(tmp_path):
+    """A real IPython shell with the extension loaded and every displayed bundle captured."""
+    from IPython.core.displaypub import CapturingDisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.clear_instance()
+    sh = InteractiveShell.instance(display_pub_class=CapturingDisplayPublisher, history_length=0)
+    sh.history_manager.enabled = False
+    sh.run_line_magic("load_ext", "tfmem_magic")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    yield sh
+    os.chdir(cwd)
+    InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def displayed(shell):
+    """A function returning the data dicts the shell has displayed so far."""
+    return lambda: [out["data"] for out in shell.display_pub.outputs]

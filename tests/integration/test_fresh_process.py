@@ -1,0 +1,92 @@
+"""Situations that need a fresh Python process: the allocator is chosen once, at TensorFlow's first op."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> dict:
+    """Run code in a fresh interpreter; it prints one JSON line last, which is returned."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU_ALLOCATOR", "TF_ENABLE_ONEDNN"))}
+    full_env.update(env or {})
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         env=full_env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_script_api_without_ipython_sees_every_allocation():
+    data = run_python("""
+        import json, sys, tfmem_magic
+        tfmem_magic.prepare()
+        import tensorflow as tf
+        with tfmem_magic.profile(label="script") as p:
+            x = tf.random.uniform((512, 256))
+        r = p.report
+        # Keras itself imports IPython (keras/src/saving/file_editor.py): check that our adapter stayed out
+        print(json.dumps({"adapter": "tfmem_magic.magics" in sys.modules, "allocator": r.env.allocator,
+                          "complete": r.env.allocator_complete, "grew": r.tf["CPU:0"].end_bytes,
+                          "top": r.trace.at_peak[0].requested_bytes, "last": tfmem_magic.last_report() is r}))
+    """)
+    assert data == {"adapter": False, "allocator": "bfc_cpu_allocator_for_gpu", "complete": True,
+                    "grew": data["grew"], "top": 512 * 256 * 4, "last": True}
+    assert data["grew"] >= 512 * 256 * 4
+
+
+def test_loaded_after_first_op_says_what_is_degraded():
+    data = run_python("""
+        import json
+        import tensorflow as tf
+        tf.constant(1.0)                       # TF is running before the extension loads
+        from IPython.core.interactiveshell import InteractiveShell
+        sh = InteractiveShell.instance()
+        sh.run_line_magic("load_ext", "tfmem_magic")
+        sh.run_cell("%%tfmem --as rep\\nimport tensorflow as tf\\nsmall = tf.ones((16, 16))\\nbig = tf.ones((512, 512))")
+        r = sh.user_ns["rep"]
+        print(json.dumps({"allocator": r.env.allocator, "complete": r.env.allocator_complete,
+                          "findings": [f.id for f in r.findings], "note": r.env.allocator_note}))
+    """)
+    # this CPU has AVX512_VNNI/BF16, so TF's default allocator is oneDNN's mklcpu (DESIGN.md §1)
+    assert data["allocator"] in ("mklcpu", "cpu") and data["complete"] is False
+    assert "allocator-blind-spot" in data["findings"]
+    assert "load_ext tfmem_magic" in data["note"]
+
+
+def test_no_statistics_at_all_gives_an_rss_report_not_a_crash():
+    data = run_python("""
+        import json
+        import tensorflow as tf
+        tf.constant(1.0)
+        import tfmem_magic
+        with tfmem_magic.profile() as p:
+            x = tf.ones((256, 256))
+        r = p.report
+        print(json.dumps({"allocator": r.env.allocator, "tf": r.tf, "status": r.status, "rss": r.rss.peak_bytes > 0,
+                          "findings": [f.id for f in r.findings]}))
+    """, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert data["allocator"] == "cpu" and data["tf"] == {} and data["status"] == "ok" and data["rss"]
+    assert "allocator-blind-spot" in data["findings"]
+
+
+def test_without_tensorflow_reports_process_memory():
+    data = run_python("""
+        import json, sys
+        sys.modules["tensorflow"] = None       # as if TensorFlow were not installed
+        import tfmem_magic
+        with tfmem_magic.profile() as p:
+            block = bytearray(50 * 2**20)
+        r = p.report
+        print(json.dumps({"mode": r.mode, "tf": r.tf, "notes": r.notes, "grew": r.rss.peak_bytes - r.rss.baseline_bytes,
+                          "text": tfmem_magic.render_text(r)}))
+    """)
+    assert data["mode"] == "quick" and data["tf"] == {}
+    assert any("not installed" in n for n in data["notes"])
+    assert data["grew"] >= 45 * 2**20

@@ -1,0 +1,142 @@
+"""The cell runs as it would without the magic, errors reach the user unchanged, and nothing leaks out."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tfmem_magic import Report, engine
+
+
+def thread_names() -> set[str]:
+    return {t.name for t in threading.enumerate()}
+
+
+def profiler_is_free(tmp_path: Path) -> bool:
+    import tensorflow as tf
+
+    tf.profiler.experimental.start(str(tmp_path / "probe"))
+    tf.profiler.experimental.stop()
+    return True
+
+
+def test_cell_runs_like_without_the_magic(shell, capsys):
+    result = shell.run_cell("%%tfmem --quick\nanswer = 6 * 7\nanswer")
+    assert result.success and shell.user_ns["answer"] == 42
+    assert "42" in capsys.readouterr().out  # the last expression is still displayed
+    shell.run_cell("%%tfmem --quick\nanswer + 1;")
+    assert "43" not in capsys.readouterr().out  # and `;` still silences it
+
+
+@pytest.mark.parametrize("mode", ["--trace", "--quick"])
+def test_raising_cell_keeps_traceback_and_reports(shell, capsys, tmp_path, mode, displayed):
+    before = thread_names()
+    result = shell.run_cell(f"%%tfmem {mode}\nimport tensorflow as tf\nt = tf.ones((64, 64))\n"
+                            "raise ValueError('boom 123')")
+    out = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, ValueError) and str(result.error_in_exec) == "boom 123"
+    assert out.count("ValueError") >= 1 and "boom 123" in out and "tfmem_magic" not in out  # the user's traceback
+    rep = engine.last_report()
+    assert rep.status == "error" and rep.error.type == "ValueError" and rep.error.message == "boom 123"
+    assert displayed()  # the report is shown even though the cell failed
+    assert thread_names() == before  # sampler and trace timer are gone
+    assert profiler_is_free(tmp_path)  # our profiler session was stopped
+    assert shell.run_cell("%%tfmem\nok = 1").success and engine.last_report().status == "ok"
+
+
+def test_keyboard_interrupt_is_reported_as_interrupted(shell):
+    result = shell.run_cell("%%tfmem\nraise KeyboardInterrupt")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert engine.last_report().status == "interrupted"
+
+
+def test_user_profiler_running_falls_back_to_quick(shell, tmp_path):
+    import tensorflow as tf
+
+    tf.profiler.experimental.start(str(tmp_path / "user"))
+    try:
+        assert shell.run_cell("%%tfmem --as rep\nimport tensorflow as tf\nq = tf.ones((8, 8))").success
+    finally:
+        tf.profiler.experimental.stop()
+    rep = shell.user_ns["rep"]
+    assert rep.mode == "quick" and rep.trace is None
+    assert any("profiler session you started" in n for n in rep.notes)
+
+
+def test_nested_cells_inner_quick_outer_sees_inner_peak(shell):
+    cell = ("%%tfmem --as outer\nimport tensorflow as tf\n"
+            "get_ipython().run_cell('%%tfmem --as inner\\nbig = tf.zeros((2048, 1024))\\ndel big')\n")
+    assert shell.run_cell(cell).success
+    outer, inner = shell.user_ns["outer"], shell.user_ns["inner"]
+    assert inner.mode == "quick" and any("Nested" in n for n in inner.notes)
+    known = 2048 * 1024 * 4
+    assert inner.tf["CPU:0"].peak_bytes - inner.tf["CPU:0"].baseline_bytes >= known
+    # the inner cell reset the allocator's peak; the outer one must still report it
+    assert outer.tf["CPU:0"].peak_bytes - outer.tf["CPU:0"].baseline_bytes >= known
+    assert outer.mode == "trace"
+
+
+def test_syntax_error_in_cell(shell):
+    result = shell.run_cell("%%tfmem\ndef broken(:")
+    assert not result.success
+    assert engine.last_report().status == "error" and engine.last_report().error.type == "SyntaxError"
+
+
+def test_bad_arguments_raise_usage_error_before_running(shell):
+    from IPython.core.error import UsageError
+
+    result = shell.run_cell("%%tfmem --limit 12parsecs\nran = True")
+    assert isinstance(result.error_in_exec, UsageError) and "512MB" in str(result.error_in_exec)
+    assert "ran" not in shell.user_ns
+
+
+def test_save_json_and_html_and_as(shell, tmp_path):
+    json_path, html_path = tmp_path / "r.json", tmp_path / "r.html"
+    assert shell.run_cell(f"%%tfmem --quick --save {json_path} --label j\nx = 1").success
+    assert shell.run_cell(f"%%tfmem --quick --save {html_path} --as rep --label '<b>h</b>'\nx = 2").success
+    assert Report.load(json_path).label == "j"
+    page = html_path.read_text()
+    assert page.startswith("<!doctype html>") and "&lt;b&gt;h&lt;/b&gt;" in page
+    assert isinstance(shell.user_ns["rep"], Report)
+
+
+def test_line_magic_commands(shell, capsys):
+    from IPython.core.error import UsageError
+
+    shell.run_cell("%%tfmem --quick --label first\nx = 1")
+    shell.run_line_magic("tfmem", "history")
+    shell.run_line_magic("tfmem", "status")
+    out = capsys.readouterr().out
+    assert "first" in out and "Allocator" in out and "Budget" in out
+    with pytest.raises(UsageError, match="unknown command"):
+        shell.run_line_magic("tfmem", "frobnicate")
+
+
+def test_nothing_leaks_over_many_cells(shell):
+    """200 quick cells and 10 traced ones: same threads, same file descriptors, same environment, no temp dirs."""
+    proc = psutil.Process()
+    shell.run_cell("%%tfmem --quick\nwarm = 1")
+    shell.run_cell("%%tfmem\nwarm = 2")
+    gc.collect()
+    threads, fds, env = thread_names(), proc.num_fds(), dict(os.environ)
+    traces_before = set(Path(tempfile.gettempdir()).glob("tfmem-trace-*"))
+    rss_before = proc.memory_info().rss
+    for i in range(200):
+        assert shell.run_cell(f"%%tfmem --quick\nv = {i}").success
+    gc.collect()
+    growth = proc.memory_info().rss - rss_before
+    for i in range(10):
+        assert shell.run_cell(f"%%tfmem\nimport tensorflow as tf\nw = tf.ones(({i + 1}, 16))").success
+    gc.collect()
+    assert thread_names() == threads
+    assert proc.num_fds() == fds
+    assert dict(os.environ) == env
+    assert set(Path(tempfile.gettempdir()).glob("tfmem-trace-*")) == traces_before
+    print(f"RSS growth over 200 quick cells: {growth / 2**20:.2f} MiB")
+    assert growth < 16 * 2**20

@@ -1,0 +1,120 @@
+"""The analysis on hand-built event streams, where every expected number is known in advance."""
+
+import numpy as np
+import pytest
+
+from tfmem_magic import analysis
+from tfmem_magic.xplane import MemoryEvents, Span, Trace
+
+
+def make_trace(rows, spans=(), strings=(), threads=("python",)) -> Trace:
+    """rows: (t in µs, alloc?, chunk, requested, addr, op_index, thread_index); live bytes start from `base`."""
+    base = 1000  # bytes live before the trace
+    live, cur = [], base
+    for _, is_alloc, chunk, *_ in rows:
+        cur += chunk if is_alloc else -chunk
+        live.append(cur)
+    col = lambda i, dt=np.int64: np.array([r[i] for r in rows], dtype=dt)  # noqa: E731
+    ev = MemoryEvents(
+        t_ps=col(0) * 10**6, is_alloc=col(1, bool), live=np.array(live, dtype=np.int64), requested=col(3),
+        chunk=col(2), addr=col(4), dtype=np.ones(len(rows), dtype=np.int64), op=col(5, np.int32),
+        region=np.full(len(rows), -1, np.int32), shape=np.full(len(rows), -1, np.int32), thread=col(6, np.int32),
+        strings=list(strings), threads=list(threads), allocator="bfc",
+    )
+    return Trace(ev, list(spans))
+
+
+STRINGS = ["StatefulPartitionedCall/mlp_1/dense_1/MatMul",
+           "StatefulPartitionedCall/gradient_tape/mlp_1/dense_1/MatMul/MatMul_1",
+           "StatefulPartitionedCall/adam/Mul_3", "MatMul", "IteratorGetNext"]
+
+
+def test_peak_live_set_and_preexisting():
+    rows = [
+        (10, True, 256, 200, 0xA, 0, 0),   # forward activation, freed at t=40
+        (20, True, 512, 500, 0xB, 1, 0),   # backward, live at the peak
+        (30, True, 1024, 1000, 0xC, 2, 0),  # optimizer, live at the peak  <- peak (1000+256+512+1024)
+        (40, False, 256, 200, 0xA, -1, 0),
+        (50, False, 100, 100, 0xD, -1, 0),  # frees something allocated before the trace
+        (60, False, 1024, 1000, 0xC, -1, 0),
+    ]
+    info = analysis.summarize(make_trace(rows, strings=STRINGS), analysis.Context(layer_names={"mlp", "dense"}))
+    assert info.preexisting_bytes == 1000
+    assert info.peak_live_bytes == 1000 + 256 + 512 + 1024
+    assert info.peak_time_s == pytest.approx(30e-6)
+    assert info.allocated_at_peak_bytes == 256 + 512 + 1024
+    assert info.requested_at_peak_bytes == 200 + 500 + 1000
+    assert info.peak_requested_bytes == 1700
+    phases = {g.phase: g.bytes for g in info.by_phase}
+    assert phases == {"forward": 256, "backward": 512, "optimizer": 1024, "pre-existing": 1000}
+    layers = {g.layer: g.bytes for g in info.by_layer}
+    assert layers == {"dense": 256 + 512, "(no layer)": 1024}
+    assert info.at_peak[0].op == "Mul" and info.at_peak[0].phase == "optimizer"
+
+
+def test_address_reuse_matches_each_free_to_its_own_allocation():
+    rows = [
+        (10, True, 100, 100, 0xA, 3, 0),
+        (20, False, 100, 100, 0xA, -1, 0),
+        (30, True, 300, 300, 0xA, 3, 0),   # same address again, live at the end
+    ]
+    freed_at, pre = analysis.match_frees(make_trace(rows, strings=STRINGS).events)
+    assert list(freed_at) == [1, 3, 3]
+    assert not pre.any()
+
+
+def test_eager_allocations_use_layer_and_phase_spans():
+    us = 10**6
+    spans = [Span("layer/outer", 5 * us, 100 * us, "python"), Span("layer/inner", 10 * us, 20 * us, "python"),
+             Span("phase/backward", 30 * us, 40 * us, "python"), Span("weights/inner", 50 * us, 60 * us, "python")]
+    rows = [
+        (12, True, 10, 10, 1, 3, 0),   # inside inner (nested in outer) -> inner, forward
+        (25, True, 20, 20, 2, 3, 0),   # inner ended: its parent outer -> outer, forward
+        (35, True, 40, 40, 3, 3, 0),   # backward span, inside outer
+        (55, True, 80, 80, 4, 3, 0),   # weights of inner
+        (55, True, 160, 160, 5, 3, 1),  # same time, another thread: no span applies
+    ]
+    trace = make_trace(rows, spans=spans, strings=STRINGS, threads=("python", "tf_Compute/1"))
+    ops, layers, phases = analysis.attribute_events(trace, analysis.Context())
+    assert layers[:4] == ["inner", "outer", "outer", "inner"]
+    assert phases == ["forward", "forward", "backward", "weights", "other"]
+
+
+def test_input_attribution():
+    rows = [(10, True, 4096, 4000, 1, -1, 0),   # untagged, same size as the array given to fit -> input copy
+            (20, True, 64, 64, 2, 4, 0),        # iterator op
+            (30, True, 32, 32, 3, -1, 1)]       # untagged on a tf.data thread
+    trace = make_trace(rows, strings=STRINGS, threads=("python", "tf_data_private_threadpool/1"))
+    ops, _, phases = analysis.attribute_events(trace, analysis.Context(input_array_bytes={4000}))
+    assert phases == ["input", "input", "input"]
+    assert ops[0].startswith("input copy")
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("StatefulPartitionedCall/cnn_1/conv_a_1/Relu", ("Relu", "conv_a", "forward")),
+    ("StatefulPartitionedCall/gradient_tape/cnn_1/conv_a_1/ReluGrad", ("ReluGrad", "conv_a", "backward")),
+    ("StatefulPartitionedCall/adam/Sqrt_5", ("Sqrt", None, "optimizer")),
+    ("StatefulPartitionedCall/compile_loss/sparse_categorical_crossentropy/Log", ("Log", None, "forward")),
+    ("__inference_initialize_variables_802", ("initialize variables", None, "weights")),
+    ("__inference_multi_step_on_iterator_879", ("function runtime", None, "other")),
+    ("MakeIterator", ("MakeIterator", None, "input")),
+    ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+])
+def test_attribute_path(path, expected):
+    att = analysis.attribute_path(path, analysis.Context(layer_names={"cnn", "conv_a"}))
+    assert (att.op, att.layer, att.phase) == expected
+
+
+def test_downsample_keeps_the_peak_and_bounds_points():
+    t = np.arange(100_000, dtype=float)
+    y = np.sin(t / 1000) * 1000
+    y[54_321] = 10**6
+    points = analysis.downsample(t, y.astype(np.int64), max_points=500)
+    assert len(points) <= 500
+    assert max(p[1] for p in points) == 10**6
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
+
+
+def test_empty_trace():
+    info = analysis.summarize(make_trace([], strings=STRINGS), analysis.Context())
+    assert info.events == 0 and info.at_peak == []

@@ -1,0 +1,44 @@
+from pathlib import Path
+
+from tfmem_magic import environment
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limit_minus_inactive_cache(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    write(proc, "0::/user.slice/app\n")
+    base = tmp_path / "cg" / "user.slice" / "app"
+    write(base / "memory.max", "1073741824\n")
+    write(base / "memory.current", "600000000\n")
+    write(base / "memory.stat", "anon 400000000\ninactive_file 100000000\n")
+    assert environment.cgroup_memory(tmp_path / "cg", proc) == (1073741824, 500000000)
+
+
+def test_cgroup_v2_without_limit(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    write(proc, "0::/\n")
+    write(tmp_path / "cg" / "memory.max", "max\n")
+    assert environment.cgroup_memory(tmp_path / "cg", proc) is None
+
+
+def test_cgroup_v1_limit_and_no_limit_sentinel(tmp_path):
+    proc = tmp_path / "proc_cgroup"
+    write(proc, "4:memory:/docker/abc\n")
+    mem = tmp_path / "cg" / "memory"
+    write(mem / "memory.limit_in_bytes", "2147483648\n")
+    write(mem / "memory.usage_in_bytes", "1000\n")
+    write(mem / "memory.stat", "total_inactive_file 10\n")
+    assert environment.cgroup_memory(tmp_path / "cg", proc) == (2147483648, 990)
+    write(mem / "memory.limit_in_bytes", "9223372036854771712\n")
+    assert environment.cgroup_memory(tmp_path / "cg", proc) is None
+
+
+def test_budget_user_limit_wins():
+    budget = environment.memory_budget(user_limit=123456789)
+    assert budget.budget_bytes == 123456789 and budget.budget_source == "user"
+    ram = environment.memory_budget()
+    assert ram.budget_source in ("ram", "cgroup") and 0 < ram.budget_bytes <= ram.ram_total_bytes + 2**30

@@ -1,0 +1,47 @@
+from tfmem_magic.render import mime_bundle, render_html, render_text, verdict
+from tfmem_magic.report import MIME_TYPE, DeviceMemory, EnvInfo, ErrorInfo, LiveGroup, Report, RssInfo, TraceInfo
+
+EVIL = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
+
+
+def evil_report() -> Report:
+    return Report(
+        label=EVIL, status="error", error=ErrorInfo("ValueError", EVIL),
+        env=EnvInfo(budget_bytes=10 * 2**30, ram_total_bytes=16 * 2**30, allocator="bfc_cpu_allocator_for_gpu"),
+        rss=RssInfo(2**30, 2 * 2**30, 2**30, "hwm", [[0, 2**30], [1, 2 * 2**30]]),
+        tf={"CPU:0": DeviceMemory(0, 3 * 2**20, 2**20)},
+        trace=TraceInfo(events=2, peak_live_bytes=3 * 2**20, timeline=[[0, 0], [1, 3 * 2**20]],
+                        at_peak=[LiveGroup(op=EVIL, layer=EVIL, phase="forward", bytes=2**20, count=1, shape=EVIL)],
+                        by_layer=[LiveGroup(layer=EVIL, bytes=2**20)], by_phase=[LiveGroup(phase="forward",
+                                                                                            bytes=2**20)]),
+        notes=[EVIL],
+    )
+
+
+def test_html_escapes_every_user_string():
+    html = render_html(evil_report())
+    assert "<script>" not in html and "<img" not in html
+    assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(2)&gt;" in html
+
+
+def test_bundle_has_html_text_and_json():
+    bundle = mime_bundle(evil_report())
+    assert set(bundle) == {"text/plain", "text/html", MIME_TYPE}
+    assert bundle[MIME_TYPE]["label"] == EVIL
+    assert "TF " in bundle["text/plain"] and "3 MiB" in bundle["text/plain"]
+
+
+def test_verdict_words():
+    r = evil_report()
+    r.status = "ok"
+    assert verdict(r).startswith("fits with 8 GiB to spare")
+    r.rss.peak_bytes = int(9.5 * 2**30)
+    assert verdict(r) == "used 95% of the available RAM"
+    r.rss.peak_bytes = 11 * 2**30
+    assert verdict(r) == "over the available RAM by 1 GiB"
+    r.status = "oom"
+    assert verdict(r) == "ran out of memory"
+
+
+def test_text_summary_mentions_error():
+    assert "Error     ValueError" in render_text(evil_report())

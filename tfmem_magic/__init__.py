@@ -1,0 +1,42 @@
+"""tfmem_magic: where a TensorFlow notebook's memory goes, cell by cell.
+
+In Jupyter: `%load_ext tfmem_magic`, then `%%tfmem` on a cell. In a script:
+
+    import tfmem_magic
+    tfmem_magic.prepare()            # before the first TF op: every allocation becomes visible
+    with tfmem_magic.profile() as p:
+        model.fit(x, y)
+    print(tfmem_magic.render_text(p.report))
+
+Importing this package imports neither IPython nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._version import __version__
+from .engine import Options, Profiler, last_report, profile
+from .environment import AllocatorSetup
+from .environment import prepare_allocator as prepare
+from .errors import TfmemError, TfmemUsageError
+from .render import mime_bundle, render_html, render_text
+from .report import MIME_TYPE, SCHEMA, Report
+from .sizes import format_bytes, parse_size
+
+__all__ = [
+    "__version__", "AllocatorSetup", "MIME_TYPE", "Options", "Profiler", "Report", "SCHEMA", "TfmemError",
+    "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle", "parse_size",
+    "prepare", "profile", "render_html", "render_text", "unload_ipython_extension",
+]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext tfmem_magic`: register the magics and switch TF's CPU allocator to BFC while still possible."""
+    from .magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing stays installed between cells, so there is nothing to undo beyond what IPython does itself."""

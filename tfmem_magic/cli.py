@@ -1,0 +1,93 @@
+"""Command line: `python -m tfmem_magic demo`, `tfmem run script.py`, `tfmem show report.json`.
+
+The measurement options are the very ones `%%tfmem` takes (one parser, options.build_parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+from . import engine, environment
+from .errors import TfmemUsageError
+from .options import args_from_namespace, build_parser, save_report
+from .render import render_text
+from .report import Report
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfmem", description="Where TensorFlow's memory goes.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    measure = build_parser("tfmem", notebook=False)
+    demo = sub.add_parser("demo", parents=[measure], help="profile a small Keras CNN on synthetic data")
+    demo.add_argument("--out", metavar="DIR", default=".", help="where to write tfmem-demo.html/.json (.)")
+    demo.add_argument("--batch", type=int, default=128, help="batch size of the demo fit (128)")
+    demo.add_argument("--epochs", type=int, default=1, help="epochs of the demo fit (1)")
+    run = sub.add_parser("run", parents=[measure], help="profile a Python script: tfmem run train.py [args]")
+    run.add_argument("script", help="the script to run")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    show = sub.add_parser("show", help="print a saved report (and optionally write it as HTML)")
+    show.add_argument("report", help="a report saved with --save x.json")
+    show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "show":
+            report = Report.load(ns.report)
+            print(render_text(report))
+            if ns.html:
+                print(f"wrote {save_report(report, Path(ns.html))}")
+            return 0
+        args = args_from_namespace(ns)
+    except (TfmemUsageError, OSError, ValueError) as exc:
+        parser.error(str(exc))
+    environment.prepare_allocator()  # before any TF op: every allocation visible
+    profiler = engine.Profiler(args.options)
+    if ns.command == "demo":
+        from .demo import run_demo
+
+        if ns.batch < 1 or ns.epochs < 1:
+            parser.error("--batch and --epochs must be at least 1")
+        out = Path(ns.out)
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"tfmem demo: training a small CNN (batch {ns.batch}, {ns.epochs} epoch(s)) under the profiler...",
+              flush=True)
+        run_demo(profiler, ns.batch, ns.epochs)
+        report = profiler.report
+        assert report is not None
+        print(render_text(report))
+        for path in (out / "tfmem-demo.html", out / "tfmem-demo.json"):
+            save_report(report, path)
+            print(f"wrote {path}")
+        if args.save is not None:
+            save_report(report, args.save)
+        return 0
+    # run
+    sys.argv = [ns.script, *ns.script_args]
+    status = 0
+    try:
+        with profiler:
+            runpy.run_path(ns.script, run_name="__main__")
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # the script's own error: show its traceback, then the report, and fail like it would
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    report = profiler.report
+    assert report is not None
+    print(render_text(report), file=sys.stderr)
+    if args.save is not None:
+        save_report(report, args.save)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Measure a block of code: start the probes, run it, stop them and build the Report. No IPython in here.
+
+    with tfmem_magic.profile(label="train") as p:
+        model.fit(x, y, batch_size=64)
+    print(p.report.tf_peak_bytes)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import analysis, diagnose, environment, modelinfo, xplane
+from .instrument import Instrumentation
+from .probes import AllocatorStats, RssSampler
+from .sizes import format_bytes
+from .report import DeviceMemory, EnvInfo, ErrorInfo, Report, RssInfo, TraceInfo
+from .tracer import Tracer, user_profiler_running
+
+MODES = ("trace", "quick")
+HISTORY_SIZE = 100
+
+
+@dataclass(frozen=True)
+class Options:
+    mode: str = "trace"  # "trace" (profiler events: breakdown and timeline) or "quick" (stats and RSS only)
+    label: str = ""
+    interval_ms: float = 20.0  # RSS sampling period
+    limit_bytes: int | None = None  # the user's budget for this block (process memory)
+    trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
+    trace_seconds: float = 20.0  # wall-time cap on tracing
+
+    def __post_init__(self) -> None:
+        from .errors import TfmemUsageError
+
+        if self.mode not in MODES:
+            raise TfmemUsageError(f"unknown mode {self.mode!r}: use 'trace' or 'quick'")
+        if not (1 <= self.interval_ms <= 60_000):
+            raise TfmemUsageError(f"--interval {self.interval_ms:g} ms is out of range: use 1 to 60000 ms")
+        if self.trace_steps < 1:
+            raise TfmemUsageError(f"--trace-steps {self.trace_steps} must be at least 1")
+        if self.trace_seconds <= 0:
+            raise TfmemUsageError(f"--trace-seconds {self.trace_seconds:g} must be positive")
+
+
+_last: Report | None = None
+history: deque[Report] = deque(maxlen=HISTORY_SIZE)
+
+
+def last_report() -> Report | None:
+    """The report of the most recent profiled cell or block, or None."""
+    return _last
+
+
+def _status_of(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
+        return "oom"
+    return "error"
+
+
+class Profiler:
+    """One measurement. Use as a context manager, or call start() and finish(exc) around the code."""
+
+    def __init__(self, options: Options | None = None, **kwargs: Any) -> None:
+        self.options = replace(options or Options(), **kwargs)
+        self.report: Report | None = None
+        self.notes: list[str] = []
+        self._tracer: Tracer | None = None
+        self._instrumentation: Instrumentation | None = None
+        self._sampler: RssSampler | None = None
+        self._allocator = AllocatorStats()
+        self._mode = self.options.mode
+        self._t0 = 0.0
+        self._wall0 = 0.0
+
+    def __enter__(self) -> Profiler:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.finish(exc)
+        return False  # never swallow the user's exception
+
+    # ---- start ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        nested = AllocatorStats.nesting_depth() > 0
+        if not environment.tensorflow_initialized():
+            environment.prepare_allocator()
+        if self._mode == "trace":
+            self._mode = self._trace_possible(nested)
+        self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested)
+        self._wall0 = time.time()
+        self._t0 = time.perf_counter()
+        self._sampler.start(self._t0)
+        self._allocator.start()
+        if self._mode == "trace":
+            self._tracer = Tracer(self._t0, self.options.trace_seconds)
+            try:
+                self._tracer.start()
+            except Exception as exc:  # the profiler refused (a profiler server, say): measure without it
+                self.notes.append(f"The TensorFlow profiler could not start ({exc}); measured in quick mode.")
+                self._tracer.finish()
+                self._tracer, self._mode = None, "quick"
+        self._instrumentation = Instrumentation(self._tracer, self.options.trace_steps)
+        self._instrumentation.install()
+
+    def _trace_possible(self, nested: bool) -> str:
+        if nested:
+            self.notes.append("Nested inside another profiled block: measured in quick mode (no trace).")
+            return "quick"
+        if not environment.tensorflow_installed():
+            self.notes.append("TensorFlow is not installed: only process memory (RSS) is measured.")
+            return "quick"
+        environment.note_tensorflow_import()
+        import tensorflow  # noqa: F401  (the trace needs TF; its import does not create the allocator)
+
+        try:  # so that a cell which imports Keras itself still gets layer spans and bounded fit traces
+            import keras  # noqa: F401
+        except ImportError:
+            pass
+
+        if user_profiler_running():
+            self.notes.append("A TensorFlow profiler session you started is running: measured in quick mode "
+                              "(TF allows one session at a time). Stop it with tf.profiler.experimental.stop().")
+            return "quick"
+        return "trace"
+
+    # ---- finish ---------------------------------------------------------------------------------------------
+    def finish(self, exc: BaseException | None = None) -> Report:
+        """Stop every probe (always), then build and publish the report."""
+        global _last
+        wall = time.perf_counter() - self._t0
+        segments: list[tuple[bytes, int]] = []
+        try:
+            if self._instrumentation is not None:
+                self._instrumentation.uninstall()
+            if self._tracer is not None:
+                segments = self._tracer.finish()
+        finally:
+            assert self._sampler is not None, "finish() called before start()"
+            rss_peak, rss_end, peak_source = self._sampler.stop()
+            devices = self._allocator.stop()
+        report = Report(label=self.options.label, status=_status_of(exc), mode=self._mode, wall_s=round(wall, 4),
+                        started_at=self._wall0, notes=self.notes)
+        if exc is not None:
+            report.error = ErrorInfo(type(exc).__name__, str(exc))
+        report.rss = RssInfo(self._sampler.baseline, rss_peak, rss_end, peak_source, self._sampler.samples)
+        report.tf = {d: DeviceMemory(*v) for d, v in devices.items()}
+        report.env = self._env(rss_baseline=self._sampler.baseline)
+        try:
+            self._analyse(report, segments)
+        except Exception as err:  # our bug must never hide the user's result or exception
+            report.notes.append(f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
+                                "the numbers above are still valid. Please report it.")
+        self.report = _last = report
+        history.append(report)
+        return report
+
+    def _env(self, rss_baseline: int) -> EnvInfo:
+        view = environment.allocator_view()
+        budget = environment.memory_budget(self.options.limit_bytes, rss_now=rss_baseline)
+        return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,
+                       allocator_note=view.note, devices=environment.tf_devices(),
+                       ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,
+                       cgroup_limit_bytes=budget.cgroup_limit_bytes, budget_bytes=budget.budget_bytes,
+                       budget_source=budget.budget_source,
+                       mixed_precision_policy=environment.mixed_precision_policy())
+
+    def _analyse(self, report: Report, segments: list[tuple[bytes, int]]) -> None:
+        instr = self._instrumentation
+        if instr is not None:
+            report.model = modelinfo.main_model(list(instr.models.values()))
+        if self._mode == "trace":
+            report.trace = self._trace_info(segments, report)
+        report.findings = diagnose.findings(report)
+
+    def _trace_info(self, segments: list[tuple[bytes, int]], report: Report) -> TraceInfo:
+        instr = self._instrumentation
+        assert instr is not None and self._tracer is not None
+        ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.input_nbytes))
+        ctx.optimizer_scopes |= instr.optimizer_names
+        info = analysis.summarize(xplane.read_segments(segments), ctx)
+        if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
+            report.env.allocator = info.allocator
+        reasons = self._tracer.paused_reasons
+        if reasons:
+            info.complete = False
+            info.note = "; ".join(reasons) + ". The allocator's peak still covers the whole cell."
+        device = report.tf.get("CPU:0")
+        if device is not None and info.events and not info.complete:
+            gap = device.peak_bytes - info.peak_live_bytes
+            if gap > max(0.01 * device.peak_bytes, 64 * 1024):
+                info.note = (info.note or "") + (
+                    f" The cell's peak ({format_bytes(device.peak_bytes)}) came outside the traced window; the "
+                    f"breakdown shows the largest traced moment ({format_bytes(info.peak_live_bytes)}). Raise "
+                    "--trace-steps or --trace-seconds to trace more.")
+        return info
+
+
+def profile(label: str = "", mode: str = "trace", **kwargs: Any) -> Profiler:
+    """Measure the memory of a `with` block: `with profile() as p: ...`, then `p.report`."""
+    return Profiler(Options(mode=mode, label=label, **kwargs))

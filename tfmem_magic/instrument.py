@@ -1,0 +1,238 @@
+"""Keras instrumentation for the duration of one profiled cell, removed afterwards.
+
+What it does, and why:
+- records every model that trains, evaluates, predicts or is called (names for attribution, model details);
+- in trace mode, wraps `Layer.__call__`, `Layer.add_weight`, optimizer `build`/`apply` and `GradientTape.gradient`
+  in profiler spans, because eager code records only op types (graph code carries full node paths anyway);
+- injects a callback into `fit`/`evaluate`/`predict` that pauses the trace after the first steps of each call,
+  so a long training cell stays cheap to trace.
+Patches go on the classes and are undone in `uninstall()`, whatever the cell did.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .tracer import Tracer
+
+_MISSING = object()
+_WATCHED_CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
+
+
+@dataclass
+class ModelUse:
+    model_ref: Any  # weakref to the keras.Model
+    calls: list[str] = field(default_factory=list)
+    batch_size: int | None = None
+    input_shape: tuple | None = None
+    input_arrays: list[tuple[int, int]] = field(default_factory=list)  # (id, nbytes) of numpy arrays passed in
+
+
+class Instrumentation:
+    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True) -> None:
+        self.tracer = tracer
+        self.trace_steps = trace_steps
+        self.spans = spans and tracer is not None
+        self.models: dict[int, ModelUse] = {}
+        self.layer_names: set[str] = set()
+        self.optimizer_names: set[str] = set()
+        self._patches: list[tuple[Any, str, Any]] = []
+        self.input_nbytes: set[int] = set()
+
+    # ---- install / uninstall -------------------------------------------------------------------------------------
+    def install(self) -> bool:
+        """Patch Keras if it is imported; False when there is nothing to instrument."""
+        keras = sys.modules.get("keras")
+        if keras is None or not hasattr(keras, "Model"):
+            return False
+        for name in _WATCHED_CALLS:
+            if hasattr(keras.Model, name):
+                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name)))
+        layer = keras.layers.Layer
+        self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
+        if self.spans:
+            layer = keras.layers.Layer
+            self._patch(layer, "add_weight", self._wrap_span(layer.add_weight, lambda s, *a, **k: f"weights/{s.name}"))
+            opt = keras.optimizers.Optimizer
+            self._patch(opt, "build", self._wrap_span(opt.build, lambda s, *a, **k: "weights/optimizer"))
+            self._patch(opt, "apply", self._wrap_span(opt.apply, lambda s, *a, **k: "phase/optimizer"))
+            import tensorflow as tf
+
+            tape = tf.GradientTape
+            self._patch(tape, "gradient", self._wrap_span(tape.gradient, lambda s, *a, **k: "phase/backward"))
+        return True
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._patches):
+            if original is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, original)
+        self._patches.clear()
+
+    def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
+        self._patches.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, replacement)
+
+    # ---- wrappers ---------------------------------------------------------------------------------------------
+    def _wrap_layer_call(self, original: Callable, model_cls: type) -> Callable:
+        """Records models called directly (custom loops) and, in trace mode, spans each layer call."""
+        instrumentation = self
+        trace_cls = _trace_class() if self.spans else None
+
+        @functools.wraps(original)
+        def wrapper(this, *args, **kwargs):
+            if isinstance(this, model_cls):
+                instrumentation._record(this, "__call__", args, kwargs)
+            if trace_cls is None:
+                return original(this, *args, **kwargs)
+            with trace_cls("tfmem:layer/" + this.name):
+                return original(this, *args, **kwargs)
+
+        return wrapper
+
+    def _wrap_span(self, original: Callable, name_of: Callable[..., str]) -> Callable:
+        trace_cls = _trace_class()
+
+        @functools.wraps(original)
+        def wrapper(this, *args, **kwargs):
+            with trace_cls("tfmem:" + name_of(this, *args, **kwargs)):
+                return original(this, *args, **kwargs)
+
+        return wrapper
+
+    def _wrap_model_call(self, call: str, original: Callable) -> Callable:
+        instrumentation = self
+
+        @functools.wraps(original)
+        def wrapper(model, *args, **kwargs):
+            instrumentation._record(model, call, args, kwargs)
+            if call in ("fit", "evaluate", "predict") and instrumentation.tracer is not None:
+                kwargs = instrumentation._with_trace_callback(args, kwargs)
+            return original(model, *args, **kwargs)
+
+        return wrapper
+
+    def _with_trace_callback(self, args: tuple, kwargs: dict) -> dict:
+        if len(args) > 5:  # callbacks passed positionally (fit's 6th parameter): leave the call alone
+            return kwargs
+        callbacks = list(kwargs.get("callbacks") or [])
+        callbacks.append(_TraceWindow(self.tracer, self.trace_steps))
+        return {**kwargs, "callbacks": callbacks}
+
+    def _record(self, model: Any, call: str, args: tuple, kwargs: dict) -> None:
+        use = self.models.get(id(model))
+        if use is None or use.model_ref() is not model:
+            use = self.models[id(model)] = ModelUse(weakref.ref(model))
+            self._learn_names(model)
+        if call not in use.calls:
+            use.calls.append(call)
+        if call == "__call__" and len(use.calls) > 1:
+            return  # fit/predict call the model symbolically: their own record is the one that counts
+        x = args[0] if args else kwargs.get("x")
+        batch = kwargs.get("batch_size", args[2] if len(args) > 2 and call in ("fit", "evaluate", "predict") else None)
+        shape = getattr(x, "shape", None)
+        if shape is not None:
+            try:
+                use.input_shape = tuple(int(d) if d is not None else None for d in shape)
+            except TypeError:  # an unknown rank
+                use.input_shape = None
+            if call.endswith("_on_batch") or call == "__call__":
+                batch = use.input_shape[0] if use.input_shape else None
+        else:
+            batch = batch or _dataset_batch_size(x)
+        if batch is None and shape is not None and call in ("fit", "evaluate", "predict"):
+            batch = 32  # Keras' default for arrays
+        if batch is not None:
+            use.batch_size = int(batch)
+        for candidate in (x, args[1] if len(args) > 1 else kwargs.get("y")):
+            nbytes = getattr(candidate, "nbytes", None)
+            if nbytes and type(candidate).__module__ == "numpy" and call != "__call__":
+                self.input_nbytes.add(int(nbytes))
+                if (id(candidate), int(nbytes)) not in use.input_arrays:
+                    use.input_arrays.append((id(candidate), int(nbytes)))
+
+    def _learn_names(self, model: Any) -> None:
+        try:
+            for layer in model._flatten_layers(include_self=True, recursive=True):
+                self.layer_names.add(layer.name)
+        except Exception:  # a model mid-construction; names come from spans then
+            self.layer_names.add(model.name)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and getattr(optimizer, "name", None):
+            self.optimizer_names.add(str(optimizer.name).lower())
+
+
+def _trace_class() -> type:
+    from tensorflow.python.profiler.trace import Trace
+
+    return Trace
+
+
+def _dataset_batch_size(x: Any) -> int | None:
+    """The batch size of a batched tf.data.Dataset, when it is a constant."""
+    size = getattr(x, "_batch_size", None)
+    if size is None:
+        return None
+    try:
+        return int(size.numpy()) if hasattr(size, "numpy") else int(size)
+    except (TypeError, ValueError):
+        return None
+
+
+def _make_trace_window_class() -> type:
+    import keras
+
+    class TraceWindow(keras.callbacks.Callback):
+        """Keeps the trace on for the first `steps` batches of each fit/evaluate/predict call, then pauses it."""
+
+        def __init__(self, tracer: Tracer, steps: int) -> None:
+            super().__init__()
+            self.tracer, self.steps, self.seen, self.in_fit = tracer, steps, 0, False
+
+        def on_train_begin(self, logs=None) -> None:
+            self.in_fit, self.seen = True, 0
+            self.tracer.resume()
+
+        def on_test_begin(self, logs=None) -> None:
+            if not self.in_fit:  # validation inside fit belongs to fit's window
+                self.seen = 0
+                self.tracer.resume()
+
+        on_predict_begin = on_test_begin
+
+        def _batch_end(self, batch, logs=None) -> None:
+            self.seen += 1
+            if self.seen == self.steps:
+                self.tracer.pause(f"traced the first {self.steps} steps of each fit/evaluate/predict call")
+
+        on_train_batch_end = on_test_batch_end = on_predict_batch_end = _batch_end
+
+        def on_train_end(self, logs=None) -> None:
+            self.in_fit = False
+            self.tracer.resume()  # code after the call (in the same cell) is traced again
+
+        def on_test_end(self, logs=None) -> None:
+            if not self.in_fit:
+                self.tracer.resume()
+
+        on_predict_end = on_test_end
+
+    return TraceWindow
+
+
+_trace_window_class: type | None = None
+
+
+def _TraceWindow(tracer: Tracer, steps: int) -> Any:
+    global _trace_window_class
+    if _trace_window_class is None:
+        _trace_window_class = _make_trace_window_class()
+    return _trace_window_class(tracer, steps)

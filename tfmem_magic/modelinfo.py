@@ -1,0 +1,99 @@
+"""What a Keras model holds: parameters, optimizer state and the activations each layer makes per sample."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .instrument import ModelUse
+from .report import LayerInfo, ModelInfo
+
+_CALL_RANK = {"fit": 0, "train_on_batch": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
+              "predict_on_batch": 5, "__call__": 6}
+
+
+def _variable_bytes(variables: Any) -> int:
+    total = 0
+    for v in variables:
+        try:
+            total += int(math.prod(int(d) for d in v.shape)) * _dtype_size(v.dtype)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def _dtype_size(dtype: Any) -> int:
+    name = str(getattr(dtype, "name", dtype))
+    for key, size in (("float64", 8), ("int64", 8), ("complex128", 16), ("complex64", 8), ("float16", 2),
+                      ("bfloat16", 2), ("int16", 2), ("uint16", 2), ("int8", 1), ("uint8", 1), ("bool", 1)):
+        if key in name:
+            return size
+    return 4
+
+
+def _shape_text(shape: Any) -> str | None:
+    if shape is None:
+        return None
+    try:
+        return "(" + ", ".join("None" if d is None else str(int(d)) for d in shape) + ")"
+    except TypeError:
+        return str(shape)
+
+
+def _layer_info(layer: Any) -> LayerInfo:
+    try:
+        shape = layer.output.shape
+    except (AttributeError, ValueError):
+        shape = None
+    per_sample = 0
+    if shape is not None:
+        try:
+            dims = [int(d) for d in shape[1:]]
+            per_sample = math.prod(dims) * _dtype_size(getattr(layer, "compute_dtype", "float32"))
+        except (TypeError, ValueError):
+            per_sample = 0
+    try:
+        params = int(layer.count_params())
+    except ValueError:  # not built
+        params = 0
+    return LayerInfo(name=layer.name, type=type(layer).__name__, params=params,
+                     output_shape=_shape_text(shape), activation_bytes_per_sample=per_sample)
+
+
+def describe(use: ModelUse) -> ModelInfo | None:
+    """ModelInfo for a model the cell used; None when it has been garbage-collected."""
+    model = use.model_ref()
+    if model is None:
+        return None
+    weights = list(getattr(model, "weights", []))
+    trainable = list(getattr(model, "trainable_weights", []))
+    optimizer = getattr(model, "optimizer", None)
+    opt_vars = list(getattr(optimizer, "variables", []) or []) if optimizer is not None else []
+    # slots per trainable variable: Adam keeps m and v (2), SGD with momentum 1, plain SGD 0
+    big_opt_vars = [v for v in opt_vars if len(getattr(v, "shape", ())) > 0]
+    slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
+    policy = getattr(getattr(model, "dtype_policy", None), "name", None)
+    layers = [_layer_info(layer) for layer in getattr(model, "layers", [])]
+    return ModelInfo(
+        name=model.name,
+        params=sum(int(math.prod(int(d) for d in w.shape)) for w in weights),
+        trainable_params=sum(int(math.prod(int(d) for d in w.shape)) for w in trainable),
+        param_bytes=_variable_bytes(weights),
+        optimizer=type(optimizer).__name__ if optimizer is not None else None,
+        optimizer_slots=slots,
+        optimizer_bytes=_variable_bytes(opt_vars),
+        batch_size=use.batch_size,
+        input_shape=_shape_text(use.input_shape),
+        dtype_policy=str(policy) if policy else None,
+        calls=list(use.calls),
+        layers=layers,
+    )
+
+
+def main_model(uses: list[ModelUse]) -> ModelInfo | None:
+    """The model the cell was about: the one that trained, else evaluated, predicted or was called."""
+    alive = [u for u in uses if u.model_ref() is not None]
+    if not alive:
+        return None
+    best = min(alive, key=lambda u: min(_CALL_RANK.get(c, 9) for c in u.calls) if u.calls else 9)
+    return describe(best)

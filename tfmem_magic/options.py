@@ -1,0 +1,99 @@
+"""The one argument parser for `%%tfmem` and the command line, so that both accept exactly the same options.
+
+Everything is validated before the cell runs: a typo must not cost a ten-minute training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine import Options
+from .errors import TfmemUsageError
+from .sizes import parse_size
+
+SAVE_SUFFIXES = (".json", ".html", ".htm")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise TfmemUsageError(f"%%tfmem: {message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        raise TfmemUsageError(message or self.format_help())
+
+
+def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.ArgumentParser:
+    """The measurement options; `notebook=False` leaves out those that only make sense in a notebook."""
+    parser = _Parser(prog=prog, add_help=False,
+                     description="Measure the memory of a cell: TF allocator, profiler trace and process RSS.")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--trace", dest="mode", action="store_const", const="trace",
+                      help="trace allocations with the TF profiler: breakdown by op/layer/phase and timeline "
+                           "(default)")
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="allocator stats and RSS only: near-zero overhead")
+    parser.add_argument("--limit", metavar="SIZE", help="this cell's memory budget, e.g. 6GB, 512MiB, 2G")
+    if notebook:
+        parser.add_argument("--as", dest="as_name", metavar="NAME", help="also bind the report to NAME")
+        parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")
+    parser.add_argument("--label", metavar="TEXT", default="", help="a name for this report")
+    parser.add_argument("--save", metavar="PATH", help="write the report to PATH (.json, or .html for a page)")
+    parser.add_argument("--interval", metavar="MS", type=float, default=20.0, help="RSS sampling period (20 ms)")
+    parser.add_argument("--trace-steps", metavar="N", type=int, default=10,
+                        help="steps of each fit/evaluate/predict call to trace (10)")
+    parser.add_argument("--trace-seconds", metavar="S", type=float, default=20.0,
+                        help="stop tracing after S seconds of the cell (20)")
+    if notebook:
+        parser.add_argument("-h", "--help", action="help", help="show this help")
+    return parser
+
+
+@dataclass(frozen=True)
+class CellArgs:
+    options: Options
+    as_name: str | None
+    save: Path | None
+    panel: bool
+
+
+def parse_cell_args(line: str) -> CellArgs:
+    try:
+        argv = shlex.split(line)
+    except ValueError as exc:
+        raise TfmemUsageError(f"%%tfmem: cannot read the options {line!r} ({exc}); close your quotes") from None
+    return args_from_namespace(build_parser().parse_args(argv))
+
+
+def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
+    limit = parse_size(ns.limit) if ns.limit else None
+    as_name = getattr(ns, "as_name", None)
+    if as_name is not None and (not as_name.isidentifier() or keyword.iskeyword(as_name)):
+        raise TfmemUsageError(f"--as {as_name!r} is not a Python name: use letters, digits and _, "
+                              "such as --as report")
+    save = Path(ns.save).expanduser() if ns.save else None
+    if save is not None:
+        if save.suffix.lower() not in SAVE_SUFFIXES:
+            raise TfmemUsageError(f"--save {ns.save!r}: end the name with .json (the report) or .html (a page)")
+        if not save.parent.exists():
+            raise TfmemUsageError(f"--save {ns.save!r}: the folder {str(save.parent)!r} does not exist")
+    options = Options(mode=ns.mode or "trace", label=ns.label, interval_ms=ns.interval, limit_bytes=limit,
+                      trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds)
+    return CellArgs(options=options, as_name=as_name, save=save, panel=not getattr(ns, "no_panel", False))
+
+
+def save_report(report, path: Path) -> Path:
+    """Write the report as JSON or as a static HTML page, by the file's suffix."""
+    if path.suffix.lower() == ".json":
+        return report.save(path)
+    from .render import render_html
+
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tfmem report</title></head>"
+            f"<body>{render_html(report)}</body></html>")
+    path.write_text(page)
+    return path

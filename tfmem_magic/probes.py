@@ -1,0 +1,157 @@
+"""Cheap probes that run in every mode: process RSS (sampler thread + kernel high-water mark) and TF allocator stats."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from . import environment
+
+MAX_SAMPLES = 4000
+
+
+def _read_hwm() -> int | None:
+    """The kernel's peak RSS of this process (VmHWM), in bytes; None where /proc has no such line."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class RssSampler:
+    """Samples this process's RSS on a daemon thread; the exact peak comes from VmHWM where Linux lets us reset it.
+
+    Sampling alone misses short spikes between two samples; the high-water mark does not, so it is preferred.
+    Nested samplers (a %%tfmem inside another) must not reset the outer one's high-water mark: `reset_hwm=False`.
+    """
+
+    def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True) -> None:
+        self.interval_s = interval_s
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self.samples: list[list[float]] = []
+        self.baseline = 0
+        self._hwm_reset = False
+        self._want_reset = reset_hwm
+
+    def start(self, t0: float) -> None:
+        self._t0 = t0
+        self.baseline = self._process.memory_info().rss
+        self._hwm_reset = self._want_reset and _reset_hwm()
+        self.samples = [[0.0, self.baseline]]
+        self._thread = threading.Thread(target=self._run, name="tfmem-rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = self.interval_s
+        while not self._stop.wait(interval):
+            try:
+                rss = self._process.memory_info().rss
+            except psutil.Error:  # pragma: no cover - the process always exists for itself
+                return
+            self.samples.append([round(time.perf_counter() - self._t0, 4), rss])
+            if len(self.samples) >= MAX_SAMPLES:  # long cell: halve the resolution instead of growing
+                self.samples = self.samples[::2]
+                interval *= 2
+
+    def stop(self) -> tuple[int, int, str]:
+        """Stop and join the thread; returns (peak, end, peak_source)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        end = self._process.memory_info().rss
+        self.samples.append([round(time.perf_counter() - self._t0, 4), end])
+        sampled_peak = max(int(s[1]) for s in self.samples)
+        hwm = _read_hwm() if self._hwm_reset else None
+        if hwm is not None:
+            return max(hwm, sampled_peak), end, "hwm"
+        return sampled_peak, end, "sampled"
+
+
+class AllocatorStats:
+    """Per-device TF allocator stats around a cell, correct when cells nest.
+
+    `reset_memory_stats` resets the device's peak for everyone: before resetting, an inner probe folds the peak so
+    far into every outer probe, and when it stops it folds its own peak into them again.
+    """
+
+    _active: list[AllocatorStats] = []
+
+    def __init__(self) -> None:
+        self.devices: list[str] = []
+        self.baseline: dict[str, int] = {}
+        self._folded_peak: dict[str, int] = {}
+        self.initialized_at_start = False
+
+    @staticmethod
+    def _device_names() -> list[str]:
+        return [d for d in environment.tf_devices() if d.split(":")[0] in ("CPU", "GPU")]
+
+    @staticmethod
+    def _info(device: str) -> dict[str, int] | None:
+        import tensorflow as tf
+
+        try:
+            return tf.config.experimental.get_memory_info(device)
+        except (ValueError, RuntimeError):  # this allocator keeps no stats
+            return None
+
+    def start(self) -> None:
+        self.initialized_at_start = environment.tensorflow_initialized()
+        if self.initialized_at_start:
+            import tensorflow as tf
+
+            for device in self._device_names():
+                info = self._info(device)
+                if info is None:
+                    continue
+                self.devices.append(device)
+                self.baseline[device] = info["current"]
+                for outer in AllocatorStats._active:
+                    outer._fold(device, info["peak"])
+                tf.config.experimental.reset_memory_stats(device)
+        AllocatorStats._active.append(self)
+
+    def _fold(self, device: str, peak: int) -> None:
+        self._folded_peak[device] = max(self._folded_peak.get(device, 0), peak)
+
+    def stop(self) -> dict[str, tuple[int, int, int]]:
+        """{device: (baseline, peak, end)} for every device with stats; frees the nesting slot."""
+        if self in AllocatorStats._active:
+            AllocatorStats._active.remove(self)
+        out: dict[str, tuple[int, int, int]] = {}
+        if not environment.tensorflow_initialized():
+            return out
+        # a cell that ran TF's first op: the allocator was born in the cell, its baseline is 0
+        devices = self.devices if self.initialized_at_start else self._device_names()
+        for device in devices:
+            info = self._info(device)
+            if info is None:
+                continue
+            peak = max(info["peak"], self._folded_peak.get(device, 0))
+            out[device] = (self.baseline.get(device, 0), peak, info["current"])
+            for outer in AllocatorStats._active:
+                outer._fold(device, peak)
+        return out
+
+    @classmethod
+    def nesting_depth(cls) -> int:
+        return len(cls._active)

@@ -1,0 +1,209 @@
+"""Pure Report → view functions: a text summary, a static HTML report, and the mime bundle holding both.
+
+The HTML is self-contained (inline style, inline SVG chart) so that saved notebooks, nbconvert and GitHub show it
+without a kernel. Every string that comes from the user's code (labels, op and layer names, messages) is escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from .report import MIME_TYPE, LiveGroup, Report
+from .sizes import format_bytes
+
+_SOURCE = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
+
+
+def verdict(report: Report) -> str:
+    """One line a person reads in two seconds."""
+    if report.status == "oom":
+        return "ran out of memory"
+    if report.status == "interrupted":
+        return "interrupted"
+    budget, peak = report.env.budget_bytes, report.rss.peak_bytes
+    if budget <= 0:
+        return "measured"
+    share = peak / budget
+    source = _SOURCE.get(report.env.budget_source, "budget")
+    if peak > budget:
+        return f"over the {source} by {format_bytes(peak - budget)}"
+    if share >= 0.8:
+        return f"used {share:.0%} of the {source}"
+    prefix = "raised an error; " if report.status == "error" else ""
+    return f"{prefix}fits with {format_bytes(budget - peak)} to spare ({source})"
+
+
+def _tf_line(report: Report) -> str | None:
+    parts = []
+    for device, mem in report.tf.items():
+        parts.append(f"{device} peak {format_bytes(mem.peak_bytes)} = {format_bytes(mem.baseline_bytes)} before "
+                     f"+ {format_bytes(mem.peak_bytes - mem.baseline_bytes)} in the cell; "
+                     f"{format_bytes(mem.end_bytes)} held after")
+    return "; ".join(parts) or None
+
+
+def _group_label(g: LiveGroup) -> str:
+    bits = [b for b in (g.layer, g.op) if b]
+    return " · ".join(bits) or (g.phase or "?")
+
+
+def render_text(report: Report) -> str:
+    r = report
+    head = f"tfmem · {r.label + ' · ' if r.label else ''}{r.status} · {r.wall_s:.2f} s · {r.mode} mode"
+    lines = [head, f"Verdict   {verdict(r)}"]
+    tf_line = _tf_line(r)
+    if tf_line:
+        lines.append(f"TF        {tf_line} ({r.env.allocator})")
+    lines.append(f"RSS       peak {format_bytes(r.rss.peak_bytes)} (baseline {format_bytes(r.rss.baseline_bytes)}, "
+                 f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})")
+    lines.append(f"Budget    {format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
+                 f"RAM {format_bytes(r.env.ram_total_bytes)}")
+    if r.error:
+        lines.append(f"Error     {r.error.type}: {r.error.message.splitlines()[0][:200] if r.error.message else ''}")
+    t = r.trace
+    if t is not None and t.events:
+        lines.append(f"At peak   {format_bytes(t.peak_live_bytes)} live at t={t.peak_time_s:.3f} s: "
+                     + ", ".join(f"{g.phase} {format_bytes(g.bytes)}" for g in t.by_phase))
+        if t.by_layer:
+            lines.append("Layers    " + ", ".join(f"{g.layer} {format_bytes(g.bytes)}" for g in t.by_layer[:6]))
+        for g in t.at_peak[:5]:
+            shape = f" {g.dtype or ''}{g.shape or ''}" if (g.shape or g.dtype) else ""
+            lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}")
+    if r.model is not None:
+        m = r.model
+        lines.append(f"Model     {m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer "
+                     f"{m.optimizer or 'none'}, batch {m.batch_size or '?'}")
+    for f in r.findings:
+        lines.append(f"[{f.severity}] {f.title}: {f.evidence}")
+    for note in r.notes + ([r.trace.note] if r.trace and r.trace.note else []) + (
+            [r.env.allocator_note] if r.env.allocator_note else []):
+        lines.append(f"Note      {note}")
+    return "\n".join(lines)
+
+
+# ---- HTML ------------------------------------------------------------------------------------------------------
+
+_STYLE = """
+.tfmem-report{font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;line-height:1.4;
+ border:1px solid rgba(128,128,128,.35);border-radius:6px;padding:10px 12px;max-width:980px;color:inherit}
+.tfmem-report h4{margin:0 0 6px 0;font-size:14px}
+.tfmem-report .tfmem-verdict{font-weight:600;margin-bottom:6px}
+.tfmem-report .tfmem-ok{color:#2e7d32}.tfmem-report .tfmem-warn{color:#b26a00}.tfmem-report .tfmem-bad{color:#c62828}
+.tfmem-report table{border-collapse:collapse;margin:4px 0 8px 0}
+.tfmem-report td,.tfmem-report th{padding:2px 8px;text-align:left;border-bottom:1px solid rgba(128,128,128,.2)}
+.tfmem-report td.num,.tfmem-report th.num{text-align:right;font-variant-numeric:tabular-nums}
+.tfmem-report .tfmem-bar{display:inline-block;height:9px;background:#5b8def;border-radius:2px;vertical-align:middle}
+.tfmem-report .tfmem-muted{opacity:.7}
+.tfmem-report details{margin:4px 0}
+"""
+
+
+def _verdict_class(report: Report) -> str:
+    if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
+        return "tfmem-bad"
+    if any(f.severity != "info" for f in report.findings) or report.status != "ok":
+        return "tfmem-warn"
+    return "tfmem-ok"
+
+
+def _rows(groups: list[LiveGroup], key: str, total: int, limit: int = 10) -> str:
+    out = []
+    for g in groups[:limit]:
+        width = int(120 * g.bytes / total) if total > 0 else 0
+        label = getattr(g, key) or "(none)"
+        out.append(f"<tr><td>{escape(str(label))}</td><td class='num'>{escape(format_bytes(g.bytes))}</td>"
+                   f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>")
+    return "".join(out)
+
+
+def _svg_timeline(report: Report, width: int = 640, height: int = 120) -> str:
+    """A small inline SVG of live TF bytes (blue) and process RSS (grey); no matplotlib, no kernel needed."""
+    series = []
+    if report.trace is not None and report.trace.timeline:
+        series.append(("#5b8def", report.trace.timeline))
+    if len(report.rss.samples) > 1:
+        series.append(("#9e9e9e", report.rss.samples))
+    if not series:
+        return ""
+    t_max = max(max(p[0] for p in s) for _, s in series) or 1.0
+    y_max = max(max(p[1] for p in s) for _, s in series) or 1.0
+    paths = []
+    for color, points in series:
+        coords = " ".join(f"{4 + (width - 8) * p[0] / t_max:.1f},{height - 4 - (height - 8) * p[1] / y_max:.1f}"
+                          for p in points)
+        paths.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{coords}'/>")
+    legend = ("<div class='tfmem-muted'><span style='color:#5b8def'>■</span> TF live bytes "
+              "<span style='color:#9e9e9e'>■</span> process RSS · 0 – "
+              f"{escape(format_bytes(y_max))} over {t_max:.2f} s</div>")
+    return (f"<svg width='{width}' height='{height}' role='img' aria-label='memory timeline'>"
+            f"<rect width='100%' height='100%' fill='none' stroke='rgba(128,128,128,.3)'/>{''.join(paths)}</svg>"
+            + legend)
+
+
+def render_html(report: Report) -> str:
+    r = report
+    title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
+    cells = [("Status", f"{escape(r.status)} · {escape(r.mode)} mode · {r.wall_s:.2f} s")]
+    for device, mem in r.tf.items():
+        cells.append((f"TF peak ({escape(device)})",
+                      f"{escape(format_bytes(mem.peak_bytes))} "
+                      f"<span class='tfmem-muted'>= {escape(format_bytes(mem.baseline_bytes))} before + "
+                      f"{escape(format_bytes(mem.peak_bytes - mem.baseline_bytes))} in the cell; "
+                      f"{escape(format_bytes(mem.end_bytes))} held after</span>"))
+    cells.append(("Process RSS", f"peak {escape(format_bytes(r.rss.peak_bytes))} "
+                  f"<span class='tfmem-muted'>(baseline {escape(format_bytes(r.rss.baseline_bytes))})</span>"))
+    cells.append(("Budget", f"{escape(format_bytes(r.env.budget_bytes))} "
+                  f"<span class='tfmem-muted'>({escape(_SOURCE.get(r.env.budget_source, r.env.budget_source))}; "
+                  f"RAM {escape(format_bytes(r.env.ram_total_bytes))}; allocator {escape(r.env.allocator)})</span>"))
+    if r.model is not None:
+        m = r.model
+        cells.append(("Model", f"{escape(m.name)}: {m.params:,} params ({escape(format_bytes(m.param_bytes))}), "
+                      f"optimizer {escape(m.optimizer or 'none')}, batch {escape(str(m.batch_size or '?'))}"))
+    if r.error:
+        cells.append(("Error", f"{escape(r.error.type)}: {escape(r.error.message[:500])}"))
+    summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
+    parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
+             f"<div class='tfmem-verdict {_verdict_class(r)}'>{escape(verdict(r))}</div>",
+             f"<table class='tfmem-summary'>{summary}</table>"]
+    t = r.trace
+    if t is not None and t.events:
+        total = t.peak_live_bytes
+        parts.append(f"<h4>At the peak: {escape(format_bytes(total))} live at t = {t.peak_time_s:.3f} s</h4>")
+        parts.append(f"<table class='tfmem-by-phase'><tr><th>phase</th><th class='num'>bytes</th><th></th></tr>"
+                     f"{_rows(t.by_phase, 'phase', total)}</table>")
+        if t.by_layer:
+            parts.append(f"<table class='tfmem-by-layer'><tr><th>layer</th><th class='num'>bytes</th><th></th></tr>"
+                         f"{_rows(t.by_layer, 'layer', total)}</table>")
+        top = "".join(
+            f"<tr><td>{escape(g.op or '')}</td><td>{escape(g.layer or '')}</td><td>{escape(g.phase or '')}</td>"
+            f"<td>{escape(g.dtype or '')}</td><td>{escape(g.shape or '')}</td>"
+            f"<td class='num'>{escape(format_bytes(g.bytes))}</td><td class='num'>{g.count}</td></tr>"
+            for g in t.at_peak[:15])
+        parts.append("<details><summary>Largest tensors at the peak</summary><table class='tfmem-at-peak'>"
+                     "<tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
+                     f"<th class='num'>bytes</th><th class='num'>n</th></tr>{top}</table></details>")
+        if t.requested_at_peak_bytes:
+            ratio = t.allocated_at_peak_bytes / t.requested_at_peak_bytes
+            parts.append(f"<div class='tfmem-muted'>Allocated {escape(format_bytes(t.allocated_at_peak_bytes))} for "
+                         f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
+                         f"rounding and fragmentation); {t.events:,} memory events traced.</div>")
+    parts.append(_svg_timeline(r))
+    if r.findings:
+        items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
+                        f"{escape(f.evidence)}</li>" for f in r.findings)
+        parts.append(f"<h4>Findings</h4><ul class='tfmem-findings'>{items}</ul>")
+    if r.fixes:
+        items = "".join(f"<li><b>{escape(x.title)}</b>: {escape(x.why)}<pre>{escape(x.code)}</pre></li>"
+                        for x in r.fixes)
+        parts.append(f"<h4>Fixes</h4><ul class='tfmem-fixes'>{items}</ul>")
+    notes = r.notes + ([t.note] if t and t.note else []) + ([r.env.allocator_note] if r.env.allocator_note else [])
+    if notes:
+        parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def mime_bundle(report: Report) -> dict[str, Any]:
+    """What a front end needs: the static HTML, a text fallback and the report itself."""
+    return {"text/plain": render_text(report), "text/html": render_html(report), MIME_TYPE: report.to_dict()}

@@ -1,0 +1,237 @@
+"""The Report: one plain, JSON-serializable object that every surface renders (schema `tfmem.report/1`).
+
+Bytes are ints and times are seconds. Keys named in shared/DESIGN.md §3 are a contract: add freely, never rename
+without bumping SCHEMA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+SCHEMA = "tfmem.report/1"
+MIME_TYPE = "application/vnd.tfmem.report+json"
+
+
+@dataclass
+class ErrorInfo:
+    type: str
+    message: str
+
+
+@dataclass
+class EnvInfo:
+    tensorflow: str | None = None
+    keras: str | None = None
+    python: str = ""
+    platform: str = ""
+    allocator: str = "none"
+    allocator_complete: bool = False
+    allocator_note: str | None = None
+    devices: list[str] = field(default_factory=list)
+    ram_total_bytes: int = 0
+    ram_available_bytes: int = 0
+    cgroup_limit_bytes: int | None = None
+    budget_bytes: int = 0
+    budget_source: str = "ram"  # "cgroup" | "ram" | "user"
+    mixed_precision_policy: str | None = None
+
+
+@dataclass
+class RssInfo:
+    baseline_bytes: int = 0
+    peak_bytes: int = 0  # exact kernel high-water mark (VmHWM) where Linux allows resetting it, else sampled
+    end_bytes: int = 0
+    peak_source: str = "sampled"  # "hwm" | "sampled"
+    samples: list[list[float]] = field(default_factory=list)  # [[t, bytes], ...], at most a few thousand
+
+
+@dataclass
+class DeviceMemory:
+    baseline_bytes: int = 0
+    peak_bytes: int = 0
+    end_bytes: int = 0
+
+
+@dataclass
+class LiveGroup:
+    """Bytes live at the peak moment, grouped by one or more keys (op, layer, phase, dtype, shape)."""
+
+    op: str | None = None
+    layer: str | None = None
+    phase: str | None = None
+    bytes: int = 0
+    requested_bytes: int = 0
+    count: int = 0
+    dtype: str | None = None
+    shape: str | None = None
+
+
+@dataclass
+class TraceInfo:
+    events: int = 0  # memory events analysed
+    peak_live_bytes: int = 0  # allocator bytes in use at the trace's peak (pre-existing bytes included)
+    peak_requested_bytes: int = 0  # peak of the bytes requested by the cell's own allocations (pre-existing excluded)
+    peak_time_s: float = 0.0
+    timeline: list[list[float]] = field(default_factory=list)  # [[t, live_bytes], ...], downsampled, peak kept
+    preexisting_bytes: int = 0  # live before the trace began (weights and slots from earlier cells, ...)
+    allocated_at_peak_bytes: int = 0  # allocator chunk bytes of the cell's own allocations live at the peak
+    requested_at_peak_bytes: int = 0  # the same allocations' requested bytes: the gap is fragmentation/rounding
+    at_peak: list[LiveGroup] = field(default_factory=list)
+    by_layer: list[LiveGroup] = field(default_factory=list)
+    by_op: list[LiveGroup] = field(default_factory=list)
+    by_phase: list[LiveGroup] = field(default_factory=list)
+    allocator: str | None = None
+    covered_s: float = 0.0  # seconds of the cell the trace covers
+    complete: bool = True  # False when the trace was bounded (see note)
+    note: str | None = None
+
+
+@dataclass
+class LayerInfo:
+    name: str
+    type: str
+    params: int = 0
+    output_shape: str | None = None
+    activation_bytes_per_sample: int = 0
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    params: int = 0
+    trainable_params: int = 0
+    param_bytes: int = 0
+    optimizer: str | None = None
+    optimizer_slots: int = 0  # variables the optimizer holds per trainable variable (Adam: 2)
+    optimizer_bytes: int = 0
+    batch_size: int | None = None
+    input_shape: str | None = None
+    dtype_policy: str | None = None
+    calls: list[str] = field(default_factory=list)  # "fit", "predict", "__call__", ...
+    layers: list[LayerInfo] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    id: str
+    title: str
+    severity: str  # "info" | "warn" | "critical"
+    evidence: str
+    bytes: int | None = None
+    fixes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Fix:
+    id: str
+    title: str
+    why: str
+    code: str
+    predicted_peak_bytes: int | None = None
+    needs_restart: bool = False
+
+
+@dataclass
+class Prediction:
+    basis: str  # "measured" | "analytic"
+    static_bytes: int
+    per_sample_bytes: int
+    fragmentation_ratio: float
+    error_band: float
+
+
+@dataclass
+class Report:
+    label: str = ""
+    status: str = "ok"  # "ok" | "error" | "oom" | "interrupted"
+    error: ErrorInfo | None = None
+    mode: str = "trace"  # "quick" | "trace"
+    wall_s: float = 0.0
+    env: EnvInfo = field(default_factory=EnvInfo)
+    rss: RssInfo = field(default_factory=RssInfo)
+    tf: dict[str, DeviceMemory] = field(default_factory=dict)
+    trace: TraceInfo | None = None
+    model: ModelInfo | None = None
+    findings: list[Finding] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    prediction: Prediction | None = None
+    notes: list[str] = field(default_factory=list)  # what was degraded or skipped, in plain words
+    started_at: float = 0.0  # time.time() when the cell started
+    schema: str = SCHEMA
+
+    # -- convenient views -------------------------------------------------------------------------------------
+    @property
+    def tf_peak_bytes(self) -> int | None:
+        """Peak over the cell's baseline on the main TF device (CPU:0 here), the quantity predictions target."""
+        mem = self.tf.get("CPU:0") or next(iter(self.tf.values()), None)
+        return None if mem is None else mem.peak_bytes - mem.baseline_bytes
+
+    @property
+    def measured_tf(self) -> bool:
+        return bool(self.tf)
+
+    # -- serialization ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        # schema first: readers dispatch on it
+        return {"schema": out.pop("schema"), **out}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json(indent=1))
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} report (schema is {schema!r})")
+        return _build(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        return cls.from_json(Path(path).read_text())
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: dict[str, Any]) -> T:
+    """Rebuild a dataclass from its asdict() form, following the field type hints; unknown keys are ignored."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        return {k: _convert(item, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value)  # type: ignore[arg-type]
+    return value

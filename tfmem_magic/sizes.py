@@ -1,0 +1,48 @@
+"""Parse and format byte sizes the way people write them ("512MB", "1.5GiB", "2G")."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import TfmemUsageError
+
+# SI suffixes are decimal and IEC suffixes binary, as their standards say. A bare letter ("2G", "512M") is binary,
+# as in docker, ulimit and free: that is what people mean when they size a container.
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "kb": 10**3,
+    "m": 2**20, "mib": 2**20, "mb": 10**6,
+    "g": 2**30, "gib": 2**30, "gb": 10**9,
+    "t": 2**40, "tib": 2**40, "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in `text`; raises TfmemUsageError naming the accepted forms."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise TfmemUsageError(
+            f"cannot read the size {text!r}: write a number and a unit, such as 512MB, 1.5GiB or 2G "
+            "(MB/GB are decimal, MiB/GiB and a bare M/G are binary)"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise TfmemUsageError(f"the size {text!r} is zero: give a positive size such as 512MB")
+    return int(value)
+
+
+def format_bytes(n: float | int | None) -> str:
+    """Human-readable binary size: 0 B, 812 B, 3.4 KiB, 1.25 GiB; signed values keep their sign."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{sign}{int(n)} B"
+            return f"{sign}{n:.3g} {unit}" if n < 100 else f"{sign}{n:.0f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
