@@ -7,7 +7,8 @@ Attribution of one allocation, in order of trust:
    forward of that layer, `weights/<name>` → weight creation, `phase/<phase>` → backward or optimizer;
 3. what is known of the op type: iterator and tf.data ops → input; an untagged allocation whose size equals an
    array handed to `fit` → the input copy.
-Everything live before the trace began is "pre-existing" (weights and slots of earlier cells, earlier tensors).
+Everything live before the trace began is "pre-existing" (weights and slots of earlier cells, earlier tensors);
+what the cell allocated while the trace was paused and still held at the peak is "untraced".
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ PS = 1e12
 MAX_TIMELINE_POINTS = 2000
 TOP_GROUPS = 25
 
-PHASES = ("forward", "backward", "optimizer", "input", "weights", "pre-existing", "other")
+PHASES = ("forward", "backward", "optimizer", "input", "weights", "pre-existing", "untraced", "other")
 _SUFFIX = re.compile(r"_\d+$")
 _INPUT_OPS = {"MakeIterator", "IteratorGetNext", "OptionalHasValue", "OptionalGetValue", "optional",
               "IteratorV2", "AnonymousIteratorV3", "GatherV2", "GatherV2_1", "TensorSliceDataset"}
@@ -148,51 +149,89 @@ def _parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return parent
 
 
-def attribute_events(trace: Trace, ctx: Context) -> tuple[list[str], list[str | None], list[str]]:
-    """Per-event op, layer and phase (only meaningful for allocations)."""
+@dataclass
+class Attributed:
+    """Per-event attribution as indices into small tables (only meaningful for allocations)."""
+
+    op: np.ndarray  # index into ops
+    layer: np.ndarray  # index into layers, -1 = none
+    phase: np.ndarray  # index into PHASES
+    ops: list[str]
+    layers: list[str]
+
+    def op_name(self, i: int) -> str:
+        return self.ops[int(self.op[i])]
+
+    def layer_name(self, i: int) -> str | None:
+        k = int(self.layer[i])
+        return None if k < 0 else self.layers[k]
+
+    def phase_name(self, i: int) -> str:
+        return PHASES[int(self.phase[i])]
+
+
+def attribute_events(trace: Trace, ctx: Context) -> Attributed:
+    """Op, layer and phase of every event, computed once per distinct op string and broadcast with numpy."""
     ev, spans = trace.events, trace.spans
-    ctx = Context(ctx.layer_names | {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")},
-                  ctx.optimizer_scopes, ctx.input_array_bytes, ctx.start_offset_s)
-    by_path: dict[int, Attribution] = {}
-    layer_span = _innermost_spans(ev, spans, "layer/")
-    weight_span = _innermost_spans(ev, spans, "weights/")
-    phase_span = _innermost_spans(ev, spans, "phase/")
-    data_threads = {k for k, name in enumerate(ev.threads) if name.startswith("tf_data")}
-    ops: list[str] = []
-    layers: list[str | None] = []
-    phases: list[str] = []
-    for i in range(len(ev)):
-        op_index = int(ev.op[i])
-        if op_index >= 0:
-            att = by_path.get(op_index)
-            if att is None:
-                att = by_path[op_index] = attribute_path(ev.strings[op_index], ctx)
-            op, layer, phase = att.op, att.layer, att.phase
-            eager = "/" not in ev.strings[op_index]
-        else:
-            op, layer, phase, eager = "(untagged)", None, "other", True
-        if eager:  # eager code: our spans know more than the op type
-            if weight_span[i] >= 0:
-                layer, phase = spans[weight_span[i]].name.split("/", 1)[1], "weights"
-                if layer == "optimizer":
-                    layer, phase = None, "optimizer"
-            elif phase_span[i] >= 0:
-                phase = spans[phase_span[i]].name.split("/", 1)[1]
-                if layer_span[i] >= 0:
-                    layer = spans[layer_span[i]].name.split("/", 1)[1]
-            elif layer_span[i] >= 0:
-                layer, phase = spans[layer_span[i]].name.split("/", 1)[1], "forward"
-        if op_index < 0 and layer is None and phase == "other":
-            if int(ev.thread[i]) in data_threads:
-                phase = "input"
-            elif int(ev.requested[i]) in ctx.input_array_bytes:
-                op, phase = "input copy (numpy → tensor)", "input"
-        if int(ev.thread[i]) in data_threads and phase == "other":
-            phase = "input"
-        ops.append(op)
-        layers.append(layer)
-        phases.append(phase)
-    return ops, layers, phases
+    n = len(ev)
+    span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
+    ctx = Context(ctx.layer_names | span_layers, ctx.optimizer_scopes, ctx.input_array_bytes, ctx.start_offset_s)
+    ops: list[str] = ["(untagged)", "input copy (numpy → tensor)"]
+    layers: list[str] = []
+    op_index = {name: i for i, name in enumerate(ops)}
+    layer_index: dict[str, int] = {}
+
+    def intern(table: list[str], index: dict[str, int], name: str) -> int:
+        if name not in index:
+            index[name] = len(table)
+            table.append(name)
+        return index[name]
+
+    phase_of = {name: i for i, name in enumerate(PHASES)}
+    # one attribution per distinct tf_op string
+    distinct = np.unique(ev.op[ev.op >= 0])
+    lut_op = np.zeros(len(ev.strings) + 1, dtype=np.int64)
+    lut_layer = np.full(len(ev.strings) + 1, -1, dtype=np.int64)
+    lut_phase = np.full(len(ev.strings) + 1, phase_of["other"], dtype=np.int64)
+    lut_eager = np.ones(len(ev.strings) + 1, dtype=bool)  # the last slot stands for "no tf_op"
+    for k in distinct:
+        path = ev.strings[int(k)]
+        att = attribute_path(path, ctx)
+        lut_op[k] = intern(ops, op_index, att.op)
+        lut_layer[k] = -1 if att.layer is None else intern(layers, layer_index, att.layer)
+        lut_phase[k] = phase_of[att.phase]
+        lut_eager[k] = "/" not in path
+    key = np.where(ev.op >= 0, ev.op, len(ev.strings))
+    op, layer, phase, eager = lut_op[key].copy(), lut_layer[key].copy(), lut_phase[key].copy(), lut_eager[key]
+
+    # eager code records only op types: our spans on the same thread know the layer and the phase
+    span_layer = lambda i: intern(layers, layer_index, spans[i].name.split("/", 1)[1])  # noqa: E731
+    for prefix in ("layer/", "phase/", "weights/"):  # later rules win: weights > phase > layer
+        inner = _innermost_spans(ev, spans, prefix)
+        hit = np.nonzero(eager & (inner >= 0))[0]
+        if not hit.size:
+            continue
+        for span_i in np.unique(inner[hit]):
+            rows = hit[inner[hit] == span_i]
+            name = spans[int(span_i)].name.split("/", 1)[1]
+            if prefix == "layer/":
+                layer[rows], phase[rows] = span_layer(int(span_i)), phase_of["forward"]
+            elif prefix == "phase/":
+                phase[rows] = phase_of.get(name, phase_of["other"])
+            elif name == "optimizer":
+                layer[rows], phase[rows] = -1, phase_of["optimizer"]
+            else:
+                layer[rows], phase[rows] = span_layer(int(span_i)), phase_of["weights"]
+
+    # input data: tf.data threads, and untagged allocations the size of an array handed to fit
+    data_threads = np.array([name.startswith("tf_data") for name in ev.threads] + [False], dtype=bool)
+    on_data_thread = data_threads[np.where(ev.thread >= 0, ev.thread, len(ev.threads))]
+    phase[on_data_thread & (phase == phase_of["other"])] = phase_of["input"]
+    untagged = (ev.op < 0) & (layer < 0) & (phase == phase_of["other"])
+    if ctx.input_array_bytes:
+        copy = untagged & np.isin(ev.requested, list(ctx.input_array_bytes))
+        op[copy], phase[copy] = op_index["input copy (numpy → tensor)"], phase_of["input"]
+    return Attributed(op, layer, phase, ops, layers)
 
 
 # ---- the summary --------------------------------------------------------------------------------------------
@@ -204,17 +243,15 @@ def downsample(t: np.ndarray, y: np.ndarray, max_points: int = MAX_TIMELINE_POIN
         keep = np.arange(n)
     else:
         buckets = max_points // 2
-        edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-        starts = edges[:-1][edges[:-1] < edges[1:]]
-        hi = np.maximum.reduceat(y, starts)
-        lo = np.minimum.reduceat(y, starts)
-        keep_list = []
-        for s, e, h, l in zip(starts, list(starts[1:]) + [n], hi, lo):
-            seg = y[s:e]
-            keep_list.append(s + int(np.argmax(seg == h)))
-            keep_list.append(s + int(np.argmax(seg == l)))
-        keep = np.unique(np.array(keep_list, dtype=np.int64))
-    return [[round(float(t[i]), 6), int(y[i])] for i in keep]
+        bucket = (np.arange(n) * buckets) // n  # sorted bucket id of each point
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        hi = np.repeat(np.maximum.reduceat(y, starts), np.diff(np.r_[starts, n]))
+        lo = np.repeat(np.minimum.reduceat(y, starts), np.diff(np.r_[starts, n]))
+        # the first point reaching each bucket's max and min
+        first_hi = np.unique(bucket[y == hi], return_index=True)[1]
+        first_lo = np.unique(bucket[y == lo], return_index=True)[1]
+        keep = np.union1d(np.flatnonzero(y == hi)[first_hi], np.flatnonzero(y == lo)[first_lo])
+    return [[round(float(a), 6), int(b)] for a, b in zip(t[keep], y[keep])]
 
 
 def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: int) -> list[LiveGroup]:
@@ -244,7 +281,7 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     info.timeline = downsample(t_s, ev.live)
     info.covered_s = round(float(t_s[-1] - t_s[0]), 6)
 
-    freed_at, _ = match_frees(ev)
+    freed_at, preexisting_free = match_frees(ev)
     own_alloc = ev.is_alloc
     # requested-bytes running total of the cell's own allocations (frees of pre-existing ones do not count)
     delta = np.zeros(n, dtype=np.int64)
@@ -257,22 +294,24 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     idx = np.nonzero(live_at_peak)[0]
     info.allocated_at_peak_bytes = int(ev.chunk[idx].sum())
     info.requested_at_peak_bytes = int(ev.requested[idx].sum())
-    preexisting_at_peak = info.peak_live_bytes - info.allocated_at_peak_bytes
+    untracked_at_peak = info.peak_live_bytes - info.allocated_at_peak_bytes
+    freed_before_peak = int(ev.chunk[:peak + 1][preexisting_free[:peak + 1]].sum())
+    preexisting_at_peak = max(min(untracked_at_peak, info.preexisting_bytes - freed_before_peak), 0)
+    untraced_at_peak = untracked_at_peak - preexisting_at_peak
 
-    ops, layers, phases = attribute_events(trace, ctx)
+    att = attribute_events(trace, ctx)
     rows = []
     for i in idx:
         dtype = DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None
-        rows.append((ops[i], layers[i], phases[i], dtype, ev.string(int(ev.shape[i])), int(ev.chunk[i]),
-                     int(ev.requested[i])))
-    pre = [(("(allocated before the trace)", None, "pre-existing", None, None), preexisting_at_peak,
-            preexisting_at_peak)] if preexisting_at_peak > 0 else []
+        rows.append((att.op_name(i), att.layer_name(i), att.phase_name(i), dtype, ev.string(int(ev.shape[i])),
+                     int(ev.chunk[i]), int(ev.requested[i])))
+    pre = [((op, None, phase, None, None), size, size) for op, phase, size in (
+        ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
+        ("(allocated while the trace was paused)", "untraced", untraced_at_peak)) if size > 0]
     info.at_peak = _groups([((r[0], r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows] + pre,
                            ("op", "layer", "phase", "dtype", "shape"), top)
     info.by_layer = _groups([((r[1] or "(no layer)",), r[5], r[6]) for r in rows], ("layer",), top)
     info.by_op = _groups([((r[0],), r[5], r[6]) for r in rows], ("op",), top)
-    phase_rows = [((r[2],), r[5], r[6]) for r in rows]
-    if preexisting_at_peak > 0:
-        phase_rows.append((("pre-existing",), preexisting_at_peak, preexisting_at_peak))
+    phase_rows = [((r[2],), r[5], r[6]) for r in rows] + [((p[0][2],), p[1], p[2]) for p in pre]
     info.by_phase = _groups(phase_rows, ("phase",), len(PHASES))
     return info

@@ -27,7 +27,7 @@ HISTORY_SIZE = 100
 class Options:
     mode: str = "trace"  # "trace" (profiler events: breakdown and timeline) or "quick" (stats and RSS only)
     label: str = ""
-    interval_ms: float = 20.0  # RSS sampling period
+    interval_ms: float = 50.0  # RSS and TF sampling period; the RSS peak is exact regardless (VmHWM)
     limit_bytes: int | None = None  # the user's budget for this block (process memory)
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
@@ -94,10 +94,8 @@ class Profiler:
             environment.prepare_allocator()
         if self._mode == "trace":
             self._mode = self._trace_possible(nested)
-        self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested)
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
-        self._sampler.start(self._t0)
         self._allocator.start()
         if self._mode == "trace":
             self._tracer = Tracer(self._t0, self.options.trace_seconds)
@@ -107,6 +105,9 @@ class Profiler:
                 self.notes.append(f"The TensorFlow profiler could not start ({exc}); measured in quick mode.")
                 self._tracer.finish()
                 self._tracer, self._mode = None, "quick"
+        on_tick = self._tracer.observe if self._tracer is not None else None
+        self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick)
+        self._sampler.start(self._t0)
         self._instrumentation = Instrumentation(self._tracer, self.options.trace_steps)
         self._instrumentation.install()
 
@@ -152,6 +153,8 @@ class Profiler:
             report.error = ErrorInfo(type(exc).__name__, str(exc))
         report.rss = RssInfo(self._sampler.baseline, rss_peak, rss_end, peak_source, self._sampler.samples)
         report.tf = {d: DeviceMemory(*v) for d, v in devices.items()}
+        if self._sampler.tf_device in report.tf:
+            report.tf[self._sampler.tf_device].samples = self._sampler.tf_samples
         report.env = self._env(rss_baseline=self._sampler.baseline)
         try:
             self._analyse(report, segments)

@@ -199,29 +199,29 @@ def _make_trace_window_class() -> type:
 
         def on_train_begin(self, logs=None) -> None:
             self.in_fit, self.seen = True, 0
-            self.tracer.resume()
+            self.tracer.release("steps")
 
         def on_test_begin(self, logs=None) -> None:
             if not self.in_fit:  # validation inside fit belongs to fit's window
                 self.seen = 0
-                self.tracer.resume()
+                self.tracer.release("steps")
 
         on_predict_begin = on_test_begin
 
         def _batch_end(self, batch, logs=None) -> None:
             self.seen += 1
             if self.seen == self.steps:
-                self.tracer.pause(f"traced the first {self.steps} steps of each fit/evaluate/predict call")
+                self.tracer.hold("steps", f"traced the first {self.steps} steps of each fit/evaluate/predict call")
 
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _batch_end
 
         def on_train_end(self, logs=None) -> None:
             self.in_fit = False
-            self.tracer.resume()  # code after the call (in the same cell) is traced again
+            self.tracer.release("steps")  # code after the call (in the same cell) is traced again
 
         def on_test_end(self, logs=None) -> None:
             if not self.in_fit:
-                self.tracer.resume()
+                self.tracer.release("steps")
 
         on_predict_end = on_test_end
 

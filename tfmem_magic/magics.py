@@ -70,7 +70,15 @@ class TfmemMagics(Magics):
             self.shell.user_ns[args.as_name] = report
         if args.save is not None:
             save_report(report, args.save)
+        self._show(report, panel=args.panel)
+
+    def _show(self, report: Report, panel: bool = True) -> None:
+        """The static report (kept in saved notebooks), then the live panel where a kernel serves widgets."""
         display(mime_bundle(report), raw=True)
+        if panel and getattr(self.shell, "kernel", None) is not None:
+            from .panel import build_panel
+
+            display(build_panel(report))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
     def _line(self, command: str) -> Any:
@@ -83,7 +91,7 @@ class TfmemMagics(Magics):
             report = engine.last_report()
             if report is None:
                 raise UsageError("%tfmem last: no cell has been profiled yet; put %%tfmem on the first line of a cell")
-            display(mime_bundle(report), raw=True)
+            self._show(report)
         elif word in ("help", "-h", "--help"):
             print(help_text())
         else:

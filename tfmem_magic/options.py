@@ -44,7 +44,8 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
         parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")
     parser.add_argument("--label", metavar="TEXT", default="", help="a name for this report")
     parser.add_argument("--save", metavar="PATH", help="write the report to PATH (.json, or .html for a page)")
-    parser.add_argument("--interval", metavar="MS", type=float, default=20.0, help="RSS sampling period (20 ms)")
+    parser.add_argument("--interval", metavar="MS", type=float, default=50.0,
+                        help="RSS and TF sampling period for the timeline (50 ms); the RSS peak is exact anyway")
     parser.add_argument("--trace-steps", metavar="N", type=int, default=10,
                         help="steps of each fit/evaluate/predict call to trace (10)")
     parser.add_argument("--trace-seconds", metavar="S", type=float, default=20.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -35,22 +36,28 @@ def _reset_hwm() -> bool:
 
 
 class RssSampler:
-    """Samples this process's RSS on a daemon thread; the exact peak comes from VmHWM where Linux lets us reset it.
+    """Samples this process's RSS (and TF's live bytes once TF runs) on a daemon thread.
 
-    Sampling alone misses short spikes between two samples; the high-water mark does not, so it is preferred.
-    Nested samplers (a %%tfmem inside another) must not reset the outer one's high-water mark: `reset_hwm=False`.
+    The exact RSS peak comes from VmHWM where Linux lets us reset it: sampling alone misses short spikes between two
+    samples. Nested samplers (a %%tfmem inside another) must not reset the outer one's high-water mark:
+    `reset_hwm=False`. `on_tick(t, current, peak)` is called with TF's allocator figures after each sample; the
+    tracer uses it to trace only while memory climbs.
     """
 
-    def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True) -> None:
+    def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True,
+                 on_tick: Callable[[float, int, int], None] | None = None) -> None:
         self.interval_s = interval_s
         self._process = psutil.Process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self.samples: list[list[float]] = []
+        self.tf_samples: list[list[float]] = []  # [t, live bytes] of the main TF device
+        self.tf_device: str | None = None
         self.baseline = 0
         self._hwm_reset = False
         self._want_reset = reset_hwm
+        self._on_tick = on_tick
 
     def start(self, t0: float) -> None:
         self._t0 = t0
@@ -63,14 +70,29 @@ class RssSampler:
     def _run(self) -> None:
         interval = self.interval_s
         while not self._stop.wait(interval):
+            t = round(time.perf_counter() - self._t0, 4)
             try:
-                rss = self._process.memory_info().rss
+                self.samples.append([t, self._process.memory_info().rss])
             except psutil.Error:  # pragma: no cover - the process always exists for itself
                 return
-            self.samples.append([round(time.perf_counter() - self._t0, 4), rss])
+            self._sample_tf(t)
             if len(self.samples) >= MAX_SAMPLES:  # long cell: halve the resolution instead of growing
                 self.samples = self.samples[::2]
+                self.tf_samples = self.tf_samples[::2]
                 interval *= 2
+
+    def _sample_tf(self, t: float) -> None:
+        if self.tf_device is None:
+            if not environment.tensorflow_initialized():
+                return
+            gpus = [d for d in environment.tf_devices() if d.startswith("GPU")]
+            self.tf_device = gpus[0] if gpus else "CPU:0"
+        info = AllocatorStats._info(self.tf_device)
+        if info is None:
+            return
+        self.tf_samples.append([t, info["current"]])
+        if self._on_tick is not None:
+            self._on_tick(t, info["current"], info["peak"])
 
     def stop(self) -> tuple[int, int, str]:
         """Stop and join the thread; returns (peak, end, peak_source)."""

@@ -117,45 +117,40 @@ def _rows(groups: list[LiveGroup], key: str, total: int, limit: int = 10) -> str
     return "".join(out)
 
 
-def _svg_timeline(report: Report, width: int = 640, height: int = 120) -> str:
-    """A small inline SVG of live TF bytes (blue) and process RSS (grey); no matplotlib, no kernel needed."""
-    series = []
-    if report.trace is not None and report.trace.timeline:
-        series.append(("#5b8def", report.trace.timeline))
-    if len(report.rss.samples) > 1:
-        series.append(("#9e9e9e", report.rss.samples))
-    if not series:
+def summary_items(report: Report) -> list[tuple[str, str, str]]:
+    """(label, value, detail) for the headline numbers: shared by the static table and the panel's cards."""
+    r = report
+    items = []
+    for device, mem in r.tf.items():
+        items.append((f"TF peak ({device})", format_bytes(mem.peak_bytes),
+                      f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
+                      f" in the cell; {format_bytes(mem.end_bytes)} held after"))
+    items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
+                  f"baseline {format_bytes(r.rss.baseline_bytes)}, "
+                  f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
+    left = r.env.budget_bytes - r.rss.peak_bytes
+    items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
+                  f"of {format_bytes(r.env.budget_bytes)} ({_SOURCE.get(r.env.budget_source, r.env.budget_source)})"))
+    items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
+    return items
+
+
+def png_img(png: bytes | None, alt: str) -> str:
+    if not png:
         return ""
-    t_max = max(max(p[0] for p in s) for _, s in series) or 1.0
-    y_max = max(max(p[1] for p in s) for _, s in series) or 1.0
-    paths = []
-    for color, points in series:
-        coords = " ".join(f"{4 + (width - 8) * p[0] / t_max:.1f},{height - 4 - (height - 8) * p[1] / y_max:.1f}"
-                          for p in points)
-        paths.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{coords}'/>")
-    legend = ("<div class='tfmem-muted'><span style='color:#5b8def'>■</span> TF live bytes "
-              "<span style='color:#9e9e9e'>■</span> process RSS · 0 – "
-              f"{escape(format_bytes(y_max))} over {t_max:.2f} s</div>")
-    return (f"<svg width='{width}' height='{height}' role='img' aria-label='memory timeline'>"
-            f"<rect width='100%' height='100%' fill='none' stroke='rgba(128,128,128,.3)'/>{''.join(paths)}</svg>"
-            + legend)
+    import base64
+
+    return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
 def render_html(report: Report) -> str:
     r = report
     title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
-    cells = [("Status", f"{escape(r.status)} · {escape(r.mode)} mode · {r.wall_s:.2f} s")]
-    for device, mem in r.tf.items():
-        cells.append((f"TF peak ({escape(device)})",
-                      f"{escape(format_bytes(mem.peak_bytes))} "
-                      f"<span class='tfmem-muted'>= {escape(format_bytes(mem.baseline_bytes))} before + "
-                      f"{escape(format_bytes(mem.peak_bytes - mem.baseline_bytes))} in the cell; "
-                      f"{escape(format_bytes(mem.end_bytes))} held after</span>"))
-    cells.append(("Process RSS", f"peak {escape(format_bytes(r.rss.peak_bytes))} "
-                  f"<span class='tfmem-muted'>(baseline {escape(format_bytes(r.rss.baseline_bytes))})</span>"))
-    cells.append(("Budget", f"{escape(format_bytes(r.env.budget_bytes))} "
-                  f"<span class='tfmem-muted'>({escape(_SOURCE.get(r.env.budget_source, r.env.budget_source))}; "
-                  f"RAM {escape(format_bytes(r.env.ram_total_bytes))}; allocator {escape(r.env.allocator)})</span>"))
+    cells = [(escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
+             for label, value, detail in summary_items(r)]
+    cells.append(("Allocator", f"{escape(r.env.allocator)} <span class='tfmem-muted'>"
+                  f"({'sees every allocation' if r.env.allocator_complete else 'partial view'}; "
+                  f"RAM {escape(format_bytes(r.env.ram_total_bytes))})</span>"))
     if r.model is not None:
         m = r.model
         cells.append(("Model", f"{escape(m.name)}: {m.params:,} params ({escape(format_bytes(m.param_bytes))}), "
@@ -188,7 +183,9 @@ def render_html(report: Report) -> str:
             parts.append(f"<div class='tfmem-muted'>Allocated {escape(format_bytes(t.allocated_at_peak_bytes))} for "
                          f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
                          f"rounding and fragmentation); {t.events:,} memory events traced.</div>")
-    parts.append(_svg_timeline(r))
+    from .figures import timeline_png
+
+    parts.append(png_img(timeline_png(r), "memory timeline: TF live bytes and process RSS over the cell"))
     if r.findings:
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)

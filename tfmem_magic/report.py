@@ -56,6 +56,7 @@ class DeviceMemory:
     baseline_bytes: int = 0
     peak_bytes: int = 0
     end_bytes: int = 0
+    samples: list[list[float]] = field(default_factory=list)  # [[t, live bytes], ...] sampled with RSS
 
 
 @dataclass

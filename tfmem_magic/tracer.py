@@ -1,8 +1,13 @@
 """The TensorFlow profiler, driven in segments so that long cells stay cheap to trace.
 
-A segment is one profiler session. The Keras instrumentation pauses the trace after the first steps of each
-`fit`/`evaluate`/`predict` and resumes it at the next call; a timer pauses it for good after `max_seconds`. Each
-segment's xplane is read into memory and its temporary folder deleted at once.
+A segment is one profiler session. Two rules pause it, each holding the trace until it lets go:
+- "steps": the Keras instrumentation pauses after the first steps of each `fit`/`evaluate`/`predict` call and lets
+  go at the next call;
+- "plateau": fed by the sampler thread, it pauses when TF's peak has not grown for `PLATEAU_S` and lets go when the
+  peak grows again. A steady loop repeats the moment already traced; the trace exists to explain the peak.
+A timer stops tracing for good after `max_seconds`, and at most MAX_SEGMENTS segments are made. Each segment's
+xplane is read into memory and its temporary folder deleted at once. Exporting and parsing cost time per traced
+event (benchmarks/overhead.py), which is why the trace is kept short.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Iterator
 from . import environment
 
 PS_PER_S = 10**12
+PLATEAU_S = 1.0
+MAX_SEGMENTS = 12
 
 
 @contextlib.contextmanager
@@ -60,6 +67,9 @@ class Tracer:
         self.segments: list[tuple[bytes, int]] = []  # (xplane bytes, start offset in ps from t0)
         self.paused_reasons: list[str] = []
         self.closed = False  # no more segments: time cap reached or finished
+        self._holds: set[str] = set()
+        self._peak_seen = 0
+        self._grew_at = 0.0
         self._timer: threading.Timer | None = None
         self._quiet = not environment.profiler_logs_quiet()
 
@@ -77,21 +87,39 @@ class Tracer:
     def running(self) -> bool:
         return self._session is not None
 
-    def pause(self, reason: str) -> None:
+    def hold(self, rule: str, reason: str) -> None:
+        """Pause the trace until `rule` lets go (see release)."""
         with self._lock:
-            if self._session is None:
-                return
-            self._stop_segment()
-            if reason not in self.paused_reasons:
-                self.paused_reasons.append(reason)
+            self._holds.add(rule)
+            if self._session is not None:
+                self._stop_segment()
+                if reason not in self.paused_reasons:
+                    self.paused_reasons.append(reason)
 
-    def resume(self) -> None:
+    def release(self, rule: str) -> None:
+        """`rule` no longer needs the trace paused; it resumes if no other rule holds it."""
         with self._lock:
-            if self._session is None and not self.closed:
-                try:
-                    self._start_segment()
-                except Exception:  # someone else's session took the profiler: stay paused
-                    self.closed = True
+            self._holds.discard(rule)
+            if self._holds or self._session is not None or self.closed:
+                return
+            if self._count >= MAX_SEGMENTS:
+                self.closed = True
+                self.paused_reasons.append(f"the trace stopped after {MAX_SEGMENTS} segments")
+                return
+            try:
+                self._start_segment()
+            except Exception:  # someone else's session took the profiler: stay paused
+                self.closed = True
+
+    def observe(self, t: float, current: int, peak: int) -> None:
+        """Sampler tick with TF's allocator figures: the plateau rule."""
+        if peak > self._peak_seen:
+            self._peak_seen, self._grew_at = peak, t
+            if "plateau" in self._holds:
+                self.release("plateau")
+        elif t - self._grew_at >= PLATEAU_S and "plateau" not in self._holds and self._session is not None:
+            self.hold("plateau", f"traced while TensorFlow's memory climbed, paused while its peak stayed flat for "
+                                 f"{PLATEAU_S:g} s")
 
     def finish(self) -> list[tuple[bytes, int]]:
         """Stop everything (timer, segment), delete the temp folder; returns the segments."""

@@ -1,0 +1,121 @@
+"""A real JupyterLab server and a real Chromium (Debian's, driven by Playwright), per shared/guides/labextension-recipe.
+
+The tests skip where /usr/bin/chromium is missing; CI installs it (.ci/run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    def __init__(self, root: Path, url: str, token: str, process: subprocess.Popen) -> None:
+        self.root, self.url, self.token, self.process = root, url, token, process
+
+    def api(self, path: str, method: str = "GET") -> object:
+        request = urllib.request.Request(f"{self.url}{path}?token={self.token}", method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def notebook_url(self, name: str) -> str:
+        return f"{self.url}/lab/tree/{name}?token={self.token}&reset"
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> Lab:
+    base = tmp_path_factory.mktemp("lab")
+    root, settings = base / "root", base / "settings"
+    root.mkdir()
+    news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false"}))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # kernels: this venv
+           "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+           "IPYTHONDIR": str(base / "ipython")}
+    log = open(base / "lab.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={base / 'workspaces'}",
+         f"--LabApp.user_settings_dir={settings}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Lab(root, f"http://127.0.0.1:{port}", token, process)
+    deadline = time.time() + 60
+    while True:
+        try:
+            server.api("/api/status")
+            break
+        except OSError:
+            if time.time() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError("JupyterLab did not start:\n" + (base / "lab.log").read_text()[-3000:])
+            time.sleep(0.3)
+    yield server
+    process.send_signal(signal.SIGTERM)  # shuts the kernels down cleanly
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def wait_kernel_idle(page, timeout_ms: int = 60_000) -> None:
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp.shell.currentWidget;
+                   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                   return k && k.status === 'idle'; }""", timeout=timeout_ms)
+
+
+def run_cell(page, index: int, timeout_ms: int = 180_000) -> None:
+    """A real click on the cell's prompt and Shift+Enter; waits until it has run and the kernel is idle."""
+    page.evaluate(f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.executionCount = null")
+    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt").click()
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.executionCount !== null",
+        timeout=timeout_ms)
+    wait_kernel_idle(page, timeout_ms)

@@ -1,0 +1,68 @@
+"""The panel in real JupyterLab and real Chromium: what a user sees below a %%tfmem cell, live and reopened."""
+
+from __future__ import annotations
+
+import nbformat
+
+from .conftest import run_cell, wait_kernel_idle
+
+CELLS = [
+    "%load_ext tfmem_magic",
+    """%%tfmem --label "browser fit"
+import keras, numpy as np
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu", name="wide"),
+                          keras.layers.Dense(10, name="head")], name="browser_mlp")
+model.compile("adam", "sparse_categorical_crossentropy")
+model.fit(np.random.rand(2048, 32).astype("float32"), np.random.randint(0, 10, 2048), batch_size=128, verbose=0);""",
+]
+
+
+def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path):
+    kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
+                                            metadata={"kernelspec": kernelspec}), lab.root / "panel.ipynb")
+    page.goto(lab.notebook_url("panel.ipynb"))
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    wait_kernel_idle(page)
+    run_cell(page, 0)
+    run_cell(page, 1)
+
+    panel = page.locator(".tfmem-panel")
+    panel.wait_for(state="visible", timeout=60_000)
+    header = panel.locator(".tfmem-head")
+    assert "browser fit" in header.inner_text()
+    assert "TF peak (CPU:0)" in header.inner_text() and "Budget left" in header.inner_text()
+    assert "fits with" in panel.locator(".tfmem-verdict").inner_text()
+    chart = panel.locator("img").first
+    chart.wait_for(state="visible")
+    assert chart.evaluate("img => img.naturalWidth") > 200  # a real decoded PNG
+    # the static twin is in the same cell but hidden while the live panel is mounted
+    static = page.locator(".jp-Cell").nth(1).locator(".tfmem-report")
+    assert static.count() == 1 and not static.is_visible()
+
+    panel.screenshot(path=str(tmp_path / "panel-breakdown.png"))
+    before = chart.get_attribute("src")
+    panel.get_by_role("button", name="by layer").click()
+    page.wait_for_function("src => document.querySelector('.tfmem-panel img').src !== src", arg=before)
+    by_layer = chart.get_attribute("src")
+    panel.get_by_role("tab", name="Timeline").click()
+    shown = panel.locator("img:visible")
+    shown.first.wait_for(state="visible")
+    assert shown.count() == 1  # only the Timeline tab's image is on screen now
+    assert shown.first.get_attribute("src") not in (before, by_layer)
+    assert shown.first.evaluate("img => img.naturalWidth") > 400
+    panel.screenshot(path=str(tmp_path / "panel-timeline.png"))
+
+    # save, stop the kernel, reopen: no widget can render, the static twin must be there
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("!window.jupyterapp.shell.currentWidget.context.model.dirty")
+    for session in lab.api("/api/sessions"):
+        lab.api(f"/api/sessions/{session['id']}", method="DELETE")
+    page.goto(lab.notebook_url("panel.ipynb"))
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    static = page.locator(".jp-Cell").nth(1).locator(".tfmem-report")
+    static.wait_for(state="visible", timeout=30_000)
+    text = static.inner_text()
+    assert "tfmem report" in text and "browser fit" in text and "TF peak" in text
+    assert static.locator("img").evaluate("img => img.naturalWidth") > 200
+    static.screenshot(path=str(tmp_path / "static-reopened.png"))

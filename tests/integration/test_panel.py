@@ -1,0 +1,101 @@
+"""The interactive panel built from reports of real cells, and what a real kernel displays."""
+
+from __future__ import annotations
+
+import sys
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tfmem_magic import figures
+from tfmem_magic.panel import build_panel
+from tfmem_magic.report import MIME_TYPE, Report
+from tfmem_magic.sizes import format_bytes
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+FIT_CELL = """%%tfmem --as rep --label '<i>fit</i>'
+import keras, numpy as np
+m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(128, activation="relu", name="wide"),
+                      keras.layers.Dense(4, name="head")], name="small")
+m.compile("adam", "sparse_categorical_crossentropy")
+m.fit(np.random.rand(1024, 32).astype("float32"), np.random.randint(0, 4, 1024), batch_size=64, verbose=0);
+"""
+
+
+def walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from walk(child)
+
+
+@pytest.fixture
+def fit_report(shell) -> Report:
+    assert shell.run_cell(FIT_CELL).success
+    return shell.user_ns["rep"]
+
+
+def test_header_shows_the_reports_numbers_escaped(fit_report):
+    panel = build_panel(fit_report)
+    header = panel.children[0].value
+    cpu = fit_report.tf["CPU:0"]
+    for number in (format_bytes(cpu.peak_bytes), format_bytes(cpu.peak_bytes - cpu.baseline_bytes),
+                   format_bytes(fit_report.rss.peak_bytes), format_bytes(fit_report.env.budget_bytes)):
+        assert number in header
+    assert "&lt;i&gt;fit&lt;/i&gt;" in header and "<i>fit</i>" not in header
+    assert "tfmem-panel" in panel._dom_classes
+
+
+def test_tabs_breakdown_toggle_and_charts(fit_report):
+    import ipywidgets as widgets
+
+    panel = build_panel(fit_report)
+    tabs = panel.children[1]
+    assert tabs.titles[0] == "Breakdown at peak" and tabs.titles[2].startswith("Findings (")
+    breakdown = tabs.children[0]
+    chooser = next(w for w in walk(breakdown) if isinstance(w, widgets.ToggleButtons))
+    chart = next(w for w in walk(breakdown) if isinstance(w, widgets.Image))
+    by_phase = bytes(chart.value)
+    assert by_phase.startswith(PNG)
+    chooser.value = "layer"
+    assert bytes(chart.value).startswith(PNG) and bytes(chart.value) != by_phase
+    tensors = next(w for w in walk(breakdown) if isinstance(w, widgets.HTML) and "Largest tensors" in w.value)
+    assert "wide" in tensors.value
+    timeline = tabs.children[1]
+    assert isinstance(timeline, widgets.Image) and bytes(timeline.value).startswith(PNG)
+
+
+def test_empty_states_say_why(shell):
+    assert shell.run_cell("%%tfmem --quick --as q\nx = 1").success
+    panel = build_panel(shell.user_ns["q"])
+    breakdown = panel.children[1].children[0]
+    assert "Quick mode records no trace" in breakdown.value
+    assert "No fix to suggest" in panel.children[1].children[3].value
+
+
+def test_figures_are_png_and_none_without_data(fit_report):
+    assert figures.timeline_png(fit_report).startswith(PNG)
+    assert figures.breakdown_png(fit_report.trace.by_op, "op").startswith(PNG)
+    assert figures.breakdown_png([], "op") is None
+    empty = Report()
+    assert figures.timeline_png(empty) is None
+
+
+@pytest.mark.slow
+def test_kernel_displays_static_twin_then_live_panel(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+        nbformat.v4.new_code_cell("%%tfmem\nimport tensorflow as tf\nx = tf.ones((128, 128))"),
+        nbformat.v4.new_code_cell("%%tfmem --no-panel\ny = 1"),
+    ])
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.km = client.create_kernel_manager()
+    client.km.kernel_spec.argv[0] = sys.executable
+    client.execute()
+    static, live = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
+    assert {"text/html", "text/plain", MIME_TYPE} <= set(static.data)
+    assert "<img" in static.data["text/html"]  # the timeline travels with the static twin
+    assert "application/vnd.jupyter.widget-view+json" in live.data
+    only = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
+    assert len(only) == 1 and MIME_TYPE in only[0].data  # --no-panel: the static report alone

@@ -1,0 +1,124 @@
+"""Charts of a report as PNG bytes (matplotlib's object API, no pyplot state, Agg canvas).
+
+Colours are chosen to read on light and dark notebook themes: a transparent background, mid-grey text and axes,
+saturated series colours. Pure Report → bytes functions: the panel and the static HTML embed the same images.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+from .report import LiveGroup, Report
+from .sizes import format_bytes
+
+INK = "#8a8a8a"  # text and axes: legible on white and on dark grey
+TF_COLOR = "#3d7be0"
+RSS_COLOR = "#e0833d"
+BUDGET_COLOR = "#d64545"
+PHASE_COLORS = {
+    "forward": "#3d7be0", "backward": "#8e5bd8", "optimizer": "#e0833d", "input": "#2ea67a",
+    "weights": "#c9a227", "pre-existing": "#9e9e9e", "untraced": "#bdbdbd", "other": "#6d8fb3",
+}
+
+
+def _unit(max_bytes: float) -> tuple[float, str]:
+    for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if max_bytes >= scale:
+            return scale, name
+    return 1, "B"
+
+
+def _figure(width_in: float, height_in: float, rows: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100)
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+    for ax in axes:
+        ax.set_facecolor("none")
+        ax.tick_params(colors=INK, labelsize=8)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        for side in ("left", "bottom"):
+            ax.spines[side].set_color(INK)
+        ax.grid(True, alpha=0.2, color=INK)
+    return fig, axes
+
+
+def _png(fig) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", transparent=True, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def timeline_png(report: Report) -> bytes | None:
+    """TF live bytes (top) and process RSS with the budget (bottom) over the cell's time; None without data."""
+    tf_points = report.trace.timeline if report.trace is not None and report.trace.timeline else []
+    tf_label = "TF live bytes (trace)"
+    if not tf_points:
+        device = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+        tf_points = device.samples if device is not None else []
+        tf_label = "TF live bytes (sampled)"
+    rss_points = report.rss.samples
+    if len(tf_points) < 2 and len(rss_points) < 2:
+        return None
+    rows = 2 if len(tf_points) >= 2 else 1
+    fig, axes = _figure(8.6, 1.9 * rows + 0.4, rows)
+    if rows == 2:
+        ax = axes[0]
+        t = [p[0] for p in tf_points]
+        scale, unit = _unit(max(p[1] for p in tf_points))
+        y = [p[1] / scale for p in tf_points]
+        ax.fill_between(t, y, step="post", color=TF_COLOR, alpha=0.18, linewidth=0)
+        ax.step(t, y, where="post", color=TF_COLOR, linewidth=1.3)
+        peak_t = report.trace.peak_time_s if report.trace is not None and report.trace.events else \
+            t[max(range(len(y)), key=y.__getitem__)]
+        peak_y = max(y)
+        ax.plot([peak_t], [peak_y], marker="v", color=BUDGET_COLOR, markersize=7)
+        ax.annotate(f"peak {format_bytes(peak_y * scale)}", (peak_t, peak_y), textcoords="offset points",
+                    xytext=(6, -2), color=INK, fontsize=8, va="top")
+        ax.set_ylabel(f"{tf_label}\n{unit}", color=INK, fontsize=8)
+        ax.set_ylim(bottom=0)
+    ax = axes[-1]
+    if len(rss_points) >= 2:
+        t = [p[0] for p in rss_points]
+        top = max(max(p[1] for p in rss_points), report.rss.peak_bytes)
+        budget = report.env.budget_bytes
+        show_budget = budget > 0 and report.rss.peak_bytes >= 0.5 * budget
+        scale, unit = _unit(max(top, budget) if show_budget else top)
+        ax.plot(t, [p[1] / scale for p in rss_points], color=RSS_COLOR, linewidth=1.3)
+        if show_budget:
+            ax.axhline(budget / scale, color=BUDGET_COLOR, linestyle="--", linewidth=1)
+            ax.annotate(f"budget {format_bytes(budget)}", (t[0], budget / scale), textcoords="offset points",
+                        xytext=(2, 3), color=BUDGET_COLOR, fontsize=8)
+        else:
+            share = report.rss.peak_bytes / budget if budget else 0
+            ax.set_title(f"budget {format_bytes(budget)}: peak used {share:.0%}", color=INK, fontsize=8,
+                         loc="right")
+        ax.set_ylabel(f"process RSS\n{unit}", color=INK, fontsize=8)
+    ax.set_xlabel("seconds since the cell started", color=INK, fontsize=8)
+    return _png(fig)
+
+
+def breakdown_png(groups: Sequence[LiveGroup], key: str, limit: int = 12) -> bytes | None:
+    """Horizontal bars of the largest groups (by `key`: phase, layer or op); None when there is nothing."""
+    rows = [g for g in groups if g.bytes > 0][:limit]
+    if not rows:
+        return None
+    labels = [str(getattr(g, key) or "(none)") for g in rows][::-1]
+    values = [g.bytes for g in rows][::-1]
+    colors = [PHASE_COLORS.get(g.phase or "", TF_COLOR) if key == "phase" else TF_COLOR for g in rows][::-1]
+    scale, unit = _unit(max(values))
+    fig, (ax,) = _figure(6.4, 0.32 * len(rows) + 0.6)
+    bars = ax.barh([label[:38] for label in labels], [v / scale for v in values], color=colors, height=0.62)
+    for bar, value in zip(bars, values):
+        ax.annotate(format_bytes(value), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                    textcoords="offset points", xytext=(4, 0), va="center", color=INK, fontsize=8)
+    ax.set_xlabel(unit, color=INK, fontsize=8)
+    ax.grid(True, axis="x", alpha=0.2, color=INK)
+    ax.grid(False, axis="y")
+    ax.set_xlim(0, max(values) / scale * 1.22)
+    return _png(fig)

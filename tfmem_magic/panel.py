@@ -1,0 +1,185 @@
+"""The interactive panel below a %%tfmem cell (ipywidgets 8). It only renders: every number comes from the Report.
+
+The panel is displayed right after the static report (a separate output), because JupyterLab shows "Error
+displaying widget: model not found" instead of falling back to another MIME type when a notebook is reopened
+without its kernel. While the live panel is mounted, a CSS rule it carries hides that static twin; reopened
+notebooks, nbconvert and GitHub show the twin.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+import ipywidgets as widgets
+
+from . import figures
+from .render import _SOURCE, summary_items, verdict
+from .report import LiveGroup, Report
+from .sizes import format_bytes
+
+BREAKDOWN_KEYS = ("phase", "layer", "op")
+
+PANEL_CSS = """<style>
+/* the static report is the output just before the live panel: hide it while the panel is there */
+.jp-OutputArea-child:has(+ .jp-OutputArea-child .tfmem-panel) .tfmem-report { display: none; }
+.tfmem-panel { max-width: 980px; }
+.tfmem-head { font-family: var(--jp-ui-font-family, system-ui, sans-serif); }
+.tfmem-head .tfmem-title { font-size: 14px; font-weight: 600; margin: 2px 0 4px 0; }
+.tfmem-head .tfmem-verdict { font-size: 13px; font-weight: 600; margin-bottom: 8px; }
+.tfmem-head .tfmem-ok { color: #2e7d32; } .tfmem-head .tfmem-warn { color: #b26a00; }
+.tfmem-head .tfmem-bad { color: #c62828; }
+.tfmem-cards { display: flex; gap: 10px; flex-wrap: wrap; margin-bottom: 6px; }
+.tfmem-card { border: 1px solid rgba(128,128,128,.35); border-radius: 6px; padding: 6px 10px;
+  flex: 1 1 160px; max-width: 235px; }
+.tfmem-card .tfmem-label { font-size: 11px; opacity: .75; }
+.tfmem-card .tfmem-value { font-size: 18px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.tfmem-card .tfmem-detail { font-size: 11px; opacity: .75; line-height: 1.3; }
+.tfmem-panel table { border-collapse: collapse; font-size: 12px; }
+.tfmem-panel td, .tfmem-panel th { padding: 2px 8px; text-align: left; border-bottom: 1px solid rgba(128,128,128,.2); }
+.tfmem-panel td.num, .tfmem-panel th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.tfmem-panel .tfmem-empty { opacity: .75; font-style: italic; padding: 6px 0; }
+.tfmem-panel .tfmem-sev-critical { color: #c62828; } .tfmem-panel .tfmem-sev-warn { color: #b26a00; }
+.tfmem-panel pre { font-size: 12px; padding: 6px; border: 1px solid rgba(128,128,128,.25); border-radius: 4px;
+  white-space: pre-wrap; }
+</style>"""
+
+
+def _verdict_class(report: Report) -> str:
+    if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
+        return "tfmem-bad"
+    if report.status != "ok" or any(f.severity != "info" for f in report.findings):
+        return "tfmem-warn"
+    return "tfmem-ok"
+
+
+def header_html(report: Report) -> str:
+    cards = "".join(
+        f"<div class='tfmem-card'><div class='tfmem-label'>{escape(label)}</div>"
+        f"<div class='tfmem-value'>{escape(value)}</div><div class='tfmem-detail'>{escape(detail)}</div></div>"
+        for label, value, detail in summary_items(report))
+    title = "tfmem" + (f" · {escape(report.label)}" if report.label else "")
+    return (f"<div class='tfmem-head'><div class='tfmem-title'>{title}</div>"
+            f"<div class='tfmem-verdict {_verdict_class(report)}'>{escape(verdict(report))}</div>"
+            f"<div class='tfmem-cards'>{cards}</div></div>")
+
+
+def _empty(text: str) -> widgets.HTML:
+    return widgets.HTML(f"<div class='tfmem-empty'>{escape(text)}</div>")
+
+
+def _why_no_trace(report: Report) -> str:
+    if report.env.tensorflow is None:
+        return "TensorFlow did not run in this cell: only process memory was measured (Timeline tab)."
+    if report.mode == "quick":
+        return ("Quick mode records no trace, so nothing is broken down by op, layer or phase. Run the cell with "
+                "%%tfmem (trace is the default) to see what was live at the peak.")
+    return "The trace recorded no TensorFlow allocation in this cell."
+
+
+def _top_tensors(groups: list[LiveGroup]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(g.op or '')}</td><td>{escape(g.layer or '')}</td><td>{escape(g.phase or '')}</td>"
+        f"<td>{escape(g.dtype or '')}</td><td>{escape(g.shape or '')}</td>"
+        f"<td class='num'>{escape(format_bytes(g.bytes))}</td><td class='num'>{g.count}</td></tr>"
+        for g in groups[:12])
+    return ("<table><tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
+            f"<th class='num'>bytes</th><th class='num'>n</th></tr>{rows}</table>")
+
+
+def breakdown_tab(report: Report) -> widgets.Widget:
+    trace = report.trace
+    if trace is None or not trace.events:
+        return _empty(_why_no_trace(report))
+    groups = {"phase": trace.by_phase, "layer": trace.by_layer, "op": trace.by_op}
+    images: dict[str, bytes | None] = {}
+
+    def image_for(key: str) -> bytes:
+        if key not in images:
+            images[key] = figures.breakdown_png(groups[key], key)
+        return images[key] or b""
+
+    chooser = widgets.ToggleButtons(options=[("by phase", "phase"), ("by layer", "layer"), ("by op", "op")],
+                                    value="phase", style={"button_width": "90px"})
+    chart = widgets.Image(value=image_for("phase"), format="png", layout=widgets.Layout(max_width="640px"))
+    chooser.observe(lambda change: setattr(chart, "value", image_for(change["new"])), names="value")
+    lines = [f"<b>{escape(format_bytes(trace.peak_live_bytes))}</b> live at t = {trace.peak_time_s:.3f} s "
+             f"({trace.events:,} memory events traced)"]
+    if trace.requested_at_peak_bytes:
+        ratio = trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes
+        if ratio >= 1.1:
+            lines.append(f"The allocator handed out {escape(format_bytes(trace.allocated_at_peak_bytes))} for "
+                         f"{escape(format_bytes(trace.requested_at_peak_bytes))} requested (×{ratio:.2f}: "
+                         "rounding and fragmentation).")
+    if trace.note:
+        lines.append(f"<span class='tfmem-empty'>{escape(trace.note)}</span>")
+    info = widgets.HTML("<br>".join(lines))
+    tensors = widgets.HTML("<b>Largest tensors at the peak</b>" + _top_tensors(trace.at_peak))
+    return widgets.VBox([info, chooser, chart, tensors])
+
+
+def timeline_tab(report: Report) -> widgets.Widget:
+    png = figures.timeline_png(report)
+    if not png:
+        return _empty("The cell was too short to sample: no timeline.")
+    return widgets.Image(value=png, format="png", layout=widgets.Layout(max_width="900px"))
+
+
+def findings_tab(report: Report) -> widgets.Widget:
+    if not report.findings:
+        if report.mode == "quick" or report.trace is None:
+            return _empty("Nothing looked wrong in what was measured. " + _why_no_trace(report))
+        return _empty("Nothing looked wrong: no finding fired for this cell.")
+    items = "".join(
+        f"<li><b class='tfmem-sev-{escape(f.severity)}'>{escape(f.title)}</b> [{escape(f.severity)}]<br>"
+        f"{escape(f.evidence)}</li>" for f in report.findings)
+    return widgets.HTML(f"<ul>{items}</ul>")
+
+
+def fixes_tab(report: Report) -> widgets.Widget:
+    if not report.fixes:
+        return _empty("No fix to suggest for this cell.")
+    items = "".join(f"<li><b>{escape(x.title)}</b>: {escape(x.why)}<pre>{escape(x.code)}</pre></li>"
+                    for x in report.fixes)
+    return widgets.HTML(f"<ul>{items}</ul>")
+
+
+def details_tab(report: Report) -> widgets.Widget:
+    env = report.env
+    rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras or "-"),
+            ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
+            ("Devices", ", ".join(env.devices) or "-"),
+            ("Budget", f"{format_bytes(env.budget_bytes)} ({_SOURCE.get(env.budget_source, env.budget_source)})"),
+            ("RAM", f"{format_bytes(env.ram_total_bytes)}, {format_bytes(env.ram_available_bytes)} available"),
+            ("Precision policy", env.mixed_precision_policy or "-"),
+            ("RSS peak from", "kernel high-water mark (exact)" if report.rss.peak_source == "hwm" else "samples")]
+    html = "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
+    html += "</table>"
+    m = report.model
+    if m is not None:
+        layer_rows = "".join(
+            f"<tr><td>{escape(layer.name)}</td><td>{escape(layer.type)}</td><td class='num'>{layer.params:,}</td>"
+            f"<td>{escape(layer.output_shape or '')}</td>"
+            f"<td class='num'>{escape(format_bytes(layer.activation_bytes_per_sample))}</td></tr>"
+            for layer in m.layers[:30])
+        html += (f"<p><b>Model {escape(m.name)}</b>: {m.params:,} parameters ({escape(format_bytes(m.param_bytes))}),"
+                 f" optimizer {escape(m.optimizer or 'none')} ({m.optimizer_slots} slot(s) per weight, "
+                 f"{escape(format_bytes(m.optimizer_bytes))}), batch {escape(str(m.batch_size or '?'))}, "
+                 f"input {escape(m.input_shape or '?')}</p><table><tr><th>layer</th><th>type</th>"
+                 "<th class='num'>params</th><th>output</th><th class='num'>activations / sample</th></tr>"
+                 f"{layer_rows}</table>")
+    notes = report.notes + ([env.allocator_note] if env.allocator_note else [])
+    if notes:
+        html += "<p>" + "<br>".join(escape(n) for n in notes) + "</p>"
+    return widgets.HTML(html)
+
+
+def build_panel(report: Report) -> widgets.VBox:
+    """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, fixes, details."""
+    header = widgets.HTML(PANEL_CSS + header_html(report))
+    tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report), findings_tab(report),
+                                 fixes_tab(report), details_tab(report)])
+    tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})",
+                   f"Fixes ({len(report.fixes)})", "Details")
+    panel = widgets.VBox([header, tabs])
+    panel.add_class("tfmem-panel")
+    return panel
