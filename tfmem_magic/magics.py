@@ -11,6 +11,7 @@ from IPython.display import display
 
 from . import engine, environment
 from .errors import TfmemUsageError
+from .figures import timeline_png
 from .options import build_parser, parse_cell_args, save_report
 from .render import mime_bundle
 from .report import Report
@@ -74,11 +75,12 @@ class TfmemMagics(Magics):
 
     def _show(self, report: Report, panel: bool = True) -> None:
         """The static report (kept in saved notebooks), then the live panel where a kernel serves widgets."""
-        display(mime_bundle(report), raw=True)
+        timeline = timeline_png(report)  # one rendering serves both
+        display(mime_bundle(report, timeline), raw=True)
         if panel and getattr(self.shell, "kernel", None) is not None:
             from .panel import build_panel
 
-            display(build_panel(report))
+            display(build_panel(report, timeline))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
     def _line(self, command: str) -> Any:

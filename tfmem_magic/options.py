@@ -63,12 +63,18 @@ class CellArgs:
     panel: bool
 
 
+_cell_parser: argparse.ArgumentParser | None = None
+
+
 def parse_cell_args(line: str) -> CellArgs:
+    global _cell_parser
     try:
         argv = shlex.split(line)
     except ValueError as exc:
         raise TfmemUsageError(f"%%tfmem: cannot read the options {line!r} ({exc}); close your quotes") from None
-    return args_from_namespace(build_parser().parse_args(argv))
+    if _cell_parser is None:  # built once: argparse objects are a web of cycles, not worth making per cell
+        _cell_parser = build_parser()
+    return args_from_namespace(_cell_parser.parse_args(argv))
 
 
 def args_from_namespace(ns: argparse.Namespace) -> CellArgs:

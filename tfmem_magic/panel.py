@@ -117,8 +117,8 @@ def breakdown_tab(report: Report) -> widgets.Widget:
     return widgets.VBox([info, chooser, chart, tensors])
 
 
-def timeline_tab(report: Report) -> widgets.Widget:
-    png = figures.timeline_png(report)
+def timeline_tab(report: Report, png: bytes | None = None) -> widgets.Widget:
+    png = png if png is not None else figures.timeline_png(report)
     if not png:
         return _empty("The cell was too short to sample: no timeline.")
     return widgets.Image(value=png, format="png", layout=widgets.Layout(max_width="900px"))
@@ -173,10 +173,13 @@ def details_tab(report: Report) -> widgets.Widget:
     return widgets.HTML(html)
 
 
-def build_panel(report: Report) -> widgets.VBox:
-    """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, fixes, details."""
+def build_panel(report: Report, timeline: bytes | None = None) -> widgets.VBox:
+    """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, fixes, details.
+
+    `timeline` is the timeline PNG when the caller already rendered it for the static twin.
+    """
     header = widgets.HTML(PANEL_CSS + header_html(report))
-    tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report), findings_tab(report),
+    tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
                                  fixes_tab(report), details_tab(report)])
     tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})",
                    f"Fixes ({len(report.fixes)})", "Details")

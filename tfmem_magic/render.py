@@ -143,7 +143,8 @@ def png_img(png: bytes | None, alt: str) -> str:
     return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
-def render_html(report: Report) -> str:
+def render_html(report: Report, timeline: bytes | None = None) -> str:
+    """The static report; `timeline` is the timeline PNG if the caller already rendered it (else it is rendered)."""
     r = report
     title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
     cells = [(escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
@@ -183,9 +184,11 @@ def render_html(report: Report) -> str:
             parts.append(f"<div class='tfmem-muted'>Allocated {escape(format_bytes(t.allocated_at_peak_bytes))} for "
                          f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
                          f"rounding and fragmentation); {t.events:,} memory events traced.</div>")
-    from .figures import timeline_png
+    if timeline is None:
+        from .figures import timeline_png
 
-    parts.append(png_img(timeline_png(r), "memory timeline: TF live bytes and process RSS over the cell"))
+        timeline = timeline_png(r)
+    parts.append(png_img(timeline, "memory timeline: TF live bytes and process RSS over the cell"))
     if r.findings:
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)
@@ -201,6 +204,6 @@ def render_html(report: Report) -> str:
     return "".join(parts)
 
 
-def mime_bundle(report: Report) -> dict[str, Any]:
+def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]:
     """What a front end needs: the static HTML, a text fallback and the report itself."""
-    return {"text/plain": render_text(report), "text/html": render_html(report), MIME_TYPE: report.to_dict()}
+    return {"text/plain": render_text(report), "text/html": render_html(report, timeline), MIME_TYPE: report.to_dict()}

@@ -47,9 +47,12 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
         assert {"conv_a", "pool_a", "conv_b"} <= {g.layer for g in report.trace.by_layer}
         assert report.model.name == "first_cnn"
     phases = lambda r: {g.phase: g.bytes for g in r.trace.by_phase}  # noqa: E731
-    # what the notebook teaches: activations scale with the batch, the input copy does not
+    # what the notebook teaches: activations scale with the batch (4x smaller batch, much smaller activations),
+    # the weights and optimizer state do not
     assert phases(small)["forward"] < phases(first)["forward"] / 2
-    assert phases(small)["input"] == pytest.approx(phases(first)["input"], rel=0.3)
+    assert phases(small)["backward"] < phases(first)["backward"] / 2
+    assert small.model.param_bytes == first.model.param_bytes and small.model.optimizer_bytes == first.model.optimizer_bytes
+    # the first fit of a fresh model copies the whole numpy array into a tensor (later fits may not: see the notebook)
     assert any(f.id == "input-copy" for f in first.findings)
     history = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "batch 128" in history and "batch 32" in history

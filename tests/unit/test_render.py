@@ -20,8 +20,9 @@ def evil_report() -> Report:
 
 def test_html_escapes_every_user_string():
     html = render_html(evil_report())
-    assert "<script>" not in html and "<img" not in html
+    assert "<script>" not in html and "<img src=x" not in html and EVIL not in html
     assert "&lt;script&gt;" in html and "&lt;img src=x onerror=alert(2)&gt;" in html
+    assert html.count("<img") == 1 and "data:image/png;base64," in html  # only our own timeline image
 
 
 def test_bundle_has_html_text_and_json():
