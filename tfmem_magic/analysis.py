@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .report import LiveGroup, TraceInfo
+from .report import InputCopy, LiveGroup, TraceInfo
 from .xplane import DATA_TYPES, MemoryEvents, Span, Trace
 
 PS = 1e12
@@ -173,7 +173,6 @@ class Attributed:
 def attribute_events(trace: Trace, ctx: Context) -> Attributed:
     """Op, layer and phase of every event, computed once per distinct op string and broadcast with numpy."""
     ev, spans = trace.events, trace.spans
-    n = len(ev)
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
     ctx = Context(ctx.layer_names | span_layers, ctx.optimizer_scopes, ctx.input_array_bytes, ctx.start_offset_s)
     ops: list[str] = ["(untagged)", "input copy (numpy → tensor)"]
@@ -251,7 +250,7 @@ def downsample(t: np.ndarray, y: np.ndarray, max_points: int = MAX_TIMELINE_POIN
         first_hi = np.unique(bucket[y == hi], return_index=True)[1]
         first_lo = np.unique(bucket[y == lo], return_index=True)[1]
         keep = np.union1d(np.flatnonzero(y == hi)[first_hi], np.flatnonzero(y == lo)[first_lo])
-    return [[round(float(a), 6), int(b)] for a, b in zip(t[keep], y[keep])]
+    return [[round(float(a), 6), int(b)] for a, b in zip(t[keep], y[keep], strict=True)]
 
 
 def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: int) -> list[LiveGroup]:
@@ -262,7 +261,8 @@ def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: 
         acc[1] += requested
         acc[2] += 1
     ordered = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
-    return [LiveGroup(**dict(zip(keys, key)), bytes=b, requested_bytes=r, count=c) for key, (b, r, c) in ordered]
+    return [LiveGroup(**dict(zip(keys, key, strict=True)), bytes=b, requested_bytes=r, count=c)
+            for key, (b, r, c) in ordered]
 
 
 def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
@@ -300,6 +300,11 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     untraced_at_peak = untracked_at_peak - preexisting_at_peak
 
     att = attribute_events(trace, ctx)
+    copies = np.nonzero(own_alloc & (att.op == att.ops.index("input copy (numpy → tensor)")))[0]
+    info.input_copies = [
+        InputCopy(int(ev.chunk[i]), int(ev.requested[i]), round(float(t_s[i]), 6),
+                  round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]))
+        for i in copies]
     rows = []
     for i in idx:
         dtype = DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None

@@ -59,19 +59,26 @@ def out_of_memory(report: Report) -> Finding | None:
 
 def input_copy(report: Report) -> Finding | None:
     trace = report.trace
-    if trace is None or trace.requested_at_peak_bytes <= 0:
+    if trace is None or not trace.input_copies:
         return None
-    copied = sum(g.bytes for g in trace.at_peak if g.op and g.op.startswith("input copy"))
+    copied = sum(c.bytes for c in trace.input_copies)
+    at_peak = sum(c.bytes for c in trace.input_copies if c.live_at_peak)
     own = trace.allocated_at_peak_bytes
-    if copied <= 0 or copied < 0.2 * own:
-        return None
+    if at_peak:
+        share = at_peak / own if own else 1.0
+        severity = "warn" if share >= 0.5 else "info"
+        where = (f"{format_bytes(at_peak)} of it was live at the peak: {share:.0%} of the "
+                 f"{format_bytes(own)} this cell held then.")
+    else:
+        severity = "info"
+        where = "It was freed before the peak, so it did not raise this cell's peak."
     return Finding(
-        id="input-copy", severity="warn" if copied >= 0.5 * own else "info",
-        title="fit() copied the whole input array into a tensor",
-        evidence=f"{format_bytes(copied)} of the {format_bytes(own)} this cell held at its peak is a full "
-                 "tensor copy of the numpy arrays handed to fit/evaluate/predict: the data is held twice, once "
-                 "by numpy and once by TensorFlow.",
-        bytes=copied, fixes=["tf-data-streaming"],
+        id="input-copy", severity=severity,
+        title="fit() copied the whole input arrays into tensors",
+        evidence=f"TensorFlow allocated {format_bytes(copied)} for tensor copies of the numpy arrays handed to "
+                 f"fit/evaluate/predict ({len(trace.input_copies)} array(s)): the data is held twice, once by numpy "
+                 f"and once by TensorFlow. {where}",
+        bytes=at_peak or copied, fixes=["tf-data-streaming"],
     )
 
 

@@ -191,6 +191,7 @@ class Profiler:
         info = analysis.summarize(xplane.read_segments(segments), ctx)
         if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
             report.env.allocator = info.allocator
+        info.windows = [[round(a, 4), round(b, 4)] for a, b in self._tracer.windows]
         reasons = self._tracer.paused_reasons
         if reasons:
             info.complete = False

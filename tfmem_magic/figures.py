@@ -74,6 +74,19 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def _shade_untraced(ax, report: Report) -> None:
+    """Grey bands where the trace was paused (bounded trace): the line there joins what was recorded around it."""
+    trace = report.trace
+    if trace is None or trace.complete or not trace.windows:
+        return
+    edges = [0.0] + [x for window in trace.windows for x in window] + [report.wall_s]
+    gaps = [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a > 0.01 * max(report.wall_s, 1e-9)]
+    for i, (a, b) in enumerate(gaps):
+        ax.axvspan(a, b, color=INK, alpha=0.12, linewidth=0, label="not traced" if i == 0 else None)
+    if gaps:
+        ax.legend(loc="upper left", fontsize=7, frameon=False, labelcolor=INK)
+
+
 def timeline_png(report: Report) -> bytes | None:
     """TF live bytes (top) and process RSS with the budget (bottom) over the cell's time; None without data."""
     tf_points = report.trace.timeline if report.trace is not None and report.trace.timeline else []
@@ -102,6 +115,7 @@ def timeline_png(report: Report) -> bytes | None:
                     xytext=(6, -2), color=INK, fontsize=8, va="top")
         ax.set_ylabel(f"{tf_label}\n{unit}", color=INK, fontsize=8)
         ax.set_ylim(bottom=0)
+        _shade_untraced(ax, report)
     ax = axes[-1]
     if len(rss_points) >= 2:
         t = [p[0] for p in rss_points]
@@ -134,7 +148,7 @@ def breakdown_png(groups: Sequence[LiveGroup], key: str, limit: int = 12) -> byt
     scale, unit = _unit(max(values))
     fig, (ax,) = _figure(6.4, 0.32 * len(rows) + 0.6)
     bars = ax.barh([label[:38] for label in labels], [v / scale for v in values], color=colors, height=0.62)
-    for bar, value in zip(bars, values):
+    for bar, value in zip(bars, values, strict=True):
         ax.annotate(format_bytes(value), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                     textcoords="offset points", xytext=(4, 0), va="center", color=INK, fontsize=8)
     ax.set_xlabel(unit, color=INK, fontsize=8)

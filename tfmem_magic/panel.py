@@ -13,7 +13,7 @@ from html import escape
 import ipywidgets as widgets
 
 from . import figures
-from .render import _SOURCE, summary_items, verdict
+from .render import _SOURCE, _verdict_class, summary_items, verdict
 from .report import LiveGroup, Report
 from .sizes import format_bytes
 
@@ -42,14 +42,6 @@ PANEL_CSS = """<style>
 .tfmem-panel pre { font-size: 12px; padding: 6px; border: 1px solid rgba(128,128,128,.25); border-radius: 4px;
   white-space: pre-wrap; }
 </style>"""
-
-
-def _verdict_class(report: Report) -> str:
-    if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
-        return "tfmem-bad"
-    if report.status != "ok" or any(f.severity != "info" for f in report.findings):
-        return "tfmem-warn"
-    return "tfmem-ok"
 
 
 def header_html(report: Report) -> str:

@@ -140,7 +140,8 @@ def png_img(png: bytes | None, alt: str) -> str:
         return ""
     import base64
 
-    return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+    data = base64.b64encode(png).decode()
+    return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{data}'>"
 
 
 def render_html(report: Report, timeline: bytes | None = None) -> str:

@@ -74,6 +74,17 @@ class LiveGroup:
 
 
 @dataclass
+class InputCopy:
+    """A whole array handed to fit/evaluate/predict, copied into a tensor (Keras does this for numpy inputs)."""
+
+    bytes: int
+    requested_bytes: int
+    start_s: float
+    end_s: float | None  # None: still held when the trace ended
+    live_at_peak: bool
+
+
+@dataclass
 class TraceInfo:
     events: int = 0  # memory events analysed
     peak_live_bytes: int = 0  # allocator bytes in use at the trace's peak (pre-existing bytes included)
@@ -87,8 +98,10 @@ class TraceInfo:
     by_layer: list[LiveGroup] = field(default_factory=list)
     by_op: list[LiveGroup] = field(default_factory=list)
     by_phase: list[LiveGroup] = field(default_factory=list)
+    input_copies: list[InputCopy] = field(default_factory=list)
     allocator: str | None = None
     covered_s: float = 0.0  # seconds of the cell the trace covers
+    windows: list[list[float]] = field(default_factory=list)  # [[start, end], ...] traced, seconds from the start
     complete: bool = True  # False when the trace was bounded (see note)
     note: str | None = None
 

@@ -65,6 +65,7 @@ class Tracer:
         self._segment_start = 0.0
         self._count = 0
         self.segments: list[tuple[bytes, int]] = []  # (xplane bytes, start offset in ps from t0)
+        self.windows: list[tuple[float, float]] = []  # (start, end) of each segment, seconds from t0
         self.paused_reasons: list[str] = []
         self.closed = False  # no more segments: time cap reached or finished
         self._holds: set[str] = set()
@@ -160,6 +161,7 @@ class Tracer:
 
     def _stop_segment(self) -> None:
         session, self._session = self._session, None
+        self.windows.append((self._segment_start - self._t0, time.perf_counter() - self._t0))
         with _quiet_fd2(self._quiet):
             session.export_to_tb()
         del session

@@ -93,7 +93,7 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
     lazy.ParseFromString(data)
     columns = columns or _Columns()
     spans = spans if spans is not None else []
-    for plane, raw_plane in zip(space.planes, lazy.planes):
+    for plane, raw_plane in zip(space.planes, lazy.planes, strict=True):
         if plane.name.startswith("/host:"):
             _read_plane(plane, raw_plane, offset_ps, columns, spans)
     return columns, spans
@@ -138,11 +138,8 @@ def _read_plane(plane, raw_plane, offset_ps: int, cols: _Columns, spans: list[Sp
         _read_plane_slow(plane, offset_ps, cols, spans)
 
 
-def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
-    """Reference implementation: one protobuf stat at a time (~8 µs per memory event)."""
-    stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
-    int_col = {k: _INT_STATS.index(n) for k, n in stat_names.items() if n in _INT_STATS}
-    str_col = {k: len(_INT_STATS) + _STR_STATS.index(n) for k, n in stat_names.items() if n in _STR_STATS}
+def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
+    """Event metadata ids of allocations, frees, and our spans (id -> span name without the prefix)."""
     alloc_ids, free_ids, span_ids = set(), set(), {}
     for k, meta in plane.event_metadata.items():
         if meta.name == ALLOC:
@@ -151,6 +148,15 @@ def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -
             free_ids.add(k)
         elif meta.name.startswith(SPAN_PREFIX):
             span_ids[k] = meta.name[len(SPAN_PREFIX):]
+    return alloc_ids, free_ids, span_ids
+
+
+def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
+    """Reference implementation: one protobuf stat at a time (~8 µs per memory event)."""
+    stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+    int_col = {k: _INT_STATS.index(n) for k, n in stat_names.items() if n in _INT_STATS}
+    str_col = {k: len(_INT_STATS) + _STR_STATS.index(n) for k, n in stat_names.items() if n in _STR_STATS}
+    alloc_ids, free_ids, span_ids = _event_ids(plane)
     if not (alloc_ids or free_ids or span_ids):
         return
     value_field: dict[int, str] = {}  # stat id -> the oneof field that holds its value, learnt on first sight
@@ -223,14 +229,7 @@ def _read_plane_fast(plane, raw_plane, offset_ps: int, cols: _Columns, spans: li
     encoding, or a multi-byte tag, raises _Unexpected before anything is appended.
     """
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
-    alloc_ids, free_ids, span_ids = set(), set(), {}
-    for k, meta in plane.event_metadata.items():
-        if meta.name == ALLOC:
-            alloc_ids.add(k)
-        elif meta.name == FREE:
-            free_ids.add(k)
-        elif meta.name.startswith(SPAN_PREFIX):
-            span_ids[k] = meta.name[len(SPAN_PREFIX):]
+    alloc_ids, free_ids, span_ids = _event_ids(plane)
     if not (alloc_ids or free_ids or span_ids):
         return
     chunks: list[bytes] = []

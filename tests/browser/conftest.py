@@ -71,7 +71,7 @@ def lab(tmp_path_factory) -> Lab:
         except OSError:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("JupyterLab did not start:\n" + (base / "lab.log").read_text()[-3000:])
+                raise RuntimeError("JupyterLab did not start:\n" + (base / "lab.log").read_text()[-3000:]) from None
             time.sleep(0.3)
     yield server
     process.send_signal(signal.SIGTERM)  # shuts the kernels down cleanly

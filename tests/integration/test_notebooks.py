@@ -51,7 +51,8 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     # the weights and optimizer state do not
     assert phases(small)["forward"] < phases(first)["forward"] / 2
     assert phases(small)["backward"] < phases(first)["backward"] / 2
-    assert small.model.param_bytes == first.model.param_bytes and small.model.optimizer_bytes == first.model.optimizer_bytes
+    assert small.model.param_bytes == first.model.param_bytes
+    assert small.model.optimizer_bytes == first.model.optimizer_bytes
     # the first fit of a fresh model copies the whole numpy array into a tensor (later fits may not: see the notebook)
     assert any(f.id == "input-copy" for f in first.findings)
     history = "".join(o.get("text", "") for o in nb.cells[-1].outputs)

@@ -66,6 +66,28 @@ def test_tabs_breakdown_toggle_and_charts(fit_report):
     assert isinstance(timeline, widgets.Image) and bytes(timeline.value).startswith(PNG)
 
 
+def test_panel_escapes_user_strings():
+    """<script> and an <img onerror> in a label, a layer name, an op and a note never reach the DOM as markup."""
+    import ipywidgets as widgets
+
+    from tfmem_magic.report import LiveGroup, ModelInfo, LayerInfo, TraceInfo
+
+    evil = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
+    report = Report(label=evil, notes=[evil], model=ModelInfo(name=evil, layers=[LayerInfo(name=evil, type=evil)]),
+                    trace=TraceInfo(events=1, peak_live_bytes=2**20, at_peak=[LiveGroup(op=evil, layer=evil,
+                                                                                        phase="forward", bytes=2**20)],
+                                    by_layer=[LiveGroup(layer=evil, bytes=2**20)], note=evil))
+    html = " ".join(w.value for w in walk(build_panel(report)) if isinstance(w, widgets.HTML))
+    assert "<script>" not in html and "<img src=x" not in html
+    assert html.count("&lt;script&gt;") >= 5
+
+
+def test_timeline_shades_what_was_not_traced(fit_report):
+    assert not fit_report.trace.complete and fit_report.trace.windows  # a fit traced for its first steps only
+    start, end = fit_report.trace.windows[0]
+    assert 0 <= start < end <= fit_report.wall_s
+
+
 def test_empty_states_say_why(shell):
     assert shell.run_cell("%%tfmem --quick --as q\nx = 1").success
     panel = build_panel(shell.user_ns["q"])
@@ -95,7 +117,18 @@ def test_kernel_displays_static_twin_then_live_panel(tmp_path):
     client.execute()
     static, live = [o for o in nb.cells[1].outputs if o.output_type == "display_data"]
     assert {"text/html", "text/plain", MIME_TYPE} <= set(static.data)
-    assert "<img" in static.data["text/html"]  # the timeline travels with the static twin
+    html = static.data["text/html"]
+    assert "<img" in html  # the timeline travels with the static twin
+    report = Report.from_dict(static.data[MIME_TYPE])
+    cpu = report.tf["CPU:0"]
+    for number in (cpu.peak_bytes, cpu.peak_bytes - cpu.baseline_bytes, report.rss.peak_bytes,
+                   report.trace.peak_live_bytes):
+        assert format_bytes(number) in html  # the HTML shows the report's own numbers
+    # nbconvert's HTML of the executed notebook shows the static report
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    assert "tfmem report" in page and "data:image/png;base64," in page
     assert "application/vnd.jupyter.widget-view+json" in live.data
     only = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
     assert len(only) == 1 and MIME_TYPE in only[0].data  # --no-panel: the static report alone

@@ -19,7 +19,7 @@ def decode_both(data: bytes):
     out = []
     for fast in (True, False):
         cols, spans = xplane._Columns(), []
-        for plane, raw_plane in zip(space.planes, raw.planes):
+        for plane, raw_plane in zip(space.planes, raw.planes, strict=True):
             if plane.name.startswith("/host:"):
                 if fast:
                     xplane._read_plane_fast(plane, raw_plane, 0, cols, spans)

@@ -29,7 +29,8 @@ def test_format_bytes():
 
 def test_cell_args_defaults():
     args = parse_cell_args("")
-    assert args.options.mode == "trace" and args.options.interval_ms == 50.0 and args.panel and args.as_name is None and args.save is None
+    assert args.options.mode == "trace" and args.options.interval_ms == 50.0
+    assert args.panel and args.as_name is None and args.save is None
 
 
 def test_cell_args_all_options(tmp_path):
