@@ -50,11 +50,30 @@ def near_budget(report: Report) -> Finding | None:
 def out_of_memory(report: Report) -> Finding | None:
     if report.status != "oom":
         return None
-    message = report.error.message if report.error else ""
-    return Finding(
-        id="oom", severity="critical", title="The cell ran out of memory",
-        evidence=(message.splitlines()[0][:400] if message else "An out-of-memory error stopped the cell."),
-    )
+    parts = []
+    request = report.error.request if report.error else None
+    if request:
+        op = f" for op {request['op']}" if request.get("op") else ""
+        parts.append(f"TensorFlow could not allocate a {request['dtype']} tensor of shape {request['shape']} "
+                     f"({format_bytes(request['bytes'])}){op} on {request['device']}.")
+    g = report.guard
+    if g is not None and g.tripped_by and g.tripped_by != "allocator":
+        parts.append(f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
+                     f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source}).")
+    elif g is not None and g.allocator_limit_bytes:
+        parts.append(f"TensorFlow's allocator is capped at {format_bytes(g.allocator_limit_bytes)} (from {g.source}).")
+    trace = report.trace
+    if trace is not None and trace.at_peak:
+        top = trace.at_peak[0]
+        name = " · ".join(x for x in (top.layer, top.op) if x)
+        parts.append(f"When it failed, {format_bytes(trace.peak_live_bytes)} was live in TensorFlow; the largest "
+                     f"part: {name} ({top.phase}), {format_bytes(top.bytes)}.")
+    if not parts:
+        message = report.error.message if report.error else ""
+        parts.append(message.splitlines()[0][:400] if message else "An out-of-memory error stopped the cell.")
+    parts.append("The kernel and your variables are intact.")
+    return Finding(id="oom", severity="critical", title="The cell ran out of memory", evidence=" ".join(parts),
+                   bytes=request["bytes"] if request else None)
 
 
 def input_copy(report: Report) -> Finding | None:

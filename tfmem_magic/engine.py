@@ -7,16 +7,19 @@
 
 from __future__ import annotations
 
+import sys
 import time
+
+import psutil
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import analysis, diagnose, environment, modelinfo, xplane
+from . import analysis, diagnose, environment, guard, modelinfo, xplane
 from .instrument import Instrumentation
 from .probes import AllocatorStats, RssSampler
 from .sizes import format_bytes
-from .report import DeviceMemory, EnvInfo, ErrorInfo, Report, RssInfo, TraceInfo
+from .report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
 from .tracer import Tracer, user_profiler_running
 
 MODES = ("trace", "quick")
@@ -76,6 +79,7 @@ class Profiler:
         self._sampler: RssSampler | None = None
         self._allocator = AllocatorStats()
         self._mode = self.options.mode
+        self._guard: guard.Guard | None = None
         self._t0 = 0.0
         self._wall0 = 0.0
 
@@ -94,6 +98,12 @@ class Profiler:
             environment.prepare_allocator()
         if self._mode == "trace":
             self._mode = self._trace_possible(nested)
+        limit, source = self._limit()
+        if limit is not None:
+            if self._mode == "quick":
+                self._import_keras()  # a cell that imports Keras itself must still get the batch-end check
+            # after the imports: the runtime's own memory is not the cell's growth
+            self._guard = guard.Guard(limit, source, psutil.Process().memory_info().rss)
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
         self._allocator.start()
@@ -106,10 +116,34 @@ class Profiler:
                 self._tracer.finish()
                 self._tracer, self._mode = None, "quick"
         on_tick = self._tracer.observe if self._tracer is not None else None
-        self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick)
+        on_rss = self._guard.observe if self._guard is not None else None
+        self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick,
+                                   on_rss=on_rss)
         self._sampler.start(self._t0)
-        self._instrumentation = Instrumentation(self._tracer, self.options.trace_steps)
+        self._instrumentation = Instrumentation(self._tracer, self.options.trace_steps, guard=self._guard)
         self._instrumentation.install()
+
+    @staticmethod
+    def _import_keras() -> None:
+        """Import TF and Keras now (not the allocator: no op runs), so that a cell which imports Keras itself still
+        gets layer spans, bounded fit traces and the guard's batch-end check."""
+        if sys.modules.get("keras") is not None or not environment.tensorflow_installed():
+            return
+        environment.note_tensorflow_import()
+        try:
+            import tensorflow  # noqa: F401
+            import keras  # noqa: F401
+        except ImportError:  # a broken install: the cell will say so itself
+            pass
+
+    def _limit(self) -> tuple[int | None, str]:
+        """The cell's own --limit, else the session's %tfmem limit."""
+        if self.options.limit_bytes is not None:
+            return self.options.limit_bytes, "--limit"
+        session = guard.session_limit()
+        if session is not None:
+            return session.bytes, "%tfmem limit"
+        return None, ""
 
     def _trace_possible(self, nested: bool) -> str:
         if nested:
@@ -118,13 +152,7 @@ class Profiler:
         if not environment.tensorflow_installed():
             self.notes.append("TensorFlow is not installed: only process memory (RSS) is measured.")
             return "quick"
-        environment.note_tensorflow_import()
-        import tensorflow  # noqa: F401  (the trace needs TF; its import does not create the allocator)
-
-        try:  # so that a cell which imports Keras itself still gets layer spans and bounded fit traces
-            import keras  # noqa: F401
-        except ImportError:
-            pass
+        self._import_keras()
 
         if user_profiler_running():
             self.notes.append("A TensorFlow profiler session you started is running: measured in quick mode "
@@ -137,6 +165,11 @@ class Profiler:
         """Stop every probe (always), then build and publish the report."""
         global _last
         wall = time.perf_counter() - self._t0
+        if self._guard is not None:
+            try:
+                self._guard.disarm()
+            except guard.MemoryLimitExceeded as late:  # the watchdog's exception arrived as the cell ended
+                exc = exc or late
         segments: list[tuple[bytes, int]] = []
         try:
             if self._instrumentation is not None:
@@ -150,12 +183,14 @@ class Profiler:
         report = Report(label=self.options.label, status=_status_of(exc), mode=self._mode, wall_s=round(wall, 4),
                         started_at=self._wall0, notes=self.notes)
         if exc is not None:
-            report.error = ErrorInfo(type(exc).__name__, str(exc))
+            request = guard.parse_oom(str(exc)) if report.status == "oom" else None
+            report.error = ErrorInfo(type(exc).__name__, str(exc), request)
         report.rss = RssInfo(self._sampler.baseline, rss_peak, rss_end, peak_source, self._sampler.samples)
         report.tf = {d: DeviceMemory(*v) for d, v in devices.items()}
         if self._sampler.tf_device in report.tf:
             report.tf[self._sampler.tf_device].samples = self._sampler.tf_samples
         report.env = self._env(rss_baseline=self._sampler.baseline)
+        report.guard = self._guard_info(report)
         try:
             self._analyse(report, segments)
         except Exception as err:  # our bug must never hide the user's result or exception
@@ -165,9 +200,22 @@ class Profiler:
         history.append(report)
         return report
 
+    def _guard_info(self, report: Report) -> GuardInfo | None:
+        g = self._guard
+        if g is None:
+            return None
+        allocator = guard.allocator_limit_bytes()
+        layers = (["allocator"] if allocator else []) + (["batch-end check"] if self._instrumentation and
+                                                          self._instrumentation.installed else []) + ["watchdog"]
+        tripped = g.tripped_by
+        if tripped is None and report.error is not None and report.error.request is not None:
+            tripped = "allocator"  # TensorFlow's own OOM error: its allocator refused the request
+        return GuardInfo(g.limit, g.source, layers, allocator, tripped, g.tripped_rss or None)
+
     def _env(self, rss_baseline: int) -> EnvInfo:
         view = environment.allocator_view()
-        budget = environment.memory_budget(self.options.limit_bytes, rss_now=rss_baseline)
+        limit, _ = self._limit()
+        budget = environment.memory_budget(limit, rss_now=rss_baseline)
         return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,
                        allocator_note=view.note, devices=environment.tf_devices(),
                        ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,

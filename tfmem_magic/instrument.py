@@ -33,14 +33,16 @@ class ModelUse:
 
 
 class Instrumentation:
-    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True) -> None:
+    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None) -> None:
         self.tracer = tracer
+        self.guard = guard
         self.trace_steps = trace_steps
         self.spans = spans and tracer is not None
         self.models: dict[int, ModelUse] = {}
         self.layer_names: set[str] = set()
         self.optimizer_names: set[str] = set()
         self._patches: list[tuple[Any, str, Any]] = []
+        self.installed = False
         self.input_nbytes: set[int] = set()
 
     # ---- install / uninstall -------------------------------------------------------------------------------------
@@ -52,6 +54,7 @@ class Instrumentation:
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
                 self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name)))
+        self.installed = True
         layer = keras.layers.Layer
         self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
         if self.spans:
@@ -114,17 +117,21 @@ class Instrumentation:
         @functools.wraps(original)
         def wrapper(model, *args, **kwargs):
             instrumentation._record(model, call, args, kwargs)
-            if call in ("fit", "evaluate", "predict") and instrumentation.tracer is not None:
-                kwargs = instrumentation._with_trace_callback(args, kwargs)
+            if call in ("fit", "evaluate", "predict"):
+                kwargs = instrumentation._with_callbacks(call, args, kwargs)
             return original(model, *args, **kwargs)
 
         return wrapper
 
-    def _with_trace_callback(self, args: tuple, kwargs: dict) -> dict:
-        if len(args) > 5:  # callbacks passed positionally (fit's 6th parameter): leave the call alone
-            return kwargs
+    def _with_callbacks(self, call: str, args: tuple, kwargs: dict) -> dict:
+        """Append our callbacks (after the user's): the trace window, and the guard's batch-end check."""
+        if len(args) > 5 or (self.tracer is None and self.guard is None):
+            return kwargs  # callbacks passed positionally (fit's 6th parameter): leave the call alone
         callbacks = list(kwargs.get("callbacks") or [])
-        callbacks.append(_TraceWindow(self.tracer, self.trace_steps))
+        if self.tracer is not None:
+            callbacks.append(_TraceWindow(self.tracer, self.trace_steps))
+        if self.guard is not None:
+            callbacks.append(_GuardCheck(self.guard, call))
         return {**kwargs, "callbacks": callbacks}
 
     def _record(self, model: Any, call: str, args: tuple, kwargs: dict) -> None:
@@ -229,6 +236,27 @@ def _make_trace_window_class() -> type:
 
 
 _trace_window_class: type | None = None
+_guard_check_class: type | None = None
+
+
+def _GuardCheck(guard: Any, call: str) -> Any:
+    """A callback that checks the process memory against the guard's limit after every batch."""
+    global _guard_check_class
+    if _guard_check_class is None:
+        import keras
+
+        class GuardCheck(keras.callbacks.Callback):
+            def __init__(self, guard: Any, call: str) -> None:
+                super().__init__()
+                self.guard, self.call = guard, call
+
+            def _check(self, batch, logs=None) -> None:
+                self.guard.check(f"after batch {batch + 1} of {self.call}()")
+
+            on_train_batch_end = on_test_batch_end = on_predict_batch_end = _check
+
+        _guard_check_class = GuardCheck
+    return _guard_check_class(guard, call)
 
 
 def _TraceWindow(tracer: Tracer, steps: int) -> Any:

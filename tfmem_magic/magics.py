@@ -9,16 +9,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from . import engine, environment
+from . import engine, environment, guard
 from .errors import TfmemUsageError
 from .figures import timeline_png
 from .options import build_parser, parse_cell_args, save_report
 from .render import mime_bundle
 from .report import Report
-from .sizes import format_bytes
+from .sizes import format_bytes, parse_size
 
 LINE_COMMANDS = {
     "status": "what the extension sees: allocator, budget, TensorFlow state",
+    "limit": "limit SIZE [--keep-onednn] | limit off: a memory limit for every cell (set before TensorFlow's "
+             "first op, it also caps TensorFlow's allocator)",
     "history": "one line per profiled cell of this session",
     "last": "show the last report again",
     "help": "this list and the %%tfmem options",
@@ -87,6 +89,8 @@ class TfmemMagics(Magics):
         word = command.split()[0] if command else "help"
         if word == "status":
             print(status_text())
+        elif word == "limit":
+            print(limit_command(command.split()[1:]))
         elif word == "history":
             print(history_text())
         elif word == "last":
@@ -99,6 +103,22 @@ class TfmemMagics(Magics):
         else:
             choices = ", ".join(LINE_COMMANDS)
             raise UsageError(f"%tfmem {word}: unknown command; use one of {choices}, or %%tfmem on a cell")
+
+
+def limit_command(words: list[str]) -> str:
+    keep_onednn = "--keep-onednn" in words
+    words = [w for w in words if w != "--keep-onednn"]
+    if len(words) != 1:
+        current = guard.session_limit()
+        state = f"now {format_bytes(current.bytes)}" if current else "none is set"
+        raise UsageError(f"%tfmem limit: give a size such as 6GB or 512MiB, or 'off' ({state})")
+    if words[0] == "off":
+        return guard.clear_session_limit()
+    try:
+        size = parse_size(words[0])
+    except TfmemUsageError as exc:
+        raise UsageError(f"%tfmem limit: {exc}") from None
+    return guard.set_session_limit(size, keep_onednn=keep_onednn)[1]
 
 
 def help_text() -> str:
@@ -120,6 +140,11 @@ def status_text() -> str:
         + (f", container limit {format_bytes(budget.cgroup_limit_bytes)}" if budget.cgroup_limit_bytes else ""),
         f"Reports      {len(engine.history)} this session",
     ]
+    session = guard.session_limit()
+    if session is not None:
+        cap = guard.allocator_limit_bytes() or (session.allocator_mb * 2**20 if session.allocator_mb else None)
+        lines.append(f"Limit        {format_bytes(session.bytes)} (%tfmem limit)"
+                     + (f"; TensorFlow's allocator capped at {format_bytes(cap)}" if cap else ""))
     if view.note:
         lines.append(f"Note         {view.note}")
     return "\n".join(lines)

@@ -45,7 +45,8 @@ class RssSampler:
     """
 
     def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True,
-                 on_tick: Callable[[float, int, int], None] | None = None) -> None:
+                 on_tick: Callable[[float, int, int], None] | None = None,
+                 on_rss: Callable[[int], None] | None = None) -> None:
         self.interval_s = interval_s
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -58,6 +59,7 @@ class RssSampler:
         self._hwm_reset = False
         self._want_reset = reset_hwm
         self._on_tick = on_tick
+        self._on_rss = on_rss  # the guard's watchdog
 
     def start(self, t0: float) -> None:
         self._t0 = t0
@@ -72,9 +74,12 @@ class RssSampler:
         while not self._stop.wait(interval):
             t = round(time.perf_counter() - self._t0, 4)
             try:
-                self.samples.append([t, self._process.memory_info().rss])
+                rss = self._process.memory_info().rss
             except psutil.Error:  # pragma: no cover - the process always exists for itself
                 return
+            self.samples.append([t, rss])
+            if self._on_rss is not None:
+                self._on_rss(rss)
             self._sample_tf(t)
             if len(self.samples) >= MAX_SAMPLES:  # long cell: halve the resolution instead of growing
                 self.samples = self.samples[::2]

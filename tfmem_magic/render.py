@@ -59,6 +59,8 @@ def render_text(report: Report) -> str:
                  f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})")
     lines.append(f"Budget    {format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
                  f"RAM {format_bytes(r.env.ram_total_bytes)}")
+    if r.guard is not None:
+        lines.append(f"Limit     {format_bytes(r.guard.limit_bytes)} {guard_detail(r)}")
     if r.error:
         lines.append(f"Error     {r.error.type}: {r.error.message.splitlines()[0][:200] if r.error.message else ''}")
     t = r.trace
@@ -132,7 +134,23 @@ def summary_items(report: Report) -> list[tuple[str, str, str]]:
     items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
                   f"of {format_bytes(r.env.budget_bytes)} ({_SOURCE.get(r.env.budget_source, r.env.budget_source)})"))
     items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
+    if r.guard is not None:
+        items.append(("Memory limit", format_bytes(r.guard.limit_bytes), guard_detail(r)))
     return items
+
+
+def guard_detail(report: Report) -> str:
+    """Where the limit came from, what enforced it, and what tripped: a guard is never armed silently."""
+    g = report.guard
+    if g is None:
+        return ""
+    layers = ", ".join(g.layers)
+    text = f"from {g.source}; enforced by {layers}"
+    if g.allocator_limit_bytes:
+        text += f" (TF allocator cap {format_bytes(g.allocator_limit_bytes)})"
+    if g.tripped_by:
+        text += f"; stopped by the {g.tripped_by}"
+    return text
 
 
 def png_img(png: bytes | None, alt: str) -> str:

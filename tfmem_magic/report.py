@@ -22,6 +22,19 @@ MIME_TYPE = "application/vnd.tfmem.report+json"
 class ErrorInfo:
     type: str
     message: str
+    request: dict[str, Any] | None = None  # an OOM's failed request: shape, dtype, bytes, device, allocator, op
+
+
+@dataclass
+class GuardInfo:
+    """The memory limit in force for the cell, and what enforced it (see guard.py)."""
+
+    limit_bytes: int
+    source: str  # "--limit" | "%tfmem limit"
+    layers: list[str] = field(default_factory=list)  # "allocator", "batch-end check", "watchdog"
+    allocator_limit_bytes: int | None = None
+    tripped_by: str | None = None  # the layer that stopped the cell; "allocator" for TF's own OOM error
+    tripped_rss_bytes: int | None = None
 
 
 @dataclass
@@ -175,6 +188,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     fixes: list[Fix] = field(default_factory=list)
     prediction: Prediction | None = None
+    guard: GuardInfo | None = None
     notes: list[str] = field(default_factory=list)  # what was degraded or skipped, in plain words
     started_at: float = 0.0  # time.time() when the cell started
     schema: str = SCHEMA

@@ -41,30 +41,6 @@ def test_script_api_without_ipython_sees_every_allocation():
     assert data["grew"] >= 512 * 256 * 4
 
 
-def test_first_fit_holds_a_full_input_copy_and_the_report_finds_it():
-    """Keras' first fit of numpy arrays copies them into tensors and holds the copies for the whole fit (later
-    fits may copy and free them early, or not copy: measured), so a fresh process makes this deterministic."""
-    data = run_python("""
-        import json, numpy as np, tfmem_magic
-        tfmem_magic.prepare()
-        import keras
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu", name="hidden"),
-                                  keras.layers.Dense(10, name="out")], name="mlp")
-        model.compile("adam", "sparse_categorical_crossentropy")
-        X = np.random.rand(4096, 64).astype("float32"); Y = np.random.randint(0, 10, 4096)
-        with tfmem_magic.profile() as p:
-            model.fit(X, Y, batch_size=128, verbose=0)
-        t = p.report.trace
-        copy = [g for g in t.at_peak if g.op.startswith("input copy")]
-        print(json.dumps({"x": X.nbytes, "y": Y.nbytes, "copies": [c.requested_bytes for c in t.input_copies],
-                          "held": [c.live_at_peak for c in t.input_copies], "at_peak": copy[0].requested_bytes,
-                          "findings": {f.id: f.evidence for f in p.report.findings}}))
-    """)
-    assert sorted(data["copies"]) == sorted([data["x"], data["y"]])
-    assert all(data["held"]) and data["at_peak"] == data["x"] + data["y"]
-    assert "live at the peak" in data["findings"]["input-copy"]
-
-
 def test_loaded_after_first_op_says_what_is_degraded():
     data = run_python("""
         import json

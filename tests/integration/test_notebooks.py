@@ -53,8 +53,8 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     assert phases(small)["backward"] < phases(first)["backward"] / 2
     assert small.model.param_bytes == first.model.param_bytes
     assert small.model.optimizer_bytes == first.model.optimizer_bytes
-    # the first fit of a fresh model copies the whole numpy array into a tensor (later fits may not: see the notebook)
-    assert any(f.id == "input-copy" for f in first.findings)
+    # input copies vary from run to run (README, "Facts"); the finding must match what the trace saw
+    assert any(f.id == "input-copy" for f in first.findings) == bool(first.trace.input_copies)
     history = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "batch 128" in history and "batch 32" in history
 

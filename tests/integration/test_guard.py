@@ -1,0 +1,118 @@
+"""The memory guard: over-budget cells fail with a catchable error, the kernel and its variables survive."""
+
+from __future__ import annotations
+
+import sys
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+
+from tfmem_magic import engine
+from tfmem_magic.guard import MemoryLimitExceeded, parse_oom
+from tfmem_magic.report import MIME_TYPE, Report
+
+MiB = 2**20
+
+TF_OOM = ("{{function_node __wrapped__Fill_device_/job:localhost/replica:0/task:0/device:CPU:0}} OOM when allocating "
+          "tensor with shape[10000,10000] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by "
+          "allocator bfc_cpu_allocator_for_gpu [Op:Fill] name: ")
+
+
+def test_parse_oom_reads_tensorflows_message():
+    assert parse_oom(TF_OOM) == {"shape": "[10000,10000]", "dtype": "float32", "bytes": 400_000_000,
+                                 "device": "CPU:0", "allocator": "bfc_cpu_allocator_for_gpu", "op": "Fill"}
+    assert parse_oom("some other error") is None
+
+
+def test_watchdog_stops_a_python_loop(shell):
+    import keras  # noqa: F401  (a notebook that uses TF has it loaded: the limit is sized against that process)
+
+    limit = psutil.Process().memory_info().rss + 300 * MiB
+    cell = (f"%%tfmem --quick --interval 10 --limit {limit}\nimport numpy as np, time\nblocks = []\n"
+            "for i in range(60):\n    blocks.append(np.ones(50 * 2**20, np.uint8))\n    time.sleep(0.02)\n")
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_in_exec, MemoryLimitExceeded)
+    assert "Your variables are intact" in str(result.error_in_exec)
+    report = engine.last_report()
+    assert report.status == "oom" and report.guard.tripped_by == "watchdog"
+    assert report.guard.source == "--limit" and report.guard.limit_bytes == limit
+    kept = len(shell.user_ns["blocks"])
+    assert 5 <= kept < 60  # stopped after ~300 MiB, long before the loop's 3 GB
+    assert any(f.id == "oom" and "watchdog stopped the cell" in f.evidence for f in report.findings)
+    shell.user_ns["blocks"].clear()
+    assert shell.run_cell("%%tfmem --quick\nafter = 1").success  # no exception left pending for the next cell
+
+
+def test_batch_end_check_stops_fit_between_steps(shell):
+    import keras  # noqa: F401
+
+    limit = psutil.Process().memory_info().rss + 200 * MiB
+    cell = f"""%%tfmem --quick --interval 60000 --limit {limit}
+import keras, numpy as np
+
+class Grows(keras.callbacks.Callback):      # stands for a step whose memory keeps growing
+    hoard = []
+    def on_train_batch_end(self, batch, logs=None):
+        self.hoard.append(np.ones(40 * 2**20, np.uint8))
+
+net = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+net.compile("sgd", "mse")
+net.fit(np.zeros((640, 8), "float32"), np.zeros((640, 4), "float32"), batch_size=32, callbacks=[Grows()], verbose=0)
+"""
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_in_exec, MemoryLimitExceeded)
+    assert "after batch" in str(result.error_in_exec) and "of fit()" in str(result.error_in_exec)
+    report = engine.last_report()
+    assert report.status == "oom" and report.guard.tripped_by == "batch-end check"
+    assert "batch-end check" in report.guard.layers
+    steps = len(shell.user_ns["Grows"].hoard)
+    assert 4 <= steps < 20  # 640/32 = 20 steps would have run without the guard
+    shell.user_ns["Grows"].hoard.clear()
+
+
+@pytest.mark.slow
+def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
+    cells = [
+        "%load_ext tfmem_magic",
+        "%tfmem limit 2GB",  # before TensorFlow's first op: its allocator is capped too
+        "import tensorflow as tf, numpy as np, keras\nkeep = tf.ones((256, 256))\nbefore = 42",
+        "%%tfmem\nbig = tf.zeros((30000, 30000))",
+        ("%%tfmem\nwide = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(8192), keras.layers.Dense(10)])\n"
+         "wide.compile('adam', 'mse')\n"
+         "wide.fit(np.zeros((65536, 1024), 'float32'), np.zeros((65536, 10), 'float32'), batch_size=65536, verbose=0)"),
+        "%%tfmem\nxs = []\nfor i in range(2000):\n    xs.append(tf.ones((1024, 1024)) + i)",
+        "print('alive', before, keep.shape, len(xs) > 100)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.km = client.create_kernel_manager()
+    client.km.kernel_spec.argv[0] = sys.executable
+    client.execute()
+    assert "TensorFlow's allocator is capped" in nb.cells[1].outputs[0].text
+    reports = {}
+    for index in (3, 4, 5):
+        outputs = nb.cells[index].outputs
+        errors = [o.ename for o in outputs if o.output_type == "error"]
+        assert errors in (["ResourceExhaustedError"], ["MemoryLimitExceeded"])  # one error: the user's traceback
+        report = next(Report.from_dict(o.data[MIME_TYPE]) for o in outputs if MIME_TYPE in o.get("data", {}))
+        assert report.status == "oom" and report.guard.source == "%tfmem limit"
+        assert report.guard.allocator_limit_bytes and "allocator" in report.guard.layers
+        assert any(f.id == "oom" and "variables are intact" in f.evidence for f in report.findings)
+        if errors == ["ResourceExhaustedError"]:  # TF's allocator refused the request: the report names it
+            assert report.guard.tripped_by == "allocator" and report.error.request is not None
+        else:  # the process (TF runtime included) reached the limit first: the watchdog or batch-end check
+            assert report.guard.tripped_by in ("watchdog", "batch-end check")
+            assert report.guard.tripped_rss_bytes > report.guard.limit_bytes
+        reports[index] = report
+    # one tensor larger than the allocator's cap: refused before any memory is touched
+    assert reports[3].guard.tripped_by == "allocator"
+    assert reports[3].error.request["shape"] == "[30000,30000]"
+    assert reports[3].error.request["bytes"] == 30000 * 30000 * 4
+    if reports[4].error.request:
+        assert "65536" in reports[4].error.request["shape"]  # the fit's batch did not fit
+    if reports[5].error.request:
+        assert reports[5].error.request["shape"] == "[1024,1024]"  # the loop's next tensor did not fit
+    assert nb.cells[6].outputs[0].text.strip() == "alive 42 (256, 256) True"

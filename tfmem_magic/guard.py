@@ -1,0 +1,193 @@
+"""The memory guard: an over-budget cell fails with a catchable error instead of the kernel being killed.
+
+Three layers, strongest first (shared/DESIGN.md §1 has the measurements):
+1. allocator: TF_CPU_BFC_MEM_LIMIT_IN_MB, read by TensorFlow at its first op. Every TF allocation past it raises
+   ResourceExhaustedError, before any memory is touched. Only possible when the limit is set before the first op.
+2. batch-end check: a Keras callback in fit/evaluate/predict compares the process RSS with the limit after every
+   batch and raises MemoryLimitExceeded between two steps (~1 ms reaction).
+3. watchdog: the RSS sampler thread raises MemoryLimitExceeded in the cell's thread (an asynchronous exception,
+   delivered at the next Python bytecode): it stops Python loops.
+With oneDNN on, TensorFlow 2.21 crashes the process (segfault after "OP_REQUIRES failed at mkl_util.h") when the
+allocator limit refuses a request inside fit: so arming layer 1 also turns oneDNN off unless the user chose it
+(measured: a small CNN fit 1.5x slower; eager OOMs were caught either way).
+What none can catch: one C++ op (a huge matmul, a numpy call) that outgrows the limit in a single step without
+going through TF's allocator; the kernel's OOM killer is then still the last word.
+
+RSS never shrinks (TF's allocator keeps its regions), so layers 2 and 3 trip when the process grows past
+max(limit, RSS at the cell's start + MARGIN): a process already above the limit is stopped when it grows further.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from . import environment
+from .errors import TfmemError
+from .sizes import format_bytes
+
+LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+MARGIN = 64 * 2**20
+MIN_ALLOCATOR_MB = 64
+
+
+class MemoryLimitExceeded(TfmemError, MemoryError):
+    """The process passed its memory limit and the guard stopped the cell; the kernel and its variables live on."""
+
+    detail = "the process passed its memory limit"
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else self.detail
+
+
+@dataclass
+class SessionLimit:
+    bytes: int
+    source: str  # "user" (%tfmem limit)
+    allocator_mb: int | None  # the TF allocator limit set with it, or None when TF was already running
+
+
+_session: SessionLimit | None = None
+
+
+def session_limit() -> SessionLimit | None:
+    return _session
+
+
+def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLimit, str]:
+    """`%tfmem limit SIZE`: the budget of every later cell; arms TF's allocator limit if still possible."""
+    global _session
+    rss = psutil.Process().memory_info().rss
+    allocator_mb = None
+    if environment.tensorflow_initialized():
+        how = ("TensorFlow is already running, so its allocator cannot be limited any more: the batch-end check "
+               "and the watchdog protect the cells. Restart the kernel and run %tfmem limit before any TensorFlow "
+               "code to also cap TensorFlow's allocator.")
+    elif os.environ.get(environment.BFC_ENV) not in ("1", "true", "True"):
+        how = (f"TensorFlow's allocator limit needs the BFC allocator ({environment.BFC_ENV}=1), which is off: the "
+               "batch-end check and the watchdog protect the cells.")
+    else:
+        # the allocator gets what the process does not hold yet (the TF runtime itself is in RSS already, or will be)
+        allocator_mb = max(MIN_ALLOCATOR_MB, (limit - rss) // 2**20)
+        os.environ[LIMIT_ENV] = str(allocator_mb)
+        how = (f"TensorFlow's allocator is capped at {format_bytes(allocator_mb * 2**20)} ({LIMIT_ENV}, the limit "
+               f"minus the {format_bytes(rss)} the process holds now), and the batch-end check and the watchdog "
+               "watch the process.")
+        if ONEDNN_ENV in os.environ or keep_onednn:
+            if os.environ.get(ONEDNN_ENV, "1") != "0":
+                how += (" oneDNN stays on: an out-of-memory error inside fit() can then crash the kernel "
+                        "(TensorFlow 2.21).")
+        else:
+            os.environ[ONEDNN_ENV] = "0"
+            how += (f" oneDNN is turned off ({ONEDNN_ENV}=0): with it, TensorFlow 2.21 crashes the kernel on an "
+                    "out-of-memory error inside fit(). CPU training gets slower (a small CNN: 1.5x); "
+                    "%tfmem limit SIZE --keep-onednn keeps it.")
+    _session = SessionLimit(limit, "user", allocator_mb)
+    return _session, f"Memory limit {format_bytes(limit)} for every cell. {how}"
+
+
+def clear_session_limit() -> str:
+    global _session
+    armed = _session is not None and _session.allocator_mb is not None and environment.tensorflow_initialized()
+    _session = None
+    if armed:
+        return ("Memory limit removed for the batch-end check and the watchdog. TensorFlow's allocator keeps the cap "
+                "it read at its first op until the kernel restarts.")
+    os.environ.pop(LIMIT_ENV, None)
+    return "Memory limit removed."
+
+
+def allocator_limit_bytes() -> int | None:
+    """TF's allocator cap in force (read at the first op), if any."""
+    value = os.environ.get(LIMIT_ENV)
+    if value is None or not environment.tensorflow_initialized():
+        return None
+    try:
+        return int(value) * 2**20
+    except ValueError:
+        return None
+
+
+class Guard:
+    """Layers 2 and 3 for one cell. `check()` raises; `trip_async()` raises in the cell's thread from another."""
+
+    def __init__(self, limit: int, source: str, rss_at_start: int) -> None:
+        self.limit = limit
+        self.source = source
+        self.threshold = max(limit, rss_at_start + MARGIN)
+        self.tripped_by: str | None = None
+        self.tripped_rss = 0
+        self._thread_id = threading.get_ident()
+        self._process = psutil.Process()
+        self._lock = threading.Lock()
+        self._armed = True
+
+    def message(self, rss: int, where: str) -> str:
+        over = "passed its memory limit" if self.threshold == self.limit else "grew past its memory limit"
+        return (f"The process {over} ({format_bytes(rss)} against {format_bytes(self.limit)}, {self.source}) "
+                f"{where}; tfmem stopped the cell before the machine ran out. Your variables are intact: free "
+                "memory or lower the batch size and run again.")
+
+    def check(self, where: str) -> None:
+        """The batch-end check (layer 2), in the cell's own thread."""
+        rss = self._process.memory_info().rss
+        if rss > self.threshold and self._claim("batch-end check", rss):
+            raise MemoryLimitExceeded(self.message(rss, where))
+
+    def observe(self, rss: int) -> None:
+        """The watchdog (layer 3), from the sampler thread."""
+        if rss > self.threshold and self._claim("watchdog", rss):
+            detail = self.message(rss, "in Python code")
+            exc_type = type("MemoryLimitExceeded", (MemoryLimitExceeded,), {"detail": detail})
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exc_type))
+
+    def disarm(self) -> None:
+        """The cell ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must not land
+        in the next cell). Called from the cell's thread."""
+        with self._lock:
+            self._armed = False
+        if threading.get_ident() == self._thread_id:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+    def _claim(self, layer: str, rss: int) -> bool:
+        with self._lock:
+            if self.tripped_by is not None or not self._armed:
+                return False
+            self.tripped_by, self.tripped_rss = layer, rss
+            return True
+
+
+# ---- reading TensorFlow's OOM messages ---------------------------------------------------------------------------
+
+_OOM = re.compile(r"OOM when allocating tensor with shape\s*\[([^\]]*)\] and type (\w+) on (\S+) by allocator (\S+)")
+_EAGER_OP = re.compile(r"\[Op:(\w+)\]")  # eager: "... [Op:Fill] name:"
+_GRAPH_OP = re.compile(r"\{\{node ([^}]+)\}\}")  # in fit / tf.function: "[[{{node StatefulPartitionedCall/...}}]]"
+_DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
+                "int16": 2, "uint16": 2, "bool": 1, "complex64": 8, "complex128": 16}
+_DTYPE_NAMES = {"float": "float32", "double": "float64", "half": "float16"}
+
+
+def parse_oom(message: str) -> dict[str, Any] | None:
+    """The failed request in a ResourceExhaustedError message: shape, dtype, bytes, device, allocator, op."""
+    match = _OOM.search(message)
+    if match is None:
+        return None
+    dims = [int(d) for d in match.group(1).replace(" ", "").split(",") if d.strip().lstrip("-").isdigit()]
+    dtype = match.group(2)
+    op = _EAGER_OP.search(message) or _GRAPH_OP.search(message)
+    return {
+        "shape": f"[{','.join(str(d) for d in dims)}]",
+        "dtype": _DTYPE_NAMES.get(dtype, dtype),
+        "bytes": math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) if dims else 0,
+        "device": match.group(3).split("device:")[-1],
+        "allocator": match.group(4),
+        "op": op.group(1) if op else None,
+    }
