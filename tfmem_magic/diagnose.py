@@ -6,12 +6,35 @@ Finding ids are stable (shared/DESIGN.md §3). More rules arrive with the diagno
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from .report import Finding, Report
 from .sizes import format_bytes
 
 NEAR_BUDGET = 0.8  # share of the budget at which we warn
+LEAK_RUNS = 3  # consecutive runs of a cell that must each leave memory behind
+LEAK_MIN_TF = 256 * 1024  # bytes a run must leave live in TF's allocator to count
+LEAK_MIN_RSS = 16 * 2**20  # RSS growth per run to count (RSS is coarse: pages, allocator arenas)
+RETRACE_MIN = 3  # traces of one tf.function in one cell
+KERAS_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator", "one_step_on_data", "predict_step",
+                        "train_function", "test_function", "predict_function")
+
+
+@dataclass
+class RunSummary:
+    """What one run of a cell left behind, kept per cell key for the leak rule."""
+
+    run: int
+    tf_left_bytes: int | None  # TF live bytes after the run minus before it
+    rss_end_bytes: int
+    new_models: int
+
+
+def run_summary(report: Report, new_models: int) -> RunSummary:
+    mem = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+    left = None if mem is None else mem.end_bytes - mem.baseline_bytes
+    return RunSummary(report.run, left, report.rss.end_bytes, new_models)
 
 
 def allocator_blind_spot(report: Report) -> Finding | None:
@@ -101,8 +124,75 @@ def input_copy(report: Report) -> Finding | None:
     )
 
 
-RULES: list[Callable[[Report], Finding | None]] = [out_of_memory, near_budget, allocator_blind_spot, input_copy]
+def retracing(report: Report) -> Finding | None:
+    heavy = {name: n for name, n in report.tf_function_traces.items() if n >= RETRACE_MIN}
+    if not heavy:
+        return None
+    name, count = max(heavy.items(), key=lambda item: item[1])
+    if any(step in name for step in KERAS_STEP_FUNCTIONS):
+        cause = ("Keras traced its training step again for each new model or compile(): build and compile the model "
+                 "once, outside the loop, and call keras.backend.clear_session() before making a new one.")
+    else:
+        cause = ("each call with a new Python number, a new input shape or dtype builds a new graph, and every graph "
+                 "stays in memory: pass tensors instead of Python numbers, or give the function an input_signature "
+                 "(or reduce_retracing=True).")
+    return Finding(
+        id="retracing", severity="warn",
+        title=f"tf.function '{name}' was traced {count} times in this cell",
+        evidence=f"TensorFlow built {count} graphs for '{name}' during this cell "
+                 f"({sum(report.tf_function_traces.values())} traces in all): {cause}",
+        fixes=["clear-session"] if "Keras" in cause else [],
+    )
 
 
-def findings(report: Report) -> list[Finding]:
-    return [f for f in (rule(report) for rule in RULES) if f is not None]
+def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | None:
+    """Memory that every one of the last LEAK_RUNS runs of the same cell left behind."""
+    if len(previous) < LEAK_RUNS - 1:
+        return None
+    current = run_summary(report, 0)
+    recent = list(previous[-(LEAK_RUNS - 1):]) + [current]
+    new_models = sum(r.new_models for r in previous[-(LEAK_RUNS - 1):])
+    left = [r.tf_left_bytes for r in recent]
+    if all(x is not None and x > LEAK_MIN_TF for x in left):
+        per_run = sum(left) // len(left)  # type: ignore[arg-type]
+        if new_models >= LEAK_RUNS - 1:
+            cause = ("The cell builds a new Keras model each run while memory grows each run: the earlier models are "
+                     "still referenced somewhere (a list, a callback, Out[...]). Drop those references; "
+                     "keras.backend.clear_session() also resets Keras' global state.")
+            fixes = ["clear-session"]
+        else:
+            cause = ("Something keeps tensors alive between runs: a list or dict they are appended to, a global, "
+                     "or an output history (Out[...], _). Clear it, or keep only what you need as numpy values.")
+            fixes = []
+        growth = ", ".join(f"+{format_bytes(x)}" for x in left)  # type: ignore[arg-type]
+        return Finding(
+            id="leak-growth", severity="warn",
+            title=f"Each run of this cell leaves ~{format_bytes(per_run)} more in TensorFlow",
+            evidence=f"Runs {recent[0].run}-{recent[-1].run} of this cell left {growth} live in TensorFlow's "
+                     f"allocator after they ended. {cause}",
+            bytes=per_run * len(left), fixes=fixes,
+        )
+    rss = [r.rss_end_bytes for r in [previous[-LEAK_RUNS]] + recent] if len(previous) >= LEAK_RUNS else []
+    steps = [b - a for a, b in zip(rss, rss[1:], strict=False)]
+    if steps and all(step > LEAK_MIN_RSS for step in steps):
+        return Finding(
+            id="leak-growth", severity="warn",
+            title=f"Process memory grows ~{format_bytes(sum(steps) // len(steps))} with each run of this cell",
+            evidence=f"After runs {recent[0].run}-{recent[-1].run} the process held "
+                     + ", ".join(format_bytes(x) for x in rss[1:])
+                     + ", while TensorFlow's live bytes did not grow: numpy arrays or Python objects are kept "
+                       "between runs (appended to a list, stored in a global).",
+            bytes=sum(steps),
+        )
+    return None
+
+
+RULES: list[Callable[[Report], Finding | None]] = [out_of_memory, near_budget, allocator_blind_spot, input_copy,
+                                                   retracing]
+
+
+def findings(report: Report, previous: Sequence[RunSummary] = ()) -> list[Finding]:
+    """Every rule's finding; `previous` are the earlier runs of the same cell (for the leak rule)."""
+    found = [f for f in (rule(report) for rule in RULES) if f is not None]
+    leak = leak_growth(report, previous)
+    return found + ([leak] if leak is not None else [])

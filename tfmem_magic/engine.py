@@ -17,7 +17,7 @@ from typing import Any
 
 from . import analysis, diagnose, environment, guard, modelinfo, xplane
 from .instrument import Instrumentation
-from .probes import AllocatorStats, RssSampler
+from .probes import AllocatorStats, RssSampler, main_tf_device
 from .sizes import format_bytes
 from .report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
 from .tracer import Tracer, user_profiler_running
@@ -34,6 +34,7 @@ class Options:
     limit_bytes: int | None = None  # the user's budget for this block (process memory)
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
+    cell_key: str | None = None  # identifies re-runs of the same cell, for leak detection
 
     def __post_init__(self) -> None:
         from .errors import TfmemUsageError
@@ -50,6 +51,9 @@ class Options:
 
 _last: Report | None = None
 history: deque[Report] = deque(maxlen=HISTORY_SIZE)
+# per cell key, what each run left behind (for the leak rule); bounded in keys and runs
+runs: dict[str, deque[diagnose.RunSummary]] = {}
+MAX_CELLS, RUNS_PER_CELL = 500, 20
 
 
 def last_report() -> Report | None:
@@ -118,7 +122,7 @@ class Profiler:
         on_tick = self._tracer.observe if self._tracer is not None else None
         on_rss = self._guard.observe if self._guard is not None else None
         self._sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick,
-                                   on_rss=on_rss)
+                                   on_rss=on_rss, tf_device=main_tf_device())
         self._sampler.start(self._t0)
         self._instrumentation = Instrumentation(self._tracer, self.options.trace_steps, guard=self._guard)
         self._instrumentation.install()
@@ -143,6 +147,9 @@ class Profiler:
         session = guard.session_limit()
         if session is not None:
             return session.bytes, "%tfmem limit"
+        budget = environment.memory_budget()
+        if budget.budget_source == "cgroup":  # a container would OOM-kill the kernel: guard it, and say so
+            return budget.budget_bytes, "container limit"
         return None, ""
 
     def _trace_possible(self, nested: bool) -> str:
@@ -214,8 +221,9 @@ class Profiler:
 
     def _env(self, rss_baseline: int) -> EnvInfo:
         view = environment.allocator_view()
-        limit, _ = self._limit()
-        budget = environment.memory_budget(limit, rss_now=rss_baseline)
+        limit, source = self._limit()
+        user_limit = limit if source in ("--limit", "%tfmem limit") else None  # a container limit is not the user's
+        budget = environment.memory_budget(user_limit, rss_now=rss_baseline)
         return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,
                        allocator_note=view.note, devices=environment.tf_devices(),
                        ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,
@@ -227,9 +235,25 @@ class Profiler:
         instr = self._instrumentation
         if instr is not None:
             report.model = modelinfo.main_model(list(instr.models.values()))
+            report.tf_function_traces = dict(instr.traces)
         if self._mode == "trace":
             report.trace = self._trace_info(segments, report)
-        report.findings = diagnose.findings(report)
+        previous = self._remember_run(report)
+        report.findings = diagnose.findings(report, previous)
+
+    def _remember_run(self, report: Report) -> list[diagnose.RunSummary]:
+        """Record this run under its cell key; returns the earlier runs of the same cell."""
+        key = self.options.cell_key
+        if key is None:
+            return []
+        report.cell_key = key
+        if key not in runs and len(runs) >= MAX_CELLS:
+            runs.pop(next(iter(runs)))
+        series = runs.setdefault(key, deque(maxlen=RUNS_PER_CELL))
+        previous = list(series)
+        report.run = previous[-1].run + 1 if previous else 1
+        series.append(diagnose.run_summary(report, self._instrumentation.new_models if self._instrumentation else 0))
+        return previous
 
     def _trace_info(self, segments: list[tuple[bytes, int]], report: Report) -> TraceInfo:
         instr = self._instrumentation

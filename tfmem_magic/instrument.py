@@ -20,6 +20,7 @@ from typing import Any, Callable
 from .tracer import Tracer
 
 _MISSING = object()
+_seen_models: weakref.WeakSet = weakref.WeakSet()  # every Keras model a profiled cell has used, this session
 _WATCHED_CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
 
 
@@ -43,11 +44,14 @@ class Instrumentation:
         self.optimizer_names: set[str] = set()
         self._patches: list[tuple[Any, str, Any]] = []
         self.installed = False
+        self.traces: dict[str, int] = {}  # tf.function name -> new graphs traced during the cell
+        self.new_models = 0  # Keras models this session had not seen before the cell
         self.input_nbytes: set[int] = set()
 
     # ---- install / uninstall -------------------------------------------------------------------------------------
     def install(self) -> bool:
         """Patch Keras if it is imported; False when there is nothing to instrument."""
+        self._count_traces()
         keras = sys.modules.get("keras")
         if keras is None or not hasattr(keras, "Model"):
             return False
@@ -68,6 +72,22 @@ class Instrumentation:
             tape = tf.GradientTape
             self._patch(tape, "gradient", self._wrap_span(tape.gradient, lambda s, *a, **k: "phase/backward"))
         return True
+
+    def _count_traces(self) -> None:
+        """Count new tf.function graphs: TF calls _create_concrete_function on every trace (cache miss)."""
+        module = sys.modules.get("tensorflow.python.eager.polymorphic_function.tracing_compilation")
+        original = getattr(module, "_create_concrete_function", None)
+        if original is None:
+            return
+        traces = self.traces
+
+        @functools.wraps(original)
+        def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
+            name = str(getattr(tracing_options, "name", "function"))
+            traces[name] = traces.get(name, 0) + 1
+            return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
+
+        self._patch(module, "_create_concrete_function", counting)
 
     def uninstall(self) -> None:
         for owner, name, original in reversed(self._patches):
@@ -139,6 +159,9 @@ class Instrumentation:
         if use is None or use.model_ref() is not model:
             use = self.models[id(model)] = ModelUse(weakref.ref(model))
             self._learn_names(model)
+            if model not in _seen_models:
+                _seen_models.add(model)
+                self.new_models += 1
         if call not in use.calls:
             use.calls.append(call)
         if call == "__call__" and len(use.calls) > 1:

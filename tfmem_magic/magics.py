@@ -3,6 +3,8 @@ rendering live in the core; this module only connects them to the shell."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -13,11 +15,14 @@ from . import engine, environment, guard
 from .errors import TfmemUsageError
 from .figures import timeline_png
 from .options import build_parser, parse_cell_args, save_report
-from .render import mime_bundle
+from .probes import AllocatorStats
+from .render import compare_html, compare_text, mime_bundle, watch_html, watch_line
 from .report import Report
 from .sizes import format_bytes, parse_size
 
 LINE_COMMANDS = {
+    "watch": "watch on [--interval MS] | watch off: profile every cell in quick mode, one line each",
+    "compare": "compare A B: two reports side by side (history numbers, labels, or names bound with --as)",
     "status": "what the extension sees: allocator, budget, TensorFlow state",
     "limit": "limit SIZE [--keep-onednn] | limit off: a memory limit for every cell (set before TensorFlow's "
              "first op, it also caps TensorFlow's allocator)",
@@ -43,7 +48,7 @@ class TfmemMagics(Magics):
         except TfmemUsageError as exc:
             raise UsageError(str(exc)) from None
         shell = self.shell
-        profiler = engine.Profiler(args.options)
+        profiler = engine.Profiler(replace(args.options, cell_key=cell_key(shell, cell)))
         hook = shell.displayhook
         outer = hook.exec_result  # the ExecutionResult of the cell that holds this magic
         profiler.start()
@@ -85,10 +90,42 @@ class TfmemMagics(Magics):
             display(build_panel(report, timeline))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
+    def _watch(self, words: list[str]) -> str:
+        global _watcher
+        if words[:1] == ["on"]:
+            interval = 50.0
+            if words[1:2] == ["--interval"] and len(words) == 3:
+                try:
+                    interval = float(words[2])
+                except ValueError:
+                    raise UsageError(f"%tfmem watch on --interval {words[2]!r}: give milliseconds, e.g. 100") from None
+            elif len(words) != 1:
+                raise UsageError("%tfmem watch on [--interval MS]")
+            if _watcher is not None:
+                _watcher.stop()
+            try:
+                _watcher = Watcher(self.shell, engine.Options(mode="quick", interval_ms=interval))
+            except TfmemUsageError as exc:
+                raise UsageError(f"%tfmem watch: {exc}") from None
+            return ("Watching every cell (quick mode): one line of memory figures below each. "
+                    "%%tfmem cells keep their own report. %tfmem watch off to stop.")
+        if words == ["off"]:
+            if _watcher is None:
+                return "Watch mode was not on."
+            _watcher.stop()
+            _watcher = None
+            return "Watch mode off: no hook is left on the shell."
+        raise UsageError("%tfmem watch on [--interval MS] | %tfmem watch off")
+
     def _line(self, command: str) -> Any:
         word = command.split()[0] if command else "help"
         if word == "status":
             print(status_text())
+        elif word == "watch":
+            print(self._watch(command.split()[1:]))
+        elif word == "compare":
+            a, b = (resolve_report(self.shell, w) for w in _two(command.split()[1:]))
+            display({"text/plain": compare_text(a, b), "text/html": compare_html(a, b)}, raw=True)
         elif word == "limit":
             print(limit_command(command.split()[1:]))
         elif word == "history":
@@ -103,6 +140,40 @@ class TfmemMagics(Magics):
         else:
             choices = ", ".join(LINE_COMMANDS)
             raise UsageError(f"%tfmem {word}: unknown command; use one of {choices}, or %%tfmem on a cell")
+
+
+def _two(words: list[str]) -> list[str]:
+    if len(words) != 2:
+        raise UsageError("%tfmem compare A B: give two reports: history numbers (%tfmem history), labels, or "
+                         "names bound with %%tfmem --as NAME")
+    return words
+
+
+def resolve_report(shell: Any, ref: str) -> Report:
+    """A report by history number (1 = oldest kept), by a name in the namespace, or by label (newest first)."""
+    reports = list(engine.history)
+    if ref.isdigit() and 1 <= int(ref) <= len(reports):
+        return reports[int(ref) - 1]
+    value = shell.user_ns.get(ref)
+    if isinstance(value, Report):
+        return value
+    for report in reversed(reports):
+        if report.label == ref:
+            return report
+    raise UsageError(f"%tfmem compare: no report {ref!r}; use a number from %tfmem history (1-{len(reports)}), "
+                     "a label, or a name bound with --as")
+
+
+def cell_key(shell: Any, source: str) -> str:
+    """The same cell across re-runs: Jupyter's cell id when the front end sends one, else the source's hash."""
+    kernel = getattr(shell, "kernel", None)
+    cell_id = None
+    if kernel is not None:
+        try:
+            cell_id = kernel.get_parent("shell").get("metadata", {}).get("cellId")
+        except Exception:  # an older ipykernel: fall back to the source
+            cell_id = None
+    return f"cell:{cell_id}" if cell_id else "source:" + hashlib.sha1(source.encode()).hexdigest()[:16]
 
 
 def limit_command(words: list[str]) -> str:
@@ -153,12 +224,64 @@ def status_text() -> str:
 def history_text() -> str:
     if not engine.history:
         return "No cell has been profiled yet."
-    rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'TF peak +':>10} {'RSS peak':>10} {'time':>8}"]
+    rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
+            f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"]
     for i, r in enumerate(engine.history, 1):
-        tf_peak = format_bytes(r.tf_peak_bytes) if r.tf else "n/a"
-        rows.append(f"{i:>3}  {(r.label or '-')[:20]:<20} {r.status:<11} {r.mode:<5} {tf_peak:>10} "
-                    f"{format_bytes(r.rss.peak_bytes):>10} {r.wall_s:>7.2f}s")
+        mem = r.tf.get("CPU:0") or next(iter(r.tf.values()), None)
+        tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
+        left = format_bytes(mem.end_bytes - mem.baseline_bytes) if mem else "n/a"
+        warnings = " ".join(f.id for f in r.findings if f.severity != "info")
+        rows.append(f"{i:>3}  {(r.label or '-')[:20]:<20} {r.status:<11} {r.mode:<5} {r.run:>3} {tf_peak:>10} "
+                    f"{left:>9} {format_bytes(r.rss.peak_bytes):>10} "
+                    f"{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes):>9} {r.wall_s:>7.2f}s  {warnings}")
     return "\n".join(rows)
+
+
+_watcher: Watcher | None = None
+
+
+class Watcher:
+    """Watch mode: a quick measurement around every cell, through IPython's pre/post_run_cell events.
+
+    Cells that start with %%tfmem are skipped (they report themselves), and so are the inner runs of the magic
+    (a measurement is already active then). Events come in nested pairs, hence the stack.
+    """
+
+    def __init__(self, shell: Any, options: engine.Options) -> None:
+        self.shell, self.options = shell, options
+        self._stack: list[engine.Profiler | None] = []
+        shell.events.register("pre_run_cell", self.pre)
+        shell.events.register("post_run_cell", self.post)
+
+    def pre(self, info: Any) -> None:
+        raw = getattr(info, "raw_cell", "") or ""
+        if raw.lstrip().startswith("%%tfmem") or raw.lstrip().startswith("%tfmem watch") or \
+                AllocatorStats.nesting_depth() > 0:
+            self._stack.append(None)
+            return
+        cell_id = getattr(info, "cell_id", None)
+        key = f"cell:{cell_id}" if cell_id else cell_key(self.shell, raw)
+        label = next((line.strip() for line in raw.splitlines() if line.strip()), "")[:40]
+        profiler = engine.Profiler(replace(self.options, label=label, cell_key=key))
+        profiler.start()
+        self._stack.append(profiler)
+
+    def post(self, result: Any) -> None:
+        if not self._stack:
+            return  # the cell that turned watch mode on
+        profiler = self._stack.pop()
+        if profiler is None:
+            return
+        report = profiler.finish(result.error_before_exec or result.error_in_exec)
+        display({"text/plain": watch_line(report), "text/html": watch_html(report)}, raw=True)
+
+    def stop(self) -> None:
+        self.shell.events.unregister("pre_run_cell", self.pre)
+        self.shell.events.unregister("post_run_cell", self.post)
+        for profiler in self._stack:  # the cell running `watch off` was being measured: end that cleanly
+            if profiler is not None:
+                profiler.finish(None)
+        self._stack.clear()
 
 
 def load(ipython: Any) -> None:

@@ -46,7 +46,7 @@ class RssSampler:
 
     def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True,
                  on_tick: Callable[[float, int, int], None] | None = None,
-                 on_rss: Callable[[int], None] | None = None) -> None:
+                 on_rss: Callable[[int], None] | None = None, tf_device: str | None = None) -> None:
         self.interval_s = interval_s
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -54,7 +54,9 @@ class RssSampler:
         self._t0 = 0.0
         self.samples: list[list[float]] = []
         self.tf_samples: list[list[float]] = []  # [t, live bytes] of the main TF device
-        self.tf_device: str | None = None
+        # chosen by the caller in the cell's thread: this thread must never import (a cell importing TensorFlow
+        # while we do deadlocks on the import lock), so a cell that starts TF itself is not sampled for TF
+        self.tf_device = tf_device
         self.baseline = 0
         self._hwm_reset = False
         self._want_reset = reset_hwm
@@ -88,10 +90,7 @@ class RssSampler:
 
     def _sample_tf(self, t: float) -> None:
         if self.tf_device is None:
-            if not environment.tensorflow_initialized():
-                return
-            gpus = [d for d in environment.tf_devices() if d.startswith("GPU")]
-            self.tf_device = gpus[0] if gpus else "CPU:0"
+            return
         info = AllocatorStats._info(self.tf_device)
         if info is None:
             return
@@ -111,6 +110,14 @@ class RssSampler:
         if hwm is not None:
             return max(hwm, sampled_peak), end, "hwm"
         return sampled_peak, end, "sampled"
+
+
+def main_tf_device() -> str | None:
+    """The device whose live bytes are sampled: the first GPU, else the CPU; None before TF runs. Main thread only."""
+    if not environment.tensorflow_initialized():
+        return None
+    gpus = [d for d in environment.tf_devices() if d.startswith("GPU")]
+    return gpus[0] if gpus else "CPU:0"
 
 
 class AllocatorStats:

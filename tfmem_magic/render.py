@@ -226,3 +226,71 @@ def render_html(report: Report, timeline: bytes | None = None) -> str:
 def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]:
     """What a front end needs: the static HTML, a text fallback and the report itself."""
     return {"text/plain": render_text(report), "text/html": render_html(report, timeline), MIME_TYPE: report.to_dict()}
+
+
+# ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
+
+def watch_line(report: Report) -> str:
+    """The one line under a watched cell."""
+    parts = ["tfmem"]
+    mem = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+    if mem is not None:
+        parts.append(f"TF peak +{format_bytes(mem.peak_bytes - mem.baseline_bytes)} "
+                     f"(left {format_bytes(mem.end_bytes - mem.baseline_bytes)})")
+    grew = report.rss.peak_bytes - report.rss.baseline_bytes
+    parts.append(f"RSS {format_bytes(report.rss.peak_bytes)} (+{format_bytes(grew)})")
+    parts.append(f"{report.wall_s:.2f} s")
+    if report.status != "ok":
+        parts.append(report.status)
+    parts.extend(f"[{f.id}]" for f in report.findings if f.severity != "info")
+    return " · ".join(parts)
+
+
+def watch_html(report: Report) -> str:
+    warn = [f for f in report.findings if f.severity != "info"]
+    details = "".join(f"<div>{escape(f.title)}: {escape(f.evidence)}</div>" for f in warn)
+    return (f"<div class='tfmem-watch' style='font-size:11px;opacity:.7;font-family:monospace'>"
+            f"{escape(watch_line(report))}{details}</div>")
+
+
+def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
+    def tf_peak(r: Report) -> int | None:
+        return r.tf_peak_bytes if r.tf else None
+
+    def delta(x: float | None, y: float | None, fmt=format_bytes) -> str:
+        if x is None or y is None:
+            return ""
+        change = f"{'+' if y >= x else '-'}{fmt(abs(y - x))}"
+        return change + (f" ({(y / x - 1):+.0%})" if x else "")
+
+    rows = [("label", a.label or "-", b.label or "-", ""), ("status", a.status, b.status, "")]
+    pa, pb = tf_peak(a), tf_peak(b)
+    rows.append(("TF peak over baseline", format_bytes(pa), format_bytes(pb), delta(pa, pb)))
+    for name, get in (("RSS peak", lambda r: r.rss.peak_bytes),
+                      ("RSS growth", lambda r: r.rss.peak_bytes - r.rss.baseline_bytes)):
+        rows.append((name, format_bytes(get(a)), format_bytes(get(b)), delta(get(a), get(b))))
+    rows.append(("time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s",
+                 delta(a.wall_s, b.wall_s, lambda v: f"{v:.2f} s")))
+    for r_name, pick in (("batch", lambda r: r.model.batch_size if r.model else None),
+                         ("precision policy", lambda r: r.env.mixed_precision_policy)):
+        if pick(a) is not None or pick(b) is not None:
+            rows.append((r_name, str(pick(a)), str(pick(b)), ""))
+    ta = {g.phase: g.bytes for g in a.trace.by_phase} if a.trace else {}
+    tb = {g.phase: g.bytes for g in b.trace.by_phase} if b.trace else {}
+    for phase in [p for p in ("forward", "backward", "optimizer", "input", "weights") if p in ta or p in tb]:
+        x, y = ta.get(phase, 0), tb.get(phase, 0)
+        rows.append((f"at peak: {phase}", format_bytes(x), format_bytes(y), delta(x, y)))
+    return rows
+
+
+def compare_text(a: Report, b: Report) -> str:
+    rows = _compare_rows(a, b)
+    return "\n".join(f"{name:<22} {x:>14} {y:>14}  {d}" for name, x, y, d in rows)
+
+
+def compare_html(a: Report, b: Report) -> str:
+    body = "".join(f"<tr><th>{escape(name)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td>"
+                   f"<td class='num'>{escape(d)}</td></tr>" for name, x, y, d in _compare_rows(a, b))
+    return (f"<div class='tfmem-report'><style>{_STYLE}</style><h4>tfmem: A vs B</h4><table>"
+            f"<tr><th></th><th class='num'>A</th><th class='num'>B</th><th class='num'>B - A</th></tr>{body}"
+            "</table></div>")

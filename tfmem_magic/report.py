@@ -189,6 +189,9 @@ class Report:
     fixes: list[Fix] = field(default_factory=list)
     prediction: Prediction | None = None
     guard: GuardInfo | None = None
+    cell_key: str | None = None  # the same cell across re-runs (Jupyter's cell id, else a hash of its source)
+    run: int = 1  # how many times this cell has been profiled, this one included
+    tf_function_traces: dict[str, int] = field(default_factory=dict)  # tf.function name -> graphs traced
     notes: list[str] = field(default_factory=list)  # what was degraded or skipped, in plain words
     started_at: float = 0.0  # time.time() when the cell started
     schema: str = SCHEMA

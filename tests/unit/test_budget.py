@@ -42,3 +42,20 @@ def test_budget_user_limit_wins():
     assert budget.budget_bytes == 123456789 and budget.budget_source == "user"
     ram = environment.memory_budget()
     assert ram.budget_source in ("ram", "cgroup") and 0 < ram.budget_bytes <= ram.ram_total_bytes + 2**30
+
+
+def test_a_container_limit_arms_the_guard_and_says_so(monkeypatch):
+    """Where a cgroup limit is the tightest budget, every cell gets the batch-end check and the watchdog."""
+    import psutil
+
+    import tfmem_magic
+    from tfmem_magic import environment
+
+    limit = psutil.Process().memory_info().rss + 2**30
+    monkeypatch.setattr(environment, "cgroup_memory", lambda *a, **k: (limit, psutil.Process().memory_info().rss))
+    with tfmem_magic.profile(mode="quick") as p:
+        pass
+    guard = p.report.guard
+    assert guard is not None and guard.source == "container limit" and guard.limit_bytes == limit
+    assert "watchdog" in guard.layers and p.report.env.budget_source == "cgroup"
+    assert any(label == "Memory limit" for label, _, _ in tfmem_magic.render.summary_items(p.report))

@@ -1,0 +1,100 @@
+"""Watch mode, history and compare, and the rules that need several runs: leak-growth and retracing."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from tfmem_magic import engine
+
+
+def hooks(shell) -> tuple[int, int]:
+    return len(shell.events.callbacks["pre_run_cell"]), len(shell.events.callbacks["post_run_cell"])
+
+
+@pytest.fixture
+def watching(shell):
+    before = hooks(shell)
+    shell.run_line_magic("tfmem", "watch on")
+    yield shell
+    shell.run_line_magic("tfmem", "watch off")
+    assert hooks(shell) == before  # turning it off leaves no hook
+
+
+def test_watch_reports_every_cell_once(watching, displayed):
+    shell = watching
+    assert hooks(shell) != (0, 0)
+    before = engine.last_report()
+    shell.run_cell("import tensorflow as tf\nw = tf.ones((256, 256))")
+    watched = engine.last_report()
+    assert watched is not before and watched.mode == "quick" and watched.label.startswith("import tensorflow")
+    line = displayed()[-1]["text/plain"]
+    assert line.startswith("tfmem · TF peak +") and "RSS" in line
+    shell.run_cell("%%tfmem --quick --label own\nz = 1")  # reports itself; watch must not measure it again
+    assert engine.last_report().label == "own" and engine.history[-2] is watched
+
+
+def test_watch_over_200_cells_adds_no_thread_and_little_memory(watching):
+    shell = watching
+    for i in range(20):
+        shell.run_cell(f"warm = {i}")
+        shell.display_pub.outputs.clear()
+    gc.collect()
+    threads = {t.name for t in threading.enumerate()}
+    rss = psutil.Process().memory_info().rss
+    for i in range(200):
+        shell.run_cell(f"v = {i}")
+        shell.display_pub.outputs.clear()
+    gc.collect()
+    growth = psutil.Process().memory_info().rss - rss
+    print(f"RSS growth over 200 watched cells: {growth / 2**20:.2f} MiB")
+    assert {t.name for t in threading.enumerate()} == threads
+    assert growth < 4 * 2**20
+
+
+def test_leak_rule_fires_on_a_leaking_cell_and_not_on_a_clean_one(watching):
+    shell = watching
+    shell.run_cell("import tensorflow as tf\nkept = []")
+    leaking = "kept.append(tf.ones((256, 1024)))"  # 1 MiB more every run
+    clean = "scratch = tf.ones((256, 1024))"  # replaced every run
+    for run in range(1, 6):
+        shell.run_cell(leaking)
+        report = engine.last_report()
+        assert report.run == run
+        fired = [f for f in report.findings if f.id == "leak-growth"]
+        assert bool(fired) == (run >= 3)  # three runs in a row must each leave memory behind
+    assert "+1 MiB, +1 MiB, +1 MiB" in fired[0].evidence and "list" in fired[0].evidence
+    for _ in range(5):
+        shell.run_cell(clean)
+        assert not any(f.id == "leak-growth" for f in engine.last_report().findings)
+
+
+def test_retracing_rule(shell):
+    shell.run_cell("import tensorflow as tf\n@tf.function\ndef double(x):\n    return x * 2\n"
+                   "@tf.function\ndef triple(x):\n    return x * 3")
+    assert shell.run_cell("%%tfmem --quick --as r\nfor i in range(5):\n    double(i)").success
+    report = shell.user_ns["r"]
+    assert report.tf_function_traces.get("double") == 5
+    finding = next(f for f in report.findings if f.id == "retracing")
+    assert "'double' was traced 5 times" in finding.title and "Python number" in finding.evidence
+    assert shell.run_cell("%%tfmem --quick --as r\nfor i in range(5):\n    triple(tf.constant(i))").success
+    assert shell.user_ns["r"].tf_function_traces.get("triple") == 1
+    assert not any(f.id == "retracing" for f in shell.user_ns["r"].findings)
+
+
+def test_compare_two_reports(shell, displayed):
+    shell.run_cell("%%tfmem --quick --label small --as a\nimport tensorflow as tf\nx = tf.ones((64, 64))")
+    shell.run_cell("%%tfmem --quick --label big\ny = tf.ones((1024, 1024))")
+    shell.run_line_magic("tfmem", "compare a big")
+    text = displayed()[-1]["text/plain"]
+    assert "TF peak over baseline" in text and "small" in text and "big" in text
+    number = len(engine.history)
+    shell.run_line_magic("tfmem", f"compare {number - 1} {number}")
+    with pytest.raises(UsageError, match="no report 'nope'"):
+        shell.run_line_magic("tfmem", "compare a nope")
+    with pytest.raises(UsageError, match="give two reports"):
+        shell.run_line_magic("tfmem", "compare a")
