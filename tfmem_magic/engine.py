@@ -68,6 +68,10 @@ def _status_of(exc: BaseException | None) -> str:
         return "interrupted"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
         return "oom"
+    text = str(exc)
+    if "MISMATCH of original and normalized active exception types" in text and (
+            "ResourceExhaustedError" in text or "MemoryLimitExceeded" in text):
+        return "oom"  # pybind11's word for an OOM and the watchdog's exception arriving together
     return "error"
 
 

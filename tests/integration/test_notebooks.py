@@ -59,6 +59,45 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     assert "batch 128" in history and "batch 32" in history
 
 
+def outputs_text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []))
+
+
+def test_leaks_and_retracing_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "06_leaks_and_retracing.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    by_label: dict[str, list[Report]] = {}
+    for report in reports_in(nb):
+        by_label.setdefault(report.label, []).append(report)
+    leaky, clean = by_label["leaky"], by_label["clean"]
+    assert [r.run for r in leaky] == [1, 2, 3, 4]
+    # what it teaches: the leak is reported from the third run on, never for the clean cell
+    assert [any(f.id == "leak-growth" for f in r.findings) for r in leaky] == [False, False, True, True]
+    assert not any(f.id == "leak-growth" for r in clean for f in r.findings)
+    fixed_exercise = by_label["exercise-fixed"]
+    assert not any(f.id == "leak-growth" for r in fixed_exercise for f in r.findings)
+    text = "".join(outputs_text(c) for c in nb.cells)
+    assert "graphs built: {'scale': 6}" in text and "graphs built: {'scale': 1}" in text
+    assert "was traced 6 times" in text
+    assert "Watch mode off" in text and "tfmem · TF peak" in "".join(
+        o.get("data", {}).get("text/plain", "") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_surviving_oom_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "07_surviving_oom.ipynb", as_version=4)
+    execute(nb, tmp_path)  # the failing cells are tagged raises-exception: the notebook runs top to bottom
+    text = "".join(outputs_text(c) for c in nb.cells)
+    assert "TensorFlow's allocator is capped" in text and "oneDNN is turned off" in text
+    assert "failed request: float32[30000,30000] = 3.35 GiB (op Fill)" in text
+    assert "still here: {'epochs_done': 12, 'best_loss': 0.031}" in text
+    reports = {r.label or "": r for r in reports_in(nb)}
+    statuses = [r.status for r in reports_in(nb)]
+    assert statuses.count("oom") >= 3 and "ok" in statuses  # three stopped cells, the small batch trained
+    assert "oom stopped by the watchdog after" in text
+    assert "largest batch that fits:" in text and "largest batch that fits: None" not in text
+    del reports
+
+
 def test_failing_cell_in_a_kernel_fails_once_and_still_reports(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("%load_ext tfmem_magic"),

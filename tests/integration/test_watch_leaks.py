@@ -62,6 +62,8 @@ def test_leak_rule_fires_on_a_leaking_cell_and_not_on_a_clean_one(watching):
     leaking = "kept.append(tf.ones((256, 1024)))"  # 1 MiB more every run
     clean = "scratch = tf.ones((256, 1024))"  # replaced every run
     for run in range(1, 6):
+        # garbage of earlier tests, collected during a run, would free tensors and hide that run's growth
+        gc.collect()
         shell.run_cell(leaking)
         report = engine.last_report()
         assert report.run == run
@@ -69,6 +71,7 @@ def test_leak_rule_fires_on_a_leaking_cell_and_not_on_a_clean_one(watching):
         assert bool(fired) == (run >= 3)  # three runs in a row must each leave memory behind
     assert "+1 MiB, +1 MiB, +1 MiB" in fired[0].evidence and "list" in fired[0].evidence
     for _ in range(5):
+        gc.collect()
         shell.run_cell(clean)
         assert not any(f.id == "leak-growth" for f in engine.last_report().findings)
 
