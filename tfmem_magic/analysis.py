@@ -43,7 +43,6 @@ class Context:
     layer_names: set[str] = field(default_factory=set)
     optimizer_scopes: set[str] = field(default_factory=lambda: set(_OPTIMIZER_SCOPES))
     input_array_bytes: set[int] = field(default_factory=set)  # nbytes of numpy arrays handed to fit/predict/...
-    start_offset_s: float = 0.0
 
 
 @dataclass
@@ -174,7 +173,7 @@ def attribute_events(trace: Trace, ctx: Context) -> Attributed:
     """Op, layer and phase of every event, computed once per distinct op string and broadcast with numpy."""
     ev, spans = trace.events, trace.spans
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
-    ctx = Context(ctx.layer_names | span_layers, ctx.optimizer_scopes, ctx.input_array_bytes, ctx.start_offset_s)
+    ctx = Context(ctx.layer_names | span_layers, ctx.optimizer_scopes, ctx.input_array_bytes)
     ops: list[str] = ["(untagged)", "input copy (numpy → tensor)"]
     layers: list[str] = []
     op_index = {name: i for i, name in enumerate(ops)}
@@ -272,7 +271,7 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     info = TraceInfo(events=n, allocator=ev.allocator)
     if n == 0:
         return info
-    t_s = ev.t_ps / PS + ctx.start_offset_s
+    t_s = ev.t_ps / PS  # segment offsets already put every event on the cell's clock
     signed = np.where(ev.is_alloc, ev.chunk, -ev.chunk)
     info.preexisting_bytes = int(ev.live[0] - signed[0])
     peak = int(np.argmax(ev.live))

@@ -203,10 +203,6 @@ class Report:
         mem = self.tf.get("CPU:0") or next(iter(self.tf.values()), None)
         return None if mem is None else mem.peak_bytes - mem.baseline_bytes
 
-    @property
-    def measured_tf(self) -> bool:
-        return bool(self.tf)
-
     # -- serialization ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
