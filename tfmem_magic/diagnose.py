@@ -32,7 +32,7 @@ class RunSummary:
 
 
 def run_summary(report: Report, new_models: int) -> RunSummary:
-    mem = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+    mem = report.main_device
     left = None if mem is None else mem.end_bytes - mem.baseline_bytes
     return RunSummary(report.run, left, report.rss.end_bytes, new_models)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-
-import psutil
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
+
+import psutil
 
 from . import analysis, diagnose, environment, guard, modelinfo, xplane
 from .instrument import Instrumentation
@@ -88,6 +88,7 @@ class Profiler:
         self._allocator = AllocatorStats()
         self._mode = self.options.mode
         self._guard: guard.Guard | None = None
+        self._limit_and_source: tuple[int | None, str] = (None, "")
         self._t0 = 0.0
         self._wall0 = 0.0
 
@@ -106,7 +107,7 @@ class Profiler:
             environment.prepare_allocator()
         if self._mode == "trace":
             self._mode = self._trace_possible(nested)
-        limit, source = self._limit()
+        self._limit_and_source = limit, source = self._limit()
         if limit is not None:
             if self._mode == "quick":
                 self._import_keras()  # a cell that imports Keras itself must still get the batch-end check
@@ -225,7 +226,7 @@ class Profiler:
 
     def _env(self, rss_baseline: int) -> EnvInfo:
         view = environment.allocator_view()
-        limit, source = self._limit()
+        limit, source = self._limit_and_source  # decided at start: the budget reads RAM and cgroup files
         user_limit = limit if source in ("--limit", "%tfmem limit") else None  # a container limit is not the user's
         budget = environment.memory_budget(user_limit, rss_now=rss_baseline)
         return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,

@@ -92,7 +92,7 @@ def timeline_png(report: Report) -> bytes | None:
     tf_points = report.trace.timeline if report.trace is not None and report.trace.timeline else []
     tf_label = "TF live bytes (trace)"
     if not tf_points:
-        device = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+        device = report.main_device
         tf_points = device.samples if device is not None else []
         tf_label = "TF live bytes (sampled)"
     rss_points = report.rss.samples

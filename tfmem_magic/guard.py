@@ -123,7 +123,8 @@ def allocator_limit_bytes() -> int | None:
 
 
 class Guard:
-    """Layers 2 and 3 for one cell. `check()` raises; `trip_async()` raises in the cell's thread from another."""
+    """Layers 2 and 3 for one cell. `check()` raises in the cell's thread; `observe()`, called from the sampler
+    thread, raises in the cell's thread asynchronously."""
 
     def __init__(self, limit: int, source: str, rss_at_start: int) -> None:
         self.limit = limit

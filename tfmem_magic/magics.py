@@ -164,11 +164,10 @@ def resolve_report(shell: Any, ref: str) -> Report:
                      "a label, or a name bound with --as")
 
 
-def cell_key(shell: Any, source: str) -> str:
-    """The same cell across re-runs: Jupyter's cell id when the front end sends one, else the source's hash."""
+def cell_key(shell: Any, source: str, cell_id: str | None = None) -> str:
+    """The same cell across re-runs: Jupyter's cell id (given, or sent by the front end), else the source's hash."""
     kernel = getattr(shell, "kernel", None)
-    cell_id = None
-    if kernel is not None:
+    if cell_id is None and kernel is not None:
         try:
             cell_id = kernel.get_parent("shell").get("metadata", {}).get("cellId")
         except Exception:  # an older ipykernel: fall back to the source
@@ -227,7 +226,7 @@ def history_text() -> str:
     rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
             f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"]
     for i, r in enumerate(engine.history, 1):
-        mem = r.tf.get("CPU:0") or next(iter(r.tf.values()), None)
+        mem = r.main_device
         tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
         left = format_bytes(mem.end_bytes - mem.baseline_bytes) if mem else "n/a"
         warnings = " ".join(f.id for f in r.findings if f.severity != "info")
@@ -259,8 +258,7 @@ class Watcher:
                 AllocatorStats.nesting_depth() > 0:
             self._stack.append(None)
             return
-        cell_id = getattr(info, "cell_id", None)
-        key = f"cell:{cell_id}" if cell_id else cell_key(self.shell, raw)
+        key = cell_key(self.shell, raw, getattr(info, "cell_id", None))
         label = next((line.strip() for line in raw.splitlines() if line.strip()), "")[:40]
         profiler = engine.Profiler(replace(self.options, label=label, cell_key=key))
         profiler.start()

@@ -233,7 +233,7 @@ def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]
 def watch_line(report: Report) -> str:
     """The one line under a watched cell."""
     parts = ["tfmem"]
-    mem = report.tf.get("CPU:0") or next(iter(report.tf.values()), None)
+    mem = report.main_device
     if mem is not None:
         parts.append(f"TF peak +{format_bytes(mem.peak_bytes - mem.baseline_bytes)} "
                      f"(left {format_bytes(mem.end_bytes - mem.baseline_bytes)})")

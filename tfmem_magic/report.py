@@ -198,9 +198,14 @@ class Report:
 
     # -- convenient views -------------------------------------------------------------------------------------
     @property
+    def main_device(self) -> DeviceMemory | None:
+        """The TF device the headline numbers are about: CPU:0 where measured, else the first one."""
+        return self.tf.get("CPU:0") or next(iter(self.tf.values()), None)
+
+    @property
     def tf_peak_bytes(self) -> int | None:
-        """Peak over the cell's baseline on the main TF device (CPU:0 here), the quantity predictions target."""
-        mem = self.tf.get("CPU:0") or next(iter(self.tf.values()), None)
+        """Peak over the cell's baseline on the main TF device, the quantity predictions target."""
+        mem = self.main_device
         return None if mem is None else mem.peak_bytes - mem.baseline_bytes
 
     # -- serialization ----------------------------------------------------------------------------------------
