@@ -62,6 +62,7 @@ class SessionLimit:
 
 
 _session: SessionLimit | None = None
+_onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 is ours (not the user's): `limit off` must take it back
 
 
 def session_limit() -> SessionLimit | None:
@@ -70,7 +71,7 @@ def session_limit() -> SessionLimit | None:
 
 def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLimit, str]:
     """`%tfmem limit SIZE`: the budget of every later cell; arms TF's allocator limit if still possible."""
-    global _session
+    global _session, _onednn_off_by_us
     rss = psutil.Process().memory_info().rss
     allocator_mb = None
     if environment.tensorflow_initialized():
@@ -87,12 +88,16 @@ def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLim
         how = (f"TensorFlow's allocator is capped at {format_bytes(allocator_mb * 2**20)} ({LIMIT_ENV}: the limit "
                f"minus the {format_bytes(rss)} the process holds now and ~{format_bytes(runtime)} that TensorFlow's "
                "runtime will add), and the batch-end check and the watchdog watch the process.")
-        if ONEDNN_ENV in os.environ or keep_onednn:
+        if keep_onednn and _onednn_off_by_us:  # an earlier %tfmem limit turned it off: give it back
+            os.environ.pop(ONEDNN_ENV, None)
+            _onednn_off_by_us = False
+        if (ONEDNN_ENV in os.environ and not _onednn_off_by_us) or keep_onednn:
             if os.environ.get(ONEDNN_ENV, "1") != "0":
                 how += (" oneDNN stays on: an out-of-memory error inside fit() can then crash the kernel "
                         "(TensorFlow 2.21).")
         else:
             os.environ[ONEDNN_ENV] = "0"
+            _onednn_off_by_us = True
             how += (f" oneDNN is turned off ({ONEDNN_ENV}=0): with it, TensorFlow 2.21 crashes the kernel on an "
                     "out-of-memory error inside fit(). CPU training gets slower (a small CNN: 1.5x); "
                     "%tfmem limit SIZE --keep-onednn keeps it.")
@@ -101,13 +106,17 @@ def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLim
 
 
 def clear_session_limit() -> str:
-    global _session
+    global _session, _onednn_off_by_us
     armed = _session is not None and _session.allocator_mb is not None and environment.tensorflow_initialized()
     _session = None
     if armed:
         return ("Memory limit removed for the batch-end check and the watchdog. TensorFlow's allocator keeps the cap "
-                "it read at its first op until the kernel restarts.")
+                "(and oneDNN stays off) as read at its first op, until the kernel restarts.")
+    # TensorFlow has not read them yet: take back every variable the limit set
     os.environ.pop(LIMIT_ENV, None)
+    if _onednn_off_by_us:
+        os.environ.pop(ONEDNN_ENV, None)
+        _onednn_off_by_us = False
     return "Memory limit removed."
 
 

@@ -59,3 +59,31 @@ def test_a_container_limit_arms_the_guard_and_says_so(monkeypatch):
     assert guard is not None and guard.source == "container limit" and guard.limit_bytes == limit
     assert "watchdog" in guard.layers and p.report.env.budget_source == "cgroup"
     assert any(label == "Memory limit" for label, _, _ in tfmem_magic.render.summary_items(p.report))
+
+
+def test_limit_off_before_tensorflow_takes_back_every_variable_it_set(monkeypatch):
+    """%tfmem limit sets TF_CPU_BFC_MEM_LIMIT_IN_MB and TF_ENABLE_ONEDNN_OPTS=0; off must remove both, and a
+    user's own oneDNN choice is never touched."""
+    import os
+
+    from tfmem_magic import environment, guard
+
+    monkeypatch.setattr(environment, "tensorflow_initialized", lambda: False)
+    monkeypatch.setenv(environment.BFC_ENV, "1")
+    monkeypatch.delenv(guard.LIMIT_ENV, raising=False)
+    monkeypatch.delenv(guard.ONEDNN_ENV, raising=False)
+    monkeypatch.setattr(guard, "_onednn_off_by_us", False)
+    guard.set_session_limit(8 * 2**30)
+    guard.set_session_limit(6 * 2**30)  # a second limit must still know that oneDNN=0 is ours
+    assert os.environ[guard.ONEDNN_ENV] == "0" and guard.LIMIT_ENV in os.environ
+    guard.clear_session_limit()
+    assert guard.LIMIT_ENV not in os.environ and guard.ONEDNN_ENV not in os.environ
+    guard.set_session_limit(8 * 2**30)
+    guard.set_session_limit(8 * 2**30, keep_onednn=True)  # changing one's mind gives oneDNN back at once
+    assert guard.ONEDNN_ENV not in os.environ
+    guard.clear_session_limit()
+    monkeypatch.setenv(guard.ONEDNN_ENV, "1")  # the user's own choice
+    _, message = guard.set_session_limit(8 * 2**30)
+    assert os.environ[guard.ONEDNN_ENV] == "1" and "oneDNN stays on" in message
+    guard.clear_session_limit()
+    assert os.environ[guard.ONEDNN_ENV] == "1"
