@@ -45,6 +45,9 @@ RUNTIME_RSS_NOT_IMPORTED = 640 * 2**20
 RUNTIME_RSS_IMPORTED = 64 * 2**20
 
 
+_TANGLED = "MISMATCH of original and normalized active exception types"
+
+
 class MemoryLimitExceeded(TfmemError, MemoryError):
     """The process passed its memory limit and the guard stopped the cell; the kernel and its variables live on."""
 
@@ -164,6 +167,19 @@ class Guard:
             detail = self.message(rss, "in Python code")
             exc_type = type("MemoryLimitExceeded", (MemoryLimitExceeded,), {"detail": detail})
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exc_type))
+
+    def untangle(self, exc: BaseException | None) -> BaseException | None:
+        """The user-facing exception for `exc`. When TF's allocator refuses a request it first waits (up to 10 s)
+        for memory; a watchdog exception queued meanwhile lands while TF builds its own error, and pybind11 then
+        reports both as a RuntimeError ("MISMATCH of original and normalized active exception types"). Give the
+        user the guard's clean MemoryLimitExceeded instead of that."""
+        if not (isinstance(exc, RuntimeError) and self.tripped_by == "watchdog" and _TANGLED in str(exc)
+                and "MemoryLimitExceeded" in str(exc)):
+            return exc
+        clean = MemoryLimitExceeded(self.message(self.tripped_rss, "while TensorFlow's allocator was refusing a "
+                                                 "request (it waits up to 10 s for memory before it gives up)"))
+        clean.__traceback__ = exc.__traceback__
+        return clean
 
     def disarm(self) -> None:
         """The cell ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must not land

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import textwrap
 
 import nbformat
 import psutil
@@ -116,3 +120,56 @@ def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
     if reports[5].error.request:
         assert reports[5].error.request["shape"] == "[1024,1024]"  # the loop's next tensor did not fit
     assert nb.cells[6].outputs[0].text.strip() == "alive 42 (256, 256) True"
+
+
+@pytest.mark.slow
+def test_watchdog_firing_during_an_allocator_refusal_gives_the_guards_error(tmp_path):
+    """TF's capped allocator waits up to 10 s before it refuses a request. When the process passes its limit in that
+    window (here: another thread grows it), the watchdog's exception lands while TF builds its own error, which
+    pybind11 reports as a RuntimeError. The user must see MemoryLimitExceeded instead: in a script and in a cell."""
+    script = tmp_path / "tangle.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, threading, time
+        os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = "256"
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        import numpy as np, psutil, tfmem_magic
+        tfmem_magic.prepare()
+        import tensorflow as tf
+        from IPython.core.interactiveshell import InteractiveShell
+        tf.ones(4)
+        hoard = []
+        def grow():  # another thread: the watchdog's exception goes to the cell's thread
+            time.sleep(1.5)
+            hoard.append(np.ones(400 * 2**20 // 8))
+        out = {}
+        def limit():
+            return psutil.Process().memory_info().rss + 200 * 2**20
+        try:
+            with tfmem_magic.profile(mode="quick", limit_bytes=limit()) as p:
+                threading.Thread(target=grow).start()
+                tf.zeros((10000, 10000))
+        except BaseException as exc:
+            out["script"] = [type(exc).__name__, str(exc)[:200], p.report.status, p.report.guard.tripped_by]
+        hoard.clear()
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "tfmem_magic")
+        shell.user_ns.update(threading=threading, grow=grow, tf=tf)
+        result = shell.run_cell("%%tfmem --quick --limit " + str(limit() // 2**20) + "MiB\\n"
+                                "threading.Thread(target=grow).start()\\ntf.zeros((10000, 10000))")
+        report = tfmem_magic.last_report()
+        exc = result.error_in_exec
+        out["cell"] = [type(exc).__name__, str(exc)[:200], report.status, report.guard.tripped_by,
+                       report.error.type, shell.showtraceback.__func__.__qualname__]
+        print(json.dumps(out))
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    name, message, status, tripped = out["script"]
+    assert (name, status, tripped) == ("MemoryLimitExceeded", "oom", "watchdog"), out
+    assert "allocator was refusing" in message and "MISMATCH" not in message
+    name, message, status, tripped, report_type, method = out["cell"]
+    assert (name, status, tripped, report_type) == ("MemoryLimitExceeded", "oom", "watchdog", "MemoryLimitExceeded")
+    assert "allocator was refusing" in message
+    assert method == "InteractiveShell.showtraceback"  # the shell's own method is back
