@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 import pytest
 
@@ -27,6 +29,11 @@ def shell(tmp_path):
     yield sh
     os.chdir(cwd)
     InteractiveShell.clear_instance()
+    # the last traceback keeps the failed cell's frames, and through them this shell's namespace (models, tensors)
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    gc.collect()
 
 
 @pytest.fixture

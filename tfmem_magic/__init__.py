@@ -7,6 +7,7 @@ In Jupyter: `%load_ext tfmem_magic`, then `%%tfmem` on a cell. In a script:
     with tfmem_magic.profile() as p:
         model.fit(x, y)
     print(tfmem_magic.render_text(p.report))
+    tfmem_magic.predict(p.report, batch_size=256).peak_bytes   # what-if, without running it
 
 Importing this package imports neither IPython nor TensorFlow.
 """
@@ -19,6 +20,7 @@ from ._version import __version__
 from .engine import Options, Profiler, last_report, profile
 from .environment import AllocatorSetup
 from .environment import prepare_allocator as prepare
+from .prediction import WhatIf, predict
 from .errors import TfmemError, TfmemUsageError
 from .render import mime_bundle, render_html, render_text
 from .report import MIME_TYPE, SCHEMA, Report
@@ -27,8 +29,13 @@ from .sizes import format_bytes, parse_size
 __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "Options", "Profiler", "Report", "SCHEMA", "TfmemError",
     "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle", "parse_size",
-    "prepare", "profile", "render_html", "render_text", "unload_ipython_extension",
+    "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "unload_ipython_extension",
 ]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt extension (fix-cell insertion, report renderer)."""
+    return [{"src": "labextension", "dest": "tfmem_magic"}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -1,7 +1,7 @@
 """Findings: each rule fires only on evidence from the report and states that evidence in numbers.
 
-Finding ids are stable (shared/DESIGN.md §3). More rules arrive with the diagnosis issue; each is a small function
-`rule(report) -> Finding | None` listed in RULES.
+Finding ids are stable (shared/DESIGN.md §3). Each rule is a small function `rule(report) -> Finding | None` listed
+in RULES; the rules about the model, the batch and the data live in diagnose_model.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from .diagnose_model import MODEL_RULES
 from .report import Finding, Report
 from .sizes import format_bytes
 
@@ -188,7 +189,7 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
 
 
 RULES: list[Callable[[Report], Finding | None]] = [out_of_memory, near_budget, allocator_blind_spot, input_copy,
-                                                   retracing]
+                                                   retracing, *MODEL_RULES]
 
 
 def findings(report: Report, previous: Sequence[RunSummary] = ()) -> list[Finding]:

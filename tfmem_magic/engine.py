@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
 
-from . import analysis, diagnose, environment, guard, modelinfo, xplane
+from . import analysis, diagnose, environment, fixes, guard, modelinfo, prediction, xplane
 from .instrument import Instrumentation
 from .probes import AllocatorStats, RssSampler, main_tf_device
 from .sizes import format_bytes
@@ -35,6 +35,9 @@ class Options:
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
     cell_key: str | None = None  # identifies re-runs of the same cell, for leak detection
+    publish: bool = True  # False: a measurement of our own (calibration probes) stays out of history and last_report
+    source: str | None = field(default=None, compare=False)  # the cell's code, for fix cells that rewrite it
+    namespace: dict | None = field(default=None, compare=False, repr=False)  # the user's names for model and data
 
     def __post_init__(self) -> None:
         from .errors import TfmemUsageError
@@ -50,6 +53,7 @@ class Options:
 
 
 _last: Report | None = None
+_published = 0  # reports published this session: each gets the next number
 history: deque[Report] = deque(maxlen=HISTORY_SIZE)
 # per cell key, what each run left behind (for the leak rule); bounded in keys and runs
 runs: dict[str, deque[diagnose.RunSummary]] = {}
@@ -68,10 +72,6 @@ def _status_of(exc: BaseException | None) -> str:
         return "interrupted"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
         return "oom"
-    text = str(exc)
-    if "MISMATCH of original and normalized active exception types" in text and (
-            "ResourceExhaustedError" in text or "MemoryLimitExceeded" in text):
-        return "oom"  # pybind11's word for an OOM and the watchdog's exception arriving together
     return "error"
 
 
@@ -91,19 +91,28 @@ class Profiler:
         self._limit_and_source: tuple[int | None, str] = (None, "")
         self._t0 = 0.0
         self._wall0 = 0.0
+        self._tf_running_at_start = False
 
     def __enter__(self) -> Profiler:
         self.start()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.finish(exc)
+        clean = self.untangle(exc)
+        self.finish(clean)
+        if clean is not exc:  # the guard's own exception, not pybind11's tangle of two (see Guard.untangle)
+            raise clean from None
         return False  # never swallow the user's exception
+
+    def untangle(self, exc: BaseException | None) -> BaseException | None:
+        """The exception the user should see for `exc` (the same one unless the guard's watchdog tangled it)."""
+        return self._guard.untangle(exc) if self._guard is not None else exc
 
     # ---- start ----------------------------------------------------------------------------------------------
     def start(self) -> None:
         nested = AllocatorStats.nesting_depth() > 0
-        if not environment.tensorflow_initialized():
+        self._tf_running_at_start = environment.tensorflow_initialized()
+        if not self._tf_running_at_start:
             environment.prepare_allocator()
         if self._mode == "trace":
             self._mode = self._trace_possible(nested)
@@ -193,7 +202,7 @@ class Profiler:
             rss_peak, rss_end, peak_source = self._sampler.stop()
             devices = self._allocator.stop()
         report = Report(label=self.options.label, status=_status_of(exc), mode=self._mode, wall_s=round(wall, 4),
-                        started_at=self._wall0, notes=self.notes)
+                        started_at=self._wall0, notes=self.notes, number=self._number())
         if exc is not None:
             request = guard.parse_oom(str(exc)) if report.status == "oom" else None
             report.error = ErrorInfo(type(exc).__name__, str(exc), request)
@@ -208,9 +217,18 @@ class Profiler:
         except Exception as err:  # our bug must never hide the user's result or exception
             report.notes.append(f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
                                 "the numbers above are still valid. Please report it.")
-        self.report = _last = report
-        history.append(report)
+        self.report = report
+        if self.options.publish:
+            _last = report
+            history.append(report)
         return report
+
+    def _number(self) -> int:
+        global _published
+        if not self.options.publish:
+            return 0
+        _published += 1
+        return _published
 
     def _guard_info(self, report: Report) -> GuardInfo | None:
         g = self._guard
@@ -234,17 +252,37 @@ class Profiler:
                        ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,
                        cgroup_limit_bytes=budget.cgroup_limit_bytes, budget_bytes=budget.budget_bytes,
                        budget_source=budget.budget_source,
-                       mixed_precision_policy=environment.mixed_precision_policy())
+                       mixed_precision_policy=environment.mixed_precision_policy(),
+                       tensorflow_started_in_cell=not self._tf_running_at_start
+                       and environment.tensorflow_initialized())
 
     def _analyse(self, report: Report, segments: list[tuple[bytes, int]]) -> None:
         instr = self._instrumentation
+        use = None
         if instr is not None:
-            report.model = modelinfo.main_model(list(instr.models.values()))
+            use = modelinfo.main_use(list(instr.models.values()))
+            report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers)
+                            if use is not None else None)
             report.tf_function_traces = dict(instr.traces)
+            if report.model is not None and self.options.publish:
+                prediction.remember_model(report, use.model_ref(), use.target)
         if self._mode == "trace":
             report.trace = self._trace_info(segments, report)
-        previous = self._remember_run(report)
+        report.prediction = prediction.summary(report)
+        previous = self._remember_run(report) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
+        report.fixes = fixes.build(report, self._fix_context(report, use))
+
+    def _fix_context(self, report: Report, use: Any) -> fixes.Context:
+        ns = self.options.namespace
+        model = use.model_ref() if use is not None else None
+        arrays = None
+        if ns is not None and use is not None and len(use.input_arrays) >= 2:
+            by_id = {id(v): k for k, v in list(ns.items()) if k.isidentifier() and not k.startswith("_")}
+            names = [by_id.get(i) for i, _ in use.input_arrays[:2]]
+            arrays = (names[0], names[1]) if all(names) else None
+        return fixes.Context(source=self.options.source, model_name=fixes.names_in(ns, model), array_names=arrays,
+                             number=report.number)
 
     def _remember_run(self, report: Report) -> list[diagnose.RunSummary]:
         """Record this run under its cell key; returns the earlier runs of the same cell."""

@@ -31,6 +31,25 @@ class ModelUse:
     batch_size: int | None = None
     input_shape: tuple | None = None
     input_arrays: list[tuple[int, int]] = field(default_factory=list)  # (id, nbytes) of numpy arrays passed in
+    samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict
+    target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets handed to fit (probes)
+
+
+class IdentitySet:
+    """Weakly held objects compared by identity (Keras variables overload == and hash by value)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, obj: Any) -> None:
+        try:
+            self._refs[id(obj)] = weakref.ref(obj)
+        except TypeError:  # not weak-referenceable: then it counts as made before the cell
+            pass
+
+    def __contains__(self, obj: Any) -> bool:
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
 
 
 class Instrumentation:
@@ -47,6 +66,9 @@ class Instrumentation:
         self.traces: dict[str, int] = {}  # tf.function name -> new graphs traced during the cell
         self.new_models = 0  # Keras models this session had not seen before the cell
         self.input_nbytes: set[int] = set()
+        # variables and optimizers created during the cell: their memory is part of the cell's peak
+        self.new_variables = IdentitySet()
+        self.built_optimizers = IdentitySet()
 
     # ---- install / uninstall -------------------------------------------------------------------------------------
     def install(self) -> bool:
@@ -61,12 +83,15 @@ class Instrumentation:
         self.installed = True
         layer = keras.layers.Layer
         self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
+        opt = keras.optimizers.Optimizer
+        add_weight, build = layer.add_weight, opt.build
         if self.spans:
-            layer = keras.layers.Layer
-            self._patch(layer, "add_weight", self._wrap_span(layer.add_weight, lambda s, *a, **k: f"weights/{s.name}"))
-            opt = keras.optimizers.Optimizer
-            self._patch(opt, "build", self._wrap_span(opt.build, lambda s, *a, **k: "weights/optimizer"))
+            add_weight = self._wrap_span(add_weight, lambda s, *a, **k: f"weights/{s.name}")
+            build = self._wrap_span(build, lambda s, *a, **k: "weights/optimizer")
             self._patch(opt, "apply", self._wrap_span(opt.apply, lambda s, *a, **k: "phase/optimizer"))
+        self._patch(layer, "add_weight", self._remember_new(add_weight, result=True))
+        self._patch(opt, "build", self._remember_new(build, result=False))
+        if self.spans:
             import tensorflow as tf
 
             tape = tf.GradientTape
@@ -118,6 +143,18 @@ class Instrumentation:
                 return original(this, *args, **kwargs)
             with trace_cls("tfmem:layer/" + this.name):
                 return original(this, *args, **kwargs)
+
+        return wrapper
+
+    def _remember_new(self, original: Callable, result: bool) -> Callable:
+        """Record what the call creates: the variable add_weight returns, or the optimizer that builds."""
+        into = self.new_variables if result else self.built_optimizers
+
+        @functools.wraps(original)
+        def wrapper(this, *args, **kwargs):
+            out = original(this, *args, **kwargs)
+            into.add(out if result else this)
+            return out
 
         return wrapper
 
@@ -174,15 +211,25 @@ class Instrumentation:
                 use.input_shape = tuple(int(d) if d is not None else None for d in shape)
             except TypeError:  # an unknown rank
                 use.input_shape = None
+            if use.input_shape and use.input_shape[0] is not None and call != "__call__":
+                use.samples = use.input_shape[0]
             if call.endswith("_on_batch") or call == "__call__":
                 batch = use.input_shape[0] if use.input_shape else None
         else:
             batch = batch or _dataset_batch_size(x)
         if batch is None and shape is not None and call in ("fit", "evaluate", "predict"):
             batch = 32  # Keras' default for arrays
+        if batch is not None and use.samples is not None and call in ("fit", "evaluate", "predict"):
+            batch = min(int(batch), use.samples)  # fewer rows than the batch size: one smaller batch
         if batch is not None:
             use.batch_size = int(batch)
-        for candidate in (x, args[1] if len(args) > 1 else kwargs.get("y")):
+        y = args[1] if len(args) > 1 else kwargs.get("y")
+        if call in ("fit", "train_on_batch") and getattr(y, "shape", None) is not None and hasattr(y, "dtype"):
+            try:
+                use.target = (tuple(int(d) for d in y.shape[1:]), str(getattr(y.dtype, "name", y.dtype)))
+            except (TypeError, ValueError):
+                use.target = None
+        for candidate in (x, y):
             nbytes = getattr(candidate, "nbytes", None)
             if nbytes and type(candidate).__module__ == "numpy" and call != "__call__":
                 self.input_nbytes.add(int(nbytes))

@@ -4,6 +4,7 @@ rendering live in the core; this module only connects them to the shell."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from . import engine, environment, guard
+from . import engine, environment, fixes, frontend, guard
 from .errors import TfmemUsageError
 from .figures import timeline_png
 from .options import build_parser, parse_cell_args, save_report
@@ -27,6 +28,8 @@ LINE_COMMANDS = {
     "limit": "limit SIZE [--keep-onednn] | limit off: a memory limit for every cell (set before TensorFlow's "
              "first op, it also caps TensorFlow's allocator)",
     "history": "one line per profiled cell of this session",
+    "fix": "fix [K|ID] [--report N]: put fix K (or the fix with that id) of the last report (or report N) into "
+           "the next cell; no argument lists the fixes",
     "last": "show the last report again",
     "help": "this list and the %%tfmem options",
 }
@@ -48,7 +51,9 @@ class TfmemMagics(Magics):
         except TfmemUsageError as exc:
             raise UsageError(str(exc)) from None
         shell = self.shell
-        profiler = engine.Profiler(replace(args.options, cell_key=cell_key(shell, cell)))
+        before = resolve_report(shell, args.before, "--before") if args.before else None  # fail before running
+        profiler = engine.Profiler(replace(args.options, cell_key=cell_key(shell, cell), source=cell,
+                                           namespace=shell.user_ns))
         hook = shell.displayhook
         outer = hook.exec_result  # the ExecutionResult of the cell that holds this magic
         profiler.start()
@@ -56,18 +61,32 @@ class TfmemMagics(Magics):
         had_quiet = "quiet" in vars(hook)
         hook.quiet = lambda: hook.semicolon_at_end_of_expression(cell)
         error: BaseException | None = None
+        show_traceback, own_showtraceback = shell.showtraceback, vars(shell).get("showtraceback")
+
+        def showtraceback(exc_tuple: Any = None, *rest: Any, **kwargs: Any) -> Any:
+            etype, value, tb = exc_tuple or sys.exc_info()
+            clean = profiler.untangle(value)  # the guard's exception, not pybind11's RuntimeError tangle
+            return show_traceback((type(clean), clean, tb) if clean is not value else exc_tuple, *rest, **kwargs)
+
+        shell.showtraceback = showtraceback
         try:
             # run_cell, not exec: the last expression is displayed, tracebacks are the user's own
             result = shell.run_cell(cell, store_history=False)
-            error = result.error_before_exec or result.error_in_exec
+            error = profiler.untangle(result.error_before_exec or result.error_in_exec)
         except BaseException as exc:  # run_cell itself failed (rare): still stop the probes
             error = exc
             raise
         finally:
+            if own_showtraceback is None:
+                del shell.showtraceback  # the class's own method again
+            else:
+                shell.showtraceback = own_showtraceback
             hook.exec_result = outer
             if not had_quiet:
                 del hook.quiet
             report = profiler.finish(error)
+        if before is not None:
+            report.before = fixes.before_after(before, report, args.fix_id)
         self._publish(report, args)
         if error is not None and outer is not None:
             # the traceback is already shown: mark the outer cell failed (kernel reply, nbclient) without a second one
@@ -87,9 +106,38 @@ class TfmemMagics(Magics):
         if panel and getattr(self.shell, "kernel", None) is not None:
             from .panel import build_panel
 
-            display(build_panel(report, timeline))
+            display(build_panel(report, timeline, frontend.current_cell_id(self.shell)))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
+    def _fix(self, words: list[str]) -> None:
+        """`%tfmem fix [K|ID] [--report N]`: the fix's code becomes the next cell (set_next_input), never run."""
+        report = engine.last_report()
+        if "--report" in words:
+            at = words.index("--report")
+            if at + 1 >= len(words):
+                raise UsageError("%tfmem fix --report N: give a report number from %tfmem history")
+            report = resolve_report(self.shell, words[at + 1], "%tfmem fix --report")
+            words = words[:at] + words[at + 2:]
+        if report is None:
+            raise UsageError("%tfmem fix: no cell has been profiled yet; put %%tfmem on the first line of a cell")
+        if not report.fixes:
+            print(f"Report {report.number} has no fix to suggest.")
+            return
+        if not words:
+            for i, fix in enumerate(report.fixes, 1):
+                print(f"{i}. [{fix.id}] {fix.title}: {fix.why}")
+            print(f"%tfmem fix K puts fix K into the next cell (report {report.number}).")
+            return
+        key = words[0]
+        fix = (report.fixes[int(key) - 1] if key.isdigit() and 1 <= int(key) <= len(report.fixes)
+               else next((f for f in report.fixes if f.id == key), None))
+        if fix is None:
+            choices = ", ".join(f"{i} ({f.id})" for i, f in enumerate(report.fixes, 1))
+            raise UsageError(f"%tfmem fix {key}: report {report.number} has fixes {choices}")
+        self.shell.set_next_input(fix.code, replace=False)
+        where = "Put it at the top of the notebook and restart the kernel." if fix.needs_restart else ""
+        print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
+
     def _watch(self, words: list[str]) -> str:
         global _watcher
         if words[:1] == ["on"]:
@@ -126,6 +174,8 @@ class TfmemMagics(Magics):
         elif word == "compare":
             a, b = (resolve_report(self.shell, w) for w in _two(command.split()[1:]))
             display({"text/plain": compare_text(a, b), "text/html": compare_html(a, b)}, raw=True)
+        elif word == "fix":
+            self._fix(command.split()[1:])
         elif word == "limit":
             print(limit_command(command.split()[1:]))
         elif word == "history":
@@ -149,18 +199,21 @@ def _two(words: list[str]) -> list[str]:
     return words
 
 
-def resolve_report(shell: Any, ref: str) -> Report:
-    """A report by history number (1 = oldest kept), by a name in the namespace, or by label (newest first)."""
+def resolve_report(shell: Any, ref: str, what: str = "%tfmem compare") -> Report:
+    """A report by history number (%tfmem history), by a name in the namespace, or by label (newest first)."""
     reports = list(engine.history)
-    if ref.isdigit() and 1 <= int(ref) <= len(reports):
-        return reports[int(ref) - 1]
+    if ref.isdigit():
+        for report in reports:
+            if report.number == int(ref):
+                return report
     value = shell.user_ns.get(ref)
     if isinstance(value, Report):
         return value
     for report in reversed(reports):
         if report.label == ref:
             return report
-    raise UsageError(f"%tfmem compare: no report {ref!r}; use a number from %tfmem history (1-{len(reports)}), "
+    numbers = f"{reports[0].number}-{reports[-1].number}" if reports else "none yet"
+    raise UsageError(f"{what}: no report {ref!r}; use a number from %tfmem history ({numbers}), "
                      "a label, or a name bound with --as")
 
 
@@ -225,7 +278,8 @@ def history_text() -> str:
         return "No cell has been profiled yet."
     rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
             f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"]
-    for i, r in enumerate(engine.history, 1):
+    for r in engine.history:
+        i = r.number
         mem = r.main_device
         tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
         left = format_bytes(mem.end_bytes - mem.baseline_bytes) if mem else "n/a"

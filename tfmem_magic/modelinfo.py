@@ -40,6 +40,24 @@ def _shape_text(shape: Any) -> str | None:
         return str(shape)
 
 
+def _internal_bytes(layer: Any) -> int:
+    """Per-sample bytes of tensors a layer makes inside itself that its output does not show. Attention: the
+    projected query, key and value, and the heads x query x key scores with their softmax."""
+    if type(layer).__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
+        return 0
+    try:
+        heads = int(getattr(layer, "num_heads", None) or layer.num_query_heads)
+        key_dim = int(getattr(layer, "key_dim", None) or layer.head_dim)
+        shapes = layer._build_shapes_dict  # Keras 3: the shapes the layer was built with
+        query = [int(d) for d in shapes["query_shape"][1:-1]]
+        key = [int(d) for d in (shapes.get("key_shape") or shapes["value_shape"])[1:-1]]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+    size = _dtype_size(getattr(layer, "compute_dtype", "float32"))
+    t_q, t_k = math.prod(query), math.prod(key)
+    return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
+
+
 def _layer_info(layer: Any) -> LayerInfo:
     try:
         shape = layer.output.shape
@@ -52,6 +70,7 @@ def _layer_info(layer: Any) -> LayerInfo:
             per_sample = math.prod(dims) * _dtype_size(getattr(layer, "compute_dtype", "float32"))
         except (TypeError, ValueError):
             per_sample = 0
+    per_sample += _internal_bytes(layer)
     try:
         params = int(layer.count_params())
     except ValueError:  # not built
@@ -60,8 +79,9 @@ def _layer_info(layer: Any) -> LayerInfo:
                      output_shape=_shape_text(shape), activation_bytes_per_sample=per_sample)
 
 
-def describe(use: ModelUse) -> ModelInfo | None:
-    """ModelInfo for a model the cell used; None when it has been garbage-collected."""
+def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = ()) -> ModelInfo | None:
+    """ModelInfo for a model the cell used; None when it has been garbage-collected. `new_variables` and
+    `built_optimizers` are what the cell created (their memory is the cell's)."""
     model = use.model_ref()
     if model is None:
         return None
@@ -87,13 +107,17 @@ def describe(use: ModelUse) -> ModelInfo | None:
         dtype_policy=str(policy) if policy else None,
         calls=list(use.calls),
         layers=layers,
+        trainable_bytes=_variable_bytes(trainable),
+        samples=use.samples,
+        input_array_bytes=sum(nbytes for _, nbytes in use.input_arrays),
+        new_weight_bytes=_variable_bytes(w for w in weights if w in new_variables),
+        optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
     )
 
 
-def main_model(uses: list[ModelUse]) -> ModelInfo | None:
-    """The model the cell was about: the one that trained, else evaluated, predicted or was called."""
+def main_use(uses: list[ModelUse]) -> ModelUse | None:
+    """The model use the cell was about: the model that trained, else evaluated, predicted or was called."""
     alive = [u for u in uses if u.model_ref() is not None]
     if not alive:
         return None
-    best = min(alive, key=lambda u: min(_CALL_RANK.get(c, 9) for c in u.calls) if u.calls else 9)
-    return describe(best)
+    return min(alive, key=lambda u: min(_CALL_RANK.get(c, 9) for c in u.calls) if u.calls else 9)

@@ -42,6 +42,10 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
     if notebook:
         parser.add_argument("--as", dest="as_name", metavar="NAME", help="also bind the report to NAME")
         parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")
+        parser.add_argument("--before", metavar="REF", help="compare with an earlier report (history number, label "
+                                                            "or --as name): before/after")
+        parser.add_argument("--fix", metavar="ID", help="this cell applies that fix of the --before report: "
+                                                        "check its prediction")
     parser.add_argument("--label", metavar="TEXT", default="", help="a name for this report")
     parser.add_argument("--save", metavar="PATH", help="write the report to PATH (.json, or .html for a page)")
     parser.add_argument("--interval", metavar="MS", type=float, default=50.0,
@@ -61,6 +65,8 @@ class CellArgs:
     as_name: str | None
     save: Path | None
     panel: bool
+    before: str | None = None
+    fix_id: str | None = None
 
 
 _cell_parser: argparse.ArgumentParser | None = None
@@ -91,7 +97,17 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
             raise TfmemUsageError(f"--save {ns.save!r}: the folder {str(save.parent)!r} does not exist")
     options = Options(mode=ns.mode or "trace", label=ns.label, interval_ms=ns.interval, limit_bytes=limit,
                       trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds)
-    return CellArgs(options=options, as_name=as_name, save=save, panel=not getattr(ns, "no_panel", False))
+    fix_id = getattr(ns, "fix", None)
+    before = getattr(ns, "before", None)
+    if fix_id is not None:
+        from .fixes import WRITERS
+
+        if fix_id not in WRITERS:
+            raise TfmemUsageError(f"--fix {fix_id!r}: not a fix id; use one of {', '.join(WRITERS)}")
+        if before is None:
+            raise TfmemUsageError(f"--fix {fix_id} needs --before N: the report whose prediction it checks")
+    return CellArgs(options=options, as_name=as_name, save=save, panel=not getattr(ns, "no_panel", False),
+                    before=before, fix_id=fix_id)
 
 
 def save_report(report, path: Path) -> Path:

@@ -9,13 +9,16 @@ notebooks, nbconvert and GitHub show the twin.
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
 import ipywidgets as widgets
 
 from . import figures
-from .render import _SOURCE, _verdict_class, summary_items, verdict
-from .report import LiveGroup, Report
+from . import frontend
+from .render import _SOURCE, _verdict_class, before_after_html, summary_items, verdict
+from .report import Fix, LiveGroup, Report
 from .sizes import format_bytes
+from .whatif_panel import whatif_tab
 
 BREAKDOWN_KEYS = ("phase", "layer", "op")
 
@@ -127,12 +130,45 @@ def findings_tab(report: Report) -> widgets.Widget:
     return widgets.HTML(f"<ul>{items}</ul>")
 
 
-def fixes_tab(report: Report) -> widgets.Widget:
+def fixes_tab(report: Report, cell_id: str | None = None) -> widgets.Widget:
     if not report.fixes:
         return _empty("No fix to suggest for this cell.")
-    items = "".join(f"<li><b>{escape(x.title)}</b>: {escape(x.why)}<pre>{escape(x.code)}</pre></li>"
-                    for x in report.fixes)
-    return widgets.HTML(f"<ul>{items}</ul>")
+    return widgets.VBox([fix_widget(report, i, fix, cell_id) for i, fix in enumerate(report.fixes, 1)])
+
+
+def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> widgets.Widget:
+    """One fix: what and why, the predicted peak, the code, and a button that inserts the code as a new cell."""
+    fallback = f"%tfmem fix {index} --report {report.number}"
+    predicted = (f"<div>Predicted TF peak after it: <b>{escape(format_bytes(fix.predicted_peak_bytes))}</b></div>"
+                 if fix.predicted_peak_bytes is not None else "")
+    restart = ("<div class='tfmem-sev-warn'>Needs a kernel restart: goes at the top of the notebook.</div>"
+               if fix.needs_restart else "")
+    text = widgets.HTML(f"<b>{escape(fix.title)}</b> <code>{escape(fix.id)}</code><div>{escape(fix.why)}</div>"
+                        f"{predicted}{restart}<pre>{escape(fix.code)}</pre>")
+    where = "at the top of the notebook" if fix.placement == "top" else "below this cell"
+    button = widgets.Button(description=f"Insert {where}", icon="plus", button_style="success",
+                            tooltip="Adds the code above as a new cell and selects it; it does not run it",
+                            layout=widgets.Layout(width="auto"))
+    status = widgets.HTML()
+
+    def replied(state: str, data: dict) -> None:
+        if state == "inserted":
+            status.value = f"<span class='tfmem-ok'>Inserted {escape(where)}: read it, then run it.</span>"
+        else:
+            status.value = (f"<span class='tfmem-sev-warn'>This front end has no tfmem extension: copy the code "
+                            f"above, or run <code>{escape(fallback)}</code> to get it as the next cell.</span>")
+            button.disabled = False
+
+    def clicked(_: Any) -> None:
+        button.disabled = True
+        status.value = (f"Sent to the notebook… (nothing appears? run <code>{escape(fallback)}</code>, or copy "
+                        "the code above)")
+        if not frontend.insert_cell(fix.code, cell_id, fix.placement, replied):
+            replied("no-extension", {})
+
+    button.on_click(clicked)
+    return widgets.VBox([text, widgets.HBox([button, status])],
+                        layout=widgets.Layout(border_bottom="1px solid rgba(128,128,128,.25)", padding="4px 0"))
 
 
 def details_tab(report: Report) -> widgets.Widget:
@@ -165,15 +201,16 @@ def details_tab(report: Report) -> widgets.Widget:
     return widgets.HTML(html)
 
 
-def build_panel(report: Report, timeline: bytes | None = None) -> widgets.VBox:
-    """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, fixes, details.
+def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | None = None) -> widgets.VBox:
+    """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, what-if, fixes, details.
 
-    `timeline` is the timeline PNG when the caller already rendered it for the static twin.
+    `timeline` is the timeline PNG when the caller already rendered it for the static twin; `cell_id` is the
+    notebook cell that ran, below which fix cells go.
     """
-    header = widgets.HTML(PANEL_CSS + header_html(report))
+    header = widgets.HTML(PANEL_CSS + header_html(report) + before_after_html(report))
     tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
-                                 fixes_tab(report), details_tab(report)])
-    tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})",
+                                 whatif_tab(report), fixes_tab(report, cell_id), details_tab(report)])
+    tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
                    f"Fixes ({len(report.fixes)})", "Details")
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")

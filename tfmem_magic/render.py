@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from . import prediction
 from .report import MIME_TYPE, LiveGroup, Report
 from .sizes import format_bytes
 
@@ -72,12 +73,20 @@ def render_text(report: Report) -> str:
         for g in t.at_peak[:5]:
             shape = f" {g.dtype or ''}{g.shape or ''}" if (g.shape or g.dtype) else ""
             lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}")
+    for key, was, now in before_after_rows(r):
+        lines.append(f"Before/after  {key}: {was} → {now}")
     if r.model is not None:
         m = r.model
         lines.append(f"Model     {m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer "
                      f"{m.optimizer or 'none'}, batch {m.batch_size or '?'}")
     for f in r.findings:
         lines.append(f"[{f.severity}] {f.title}: {f.evidence}")
+    for i, fix in enumerate(r.fixes, 1):
+        after = f" (predicted TF peak {format_bytes(fix.predicted_peak_bytes)})" if fix.predicted_peak_bytes else ""
+        lines.append(f"Fix {i}     [{fix.id}] {fix.title}{after}; in a notebook: %tfmem fix {i} --report {r.number}")
+    for label, w in prediction.scenarios(r):
+        fits = "" if w.fits is None else (" fits" if w.fits else " does NOT fit")
+        lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
     for note in r.notes + ([r.trace.note] if r.trace and r.trace.note else []) + (
             [r.env.allocator_note] if r.env.allocator_note else []):
         lines.append(f"Note      {note}")
@@ -180,7 +189,7 @@ def render_html(report: Report, timeline: bytes | None = None) -> str:
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
     parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
              f"<div class='tfmem-verdict {_verdict_class(r)}'>{escape(verdict(r))}</div>",
-             f"<table class='tfmem-summary'>{summary}</table>"]
+             f"<table class='tfmem-summary'>{summary}</table>", before_after_html(r)]
     t = r.trace
     if t is not None and t.events:
         total = t.peak_live_bytes
@@ -212,10 +221,17 @@ def render_html(report: Report, timeline: bytes | None = None) -> str:
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)
         parts.append(f"<h4>Findings</h4><ul class='tfmem-findings'>{items}</ul>")
+    parts.append(whatif_html(r))
     if r.fixes:
-        items = "".join(f"<li><b>{escape(x.title)}</b>: {escape(x.why)}<pre>{escape(x.code)}</pre></li>"
-                        for x in r.fixes)
-        parts.append(f"<h4>Fixes</h4><ul class='tfmem-fixes'>{items}</ul>")
+        items = "".join(
+            f"<li><b>{escape(x.title)}</b> <code>{escape(x.id)}</code>: {escape(x.why)}"
+            + (f" <i>Predicted TF peak after it: {escape(format_bytes(x.predicted_peak_bytes))}.</i>"
+               if x.predicted_peak_bytes is not None else "")
+            + (" <b>Needs a kernel restart (top of the notebook).</b>" if x.needs_restart else "")
+            + f"<pre>{escape(x.code)}</pre></li>" for x in r.fixes)
+        parts.append(f"<h4>Fixes</h4><div class='tfmem-muted'>In a live kernel each fix has an insert button; "
+                     f"here, copy the code, or run <code>%tfmem fix K --report {r.number}</code>.</div>"
+                     f"<ul class='tfmem-fixes'>{items}</ul>")
     notes = r.notes + ([t.note] if t and t.note else []) + ([r.env.allocator_note] if r.env.allocator_note else [])
     if notes:
         parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
@@ -223,9 +239,88 @@ def render_html(report: Report, timeline: bytes | None = None) -> str:
     return "".join(parts)
 
 
+SPLIT_COLORS = {"weights": "#7e57c2", "gradients": "#ef6c00", "optimizer": "#c62828", "activations": "#5b8def",
+                "input": "#2e7d32", "other": "#9e9e9e"}
+
+
+def split_bar(w: prediction.WhatIf, scale: int) -> str:
+    """A stacked bar of the predicted parts (fragmentation spread over them), `scale` bytes = full width."""
+    total = sum(max(0, v) for v in w.split.values()) or 1
+    segs = "".join(
+        f"<span title='{k}: {escape(format_bytes(round(v * w.peak_bytes / total)))}' style='display:inline-block;"
+        f"height:10px;width:{100 * v * w.peak_bytes / total / max(scale, 1):.2f}%;background:{SPLIT_COLORS[k]}'>"
+        "</span>" for k, v in w.split.items() if v > 0)
+    return f"<div style='width:100%;background:rgba(128,128,128,.12);line-height:0'>{segs}</div>"
+
+
+def whatif_summary(w: prediction.WhatIf) -> str:
+    """One sentence: the prediction, its band and basis, the budget and the largest batch."""
+    text = (f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, "
+            f"{prediction.fmt_knobs(w.knobs)})")
+    if w.budget_bytes is not None:
+        text += f"; {format_bytes(w.budget_bytes)} available: " + ("fits" if w.fits else "does NOT fit")
+        if w.largest_batch is not None:
+            text += f"; the largest batch that fits is {w.largest_batch}"
+        else:
+            text += "; no batch size fits with these settings"
+    return text + "."
+
+
+def whatif_html(report: Report) -> str:
+    """The static what-if table: the same model the live sliders use, at a few settings."""
+    rows = prediction.scenarios(report)
+    if not rows:
+        return ""
+    scale = max([w.peak_bytes for _, w in rows] + [rows[0][1].budget_bytes or 0])
+    body = "".join(
+        f"<tr><td>{escape(label)}</td><td class='num'>{escape(format_bytes(w.peak_bytes))}</td>"
+        f"<td class='num'>±{w.error_band:.0%}</td><td>{'' if w.fits is None else ('fits' if w.fits else 'no')}</td>"
+        f"<td style='width:40%'>{split_bar(w, scale)}</td></tr>" for label, w in rows)
+    legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in SPLIT_COLORS.items())
+    return (f"<h4>What if</h4><div>{escape(whatif_summary(rows[0][1]))}</div>"
+            "<table class='tfmem-whatif'><tr><th>setting</th><th class='num'>TF peak</th><th class='num'>error</th>"
+            f"<th>fits</th><th>split (bar: the largest of these or the budget)</th></tr>{body}</table>"
+            f"<div class='tfmem-muted'>{legend}. The live panel has sliders; from Python: "
+            "tfmem_magic.predict(report, batch_size=..., policy=..., optimizer=..., accumulation_steps=...).</div>")
+
+
+def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
+    b = report.before
+    if b is None:
+        return []
+    after_tf = report.tf_peak_bytes
+
+    def tf(value: int | None) -> str:
+        return "n/a" if value is None else format_bytes(value)
+
+    rows = [("TF peak (in the cell)", tf(b.tf_peak_bytes), tf(after_tf)),
+            ("process RSS peak", format_bytes(b.rss_peak_bytes), format_bytes(report.rss.peak_bytes)),
+            ("time", f"{b.wall_s:.2f} s", f"{report.wall_s:.2f} s"), ("status", b.status, report.status)]
+    if b.predicted_peak_bytes is not None:
+        verdict_text = {True: "held", False: "missed", None: "not checked"}[b.held]
+        rows.append((f"prediction ±{(b.error_band or 0):.0%}", format_bytes(b.predicted_peak_bytes),
+                     f"{tf(after_tf)}: {verdict_text}"))
+    return rows
+
+
+def before_after_html(report: Report) -> str:
+    rows = before_after_rows(report)
+    if not rows:
+        return ""
+    b = report.before
+    title = f"Before → after{' (fix ' + escape(b.fix_id) + ')' if b.fix_id else ''}: report {b.number}"
+    body = "".join(f"<tr><th>{escape(k)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td></tr>"
+                   for k, x, y in rows)
+    return (f"<div class='tfmem-before-after'><b>{title}</b><table><tr><th></th><th class='num'>before</th>"
+            f"<th class='num'>after</th></tr>{body}</table></div>")
+
+
 def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]:
     """What a front end needs: the static HTML, a text fallback and the report itself."""
-    return {"text/plain": render_text(report), "text/html": render_html(report, timeline), MIME_TYPE: report.to_dict()}
+    data = report.to_dict()
+    # for the JupyterLab renderer: the words the Python views use, so both say the same
+    data["view"] = {"verdict": verdict(report), "level": _verdict_class(report).replace("tfmem-", "")}
+    return {"text/plain": render_text(report), "text/html": render_html(report, timeline), MIME_TYPE: data}
 
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------

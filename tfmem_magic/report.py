@@ -53,6 +53,7 @@ class EnvInfo:
     budget_bytes: int = 0
     budget_source: str = "ram"  # "cgroup" | "ram" | "user"
     mixed_precision_policy: str | None = None
+    tensorflow_started_in_cell: bool = False  # TF's runtime (~0.5 GiB of RSS) came up during this cell
 
 
 @dataclass
@@ -142,6 +143,19 @@ class ModelInfo:
     dtype_policy: str | None = None
     calls: list[str] = field(default_factory=list)  # "fit", "predict", "__call__", ...
     layers: list[LayerInfo] = field(default_factory=list)
+    trainable_bytes: int = 0  # bytes of the trainable variables: the size of one set of gradients
+    samples: int | None = None  # rows of the numpy arrays handed to fit/evaluate/predict
+    input_array_bytes: int = 0  # their bytes (x and y): fit copies them whole into tensors
+    new_weight_bytes: int = 0  # bytes of the model's weights created during the cell (part of its peak)
+    optimizer_built_in_cell: bool = False  # the optimizer's slots were created during the cell
+
+    @property
+    def training(self) -> bool:
+        return any(c in ("fit", "train_on_batch") for c in self.calls)
+
+    @property
+    def activation_bytes_per_sample(self) -> int:
+        return sum(layer.activation_bytes_per_sample for layer in self.layers)
 
 
 @dataclass
@@ -162,6 +176,23 @@ class Fix:
     code: str
     predicted_peak_bytes: int | None = None
     needs_restart: bool = False
+    placement: str = "below"  # "below" the profiled cell, or "top" of the notebook (fixes that need a restart)
+
+
+@dataclass
+class BeforeAfter:
+    """A fix cell's report compared with the report it fixes (`%%tfmem --before N --fix ID`)."""
+
+    number: int  # the earlier report's history number
+    label: str
+    status: str
+    tf_peak_bytes: int | None
+    rss_peak_bytes: int
+    wall_s: float
+    fix_id: str | None = None
+    predicted_peak_bytes: int | None = None  # what the earlier report's fix predicted for this cell
+    error_band: float | None = None
+    held: bool | None = None  # the measured peak came within the band of the prediction
 
 
 @dataclass
@@ -189,6 +220,8 @@ class Report:
     fixes: list[Fix] = field(default_factory=list)
     prediction: Prediction | None = None
     guard: GuardInfo | None = None
+    before: BeforeAfter | None = None  # set when this cell ran a fix: the report it is compared with
+    number: int = 0  # position in this session's history (1 = first report), stable while the kernel lives
     cell_key: str | None = None  # the same cell across re-runs (Jupyter's cell id, else a hash of its source)
     run: int = 1  # how many times this cell has been profiled, this one included
     tf_function_traces: dict[str, int] = field(default_factory=dict)  # tf.function name -> graphs traced

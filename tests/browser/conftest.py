@@ -119,3 +119,15 @@ def run_cell(page, index: int, timeout_ms: int = 180_000) -> None:
         f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.executionCount !== null",
         timeout=timeout_ms)
     wait_kernel_idle(page, timeout_ms)
+
+
+def open_notebook(lab: Lab, page, name: str, cells: list[str]) -> None:
+    """Write a notebook of code cells into the server's root, open it and wait for its kernel."""
+    import nbformat
+
+    kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells],
+                                            metadata={"kernelspec": kernelspec}), lab.root / name)
+    page.goto(lab.notebook_url(name))
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    wait_kernel_idle(page)

@@ -63,6 +63,94 @@ def outputs_text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.get("outputs", []))
 
 
+def by_label(nb: nbformat.NotebookNode) -> dict[str, Report]:
+    return {r.label: r for r in reports_in(nb)}
+
+
+def test_batch_size_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "02_batch_size.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    reports = by_label(nb)
+    b32, b128, acc = reports["batch 32"], reports["batch 128"], reports["4 x 32 accumulated"]
+    phase = lambda r: {g.phase: g.bytes for g in r.trace.by_phase}  # noqa: E731
+    # activations scale with the batch, the model's state does not
+    assert phase(b128)["forward"] > 2.5 * phase(b32)["forward"]
+    assert b128.model.optimizer_bytes == b32.model.optimizer_bytes
+    # the prediction from batch 32 holds at batch 128, within its band
+    text = "".join(outputs_text(c) for c in nb.cells)
+    line = next(t for t in text.splitlines() if t.startswith("predicted ") and "measured" in t)
+    error = int(line.rsplit("(", 1)[1].rstrip("%)"))
+    assert abs(error) <= 30, line
+    assert "calibrated:" in text and "±10% (measured)" in text
+    # accumulation: batch 128's effective batch with batch 32's activations
+    assert acc.tf_peak_bytes < 0.7 * b128.tf_peak_bytes
+    assert "largest batch that fits the budget:" in text and "largest batch under 1 GiB" in text
+
+
+def test_precision_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "03_precision.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    reports = by_label(nb)
+    f32, bf16 = reports["float32"], reports["mixed_bfloat16"]
+    assert bf16.tf_peak_bytes < 0.85 * f32.tf_peak_bytes  # what it teaches: bf16 lowers the peak on CPU
+    assert bf16.model.dtype_policy == "mixed_bfloat16" and f32.model.dtype_policy == "float32"
+    text = "".join(outputs_text(c) for c in nb.cells)
+    assert "model built before the policy: float32" in text and "model built after it:         bfloat16" in text
+    assert "dtype of the variables: float32" in text
+    assert not any(f.id == "mixed-precision" and "mixed_float16\")" in f.code for f in f32.fixes)
+
+
+def test_data_pipelines_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "04_data_pipelines.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    reports = by_label(nb)
+    numpy_fit, streamed, shuffled = reports["fit(numpy)"], reports["tf.data generator"], reports["shuffle 32 batches"]
+    assert numpy_fit.model.input_array_bytes == 8192 * 1024 * 4 + 8192 * 4
+    assert streamed.trace.input_copies == []  # the generator pipeline never copies the whole arrays
+    assert streamed.tf_peak_bytes < numpy_fit.tf_peak_bytes or not numpy_fit.trace.input_copies
+    assert streamed.tf_peak_bytes < 16 * 2**20  # a few batches of 1 MiB and a small model
+    assert shuffled.tf_peak_bytes > 2 * streamed.tf_peak_bytes  # 32 buffered batches are the whole dataset again
+    text = "".join(outputs_text(c) for c in nb.cells)
+    assert "ran out of data" not in text
+
+
+def test_the_model_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "05_the_model.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    reports = by_label(nb)
+    adam, sgd, frozen = reports["Adam"], reports["SGD momentum"], reports["encoder frozen"]
+    # what it teaches: one slot fewer, and frozen layers have neither gradients nor slots
+    assert sgd.model.optimizer_bytes < 0.6 * adam.model.optimizer_bytes and sgd.tf_peak_bytes < adam.tf_peak_bytes
+    assert frozen.model.trainable_params < adam.model.trainable_params / 2
+    assert frozen.tf_peak_bytes < 0.7 * adam.tf_peak_bytes
+    assert any(f.id == "optimizer-state" for f in adam.findings)
+    assert "lighter-optimizer" in {f.id for f in adam.fixes}
+    assert reports["64 px"].tf_peak_bytes < 0.5 * reports["128 px"].tf_peak_bytes  # a quarter of the pixels
+
+
+def test_myths_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "08_myths_and_facts.ipynb", as_version=4)
+    execute(nb, tmp_path)  # the set_memory_growth cell is tagged raises-exception
+    reports = by_label(nb)
+    assert reports["TF_MEMORY_ALLOCATION=0.01"].tf_peak_bytes >= 2**29  # the variable capped nothing
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert [e.evalue for e in errors] == ["Cannot set memory growth on non-GPU and non-Pluggable devices"]
+    freed = reports["del frees"].tf["CPU:0"]
+    assert freed.peak_bytes - freed.baseline_bytes >= 128 * 2**20 and freed.end_bytes == freed.baseline_bytes
+    text = "".join(outputs_text(c) for c in nb.cells)
+    assert "has dispose: False | tf.Session in TF2: False" in text and "DataLoader in tf: False" in text
+
+
+def test_gpu_notebook_skips_cleanly_without_a_gpu(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / "09_gpu.ipynb", as_version=4)
+    execute(nb, tmp_path)
+    text = "".join(outputs_text(c) for c in nb.cells)
+    if "GPUs: none" in text:
+        assert text.count("skipped:") == 2 and "mixed_bfloat16 there" in text
+    else:
+        assert "memory growth on for" in text and "mixed_float16: GPU peak" in text
+
+
 def test_leaks_and_retracing_notebook(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "06_leaks_and_retracing.ipynb", as_version=4)
     execute(nb, tmp_path)

@@ -92,8 +92,41 @@ def test_empty_states_say_why(shell):
     assert shell.run_cell("%%tfmem --quick --as q\nx = 1").success
     panel = build_panel(shell.user_ns["q"])
     breakdown = panel.children[1].children[0]
-    assert "Quick mode records no trace" in breakdown.value
-    assert "No fix to suggest" in panel.children[1].children[3].value
+    assert "Quick mode records no trace" in breakdown.value or "TensorFlow did not run" in breakdown.value
+    assert "What-if needs a Keras model" in panel.children[1].children[3].value
+    assert "No fix to suggest" in panel.children[1].children[4].value
+
+
+def test_whatif_sliders_repredict_and_calibrate(fit_report):
+    from tfmem_magic import prediction
+
+    panel = build_panel(fit_report)
+    tabs = panel.children[1]
+    assert tabs.titles[3] == "What if"
+    controls = {w.description: w for w in walk(tabs.children[3]) if getattr(w, "description", None)}
+    result = next(w for w in walk(tabs.children[3]) if "Predicted TF peak" in str(getattr(w, "value", "")))
+    as_run = prediction.predict(fit_report)
+    assert format_bytes(as_run.peak_bytes) in result.value and "±30%" in result.value
+    controls["Batch size"].value = 512  # moving a slider re-predicts at once, without running anything
+    at_512 = prediction.predict(fit_report, batch_size=512)
+    assert format_bytes(at_512.peak_bytes) in result.value and "batch 512" in result.value
+    assert "mixed_float16" not in str(controls["Precision"].options)  # never offered on CPU
+    controls["Precision"].value = "mixed_bfloat16"
+    assert "mixed_bfloat16" in result.value
+    controls["Calibrate (3 probe steps)"].click()  # a clone of the model trains two probe steps
+    assert "measured basis" in result.value and "±10%" not in result.value  # bf16: the probes ran in float32
+    controls["Precision"].value = "float32"
+    assert "±10%" in result.value and "measured basis" in result.value
+    assert prediction.measured_basis_cached(fit_report)
+
+
+def test_static_report_has_the_whatif_table(fit_report):
+    from tfmem_magic.render import render_html, render_text
+
+    html = render_html(fit_report)
+    assert "<h4>What if</h4>" in html and "batch 128" in html and "mixed_bfloat16 policy" in html
+    assert "SGD with momentum" in html  # the cell used Adam
+    assert "What if   batch 128: TF peak" in render_text(fit_report)
 
 
 def test_figures_are_png_and_none_without_data(fit_report):

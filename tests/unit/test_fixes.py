@@ -1,0 +1,131 @@
+"""Fix cells written from reports: right code for the situation, honest about what they change, never offering a
+knob that does nothing here."""
+
+from __future__ import annotations
+
+import ast
+
+from tfmem_magic import fixes
+from tfmem_magic.report import (DeviceMemory, EnvInfo, Finding, LayerInfo, ModelInfo, Report, RssInfo)
+
+MiB = 2**20
+CELL = ("model = build()\nmodel.compile('adam', 'mse')  # adam\n"
+        "model.fit(x_train, y_train, batch_size=256, epochs=3)  # was batch_size=512\n")
+
+
+def report(devices=("CPU:0",), status="ok", findings=("large-batch",), policy="float32", batch=256) -> Report:
+    layers = [LayerInfo("conv", "Conv2D", 896, "(None, 30, 30, 32)", 30 * 30 * 32 * 4),
+              LayerInfo("flat", "Flatten", 0, "(None, 28800)", 28800 * 4),
+              LayerInfo("head", "Dense", 288010, "(None, 10)", 40)]
+    model = ModelInfo(name="m", params=288906, trainable_params=288906, param_bytes=288906 * 4, optimizer="Adam",
+                      optimizer_slots=2, optimizer_bytes=2 * 288906 * 4, batch_size=batch,
+                      input_shape="(512, 32, 32, 3)",
+                      dtype_policy=policy, calls=["fit"], layers=layers, trainable_bytes=288906 * 4, samples=512,
+                      input_array_bytes=512 * 32 * 32 * 3 * 4 + 512 * 40, new_weight_bytes=288906 * 4,
+                      optimizer_built_in_cell=True)
+    rep = Report(status=status, env=EnvInfo(tensorflow="2.21.0", allocator="bfc_cpu_allocator_for_gpu",
+                                            allocator_complete=True, devices=list(devices), budget_bytes=500 * MiB,
+                                            ram_total_bytes=24 * 1024 * MiB),
+                 rss=RssInfo(baseline_bytes=400 * MiB, peak_bytes=900 * MiB, end_bytes=800 * MiB),
+                 tf={"CPU:0": DeviceMemory(0, 120 * MiB, 20 * MiB)}, model=model, number=7)
+    links = {"large-batch": ["shrink-batch", "grad-accumulation", "mixed-precision"],
+             "large-model": ["freeze-layers", "lighter-optimizer"], "input-copy": ["tf-data-streaming"]}
+    rep.findings = [Finding(f, f, "warn", "evidence", fixes=list(links.get(f, []))) for f in findings]
+    return rep
+
+
+def ctx(source=CELL) -> fixes.Context:
+    return fixes.Context(source=source, model_name="model", array_names=("x_train", "y_train"), number=7)
+
+
+def by_id(found):
+    return {f.id: f for f in found}
+
+
+def body(code: str) -> str:
+    return code.split("\n", 1)[1] if code.startswith("%%tfmem") else code
+
+
+def test_shrink_batch_rewrites_only_the_literal_and_links_before_after():
+    found = by_id(fixes.build(report(), ctx()))
+    fix = found["shrink-batch"]
+    header, rest = fix.code.split("\n", 1)
+    assert header == '%%tfmem --before 7 --fix shrink-batch --label "fix: shrink-batch"'
+    new = int(rest.split("batch_size=")[1].split(",")[0])
+    assert 1 <= new < 256 and rest == CELL.replace("batch_size=256", f"batch_size={new}")
+    assert "# was batch_size=512" in rest  # the comment is untouched
+    assert fix.predicted_peak_bytes < 120 * MiB and f"Batch 256 → {new}" in fix.why and not fix.needs_restart
+    assert fix.placement == "below"
+
+
+def test_shrink_batch_says_so_when_the_batch_is_not_in_the_cell():
+    fix = by_id(fixes.build(report(), ctx("model.fit(x_train, y_train, batch_size=BS)\n")))["shrink-batch"]
+    assert fix.code.startswith("# the batch size comes from `BS`") and "set BS = " in fix.why
+
+
+def test_grad_accumulation_recompiles_after_the_cells_compile_and_keeps_the_effective_batch():
+    fix = by_id(fixes.build(report(), ctx()))["grad-accumulation"]
+    code = body(fix.code)
+    ast.parse(code)
+    lines = code.splitlines()
+    compile_at = next(i for i, line in enumerate(lines) if line.startswith("model.compile("))
+    assert lines[compile_at + 2] == "config = model.get_compile_config()  # your loss and metrics, as compiled"
+    assert 'config["optimizer"]["config"]["gradient_accumulation_steps"] = 4' in lines
+    assert "batch_size=64" in lines[-1] and "effective batch of 256" in code
+
+
+def test_mixed_precision_is_bfloat16_on_cpu_and_float16_only_with_a_gpu():
+    cpu = by_id(fixes.build(report(), ctx()))["mixed-precision"]
+    assert 'set_global_policy("mixed_bfloat16")' in cpu.code and "mixed_float16\")" not in cpu.code
+    assert body(cpu.code).index("set_global_policy") < body(cpu.code).index("model = build()")  # before building
+    gpu = by_id(fixes.build(report(devices=("CPU:0", "GPU:0")), ctx()))["mixed-precision"]
+    assert 'set_global_policy("mixed_float16")' in gpu.code
+    already = by_id(fixes.build(report(policy="mixed_bfloat16"), ctx()))
+    assert "mixed-precision" not in already
+
+
+def test_gpu_only_fixes_are_never_offered_on_cpu():
+    cpu = by_id(fixes.build(report(status="oom", findings=("oom", "large-batch")), ctx()))
+    assert not {"memory-growth", "gpu-memory-limit"} & set(cpu)
+    limit = cpu["cpu-memory-limit"]
+    assert limit.needs_restart and limit.placement == "top" and "%tfmem limit " in limit.code
+    assert "TF_MEMORY_ALLOCATION" not in limit.code + limit.why
+    gpu = by_id(fixes.build(report(devices=("CPU:0", "GPU:0"), status="oom", findings=("oom",)), ctx()))
+    assert {"memory-growth", "gpu-memory-limit"} <= set(gpu) and "cpu-memory-limit" not in gpu
+    assert "set_memory_growth(gpu, True)" in gpu["memory-growth"].code and gpu["memory-growth"].needs_restart
+
+
+def test_lighter_optimizer_and_freeze_layers_for_a_large_model():
+    found = by_id(fixes.build(report(findings=("large-model",)), ctx()))
+    light = found["lighter-optimizer"]
+    assert "keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)" in light.code
+    ast.parse(body(light.code))
+    assert light.predicted_peak_bytes < 120 * MiB  # one slot fewer
+    freeze = found["freeze-layers"]
+    assert "layer.trainable = False" in freeze.code and "conv" in freeze.why
+
+
+def test_tf_data_streaming_uses_the_users_array_names_and_does_not_copy_them():
+    fix = by_id(fixes.build(report(findings=("input-copy",)), ctx()))["tf-data-streaming"]
+    code = body(fix.code)
+    ast.parse(code)
+    assert "from_generator" in code and "from_tensor_slices" not in code  # from_tensor_slices copies the array
+    assert "x_train[i:i + 256], y_train[i:i + 256]" in code and "model.fit(dataset" in code
+
+
+def test_a_report_without_findings_gets_no_fixes():
+    assert fixes.build(report(findings=()), ctx()) == []
+
+
+def test_before_after_checks_the_prediction():
+    before = report()
+    before.fixes = fixes.build(before, ctx())
+    from tfmem_magic.report import Prediction
+    before.prediction = Prediction("analytic", 0, 0, 1.0, 0.3)
+    predicted = before.fixes[0].predicted_peak_bytes
+    after = report(batch=64)
+    after.tf = {"CPU:0": DeviceMemory(0, int(predicted * 1.1), 0)}
+    ba = fixes.before_after(before, after, "shrink-batch")
+    assert ba.held and ba.predicted_peak_bytes == predicted and ba.number == 7
+    after.tf = {"CPU:0": DeviceMemory(0, int(predicted * 1.5), 0)}
+    assert fixes.before_after(before, after, "shrink-batch").held is False

@@ -1,0 +1,314 @@
+"""Fix cells: for each cause a finding names, a ready code cell that a user reads before running it.
+
+Each fix says what it changes, why, the peak the what-if model predicts after it (and what that saves), and whether
+it needs a kernel restart (those go at the top of the notebook). Fix cells start with
+`%%tfmem --before N --fix ID`, so running one shows before/after and whether the prediction held. Fix ids are
+stable (shared/DESIGN.md §3). Nothing here runs code: it only writes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import TfmemUsageError
+from .prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
+from .report import BeforeAfter, Fix, Report
+from .rewrite import rewrite_batch
+from .sizes import format_bytes
+
+GPU_NOTE = "needs a kernel restart: TensorFlow reads it when it first touches the GPU"
+
+
+@dataclass
+class Context:
+    """What the fix writer knows beyond the report: the cell's source and the names the user gave things."""
+
+    source: str | None = None  # the profiled cell's body (without the %%tfmem line)
+    model_name: str | None = None  # the variable that holds the model the cell used
+    array_names: tuple[str, str] | None = None  # the variables passed to fit as x and y
+    number: int = 0  # the report's history number, for --before
+
+
+def _header(ctx: Context, fix_id: str) -> str:
+    return f'%%tfmem --before {ctx.number} --fix {fix_id} --label "fix: {fix_id}"\n' if ctx.number else \
+        f'%%tfmem --label "fix: {fix_id}"\n'
+
+
+def _saving(report: Report, after: int) -> str:
+    before = report.tf_peak_bytes
+    if before is None or report.status != "ok":
+        return f"predicted TF peak {format_bytes(after)}"
+    delta = before - after
+    word = "saves" if delta >= 0 else "adds"
+    return (f"predicted TF peak {format_bytes(after)} instead of {format_bytes(before)} "
+            f"({word} {format_bytes(abs(delta))})")
+
+
+def _model(ctx: Context) -> str:
+    return ctx.model_name or "model"
+
+
+def _after_compile(source: str, lines: str) -> str:
+    """`source` with `lines` inserted after its last `.compile(...)` statement (or before everything)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return lines + source
+    ends = [node.end_lineno for node in ast.walk(tree) if isinstance(node, ast.Expr) and
+            isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute) and
+            node.value.func.attr in ("compile", "compile_from_config") and node.end_lineno]
+    if not ends:
+        return lines + source
+    rows = source.splitlines(keepends=True)
+    at = max(ends)
+    indent = rows[at - 1][: len(rows[at - 1]) - len(rows[at - 1].lstrip())] if at - 1 < len(rows) else ""
+    block = "".join(indent + line + "\n" for line in lines.splitlines())
+    if at <= len(rows) and not rows[at - 1].endswith("\n"):
+        rows[at - 1] += "\n"
+    return "".join(rows[:at]) + block + "".join(rows[at:])
+
+
+def _with_batch(report: Report, ctx: Context, new: int) -> tuple[str | None, str]:
+    batch = report.model.batch_size if report.model else None
+    if ctx.source is None:
+        return None, f"set the batch size to {new}"
+    result = rewrite_batch(ctx.source, batch, new)
+    return result.source, result.message
+
+
+# ---- the fixes ------------------------------------------------------------------------------------------------------
+
+def shrink_batch(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    budget = budget_for_tf(report)
+    if model is None or not model.batch_size or budget is None:
+        return None
+    basis = analytic_basis(report)
+    fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
+    if fit is None or fit >= model.batch_size and report.status == "ok":
+        return None
+    new = max(1, fit)
+    source, message = _with_batch(report, ctx, new)
+    after = predict(report, batch_size=new)
+    why = (f"Batch {model.batch_size} → {new}, the largest batch whose predicted peak (+{ANALYTIC_BAND:.0%} margin) "
+           f"fits the {format_bytes(budget)} left: {_saving(report, after.peak_bytes)}. Smaller batches also mean "
+           "more, noisier steps: you may want a lower learning rate.")
+    if source is None:
+        return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Could not rewrite the cell: {message}.",
+                   f"# {message}\n", after.peak_bytes)
+    return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Changed: {message}.",
+               _header(ctx, "shrink-batch") + source, after.peak_bytes)
+
+
+def grad_accumulation(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    if model is None or not model.training or not model.batch_size or model.batch_size < 4:
+        return None
+    steps = 4 if model.batch_size % 4 == 0 else 2
+    micro = model.batch_size // steps
+    source, message = _with_batch(report, ctx, micro)
+    after = predict(report, accumulation_steps=steps)
+    lines = (f"# {steps} steps of {micro} samples, one weight update: the same effective batch of "
+             f"{model.batch_size}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
+             f'config["optimizer"]["config"]["gradient_accumulation_steps"] = {steps}\n'
+             f"{_model(ctx)}.compile_from_config(config)\n")
+    why = (f"Runs batches of {micro} and applies the averaged gradients every {steps} steps (Keras' "
+           f"gradient_accumulation_steps), so the model learns as with batch {model.batch_size}; the optimizer keeps "
+           f"one more copy of the weights for the sums: {_saving(report, after.peak_bytes)}.")
+    if source is None:
+        return Fix("grad-accumulation", f"Accumulate gradients over {steps} batches of {micro}",
+                   why + f" Could not rewrite the cell's batch: {message}.", lines, after.peak_bytes)
+    return Fix("grad-accumulation", f"Accumulate gradients over {steps} batches of {micro}", why,
+               _header(ctx, "grad-accumulation") + _after_compile(source, lines), after.peak_bytes)
+
+
+def mixed_precision(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    if model is None or not model.training or (model.dtype_policy or "float32") != "float32":
+        return None
+    gpu = any("GPU" in d for d in report.env.devices)
+    policy = "mixed_float16" if gpu else "mixed_bfloat16"
+    after = predict(report, policy=policy)
+    where = ("on a GPU, float16 runs on its tensor cores" if gpu else
+             "on CPU, bfloat16: float16 runs 74-260x slower there and is never suggested; steps can take 6-55% "
+             "longer on CPUs without native bfloat16")
+    set_policy = f'keras.mixed_precision.set_global_policy("{policy}")  # before the model is built\n'
+    why = (f"Computes activations in 16 bits while the weights stay float32 ({where}). The policy applies to "
+           f"models built after it is set, so the model is rebuilt: {_saving(report, after.peak_bytes)}. It stays "
+           'set for the session: keras.mixed_precision.set_global_policy("float32") undoes it.')
+    if model.new_weight_bytes and ctx.source is not None:  # this cell builds the model: set the policy, re-run it
+        code = _header(ctx, "mixed-precision") + "import keras\n" + set_policy + ctx.source
+    else:
+        code = ("import keras\n" + set_policy + f"# now re-run the cell that builds {_model(ctx)}, then the training "
+                                                "cell\n")
+    return Fix("mixed-precision", f"Mixed precision ({policy})", why, code, after.peak_bytes)
+
+
+def lighter_optimizer(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    if model is None or not model.training or model.optimizer_slots < 2:
+        return None
+    after = predict(report, optimizer="sgd+momentum")
+    code = (f"import keras\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
+            'config["optimizer"] = keras.optimizers.serialize(keras.optimizers.SGD(learning_rate=0.01, '
+            "momentum=0.9))\n"
+            f"{_model(ctx)}.compile_from_config(config)\n")
+    if ctx.source is not None and not model.optimizer_built_in_cell:
+        code = _header(ctx, "lighter-optimizer") + code + ctx.source
+    elif ctx.source is not None:
+        code = _header(ctx, "lighter-optimizer") + _after_compile(ctx.source, code)
+    why = (f"SGD with momentum keeps 1 slot per weight instead of {model.optimizer}'s {model.optimizer_slots} "
+           f"({format_bytes(model.trainable_bytes)} less per slot): {_saving(report, after.peak_bytes)}. It usually "
+           "needs a tuned learning rate (Adafactor is another low-memory choice).")
+    return Fix("lighter-optimizer", "Use SGD with momentum instead of " + (model.optimizer or "Adam"), why, code,
+               after.peak_bytes)
+
+
+def freeze_layers(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    if model is None or not model.training or len(model.layers) < 3:
+        return None
+    trainable = [layer for layer in model.layers if layer.params]
+    if len(trainable) < 2:
+        return None
+    frozen = trainable[:-1]
+    frozen_bytes = sum(layer.params for layer in frozen) * 4
+    per_weight = 1 + model.optimizer_slots  # a gradient and the optimizer's slots, per trainable weight
+    saved = frozen_bytes * per_weight
+    predicted = max(0, (report.tf_peak_bytes or 0) - saved) if model.optimizer_built_in_cell else None
+    names = ", ".join(layer.name for layer in frozen[:4]) + (" ..." if len(frozen) > 4 else "")
+    code = (f"for layer in {_model(ctx)}.layers[:-1]:  # keep the last layer trainable\n"
+            "    layer.trainable = False\n"
+            f"config = {_model(ctx)}.get_compile_config()\n{_model(ctx)}.compile_from_config(config)  # "
+            "trainable changes take effect at compile\n")
+    why = (f"Stops training {names}: no gradients and no optimizer state for {format_bytes(frozen_bytes)} of "
+           f"weights, about {format_bytes(saved)} less. Right when those layers are pretrained (fine-tuning); for "
+           "a model trained from scratch, a smaller model is the fix instead.")
+    return Fix("freeze-layers", "Freeze all but the last layer", why, code, predicted)
+
+
+def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
+    model = report.model
+    if model is None or not model.input_array_bytes or not model.batch_size:
+        return None
+    x, y = ctx.array_names or ("x", "y")
+    batch = model.batch_size
+    code = (f"import tensorflow as tf\n\ndef batches():  # yields slices: TensorFlow never holds the whole array\n"
+            f"    for i in range(0, len({x}), {batch}):\n        yield {x}[i:i + {batch}], {y}[i:i + {batch}]\n\n"
+            "dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
+            f"    tf.TensorSpec((None, *{x}.shape[1:]), {x}.dtype), tf.TensorSpec((None, *{y}.shape[1:]), "
+            f"{y}.dtype))).prefetch(2)\n"
+            f"{_model(ctx)}.fit(dataset, epochs=1)  # shuffle the index order in batches() for real training\n")
+    copy = sum(c.bytes for c in report.trace.input_copies if c.live_at_peak) if report.trace else 0
+    predicted = max(0, (report.tf_peak_bytes or 0) - copy) if copy and report.status == "ok" else None
+    saving = f"{format_bytes(copy)} of tensor copies were live at the peak" if copy else \
+        f"{format_bytes(model.input_array_bytes)} of arrays are copied whole by fit(numpy)"
+    why = (f"fit(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time ({saving}). "
+           "For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
+           "keras.utils.image_dataset_from_directory).")
+    return Fix("tf-data-streaming", "Stream the data with tf.data instead of fit(numpy)", why,
+               _header(ctx, "tf-data-streaming") + code, predicted)
+
+
+def clear_session(report: Report, ctx: Context) -> Fix | None:
+    code = ("import gc, keras\nkeras.backend.clear_session()  # forget Keras' global graph state and layer names\n"
+            "gc.collect()  # and free models nothing refers to any more\n")
+    why = ("Models built again and again keep Keras' global state growing, and models still referenced (a list, "
+           "Out[...], a callback) keep their weights. Clear the session before building a new model, and drop "
+           "the old references; variables you still use must be rebuilt after it.")
+    return Fix("clear-session", "Clear the Keras session between models", why, code)
+
+
+def cpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
+    if any("GPU" in d for d in report.env.devices) or (report.guard is not None and report.guard.allocator_limit_bytes):
+        return None
+    budget = report.env.budget_bytes
+    limit = max(512 * 2**20, int(budget * 0.9))
+    code = ("# first cell of the notebook, then Kernel > Restart and run all\n%load_ext tfmem_magic\n"
+            f"%tfmem limit {format_bytes(limit).replace(' ', '')}\n")
+    why = (f"Caps TensorFlow's CPU allocator (TF_CPU_BFC_MEM_LIMIT_IN_MB, read at TensorFlow's first op) below "
+           f"{format_bytes(limit)} and arms tfmem's guard, so an oversized step fails with a clean error instead "
+           "of the machine swapping or the kernel being killed. It lowers no peak: it makes running out "
+           "survivable. Needs a kernel restart.")
+    return Fix("cpu-memory-limit", "Cap TensorFlow's memory (CPU)", why, code, None, needs_restart=True)
+
+
+def memory_growth(report: Report, ctx: Context) -> Fix | None:
+    if not any("GPU" in d for d in report.env.devices):
+        return None  # CPU has no memory growth: set_memory_growth raises on CPU devices
+    code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
+            "import tensorflow as tf\nfor gpu in tf.config.list_physical_devices('GPU'):\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n")
+    why = ("TensorFlow reserves nearly all GPU memory at start; with growth on it takes what it needs, so other "
+           f"processes and notebooks can share the GPU. It does not lower the model's own peak; {GPU_NOTE}.")
+    return Fix("memory-growth", "Let the GPU memory grow on demand", why, code, None, needs_restart=True)
+
+
+def gpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
+    if not any("GPU" in d for d in report.env.devices):
+        return None
+    code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
+            "import tensorflow as tf\ngpus = tf.config.list_physical_devices('GPU')\n"
+            "tf.config.set_logical_device_configuration(\n"
+            "    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)])  # MiB: set your share\n")
+    why = ("Gives TensorFlow a fixed share of the GPU, so a runaway step fails inside it with a clean OOM error "
+           f"instead of starving other processes; {GPU_NOTE}.")
+    return Fix("gpu-memory-limit", "Cap TensorFlow's GPU memory", why, code, None, needs_restart=True)
+
+
+WRITERS: dict[str, Callable[[Report, Context], Fix | None]] = {
+    "shrink-batch": shrink_batch, "grad-accumulation": grad_accumulation, "mixed-precision": mixed_precision,
+    "lighter-optimizer": lighter_optimizer, "freeze-layers": freeze_layers, "tf-data-streaming": tf_data_streaming,
+    "clear-session": clear_session, "cpu-memory-limit": cpu_memory_limit, "memory-growth": memory_growth,
+    "gpu-memory-limit": gpu_memory_limit,
+}
+# what an out-of-memory or near-budget cell gets besides the fixes its findings name
+PRESSURE_FIXES = ("shrink-batch", "cpu-memory-limit", "memory-growth", "gpu-memory-limit")
+
+
+def build(report: Report, ctx: Context) -> list[Fix]:
+    """The fixes the report's findings point to, in the order they matter, each written once."""
+    wanted: list[str] = []
+    ids = {f.id for f in report.findings}
+    for finding in report.findings:
+        wanted += finding.fixes
+    if ids & {"oom", "near-budget"}:
+        wanted += PRESSURE_FIXES
+    fixes, seen = [], set()
+    for fix_id in wanted:
+        if fix_id in seen or fix_id not in WRITERS:
+            continue
+        seen.add(fix_id)
+        try:
+            fix = WRITERS[fix_id](report, ctx)
+        except TfmemUsageError:  # no model to predict from: this fix does not apply
+            fix = None
+        if fix is not None:
+            fix.placement = "top" if fix.needs_restart else "below"
+            fixes.append(fix)
+    return fixes
+
+
+def names_in(namespace: dict[str, Any] | None, obj: Any) -> str | None:
+    """The user's variable name for `obj` (identity), preferring public names."""
+    if namespace is None or obj is None:
+        return None
+    found = [k for k, v in list(namespace.items()) if v is obj and k.isidentifier()]
+    public = [k for k in found if not k.startswith("_")]
+    return (public or found or [None])[0]
+
+
+def before_after(before: Report, after: Report, fix_id: str | None) -> BeforeAfter:
+    """Compare a fix cell's report with the report it fixes; `held` says whether the fix's prediction held."""
+    fix = next((f for f in before.fixes if f.id == fix_id), None) if fix_id else None
+    predicted = fix.predicted_peak_bytes if fix is not None else None
+    band = before.prediction.error_band if before.prediction is not None else None
+    measured = after.tf_peak_bytes
+    held = None
+    if predicted is not None and band is not None and measured is not None and after.status == "ok":
+        held = abs(measured - predicted) <= band * max(predicted, 1)
+    return BeforeAfter(number=before.number, label=before.label, status=before.status,
+                       tf_peak_bytes=before.tf_peak_bytes, rss_peak_bytes=before.rss.peak_bytes, wall_s=before.wall_s,
+                       fix_id=fix_id, predicted_peak_bytes=predicted, error_band=band, held=held)

@@ -1,0 +1,51 @@
+"""Talking to the notebook front end: insert a fix cell through the JupyterLab extension's comm target.
+
+Adapter code (needs ipykernel's comm). The extension registers the target `tfmem_insert` on every notebook kernel;
+it inserts the code below the cell whose id is sent (or at the top of the notebook), selects it, never runs it, and
+acknowledges. A front end without the extension closes the comm at once ("no target"); a headless kernel (nbclient,
+a plain console) answers nothing. The button tells the user which of the three happened.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+TARGET = "tfmem_insert"
+
+
+def current_cell_id(shell: Any) -> str | None:
+    """The id of the cell being executed, which JupyterLab sends in each execute request's metadata. Read it when
+    the panel is displayed: a button click's message (comm_msg) carries no cell id."""
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    try:
+        return kernel.get_parent("shell").get("metadata", {}).get("cellId")
+    except Exception:  # an older ipykernel
+        return None
+
+
+def insert_cell(code: str, cell_id: str | None, placement: str, on_reply: Callable[[str, dict], None]) -> bool:
+    """Ask the front end to insert `code`; `on_reply("inserted", data)` on the extension's ack, or
+    `on_reply("no-extension", {})` when the front end refused the comm. False when there is no comm at all."""
+    try:
+        import comm  # at call time: ipykernel installs its create_comm when the kernel starts
+    except ImportError:
+        return False
+    answered = {"done": False}
+
+    def reply(msg: dict) -> None:
+        answered["done"] = True
+        data = msg.get("content", {}).get("data", {}) or {}
+        on_reply(str(data.get("status", "inserted")), data)
+        channel.close()
+
+    def closed(msg: dict) -> None:
+        if not answered["done"]:  # closed by the front end with no ack: it has no such target
+            answered["done"] = True
+            on_reply("no-extension", {})
+
+    channel = comm.create_comm(target_name=TARGET, data={"code": code, "cell_id": cell_id, "placement": placement})
+    channel.on_msg(reply)
+    channel.on_close(closed)
+    return True

@@ -1,0 +1,480 @@
+"""What-if: the peak a cell would have had with another batch size, precision, optimizer, accumulation or input size.
+
+The model (shared/DESIGN.md §5) splits the cell's peak into parts that scale differently:
+
+    weights + gradients + optimizer slots + input copy        (do not depend on the batch)
+    + per_sample · micro-batch (activations, the batch itself) (the batch the model sees in one step)
+    + other                                                    (what the parts do not explain; kept as measured)
+
+times the fragmentation the cell's own trace measured (allocated / requested bytes). The prediction is anchored on
+the cell's measured peak: at the cell's own settings it gives back exactly what was measured, and each knob moves
+only the parts it changes. Where the per-sample slope comes from is the *basis*:
+
+- "analytic": from the Keras model alone (sum of layer outputs per sample, times a training factor), no extra run;
+  measured error within 30% (benchmarks/predict_accuracy.py);
+- "measured": `measured_basis()` trains a clone of the model for a step at half, once and four times the cell's
+  batch and takes the slopes of the allocator's peak on each side. BFC's fragmentation grows with the batch (1.2x
+  at batch 32, 1.5x at 512 on a small CNN), so one straight line does not do.
+
+The analytic slope is the layer outputs (plus the score tensors inside attention layers) times a training factor,
+checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
+Measured errors: README and benchmarks/predict_accuracy.py.
+
+This module imports TensorFlow/Keras only inside `calibrate()`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+from .errors import TfmemUsageError
+from .report import ModelInfo, Prediction, Report
+from .sizes import format_bytes
+
+# Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
+# backward; measured on TF 2.21 CPU (DESIGN.md §1) the step peak is ~1.6x the layer outputs.
+TRAIN_ACTIVATION_FACTOR = 1.6
+# Inference frees each output once the next layer has it: the peak is about the largest neighbouring pair.
+INFER_ACTIVATION_FACTOR = 1.0
+ANALYTIC_BAND = 0.30
+MEASURED_BAND = 0.10
+OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
+                   "adamax": 2, "lion": 1, "adafactor": 1, "ftrl": 2, "lamb": 2}
+POLICIES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2, "bfloat16": 2, "float16": 2, "float64": 8}
+MAX_BATCH = 1 << 20
+
+
+@dataclass
+class Knobs:
+    batch_size: int
+    policy: str = "float32"
+    optimizer: str | None = None  # lowercase name in OPTIMIZER_SLOTS
+    accumulation_steps: int = 1
+    input_scale: float = 1.0  # times the input elements per sample (2 = twice the pixels)
+
+
+@dataclass
+class Basis:
+    """How the cell's peak splits, in requested bytes, at the cell's own settings."""
+
+    name: str  # "analytic" | "measured"
+    weights: int
+    gradients: int
+    optimizer: int
+    input_copy: int
+    activations_per_sample: float  # the slope at and above the cell's batch
+    input_per_sample: float
+    other: int  # the measured peak that the parts above do not explain (can be negative: they over-explain)
+    fragmentation: float
+    measured_peak: int | None  # the anchor (TF peak over baseline), None when TF's allocator was not measured
+    knobs: Knobs
+    calibration: dict[str, Any] = field(default_factory=dict)
+    activations_per_sample_below: float | None = None  # the slope below the cell's batch, when measured apart
+    slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
+    copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
+
+
+@dataclass
+class WhatIf:
+    """The answer of `predict()`: the predicted TF peak over the cell's baseline, its parts and its uncertainty."""
+
+    peak_bytes: int
+    basis: str
+    error_band: float  # relative: 0.3 = the true peak is expected within ±30%
+    split: dict[str, int]  # weights, gradients, optimizer, activations, input, other (requested bytes)
+    fragmentation_ratio: float
+    knobs: dict[str, Any]
+    budget_bytes: int | None  # what the TF peak may reach: the budget minus what the process held before the cell
+    fits: bool | None
+    largest_batch: int | None  # the largest batch (same other knobs) whose upper estimate fits the budget
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- the basis from a report ----------------------------------------------------------------------------------------
+
+def optimizer_key(name: str | None, momentum: bool = False) -> str | None:
+    if not name:
+        return None
+    key = name.lower()
+    return "sgd+momentum" if key == "sgd" and momentum else key
+
+
+def _bytes_per_element(policy: str | None) -> int:
+    return POLICIES.get(policy or "float32", 4)
+
+
+def activation_bytes(model: ModelInfo) -> float:
+    """Activation bytes per sample the cell's step holds: all outputs when training, a neighbouring pair when not."""
+    per_layer = [layer.activation_bytes_per_sample for layer in model.layers]
+    if not per_layer:
+        return 0.0
+    if model.training:
+        return TRAIN_ACTIVATION_FACTOR * sum(per_layer)
+    pairs = [a + b for a, b in zip(per_layer, per_layer[1:], strict=False)] or per_layer
+    return INFER_ACTIVATION_FACTOR * max(pairs)
+
+
+def current_knobs(model: ModelInfo) -> Knobs:
+    return Knobs(batch_size=model.batch_size or 1, policy=model.dtype_policy or "float32",
+                 optimizer=optimizer_key(model.optimizer, model.optimizer_slots == 1 and
+                                         (model.optimizer or "").lower() == "sgd"))
+
+
+def analytic_basis(report: Report) -> Basis:
+    """Split the cell's measured peak into the model's parts; the slope comes from the layer outputs."""
+    model = report.model
+    if model is None or not model.layers:
+        raise TfmemUsageError("this report has no Keras model to predict from: the cell must train, evaluate, "
+                              "predict or call a Keras model (built from layers)")
+    knobs = current_knobs(model)
+    training = model.training
+    weights = model.new_weight_bytes
+    gradients = model.trainable_bytes if training else 0
+    optimizer = model.optimizer_bytes if training and model.optimizer_built_in_cell else 0
+    input_copy, missing = _input_copy(report)
+    samples = model.samples or 0
+    input_per_sample = model.input_array_bytes / samples if samples else 0.0
+    fragmentation = _fragmentation(report)
+    measured = report.tf_peak_bytes if report.tf_peak_bytes and report.status == "ok" else None
+    prior = activation_bytes(model)
+    static = weights + gradients + optimizer + input_copy
+    activations, other, source = prior, 0, "layer outputs"
+    if measured is not None:
+        anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
+        # one measured point: what the batch-dependent part must be if nothing else were there
+        one_point = max(0.0, (anchor - static) / knobs.batch_size - input_per_sample)
+        if prior > one_point:  # the layer outputs over-explain the peak (fused or freed ops): trust the measurement
+            activations, source = one_point, "the cell's peak (layer outputs over-explain it)"
+        other = round(anchor - static - (activations + input_per_sample) * knobs.batch_size)
+    return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
+                 fragmentation, measured, knobs, slope_source=source, copy_missing=missing)
+
+
+def _input_copy(report: Report) -> tuple[int, int]:
+    """The whole-array copy fit/evaluate/predict make of numpy inputs (the arrays' size), and how much of it this
+    cell's trace did not find live at its peak. Keras usually keeps the copy through the peak but not always (run
+    to run, in fresh processes: DESIGN.md): predictions count it, so they describe the usual run."""
+    model = report.model
+    if model is None or not any(c in ("fit", "evaluate", "predict") for c in model.calls):
+        return 0, 0
+    expected = model.input_array_bytes
+    if report.trace is not None and report.trace.events and report.status == "ok":
+        seen = sum(c.requested_bytes for c in report.trace.input_copies if c.live_at_peak)
+        return expected, max(0, expected - seen)
+    return expected, 0
+
+
+def _fragmentation(report: Report) -> float:
+    trace = report.trace
+    if trace is not None and trace.requested_at_peak_bytes > 0:
+        return max(1.0, trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes)
+    return 1.0
+
+
+# ---- prediction -----------------------------------------------------------------------------------------------------
+
+def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
+    """The requested-bytes parts of the peak at `knobs`."""
+    now = basis.knobs
+    micro = knobs.batch_size / max(1, knobs.accumulation_steps)
+    dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
+    below = basis.activations_per_sample_below
+    if below is None or micro >= now.batch_size:
+        per_batch = basis.activations_per_sample * micro
+    else:  # piecewise: fragmentation makes the slope smaller at small batches
+        per_batch = max(0.0, basis.activations_per_sample * now.batch_size - below * (now.batch_size - micro))
+    activations = per_batch * dtype_ratio * knobs.input_scale / now.input_scale
+    batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
+    optimizer = float(basis.optimizer)
+    changed_optimizer = knobs.optimizer != now.optimizer or knobs.accumulation_steps != now.accumulation_steps
+    if basis.gradients and changed_optimizer:
+        # a new optimizer (or one with accumulation) is built in the re-run cell: its slots are the cell's memory
+        slots = OPTIMIZER_SLOTS.get(knobs.optimizer or "", 2)
+        optimizer = basis.gradients * (slots + (1 if knobs.accumulation_steps > 1 else 0))
+    weights = float(basis.weights)
+    if dtype_ratio < 1 and basis.gradients:
+        # mixed precision keeps float32 variables and casts them to the compute dtype for each step
+        weights += basis.weights * dtype_ratio if basis.weights else 0.0
+    return {"weights": weights, "gradients": float(basis.gradients), "optimizer": optimizer,
+            "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
+            "other": float(basis.other)}
+
+
+def peak_at(basis: Basis, knobs: Knobs) -> int:
+    return max(0, round(sum(parts_at(basis, knobs).values()) * basis.fragmentation))
+
+
+def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int | None:
+    """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
+    def fits(batch: int) -> bool:
+        return peak_at(basis, replace(knobs, batch_size=batch)) * (1 + band) <= budget
+
+    step = max(1, knobs.accumulation_steps)
+    if not fits(step):
+        return None
+    low, high = step, step * 2
+    while high < MAX_BATCH and fits(high):
+        low, high = high, high * 2
+    while high - low > step:
+        mid = (low + high) // 2 // step * step
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def budget_for_tf(report: Report) -> int | None:
+    """What TF's peak over the cell's baseline may reach: the budget minus what the process held at the start."""
+    env = report.env
+    if env.budget_bytes <= 0:
+        return None
+    return max(0, env.budget_bytes - report.rss.baseline_bytes)
+
+
+def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
+            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False) -> WhatIf:
+    """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
+
+    `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
+    samples. `calibrate=True` runs a few probe steps of a clone of the model (seconds) unless the report has them.
+    """
+    basis = measured_basis(report) if calibrate else (_cached_basis(report) or analytic_basis(report))
+    now = basis.knobs
+    knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
+                  optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
+                  input_scale=float(input_scale))
+    _check(knobs)
+    notes = []
+    band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
+    if basis.name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
+        band = ANALYTIC_BAND
+        notes.append("The probe steps ran at the cell's precision and input size: for another, the slope is scaled "
+                     "from the model, so the analytic error band applies.")
+    if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
+        notes.append(f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
+                     "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
+                     "it).")
+    if basis.measured_peak is None:
+        notes.append("TensorFlow's allocator was not measured in this cell: the prediction comes from the model "
+                     "alone, without the cell's peak to anchor it.")
+    if knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):
+        notes.append("mixed_float16 runs 74-260x slower on CPU (TF 2.21): use mixed_bfloat16 there.")
+    parts = parts_at(basis, knobs)
+    peak = peak_at(basis, knobs)
+    budget = budget_for_tf(report)
+    fits = None if budget is None else peak * (1 + band) <= budget
+    biggest = None if budget is None else largest_batch(basis, knobs, budget, band)
+    return WhatIf(peak_bytes=peak, basis=basis.name, error_band=band,
+                  split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
+                  fragmentation_ratio=round(basis.fragmentation, 3), knobs=asdict(knobs), budget_bytes=budget,
+                  fits=fits, largest_batch=biggest, notes=notes)
+
+
+def _check(knobs: Knobs) -> None:
+    if knobs.batch_size < 1 or knobs.batch_size > MAX_BATCH:
+        raise TfmemUsageError(f"batch_size={knobs.batch_size}: give a batch of 1 to {MAX_BATCH}")
+    if knobs.policy not in POLICIES:
+        raise TfmemUsageError(f"policy={knobs.policy!r}: use one of {', '.join(POLICIES)}")
+    if knobs.optimizer is not None and knobs.optimizer not in OPTIMIZER_SLOTS:
+        raise TfmemUsageError(f"optimizer={knobs.optimizer!r}: use one of {', '.join(OPTIMIZER_SLOTS)}")
+    if knobs.accumulation_steps < 1 or knobs.accumulation_steps > knobs.batch_size:
+        raise TfmemUsageError(f"accumulation_steps={knobs.accumulation_steps}: give 1 to the batch size")
+    if not 0.05 <= knobs.input_scale <= 64:
+        raise TfmemUsageError(f"input_scale={knobs.input_scale:g}: give a factor between 0.05 and 64")
+
+
+def summary(report: Report) -> Prediction | None:
+    """The report's `prediction` block: the analytic basis at the cell's own settings (None without a model)."""
+    try:
+        basis = _cached_basis(report) or analytic_basis(report)
+    except TfmemUsageError:
+        return None
+    band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
+    fixed = basis.weights + basis.gradients + basis.optimizer + basis.input_copy + max(0, basis.other)
+    return Prediction(basis=basis.name, static_bytes=round(fixed * basis.fragmentation),
+                      per_sample_bytes=round((basis.activations_per_sample + basis.input_per_sample)
+                                             * basis.fragmentation), fragmentation_ratio=round(basis.fragmentation, 3),
+                      error_band=band)
+
+
+# ---- calibration: probe steps of a clone -------------------------------------------------------------------------
+
+# id(report) -> (weakref to the report, weakref to its model, the targets' per-sample shape and dtype)
+_models: dict[int, tuple[weakref.ref, Any, Any]] = {}
+_measured: dict[int, tuple[weakref.ref, Basis]] = {}
+
+
+def remember_model(report: Report, model: Any, target: tuple[tuple, str] | None = None) -> None:
+    """Keep a weak link from a report to the live Keras model it measured (for calibrate), and the shape of the
+    targets it was trained on (the probes make synthetic ones like them)."""
+    _forget_dead()
+    try:
+        _models[id(report)] = (weakref.ref(report), weakref.ref(model), target)
+    except TypeError:  # not weak-referenceable
+        pass
+
+
+def _forget_dead() -> None:
+    for store in (_models, _measured):
+        for key in [k for k, entry in store.items() if entry[0]() is None]:
+            del store[key]
+
+
+def measured_basis_cached(report: Report) -> bool:
+    return _cached_basis(report) is not None
+
+
+def _cached_basis(report: Report) -> Basis | None:
+    entry = _measured.get(id(report))
+    return entry[1] if entry is not None and entry[0]() is report else None
+
+
+def probe_batches(report: Report, basis: Basis) -> list[int]:
+    """Batch sizes for the probes: half the cell's batch, the batch, and 4x it. BFC's fragmentation grows with the
+    batch, so the slope is measured on each side of the cell's batch (piecewise). Without room for 4x in the
+    budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM)."""
+    batch = basis.knobs.batch_size
+    budget = budget_for_tf(report)
+    roomy = budget is None or peak_at(basis, replace(basis.knobs, batch_size=4 * batch)) * 1.5 < 0.8 * budget
+    if report.status == "ok" and roomy:
+        return sorted({max(1, batch // 2), batch, 4 * batch})
+    high = batch if report.status == "ok" else max(2, batch // 2)
+    return sorted({max(1, high // 4), max(1, high // 2), high})
+
+
+def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
+    """Calibrate: a training step of a clone of the cell's model on synthetic data at three batch sizes; the
+    slopes of the allocator's peak between them replace the analytic one. Cached per report."""
+    cached = _cached_basis(report)
+    if cached is not None:
+        return cached
+    basis = analytic_basis(report)
+    entry = _models.get(id(report))
+    model = entry[1]() if entry is not None and entry[0]() is report else None
+    if model is None:
+        raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
+                              "kernel (a report loaded from a file can only use the analytic basis)")
+    batches = probe_batches(report, basis)
+    started = time.perf_counter()
+    peaks: dict[int, int] = {}
+    train = report.model.training if report.model else True
+    for i, batch in enumerate(batches):
+        if progress:
+            progress(f"probe step at batch {batch}", i / len(batches))
+        try:
+            peaks[batch] = _probe_peak(model, batch, train, entry[2])
+        except TfmemUsageError:
+            raise
+        except Exception as exc:  # a subclassed model clone_model cannot copy, a custom loss, an OOM ...
+            name = report.model.name if report.model else "the model"
+            raise TfmemUsageError(f"calibration could not train a clone of {name} at batch {batch} "
+                                  f"({type(exc).__name__}: {str(exc)[:200]}); the analytic basis stays in use") from exc
+    if progress:
+        progress("done", 1.0)
+    anchor = basis.knobs.batch_size
+
+    def slope(a: int, b: int) -> float:  # the allocator's slope, in the basis' requested bytes, minus the input
+        per_sample = max(0.0, (peaks[b] - peaks[a]) / (b - a)) / basis.fragmentation
+        return max(0.0, per_sample - basis.input_per_sample)
+
+    lower = [b for b in batches if b < anchor]
+    upper = [b for b in batches if b > anchor]
+    if anchor in peaks and upper:
+        above = slope(anchor, upper[-1])
+        below = slope(lower[0], anchor) if lower else None
+    else:  # after an OOM: the probes are all below the cell's batch
+        above, below = slope(batches[-2], batches[-1]), None
+    parts = (basis.weights + basis.gradients + basis.optimizer + basis.input_copy
+             + (above + basis.input_per_sample) * anchor)
+    other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
+             if basis.measured_peak is not None else 0)
+    measured = replace(basis, name="measured", activations_per_sample=above, activations_per_sample_below=below,
+                       other=other, slope_source="probe steps",
+                       calibration={"batches": batches, "peak_bytes": [peaks[b] for b in batches],
+                                    "seconds": round(time.perf_counter() - started, 2)})
+    _measured[id(report)] = (weakref.ref(report), measured)
+    return measured
+
+
+def _probe_peak(model: Any, batch: int, train: bool, target: tuple[tuple, str] | None = None) -> int:
+    """The allocator's peak over its start for one step of a clone of `model` on synthetic data (the second step:
+    the first builds the optimizer and traces the graph)."""
+    import keras
+    import numpy as np
+
+    from .engine import Options, Profiler
+
+    clone = keras.models.clone_model(model)
+    inputs = [_synthetic(t.shape, batch, t.dtype) for t in clone.inputs]
+    x = inputs[0] if len(inputs) == 1 else inputs
+    if train:
+        optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
+        clone.compile(optimizer=optimizer, loss=model.loss)
+        if target is not None:
+            y = np.zeros((batch, *target[0]), target[1])
+        else:  # targets shaped like the outputs (a model trained from a dataset)
+            outputs = clone(x)
+            y = (np.zeros(tuple(outputs.shape), "float32") if not isinstance(outputs, (list, tuple))
+                 else [np.zeros(tuple(o.shape), "float32") for o in outputs])
+            del outputs
+        clone.train_on_batch(x, y)
+        step = lambda: clone.train_on_batch(x, y)  # noqa: E731
+    else:
+        clone.predict_on_batch(x)
+        step = lambda: clone.predict_on_batch(x)  # noqa: E731
+    profiler = Profiler(Options(mode="quick", publish=False, label="tfmem calibration probe"))
+    with profiler:
+        step()
+    peak = profiler.report.tf_peak_bytes
+    if peak is None:
+        raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which this kernel does not have "
+                              "(see the allocator-blind-spot finding)")
+    return int(peak)
+
+
+def _synthetic(shape: Any, batch: int, dtype: Any) -> Any:
+    import numpy as np
+
+    dims = [batch] + [int(d) if d is not None else 1 for d in list(shape)[1:]]
+    name = str(getattr(dtype, "name", dtype))
+    if "int" in name:
+        return np.zeros(dims, name)
+    return np.random.default_rng(0).random(dims, dtype="float32")
+
+
+def fmt_knobs(knobs: dict[str, Any]) -> str:
+    parts = [f"batch {knobs['batch_size']}", knobs["policy"]]
+    if knobs.get("optimizer"):
+        parts.append(knobs["optimizer"])
+    if knobs.get("accumulation_steps", 1) > 1:
+        parts.append(f"{knobs['accumulation_steps']} accumulation steps")
+    if not math.isclose(knobs.get("input_scale", 1.0), 1.0):
+        parts.append(f"input x{knobs['input_scale']:g}")
+    return ", ".join(parts)
+
+
+def scenarios(report: Report) -> list[tuple[str, WhatIf]]:
+    """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer."""
+    if report.prediction is None or report.model is None:
+        return []
+    try:
+        base = predict(report)
+    except TfmemUsageError:
+        return []
+    batch = base.knobs["batch_size"]
+    out = [(f"as run (batch {batch})", base)]
+    for factor in (0.5, 2, 4):
+        if int(batch * factor) >= 1 and int(batch * factor) != batch:
+            out.append((f"batch {int(batch * factor)}", predict(report, batch_size=int(batch * factor))))
+    gpu = any("GPU" in d for d in report.env.devices)
+    if report.model.training and base.knobs["policy"] == "float32":
+        policy = "mixed_float16" if gpu else "mixed_bfloat16"
+        out.append((f"{policy} policy", predict(report, policy=policy)))
+    if report.model.training and OPTIMIZER_SLOTS.get(base.knobs["optimizer"] or "", 0) >= 2:
+        out.append(("SGD with momentum", predict(report, optimizer="sgd+momentum")))
+    return out

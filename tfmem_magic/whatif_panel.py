@@ -1,0 +1,132 @@
+"""The what-if tab of the panel: sliders and dropdowns that re-predict the cell's peak as they move (no re-run),
+and a button that calibrates the prediction with probe steps. Every number comes from `predict`."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import ipywidgets as widgets
+
+from . import prediction
+from .errors import TfmemUsageError
+from .render import SPLIT_COLORS, split_bar, whatif_summary
+from .report import Report
+from .sizes import format_bytes
+
+OPTIMIZER_CHOICES = [("Adam / AdamW (2 slots)", "adam"), ("SGD with momentum (1 slot)", "sgd+momentum"),
+                     ("RMSprop (1 slot)", "rmsprop"), ("Adafactor (factored, ~1 slot)", "adafactor"),
+                     ("SGD (no slots)", "sgd")]
+
+
+def _policies(report: Report, current: str) -> list[tuple[str, str]]:
+    gpu = any("GPU" in d for d in report.env.devices)
+    choices = [("float32", "float32"), ("mixed_bfloat16 (activations in 16 bits)", "mixed_bfloat16")]
+    if gpu or current == "mixed_float16":  # 74-260x slower on CPU: never offered there
+        choices.append(("mixed_float16 (GPU)", "mixed_float16"))
+    return choices
+
+
+def whatif_tab(report: Report) -> widgets.Widget:
+    if report.prediction is None or report.model is None:
+        return widgets.HTML("<div class='tfmem-empty'>What-if needs a Keras model that the cell trained, evaluated "
+                            "or called; this cell used none.</div>")
+    try:
+        base = prediction.predict(report)
+    except TfmemUsageError as exc:
+        return widgets.HTML(f"<div class='tfmem-empty'>{escape(str(exc))}</div>")
+    knobs = base.knobs
+    batch = knobs["batch_size"]
+    top = max(1024, 8 * batch, int((base.largest_batch or 0) * 1.25))
+    style = {"description_width": "130px"}
+    wide = widgets.Layout(width="480px")
+    batch_w = widgets.IntSlider(value=batch, min=1, max=top, description="Batch size", style=style, layout=wide,
+                                continuous_update=True)
+    policy_w = widgets.Dropdown(options=_policies(report, knobs["policy"]), value=knobs["policy"],
+                                description="Precision", style=style, layout=wide)
+    optimizers = list(OPTIMIZER_CHOICES)
+    if knobs["optimizer"] and knobs["optimizer"] not in [v for _, v in optimizers]:
+        optimizers.insert(0, (knobs["optimizer"], knobs["optimizer"]))
+    optimizer_w = widgets.Dropdown(options=optimizers, value=knobs["optimizer"] or "adam", description="Optimizer",
+                                   style=style, layout=wide, disabled=not report.model.training)
+    accumulation_w = widgets.IntSlider(value=1, min=1, max=16, description="Accumulation steps", style=style,
+                                       layout=wide, disabled=not report.model.training)
+    scale_w = widgets.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="Input size ×",
+                                     style=style, layout=wide)
+    result = widgets.HTML()
+    calibrate_w = widgets.Button(description="Calibrate (3 probe steps)", icon="flask",
+                                 tooltip="Train a clone of the model for one step at three batch sizes (seconds) "
+                                         "and use the measured slope: ±10% instead of ±30%",
+                                 layout=widgets.Layout(width="240px"))
+    progress = widgets.IntProgress(value=0, min=0, max=100, layout=widgets.Layout(width="200px", visibility="hidden"))
+    use_measured = {"on": False}
+
+    def show(_: Any = None) -> None:
+        try:
+            w = prediction.predict(report, batch_size=batch_w.value, policy=policy_w.value,
+                                optimizer=optimizer_w.value if report.model.training else None,
+                                accumulation_steps=min(accumulation_w.value, batch_w.value),
+                                input_scale=scale_w.value, calibrate=use_measured["on"])
+        except TfmemUsageError as exc:
+            result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
+            return
+        result.value = whatif_result_html(w, base)
+
+    def calibrate(_: Any) -> None:
+        calibrate_w.disabled = True
+        progress.layout.visibility = "visible"
+
+        def step(text: str, done: float) -> None:
+            progress.value = int(done * 100)
+            progress.description = text[:20]
+
+        try:
+            prediction.measured_basis(report, progress=step)
+            use_measured["on"] = True
+            calibrate_w.description = "Calibrated"
+        except TfmemUsageError as exc:
+            result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
+            calibrate_w.disabled = False
+            return
+        finally:
+            progress.layout.visibility = "hidden"
+        show()
+
+    for control in (batch_w, policy_w, optimizer_w, accumulation_w, scale_w):
+        control.observe(show, names="value")
+    calibrate_w.on_click(calibrate)
+    if prediction.measured_basis_cached(report):
+        use_measured["on"] = True
+        calibrate_w.description, calibrate_w.disabled = "Calibrated", True
+    show()
+    note = widgets.HTML("<div class='tfmem-empty'>Batch size is the batch the model learns from; with accumulation "
+                        "steps k each step runs batch/k samples. The prediction is anchored on this cell's measured "
+                        "peak and moves only the parts a knob changes.</div>")
+    controls = widgets.VBox([batch_w, policy_w, optimizer_w, accumulation_w, scale_w,
+                             widgets.HBox([calibrate_w, progress])])
+    box = widgets.VBox([controls, result, note])
+    box.add_class("tfmem-whatif")
+    return box
+
+
+def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf) -> str:
+    scale = max(w.peak_bytes, base.peak_bytes, w.budget_bytes or 0)
+    delta = w.peak_bytes - base.peak_bytes
+    change = "" if delta == 0 else f" ({'+' if delta > 0 else '−'}{format_bytes(abs(delta))} vs. as run)"
+    verdict = "" if w.fits is None else (
+        "<b class='tfmem-ok' style='color:#2e7d32'>fits</b>" if w.fits
+        else "<b class='tfmem-sev-critical'>does not fit</b>")
+    parts = "".join(
+        f"<tr><td><span style='color:{SPLIT_COLORS[k]}'>■</span> {k}</td>"
+        f"<td class='num'>{escape(format_bytes(max(0, v)))}</td></tr>" for k, v in w.split.items())
+    budget = ""
+    if w.budget_bytes:
+        budget = (f"<div style='position:relative;height:0'><div title='budget' style='position:absolute;left:"
+                  f"{100 * w.budget_bytes / max(scale, 1):.2f}%;top:-12px;height:14px;border-left:2px dashed "
+                  "#c62828'></div></div>")
+    notes = "".join(f"<div class='tfmem-empty'>{escape(n)}</div>" for n in w.notes)
+    return (f"<div style='margin:6px 0'><span style='font-size:18px;font-weight:600'>"
+            f"{escape(format_bytes(w.peak_bytes))}</span> ±{w.error_band:.0%}{escape(change)} {verdict}</div>"
+            f"{split_bar(w, scale)}{budget}<div style='margin-top:6px'>{escape(whatif_summary(w))}</div>"
+            f"<table>{parts}<tr><td>× fragmentation</td><td class='num'>{w.fragmentation_ratio:.2f}</td></tr>"
+            f"</table>{notes}")
