@@ -5,8 +5,7 @@ cell) and predicts the peak at every batch size twice: analytic (from the model,
 (calibrated with probe steps of a clone). Then every batch size runs in fresh processes (the allocator's state must
 not carry over), --repeats times, and its real peak is measured: the TF allocator peak over the cell's baseline
 (the quantity reports and predictions give; BFC's chunk reuse makes it vary from run to run, so the median and the
-spread are printed) and the peak of the bytes the tensors requested (stable; the sum of the predicted parts
-before fragmentation). The script prints the relative error per point and the max/mean per basis.
+spread are printed). The script prints the relative error per point and the max/mean per basis.
 
     python benchmarks/predict_accuracy.py [--batches 16,32,64,128,256] [--anchor 32] [--models mlp,cnn,...]
 
@@ -76,9 +75,9 @@ N = {samples}
 {build}
 m.compile("adam", loss)
 mode, batch, batches = {mode!r}, {batch}, {batches}
-with tfmem_magic.profile(mode="trace") as p:  # as the user's cells run
+with tfmem_magic.profile(mode="trace") as p:  # as a user's cell runs; the allocator's peak covers the whole fit
     m.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-out = {{"measured": p.report.tf_peak_bytes, "requested": p.report.trace.peak_requested_bytes}}
+out = {{"measured": p.report.tf_peak_bytes}}
 if mode == "anchor":
     def both(w):
         return [w.peak_bytes, sum(w.split.values())]
@@ -108,26 +107,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per point (median; spread shown)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    errors: dict[str, list[float]] = {k: [] for k in ("analytic", "measured", "analytic req", "measured req")}
-    print(f"{'model':<12} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} | "
-          f"{'requested':>9} {'analytic':>8} {'measured':>8}")
+    errors: dict[str, list[float]] = {k: [] for k in ("analytic", "measured")}
+    print(f"{'model':<12} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8}")
     for model in args.models.split(","):
         anchor = run(model, "anchor", args.anchor, batches)
         for batch in batches:
             runs = [run(model, "measure", batch, batches) for _ in range(args.repeats)]
             alloc = statistics.median(r["measured"] for r in runs)
-            req = statistics.median(r["requested"] for r in runs)
             lo, hi = min(r["measured"] for r in runs), max(r["measured"] for r in runs)
-            (a_alloc, a_req), (m_alloc, m_req) = anchor["analytic"][str(batch)], anchor["calibrated"][str(batch)]
-            row = {"analytic": (a_alloc - alloc) / alloc, "measured": (m_alloc - alloc) / alloc,
-                   "analytic req": (a_req - req) / req, "measured req": (m_req - req) / req}
+            a_alloc, m_alloc = anchor["analytic"][str(batch)][0], anchor["calibrated"][str(batch)][0]
+            row = {"analytic": (a_alloc - alloc) / alloc, "measured": (m_alloc - alloc) / alloc}
             if batch != args.anchor:  # at the anchor both bases give back the anchor's measurement by construction
                 for key, value in row.items():
                     errors[key].append(abs(value))
             spread = f"{alloc / 2**20:.1f}Mi ({(lo - alloc) / alloc:+.0%}/{(hi - alloc) / alloc:+.0%})"
             mark = " (anchor)" if batch == args.anchor else ""
-            print(f"{model:<12} {batch:>5} | {spread:>24} {row['analytic']:>+8.1%} {row['measured']:>+8.1%} | "
-                  f"{req / 2**20:>7.1f}Mi {row['analytic req']:>+8.1%} {row['measured req']:>+8.1%}{mark}",
+            print(f"{model:<12} {batch:>5} | {spread:>24} {row['analytic']:>+8.1%} {row['measured']:>+8.1%}{mark}",
                   flush=True)
         print(f"{'':<12} probes at batches {anchor['probes']['batches']}: {anchor['probes']['seconds']} s",
               flush=True)

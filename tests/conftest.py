@@ -28,6 +28,9 @@ def shell(tmp_path):
     os.chdir(tmp_path)
     yield sh
     os.chdir(cwd)
+    # drop the test's variables (models, tensors, fit's History in `_`): the shell object itself can outlive the
+    # test (sys.displayhook), and 400 MB of a wide model would count as "pre-existing" in every later test
+    sh.reset(new_session=False)
     InteractiveShell.clear_instance()
     # the last traceback keeps the failed cell's frames, and through them this shell's namespace (models, tensors)
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):

@@ -199,7 +199,8 @@ def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
             f"    for i in range(0, len({x}), {batch}):\n        yield {x}[i:i + {batch}], {y}[i:i + {batch}]\n\n"
             "dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
             f"    tf.TensorSpec((None, *{x}.shape[1:]), {x}.dtype), tf.TensorSpec((None, *{y}.shape[1:]), "
-            f"{y}.dtype))).prefetch(2)\n"
+            f"{y}.dtype)))\n"
+            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({x}) // {batch}))).prefetch(2)\n"
             f"{_model(ctx)}.fit(dataset, epochs=1)  # shuffle the index order in batches() for real training\n")
     copy = sum(c.bytes for c in report.trace.input_copies if c.live_at_peak) if report.trace else 0
     predicted = max(0, (report.tf_peak_bytes or 0) - copy) if copy and report.status == "ok" else None

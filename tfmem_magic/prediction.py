@@ -12,15 +12,15 @@ only the parts it changes. Where the per-sample slope comes from is the *basis*:
 
 - "analytic": from the Keras model alone (sum of layer outputs per sample, times a training factor), no extra run;
   measured error within 30% (benchmarks/predict_accuracy.py);
-- "measured": `measured_basis()` trains a clone of the model for a step at half, once and four times the cell's
-  batch and takes the slopes of the allocator's peak on each side. BFC's fragmentation grows with the batch (1.2x
-  at batch 32, 1.5x at 512 on a small CNN), so one straight line does not do.
+- "measured": `measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) for a step at half,
+  once and four times the cell's batch and takes the slopes of the allocator's peak on each side. BFC's
+  fragmentation grows with the batch (1.2x at batch 32, 1.5x at 512 on a small CNN): one straight line does not do.
 
 The analytic slope is the layer outputs (plus the score tensors inside attention layers) times a training factor,
 checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
 Measured errors: README and benchmarks/predict_accuracy.py.
 
-This module imports TensorFlow/Keras only inside `calibrate()`.
+This module imports no TensorFlow or Keras; the probes run in another process (calibrate.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
+from . import calibrate
 from .errors import TfmemUsageError
 from .report import ModelInfo, Prediction, Report
 from .sizes import format_bytes
@@ -40,6 +41,7 @@ from .sizes import format_bytes
 TRAIN_ACTIVATION_FACTOR = 1.6
 # Inference frees each output once the next layer has it: the peak is about the largest neighbouring pair.
 INFER_ACTIVATION_FACTOR = 1.0
+TYPICAL_FRAGMENTATION = 1.3
 ANALYTIC_BAND = 0.30
 MEASURED_BAND = 0.10
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
@@ -172,10 +174,12 @@ def _input_copy(report: Report) -> tuple[int, int]:
 
 
 def _fragmentation(report: Report) -> float:
+    """Allocated / requested bytes at the cell's peak, from its trace; without a trace (quick mode, a failed cell)
+    the typical ratio of a training step's peak under BFC (1.2x-1.5x measured, DESIGN.md)."""
     trace = report.trace
     if trace is not None and trace.requested_at_peak_bytes > 0:
         return max(1.0, trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes)
-    return 1.0
+    return TYPICAL_FRAGMENTATION
 
 
 # ---- prediction -----------------------------------------------------------------------------------------------------
@@ -222,6 +226,8 @@ def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int |
     low, high = step, step * 2
     while high < MAX_BATCH and fits(high):
         low, high = high, high * 2
+    if high >= MAX_BATCH and fits(MAX_BATCH):
+        return MAX_BATCH
     while high - low > step:
         mid = (low + high) // 2 // step * step
         low, high = (mid, high) if fits(mid) else (low, mid)
@@ -361,19 +367,10 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                               "kernel (a report loaded from a file can only use the analytic basis)")
     batches = probe_batches(report, basis)
     started = time.perf_counter()
-    peaks: dict[int, int] = {}
     train = report.model.training if report.model else True
-    for i, batch in enumerate(batches):
-        if progress:
-            progress(f"probe step at batch {batch}", i / len(batches))
-        try:
-            peaks[batch] = _probe_peak(model, batch, train, entry[2])
-        except TfmemUsageError:
-            raise
-        except Exception as exc:  # a subclassed model clone_model cannot copy, a custom loss, an OOM ...
-            name = report.model.name if report.model else "the model"
-            raise TfmemUsageError(f"calibration could not train a clone of {name} at batch {batch} "
-                                  f"({type(exc).__name__}: {str(exc)[:200]}); the analytic basis stays in use") from exc
+    if progress:
+        progress(f"probe steps at batch {', '.join(map(str, batches))}", 0.1)
+    peaks = calibrate.probe_peaks(model, batches, train, entry[2])
     if progress:
         progress("done", 1.0)
     anchor = basis.knobs.batch_size
@@ -399,52 +396,6 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                                     "seconds": round(time.perf_counter() - started, 2)})
     _measured[id(report)] = (weakref.ref(report), measured)
     return measured
-
-
-def _probe_peak(model: Any, batch: int, train: bool, target: tuple[tuple, str] | None = None) -> int:
-    """The allocator's peak over its start for one step of a clone of `model` on synthetic data (the second step:
-    the first builds the optimizer and traces the graph)."""
-    import keras
-    import numpy as np
-
-    from .engine import Options, Profiler
-
-    clone = keras.models.clone_model(model)
-    inputs = [_synthetic(t.shape, batch, t.dtype) for t in clone.inputs]
-    x = inputs[0] if len(inputs) == 1 else inputs
-    if train:
-        optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
-        clone.compile(optimizer=optimizer, loss=model.loss)
-        if target is not None:
-            y = np.zeros((batch, *target[0]), target[1])
-        else:  # targets shaped like the outputs (a model trained from a dataset)
-            outputs = clone(x)
-            y = (np.zeros(tuple(outputs.shape), "float32") if not isinstance(outputs, (list, tuple))
-                 else [np.zeros(tuple(o.shape), "float32") for o in outputs])
-            del outputs
-        clone.train_on_batch(x, y)
-        step = lambda: clone.train_on_batch(x, y)  # noqa: E731
-    else:
-        clone.predict_on_batch(x)
-        step = lambda: clone.predict_on_batch(x)  # noqa: E731
-    profiler = Profiler(Options(mode="quick", publish=False, label="tfmem calibration probe"))
-    with profiler:
-        step()
-    peak = profiler.report.tf_peak_bytes
-    if peak is None:
-        raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which this kernel does not have "
-                              "(see the allocator-blind-spot finding)")
-    return int(peak)
-
-
-def _synthetic(shape: Any, batch: int, dtype: Any) -> Any:
-    import numpy as np
-
-    dims = [batch] + [int(d) if d is not None else 1 for d in list(shape)[1:]]
-    name = str(getattr(dtype, "name", dtype))
-    if "int" in name:
-        return np.zeros(dims, name)
-    return np.random.default_rng(0).random(dims, dtype="float32")
 
 
 def fmt_knobs(knobs: dict[str, Any]) -> str:

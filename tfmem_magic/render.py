@@ -259,8 +259,10 @@ def whatif_summary(w: prediction.WhatIf) -> str:
             f"{prediction.fmt_knobs(w.knobs)})")
     if w.budget_bytes is not None:
         text += f"; {format_bytes(w.budget_bytes)} available: " + ("fits" if w.fits else "does NOT fit")
-        if w.largest_batch is not None:
-            text += f"; the largest batch that fits is {w.largest_batch}"
+        if w.largest_batch is not None and w.largest_batch >= prediction.MAX_BATCH:
+            text += f"; any batch up to {prediction.MAX_BATCH:,} fits"
+        elif w.largest_batch is not None:
+            text += f"; the largest batch that fits is {w.largest_batch:,}"
         else:
             text += "; no batch size fits with these settings"
     return text + "."

@@ -60,7 +60,7 @@ class Tracer:
         self._t0 = t0
         self.max_seconds = max_seconds
         self._lock = threading.RLock()
-        self._dir = Path(tempfile.mkdtemp(prefix="tfmem-trace-"))
+        self._dir = Path(tempfile.mkdtemp(prefix=f"tfmem-trace-{os.getpid()}-"))  # whose it is, if one is left
         self._session = None  # the running _pywrap_profiler.ProfilerSession
         self._segment_start = 0.0
         self._count = 0

@@ -37,7 +37,8 @@ def whatif_tab(report: Report) -> widgets.Widget:
         return widgets.HTML(f"<div class='tfmem-empty'>{escape(str(exc))}</div>")
     knobs = base.knobs
     batch = knobs["batch_size"]
-    top = max(1024, 8 * batch, int((base.largest_batch or 0) * 1.25))
+    fit = base.largest_batch or 0
+    top = max(1024, 8 * batch, int(fit * 1.25) if fit <= 64 * batch else 0)  # the slider stays usable
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="480px")
     batch_w = widgets.IntSlider(value=batch, min=1, max=top, description="Batch size", style=style, layout=wide,
@@ -110,7 +111,9 @@ def whatif_tab(report: Report) -> widgets.Widget:
 
 
 def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf) -> str:
-    scale = max(w.peak_bytes, base.peak_bytes, w.budget_bytes or 0)
+    scale = max(w.peak_bytes, base.peak_bytes)
+    far = w.budget_bytes is not None and w.budget_bytes > 4 * scale  # a budget line at 1% of the bar says nothing
+    scale = scale if far or not w.budget_bytes else max(scale, w.budget_bytes)
     delta = w.peak_bytes - base.peak_bytes
     change = "" if delta == 0 else f" ({'+' if delta > 0 else '−'}{format_bytes(abs(delta))} vs. as run)"
     verdict = "" if w.fits is None else (
@@ -120,7 +123,7 @@ def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf) -> str:
         f"<tr><td><span style='color:{SPLIT_COLORS[k]}'>■</span> {k}</td>"
         f"<td class='num'>{escape(format_bytes(max(0, v)))}</td></tr>" for k, v in w.split.items())
     budget = ""
-    if w.budget_bytes:
+    if w.budget_bytes and not far:
         budget = (f"<div style='position:relative;height:0'><div title='budget' style='position:absolute;left:"
                   f"{100 * w.budget_bytes / max(scale, 1):.2f}%;top:-12px;height:14px;border-left:2px dashed "
                   "#c62828'></div></div>")

@@ -47,6 +47,18 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path)
     assert shown.first.evaluate("img => img.naturalWidth") > 400
     panel.screenshot(path=str(tmp_path / "panel-timeline.png"))
 
+    # the What if tab: moving the batch slider re-predicts in the kernel and the browser shows the new numbers
+    panel.get_by_role("tab", name="What if").click()
+    result = panel.locator(".tfmem-whatif").get_by_text("Predicted TF peak")
+    result.wait_for(state="visible")
+    assert "(analytic basis, batch 128" in result.inner_text()
+    slider = panel.locator(".tfmem-whatif .widget-slider").first
+    slider.locator(".widget-readout").click()  # the readout is editable: type a batch size
+    slider.locator(".widget-readout").fill("512")
+    slider.locator(".widget-readout").press("Enter")
+    page.wait_for_function("() => document.querySelector('.tfmem-whatif').innerText.includes('batch 512')")
+    panel.screenshot(path=str(tmp_path / "panel-whatif.png"))
+
     # save, stop the kernel, reopen: no widget can render, the static twin must be there
     page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function("!window.jupyterapp.shell.currentWidget.context.model.dirty")

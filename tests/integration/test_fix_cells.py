@@ -83,3 +83,43 @@ def test_before_needs_an_existing_report_and_fix_needs_before(shell):
     result = shell.run_cell("%%tfmem --before 1 --fix shrink-it\nx = 1")
     assert "not a fix id" in str(result.error_in_exec)
     assert "x" not in shell.user_ns  # bad arguments: the cell never ran
+
+
+WIDE = """%%tfmem --as wide_rep --no-panel
+wide = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(1024, activation="relu", name="enc"),
+                         keras.layers.Dense(1024, activation="relu", name="mid"), keras.layers.Dense(1, name="out")])
+wide.compile("adam", "mse")
+wide.fit(xw, yw, batch_size=64, verbose=0)
+"""
+
+
+@pytest.mark.slow
+def test_the_other_fix_cells_run_cleanly_and_keep_their_promise(shell):
+    """Every fix writer's cell for a real report: it runs, and where it predicts a peak the run stays within it."""
+    from tfmem_magic import fixes
+
+    assert shell.run_cell("import numpy as np, keras\nxw = np.random.rand(2048, 1024).astype('float32')\n"
+                          "yw = np.random.rand(2048, 1).astype('float32')").success
+    assert shell.run_cell(WIDE).success
+    report = shell.user_ns["wide_rep"]
+    ctx = fixes.Context(source=WIDE.split("\n", 1)[1], model_name="wide", array_names=("xw", "yw"),
+                        number=report.number)
+    for writer in (fixes.lighter_optimizer, fixes.freeze_layers, fixes.tf_data_streaming, fixes.clear_session,
+                   fixes.cpu_memory_limit):
+        fix = writer(report, ctx)
+        assert fix is not None, writer.__name__
+        code = fix.code.replace(f'--label "fix: {fix.id}"', f'--label "fix: {fix.id}" --no-panel')
+        result = shell.run_cell(code)
+        assert result.success, (fix.id, result.error_in_exec)
+        after = engine.last_report()
+        if code.startswith("%%tfmem") and fix.predicted_peak_bytes:
+            band = report.prediction.error_band
+            assert after.tf_peak_bytes <= fix.predicted_peak_bytes * (1 + band), (fix.id, after.tf_peak_bytes)
+            assert after.before.fix_id == fix.id
+        if fix.id == "tf-data-streaming":
+            assert after.trace.input_copies == []  # the generator never copies the whole arrays
+        if fix.id in ("freeze-layers", "clear-session"):  # these rebuild nothing: re-make the model for the next
+            assert shell.run_cell(WIDE).success
+            report = shell.user_ns["wide_rep"]
+            ctx.number = report.number
+    shell.run_line_magic("tfmem", "limit off")

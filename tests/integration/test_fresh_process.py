@@ -91,3 +91,25 @@ def test_without_tensorflow_reports_process_memory():
     assert data["mode"] == "quick" and data["tf"] == {}
     assert any("not installed" in n for n in data["notes"])
     assert data["grew"] >= 45 * 2**20
+
+
+def test_fragmentation_rule_fires_when_the_allocator_holds_a_larger_chunk():
+    """In a fresh process BFC grows its region to 128 MiB for a 66 MiB tensor and hands the whole chunk over (it
+    splits a chunk only when the rest is large): 62 MiB held for nothing while the tensor lives."""
+    data = run_python("""
+        import json, tfmem_magic
+        tfmem_magic.prepare()
+        import tensorflow as tf
+        tf.ones(4)
+        with tfmem_magic.profile(label="fragmented") as p:
+            a = tf.ones((66 * 2**20 // 4,))
+        with tfmem_magic.profile(label="plain") as q:
+            d = tf.ones((10 * 2**20 // 4,))
+        ids = lambda r: sorted(f.id for f in r.findings)
+        frag = next((f for f in p.report.findings if f.id == "fragmentation"), None)
+        t = p.report.trace
+        print(json.dumps({"fragmented": ids(p.report), "plain": ids(q.report), "waste": frag.bytes if frag else None,
+                          "gap": t.allocated_at_peak_bytes - t.requested_at_peak_bytes}))
+    """)
+    assert "fragmentation" in data["fragmented"] and "fragmentation" not in data["plain"]
+    assert data["waste"] == data["gap"] >= 32 * 2**20

@@ -69,7 +69,11 @@ def test_leak_rule_fires_on_a_leaking_cell_and_not_on_a_clean_one(watching):
         assert report.run == run
         fired = [f for f in report.findings if f.id == "leak-growth"]
         assert bool(fired) == (run >= 3)  # three runs in a row must each leave memory behind
-    assert "+1 MiB, +1 MiB, +1 MiB" in fired[0].evidence and "list" in fired[0].evidence
+    # ~1 MiB per run (TensorFlow may keep a small cache of its own on some run, as seen after other tests)
+    growth = fired[0].evidence.split(" left ", 1)[1].split(" live ")[0]
+    steps = [float(part.strip().lstrip("+").split()[0]) for part in growth.split(",")]
+    assert len(steps) == 3 and all(1.0 <= step <= 1.5 for step in steps) and "MiB" in growth, growth
+    assert "list" in fired[0].evidence
     for _ in range(5):
         gc.collect()
         shell.run_cell(clean)
