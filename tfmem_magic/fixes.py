@@ -195,7 +195,9 @@ def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
         return None
     x, y = ctx.array_names or ("x", "y")
     batch = model.batch_size
-    code = (f"import tensorflow as tf\n\ndef batches():  # yields slices: TensorFlow never holds the whole array\n"
+    unnamed = "" if ctx.array_names else "# x, y: your input arrays (the cell passed them without a name)\n"
+    code = (f"import tensorflow as tf\n{unnamed}\n"
+            "def batches():  # yields slices: TensorFlow never holds the whole array\n"
             f"    for i in range(0, len({x}), {batch}):\n        yield {x}[i:i + {batch}], {y}[i:i + {batch}]\n\n"
             "dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
             f"    tf.TensorSpec((None, *{x}.shape[1:]), {x}.dtype), tf.TensorSpec((None, *{y}.shape[1:]), "

@@ -93,32 +93,35 @@ function groupRows(groups: Json[], key: string, total: number): string {
   }).join('');
 }
 
-/** An inline SVG of TF live bytes (trace timeline) and process RSS over the cell. */
+/** Inline SVGs of TF live bytes (trace timeline, else the sampled values) and of process RSS over the cell, each on
+ * its own scale (RSS is often 1000x TF's bytes). */
 export function timelineSvg(report: Json): string {
-  const tl: number[][] = (report.trace && report.trace.timeline) || [];
+  const tfPoints: number[][] = (report.trace && report.trace.timeline && report.trace.timeline.length >= 2)
+    ? report.trace.timeline : ((mainDevice(report) || {}).samples || []);
   const rss: number[][] = (report.rss && report.rss.samples) || [];
   const series = [
-    { points: tl, color: '#5b8def', name: 'TF live' },
-    { points: rss, color: '#9e9e9e', name: 'process RSS' }
+    { points: tfPoints, color: '#5b8def', name: 'TF live bytes', fromZero: true },
+    { points: rss, color: '#9e9e9e', name: 'process RSS', fromZero: false }
   ].filter(s => s.points.length >= 2);
   if (series.length === 0) {
     return '';
   }
-  const all = series.flatMap(s => s.points);
-  const tMax = Math.max(...all.map(p => p[0]), 1e-6);
-  const yMax = Math.max(...all.map(p => p[1]), 1);
+  const tMax = Math.max(...series.flatMap(s => s.points.map(p => p[0])), 1e-6);
   const w = 600;
-  const h = 140;
-  const path = (pts: number[][]) => pts.map((p, i) =>
-    `${i ? 'L' : 'M'}${((p[0] / tMax) * w).toFixed(1)},${(h - (p[1] / yMax) * h).toFixed(1)}`).join('');
-  const lines = series.map(s =>
-    `<path d="${path(s.points)}" fill="none" stroke="${s.color}" stroke-width="1.5"><title>${s.name}</title></path>`
-  ).join('');
-  const legend = series.map(s => `<span style="color:${s.color}">■</span> ${s.name}`).join(' ');
-  return `<svg class="tfmem-timeline" viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" ` +
-    `role="img" aria-label="memory timeline">${lines}</svg>` +
-    `<div class="tfmem-muted">${legend} · ${escapeHtml(formatBytes(yMax))} at the top · ` +
-    `${tMax.toFixed(2)} s</div>`;
+  const h = 60;
+  return series.map(s => {
+    const values = s.points.map(p => p[1]);
+    const top = Math.max(...values, 1);
+    const bottom = s.fromZero ? 0 : Math.min(...values);
+    const span = Math.max(top - bottom, 1);
+    const d = s.points.map((p, i) =>
+      `${i ? 'L' : 'M'}${((p[0] / tMax) * w).toFixed(1)},${(h - ((p[1] - bottom) / span) * (h - 2) - 1).toFixed(1)}`
+    ).join('');
+    return `<div class="tfmem-muted"><span style="color:${s.color}">■</span> ${s.name}: ` +
+      `${escapeHtml(formatBytes(bottom))} → ${escapeHtml(formatBytes(top))} over ${tMax.toFixed(2)} s</div>` +
+      `<svg class="tfmem-timeline" viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" ` +
+      `aria-label="${s.name} over the cell"><path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.5"/></svg>`;
+  }).join('');
 }
 
 /** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped. */
