@@ -45,10 +45,11 @@ def large_batch(report: Report) -> Finding | None:
     if basis is None or model is None or not model.batch_size or not model.training:
         return None
     peak = _peak(report)
-    activations = parts_at(basis, basis.knobs)["activations"] * basis.fragmentation
+    parts = parts_at(basis, basis.knobs)
+    activations = parts["activations"] * basis.fragmentation
     if report.status == "oom":
         # the failed cell has no peak to compare with: the model's own estimate of the step stands in
-        peak = max(peak, round(sum(parts_at(basis, basis.knobs).values()) * basis.fragmentation))
+        peak = max(peak, round(sum(parts.values()) * basis.fragmentation))
     if peak <= 0 or activations < DOMINANT * peak or not _under_pressure(report, peak):
         return None
     budget = budget_for_tf(report)

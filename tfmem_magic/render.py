@@ -49,7 +49,7 @@ def _group_label(g: LiveGroup) -> str:
     return " · ".join(bits) or (g.phase or "?")
 
 
-def render_text(report: Report) -> str:
+def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
     r = report
     head = f"tfmem · {r.label + ' · ' if r.label else ''}{r.status} · {r.wall_s:.2f} s · {r.mode} mode"
     lines = [head, f"Verdict   {verdict(r)}"]
@@ -84,7 +84,7 @@ def render_text(report: Report) -> str:
     for i, fix in enumerate(r.fixes, 1):
         after = f" (predicted TF peak {format_bytes(fix.predicted_peak_bytes)})" if fix.predicted_peak_bytes else ""
         lines.append(f"Fix {i}     [{fix.id}] {fix.title}{after}; in a notebook: %tfmem fix {i} --report {r.number}")
-    for label, w in prediction.scenarios(r):
+    for label, w in prediction.scenarios(r) if whatifs is None else whatifs:
         fits = "" if w.fits is None else (" fits" if w.fits else " does NOT fit")
         lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
     for note in r.notes + ([r.trace.note] if r.trace and r.trace.note else []) + (
@@ -171,8 +171,10 @@ def png_img(png: bytes | None, alt: str) -> str:
     return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{data}'>"
 
 
-def render_html(report: Report, timeline: bytes | None = None) -> str:
-    """The static report; `timeline` is the timeline PNG if the caller already rendered it (else it is rendered)."""
+def render_html(report: Report, timeline: bytes | None = None,
+                whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
+    """The static report; `timeline` is the timeline PNG and `whatifs` the what-if rows if the caller already has
+    them (else they are computed)."""
     r = report
     title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
     cells = [(escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
@@ -221,7 +223,7 @@ def render_html(report: Report, timeline: bytes | None = None) -> str:
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)
         parts.append(f"<h4>Findings</h4><ul class='tfmem-findings'>{items}</ul>")
-    parts.append(whatif_html(r))
+    parts.append(whatif_html(r, whatifs))
     if r.fixes:
         items = "".join(
             f"<li><b>{escape(x.title)}</b> <code>{escape(x.id)}</code>: {escape(x.why)}"
@@ -268,9 +270,9 @@ def whatif_summary(w: prediction.WhatIf) -> str:
     return text + "."
 
 
-def whatif_html(report: Report) -> str:
+def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
     """The static what-if table: the same model the live sliders use, at a few settings."""
-    rows = prediction.scenarios(report)
+    rows = prediction.scenarios(report) if rows is None else rows
     if not rows:
         return ""
     scale = max([w.peak_bytes for _, w in rows] + [rows[0][1].budget_bytes or 0])
@@ -322,7 +324,9 @@ def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]
     data = report.to_dict()
     # for the JupyterLab renderer: the words the Python views use, so both say the same
     data["view"] = {"verdict": verdict(report), "level": _verdict_class(report).replace("tfmem-", "")}
-    return {"text/plain": render_text(report), "text/html": render_html(report, timeline), MIME_TYPE: data}
+    whatifs = prediction.scenarios(report)  # a few predictions with a largest-batch search each: once for both
+    return {"text/plain": render_text(report, whatifs), "text/html": render_html(report, timeline, whatifs),
+            MIME_TYPE: data}
 
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
