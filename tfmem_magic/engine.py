@@ -99,7 +99,7 @@ class Profiler:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         clean = self.untangle(exc)
-        self.finish(clean)
+        self.finish(exc)
         if clean is not exc:  # the guard's own exception, not pybind11's tangle of two (see Guard.untangle)
             raise clean from None
         return False  # never swallow the user's exception
@@ -186,6 +186,7 @@ class Profiler:
         """Stop every probe (always), then build and publish the report."""
         global _last
         wall = time.perf_counter() - self._t0
+        exc = self.untangle(exc)  # callers that show the exception untangle it too; the report must not depend on it
         if self._guard is not None:
             try:
                 self._guard.disarm()
@@ -274,14 +275,21 @@ class Profiler:
         report.fixes = fixes.build(report, self._fix_context(report, use))
 
     def _fix_context(self, report: Report, use: Any) -> fixes.Context:
+        """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""
+        model_name, arrays = None, None
         ns = self.options.namespace
-        model = use.model_ref() if use is not None else None
-        arrays = None
-        if ns is not None and use is not None and len(use.input_arrays) >= 2:
-            by_id = {id(v): k for k, v in list(ns.items()) if k.isidentifier() and not k.startswith("_")}
-            names = [by_id.get(i) for i, _ in use.input_arrays[:2]]
-            arrays = (names[0], names[1]) if all(names) else None
-        return fixes.Context(source=self.options.source, model_name=fixes.names_in(ns, model), array_names=arrays,
+        if ns is not None and use is not None:
+            public: dict[int, str] = {}  # id(value) -> the first name bound to it; private names only as fallback
+            private: dict[int, str] = {}
+            for name, value in list(ns.items()):  # one pass over the namespace
+                if name.isidentifier():
+                    (private if name.startswith("_") else public).setdefault(id(value), name)
+            model = use.model_ref()
+            if model is not None:
+                model_name = public.get(id(model)) or private.get(id(model))
+            names = [public.get(i) for i, _ in use.input_arrays[:2]]
+            arrays = (names[0], names[1]) if len(names) == 2 and all(names) else None
+        return fixes.Context(source=self.options.source, model_name=model_name, array_names=arrays,
                              number=report.number)
 
     def _remember_run(self, report: Report) -> list[diagnose.RunSummary]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from .errors import TfmemUsageError
 from .prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
@@ -292,15 +292,6 @@ def build(report: Report, ctx: Context) -> list[Fix]:
             fix.placement = "top" if fix.needs_restart else "below"
             fixes.append(fix)
     return fixes
-
-
-def names_in(namespace: dict[str, Any] | None, obj: Any) -> str | None:
-    """The user's variable name for `obj` (identity), preferring public names."""
-    if namespace is None or obj is None:
-        return None
-    found = [k for k, v in list(namespace.items()) if v is obj and k.isidentifier()]
-    public = [k for k in found if not k.startswith("_")]
-    return (public or found or [None])[0]
 
 
 def before_after(before: Report, after: Report, fix_id: str | None) -> BeforeAfter:

@@ -219,12 +219,7 @@ def resolve_report(shell: Any, ref: str, what: str = "%tfmem compare") -> Report
 
 def cell_key(shell: Any, source: str, cell_id: str | None = None) -> str:
     """The same cell across re-runs: Jupyter's cell id (given, or sent by the front end), else the source's hash."""
-    kernel = getattr(shell, "kernel", None)
-    if cell_id is None and kernel is not None:
-        try:
-            cell_id = kernel.get_parent("shell").get("metadata", {}).get("cellId")
-        except Exception:  # an older ipykernel: fall back to the source
-            cell_id = None
+    cell_id = cell_id or frontend.current_cell_id(shell)
     return f"cell:{cell_id}" if cell_id else "source:" + hashlib.sha1(source.encode()).hexdigest()[:16]
 
 
