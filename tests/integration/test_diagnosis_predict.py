@@ -3,13 +3,11 @@ introspection, and what-if prediction against real TensorFlow runs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import psutil
 import pytest
+from fresh import run_python
 
 from tfmem_magic import prediction
 from tfmem_magic.errors import TfmemUsageError
@@ -35,12 +33,9 @@ def headroom(mib: int) -> str:
 
 def fresh_peak(code: str) -> int:
     """The TF peak over baseline of `code` (after SETUP) run under profile() in a fresh Python process."""
-    script = ("import json, tfmem_magic\ntfmem_magic.prepare()\n" + SETUP + "\nwith tfmem_magic.profile() as p:\n"
-              + textwrap.indent(code, "    ") + "\nprint(json.dumps(p.report.tf_peak_bytes))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return int(run.stdout.strip().splitlines()[-1])
+    return run_python("import json, tfmem_magic\ntfmem_magic.prepare()\n" + SETUP
+                      + "\nwith tfmem_magic.profile() as p:\n" + textwrap.indent(code, "    ")
+                      + "\nprint(json.dumps(p.report.tf_peak_bytes))\n")
 
 
 def ids(report) -> set[str]:

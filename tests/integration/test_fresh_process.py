@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from fresh import run_python
 
 pytestmark = pytest.mark.slow
-
-
-def run_python(code: str, env: dict[str, str] | None = None) -> dict:
-    """Run code in a fresh interpreter; it prints one JSON line last, which is returned."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU_ALLOCATOR", "TF_ENABLE_ONEDNN"))}
-    full_env.update(env or {})
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         env=full_env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_script_api_without_ipython_sees_every_allocation():

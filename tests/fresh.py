@@ -1,0 +1,43 @@
+"""Fresh Python processes for tests whose numbers must not depend on what earlier tests left in this process:
+TensorFlow's allocator is chosen at the first op and keeps its regions (and Keras keeps trained models' variables)
+for the life of the process. (pytest puts tests/ on sys.path for conftest.py, so test files import this module.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> dict:
+    """Run code in a fresh interpreter (TensorFlow's allocator starts empty, as in a new kernel); it prints one JSON
+    line last, which is returned. This process's allocator settings and limits are not inherited: the code's own
+    `prepare()` sets them."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    full_env.update(env or {})
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         env=full_env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# A fresh process with a real IPython shell and the extension loaded: `sh` runs cells, `engine` holds the reports.
+FRESH_SHELL = """
+import json, os, psutil, tfmem_magic
+tfmem_magic.prepare()
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+from IPython.core.displaypub import CapturingDisplayPublisher
+from IPython.core.interactiveshell import InteractiveShell
+from tfmem_magic import engine
+sh = InteractiveShell.instance(display_pub_class=CapturingDisplayPublisher, history_length=0)
+sh.history_manager.enabled = False
+sh.run_line_magic("load_ext", "tfmem_magic")
+"""
+
+
+def run_in_fresh_shell(body: str) -> dict:
+    """Run `body` after FRESH_SHELL in a fresh process; it prints one JSON line last, which is returned. For tests
+    whose numbers must not depend on what earlier tests left in this process's allocator."""
+    return run_python(FRESH_SHELL + textwrap.dedent(body))
