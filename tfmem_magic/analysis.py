@@ -84,14 +84,16 @@ def match_frees(ev: MemoryEvents) -> tuple[np.ndarray, np.ndarray]:
     ends an allocation made before the trace (pre-existing).
 
     Sorting by (address, time) puts each allocation right before the free of the same address, so the matching
-    is done without a Python loop.
+    is done without a Python loop. An allocation followed by another allocation at its address was freed while the
+    trace was paused (the free is missing): it counts as freed by then, or the requested-bytes totals would only grow.
     """
     n = len(ev)
     freed_at = np.full(n, n, dtype=np.int64)
     order = np.lexsort((np.arange(n), ev.addr))
     a, b = order[:-1], order[1:]
-    pair = (ev.addr[a] == ev.addr[b]) & ev.is_alloc[a] & ~ev.is_alloc[b] & (ev.addr[a] >= 0)
-    freed_at[a[pair]] = b[pair]
+    same = (ev.addr[a] == ev.addr[b]) & ev.is_alloc[a] & (ev.addr[a] >= 0)
+    pair = same & ~ev.is_alloc[b]
+    freed_at[a[same]] = b[same]
     matched_free = np.zeros(n, dtype=bool)
     matched_free[b[pair]] = True
     preexisting_free = ~ev.is_alloc & ~matched_free

@@ -63,6 +63,22 @@ def test_address_reuse_matches_each_free_to_its_own_allocation():
     assert not pre.any()
 
 
+def test_an_address_allocated_again_without_a_free_was_freed_during_a_pause():
+    rows = [
+        (10, True, 100, 100, 0xA, 3, 0),   # its free fell in a pause: the address is handed out again at t=30
+        (20, True, 200, 200, 0xB, 3, 0),
+        (30, True, 100, 100, 0xA, 3, 0),
+        (40, False, 100, 100, 0xA, -1, 0),
+    ]
+    trace = make_trace(rows, strings=STRINGS)
+    trace.events.live[2:] -= 100  # the allocator's own live counter saw the missing free
+    freed_at, pre = analysis.match_frees(trace.events)
+    assert list(freed_at) == [2, 4, 3, 4] and not pre.any()
+    info = analysis.summarize(trace, analysis.Context())
+    assert info.peak_requested_bytes == 300  # not 400: the first 100 bytes were gone when the address came back
+    assert info.requested_at_peak_bytes == 300 and info.allocated_at_peak_bytes == 300
+
+
 def test_eager_allocations_use_layer_and_phase_spans():
     us = 10**6
     spans = [Span("layer/outer", 5 * us, 100 * us, "python"), Span("layer/inner", 10 * us, 20 * us, "python"),
