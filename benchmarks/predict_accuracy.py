@@ -77,7 +77,7 @@ m.compile("adam", loss)
 mode, batch, batches = {mode!r}, {batch}, {batches}
 with tfmem_magic.profile(mode="trace") as p:  # as a user's cell runs; the allocator's peak covers the whole fit
     m.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-out = {{"measured": p.report.tf_peak_bytes}}
+out = {{"measured": p.report.tf_peak_bytes, "requested": p.report.trace.peak_requested_bytes}}
 if mode == "anchor":
     def both(w):
         return [w.peak_bytes, sum(w.split.values())]
@@ -104,30 +104,34 @@ def main() -> None:
     parser.add_argument("--batches", default="16,32,64,128,256")
     parser.add_argument("--anchor", type=int, default=32)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs per point (median; spread shown)")
+    parser.add_argument("--repeats", type=int, default=5, help="fresh-process runs per point (median; spread shown)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    errors: dict[str, list[float]] = {k: [] for k in ("analytic", "measured")}
-    print(f"{'model':<12} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8}")
+    errors: dict[str, list[float]] = {k: [] for k in ("analytic", "measured", "measured, requested bytes")}
+    print(f"{'model':<12} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} | "
+          f"{'requested peak':>14} {'measured':>8}")
     for model in args.models.split(","):
         anchor = run(model, "anchor", args.anchor, batches)
         for batch in batches:
             runs = [run(model, "measure", batch, batches) for _ in range(args.repeats)]
             alloc = statistics.median(r["measured"] for r in runs)
             lo, hi = min(r["measured"] for r in runs), max(r["measured"] for r in runs)
+            requested = statistics.median(r["requested"] for r in runs)
             a_alloc, m_alloc = anchor["analytic"][str(batch)][0], anchor["calibrated"][str(batch)][0]
-            row = {"analytic": (a_alloc - alloc) / alloc, "measured": (m_alloc - alloc) / alloc}
+            m_requested = anchor["calibrated"][str(batch)][1]  # the split's sum: the prediction before fragmentation
+            row = {"analytic": (a_alloc - alloc) / alloc, "measured": (m_alloc - alloc) / alloc,
+                   "measured, requested bytes": (m_requested - requested) / requested}
             if batch != args.anchor:  # at the anchor both bases give back the anchor's measurement by construction
                 for key, value in row.items():
                     errors[key].append(abs(value))
             spread = f"{alloc / 2**20:.1f}Mi ({(lo - alloc) / alloc:+.0%}/{(hi - alloc) / alloc:+.0%})"
             mark = " (anchor)" if batch == args.anchor else ""
-            print(f"{model:<12} {batch:>5} | {spread:>24} {row['analytic']:>+8.1%} {row['measured']:>+8.1%}{mark}",
-                  flush=True)
+            print(f"{model:<12} {batch:>5} | {spread:>24} {row['analytic']:>+8.1%} {row['measured']:>+8.1%} | "
+                  f"{requested / 2**20:>12.1f}Mi {row['measured, requested bytes']:>+8.1%}{mark}", flush=True)
         print(f"{'':<12} probes at batches {anchor['probes']['batches']}: {anchor['probes']['seconds']} s",
               flush=True)
     for basis, values in errors.items():
-        print(f"{basis:>13}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} points")
+        print(f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} points")
 
 
 if __name__ == "__main__":

@@ -12,9 +12,13 @@ only the parts it changes. Where the per-sample slope comes from is the *basis*:
 
 - "analytic": from the Keras model alone (sum of layer outputs per sample, times a training factor), no extra run;
   measured error within 30% (benchmarks/predict_accuracy.py);
-- "measured": `measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) for a step at half,
-  once and four times the cell's batch and takes the slopes of the allocator's peak on each side. BFC's
-  fragmentation grows with the batch (1.2x at batch 32, 1.5x at 512 on a small CNN): one straight line does not do.
+- "measured": `measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) at half, once and
+  four times the cell's batch, fed as the cell fed it (fit's input pipeline holds prefetched batches: +30% per
+  sample on a CNN), and takes the slopes of the requested bytes' peak on each side. Requested bytes grow in a
+  straight line with the batch; the allocator's chunks do not (BFC's fragmentation is 1.0x-1.5x and changes from
+  run to run): the cell's own parts keep the cell's ratio, and what a knob adds or removes gets the ratio the
+  probes measured over their span (large tensors fit their chunks more closely: 1.04x on an attention block
+  whose cell ran at 1.10x, where one ratio for all over-predicted batch 256 by 22%).
 
 The analytic slope is the layer outputs (plus the score tensors inside attention layers) times a training factor,
 checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
@@ -78,6 +82,9 @@ class Basis:
     activations_per_sample_below: float | None = None  # the slope below the cell's batch, when measured apart
     slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
     copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
+    # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
+    # span: large tensors get closer-fitting chunks than the cell's mix); None: the cell's own fragmentation
+    increment_fragmentation: float | None = None
 
 
 @dataclass
@@ -212,7 +219,13 @@ def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
 
 
 def peak_at(basis: Basis, knobs: Knobs) -> int:
-    return max(0, round(sum(parts_at(basis, knobs).values()) * basis.fragmentation))
+    """The allocator's peak at `knobs`: the cell's parts in the cell's own chunks (so its settings give back its
+    measurement), and what the knobs change in the chunks the probes measured for such changes."""
+    total = sum(parts_at(basis, knobs).values())
+    if basis.increment_fragmentation is None:
+        return max(0, round(total * basis.fragmentation))
+    own = sum(parts_at(basis, basis.knobs).values())
+    return max(0, round(own * basis.fragmentation + (total - own) * basis.increment_fragmentation))
 
 
 def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int | None:
@@ -247,7 +260,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
-    samples. `calibrate=True` runs a few probe steps of a clone of the model (seconds) unless the report has them.
+    samples. `calibrate=True` trains a clone of the model at three batch sizes (seconds) unless the report has it.
     """
     basis = measured_basis(report) if calibrate else (_cached_basis(report) or analytic_basis(report))
     now = basis.knobs
@@ -259,7 +272,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
     if basis.name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
         band = ANALYTIC_BAND
-        notes.append("The probe steps ran at the cell's precision and input size: for another, the slope is scaled "
+        notes.append("The probes ran at the cell's precision and input size: for another, the slope is scaled "
                      "from the model, so the analytic error band applies.")
     if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
         notes.append(f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
@@ -302,13 +315,14 @@ def summary(report: Report) -> Prediction | None:
         return None
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
     fixed = basis.weights + basis.gradients + basis.optimizer + basis.input_copy + max(0, basis.other)
+    per_sample = (basis.activations_per_sample + basis.input_per_sample) * (basis.increment_fragmentation
+                                                                            or basis.fragmentation)
     return Prediction(basis=basis.name, static_bytes=round(fixed * basis.fragmentation),
-                      per_sample_bytes=round((basis.activations_per_sample + basis.input_per_sample)
-                                             * basis.fragmentation), fragmentation_ratio=round(basis.fragmentation, 3),
+                      per_sample_bytes=round(per_sample), fragmentation_ratio=round(basis.fragmentation, 3),
                       error_band=band)
 
 
-# ---- calibration: probe steps of a clone -------------------------------------------------------------------------
+# ---- calibration: probe runs of a clone ---------------------------------------------------------------------------
 
 # id(report) -> (weakref to the report, weakref to its model, the targets' per-sample shape and dtype)
 _models: dict[int, tuple[weakref.ref, Any, Any]] = {}
@@ -341,8 +355,8 @@ def _cached_basis(report: Report) -> Basis | None:
 
 
 def probe_batches(report: Report, basis: Basis) -> list[int]:
-    """Batch sizes for the probes: half the cell's batch, the batch, and 4x it. BFC's fragmentation grows with the
-    batch, so the slope is measured on each side of the cell's batch (piecewise). Without room for 4x in the
+    """Batch sizes for the probes: half the cell's batch, the batch, and 4x it. The slope is measured on each side
+    of the cell's batch (piecewise: kernels can change algorithm with the size). Without room for 4x in the
     budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM)."""
     batch = basis.knobs.batch_size
     budget = budget_for_tf(report)
@@ -354,8 +368,8 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
 
 
 def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
-    """Calibrate: a training step of a clone of the cell's model on synthetic data at three batch sizes; the
-    slopes of the allocator's peak between them replace the analytic one. Cached per report."""
+    """Calibrate: a clone of the cell's model trains on synthetic data at three batch sizes; the slopes of the
+    requested bytes' peak between them replace the analytic one. Cached per report."""
     cached = _cached_basis(report)
     if cached is not None:
         return cached
@@ -369,19 +383,30 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     started = time.perf_counter()
     train = report.model.training if report.model else True
     if progress:
-        progress(f"probe steps at batch {', '.join(map(str, batches))}", 0.1)
-    peaks = calibrate.probe_peaks(model, batches, train, entry[2])
+        progress(f"probe runs at batch {', '.join(map(str, batches))}", 0.1)
+    pipeline = any(c in ("fit", "evaluate", "predict") for c in report.model.calls) if report.model else False
+    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline)
     if progress:
         progress("done", 1.0)
     anchor = basis.knobs.batch_size
 
-    def slope(a: int, b: int) -> float:  # the allocator's slope, in the basis' requested bytes, minus the input
-        per_sample = max(0.0, (peaks[b] - peaks[a]) / (b - a)) / basis.fragmentation
+    def slope(a: int, b: int) -> float:  # the requested bytes' slope (a straight line, unlike the chunks'), less input
+        per_sample = max(0.0, (peaks[b][1] - peaks[a][1]) / (b - a))
         return max(0.0, per_sample - basis.input_per_sample)
+
+    low, high = batches[0], batches[-1]
+    grown = peaks[high][1] - peaks[low][1]
+    # what the batch adds is large enough to measure its chunks (not a step's noise: temporaries that overlap or
+    # not, e.g. +-4 MiB on an MLP whose step barely grows with the batch)
+    measurable = grown >= 0.25 * peaks[high][1]
+    chunks = (peaks[high][0] - peaks[low][0]) / grown if measurable else basis.fragmentation
 
     lower = [b for b in batches if b < anchor]
     upper = [b for b in batches if b > anchor]
-    if anchor in peaks and upper:
+    requested = [peaks[b][1] for b in batches]
+    if requested != sorted(requested):  # noise-dominated: one least-squares line through all the probes
+        above, below = max(0.0, _line_slope(batches, requested) - basis.input_per_sample), None
+    elif anchor in peaks and upper:
         above = slope(anchor, upper[-1])
         below = slope(lower[0], anchor) if lower else None
     else:  # after an OOM: the probes are all below the cell's batch
@@ -391,11 +416,18 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
              if basis.measured_peak is not None else 0)
     measured = replace(basis, name="measured", activations_per_sample=above, activations_per_sample_below=below,
-                       other=other, slope_source="probe steps",
-                       calibration={"batches": batches, "peak_bytes": [peaks[b] for b in batches],
+                       other=other, slope_source="probe runs", increment_fragmentation=min(2.0, max(1.0, chunks)),
+                       calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
+                                    "requested_bytes": [peaks[b][1] for b in batches],
                                     "seconds": round(time.perf_counter() - started, 2)})
     _measured[id(report)] = (weakref.ref(report), measured)
     return measured
+
+
+def _line_slope(xs: list[int], ys: list[float]) -> float:
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0
 
 
 def fmt_knobs(knobs: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The what-if tab of the panel: sliders and dropdowns that re-predict the cell's peak as they move (no re-run),
-and a button that calibrates the prediction with probe steps. Every number comes from `predict`."""
+and a button that calibrates the prediction with probe runs of a clone. Every number comes from `predict`."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def whatif_tab(report: Report) -> widgets.Widget:
     scale_w = widgets.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="Input size ×",
                                      style=style, layout=wide)
     result = widgets.HTML()
-    calibrate_w = widgets.Button(description="Calibrate (3 probe steps)", icon="flask",
+    calibrate_w = widgets.Button(description="Calibrate (probe runs)", icon="flask",
                                  tooltip="Train a clone of the model for one step at three batch sizes (seconds) "
                                          "and use the measured slope: ±10% instead of ±30%",
                                  layout=widgets.Layout(width="240px"))

@@ -3,11 +3,12 @@ introspection, and what-if prediction against real TensorFlow runs."""
 
 from __future__ import annotations
 
+import statistics
 import textwrap
 
 import psutil
 import pytest
-from fresh import run_python
+from fresh import run_in_fresh_shell, run_python
 
 from tfmem_magic import prediction
 from tfmem_magic.errors import TfmemUsageError
@@ -90,12 +91,7 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
     measured = prediction.predict(rep, batch_size=128, calibrate=True)
     assert measured.basis == "measured" and measured.error_band == prediction.MEASURED_BAND
     assert guess.basis == "analytic" and guess.error_band == prediction.ANALYTIC_BAND
-    # the run being predicted, in a fresh process as the prediction assumes (this long-lived test process reuses
-    # allocator regions of earlier tests); the full accuracy study is benchmarks/predict_accuracy.py
-    actual = fresh_peak("m = cnn()\nm.fit(x[:256], y[:256], batch_size=128, verbose=0)")
-    assert guess.peak_bytes > same.peak_bytes and abs(guess.peak_bytes - actual) <= 0.5 * actual, (guess, actual)
-    # one run is noisy (BFC chunk reuse, fit's input copy): a loose check; the benchmark measures the accuracy
-    assert abs(measured.peak_bytes - actual) <= 0.3 * actual, (measured.peak_bytes, actual)
+    assert guess.peak_bytes > same.peak_bytes and measured.peak_bytes > same.peak_bytes
     # knobs move the parts they should
     guess = prediction.predict(rep, batch_size=128)  # once calibrated, the report's predictions use the probes
     assert guess.basis == "measured" and guess.peak_bytes == measured.peak_bytes
@@ -112,6 +108,29 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
         prediction.predict(rep, batch_size=0)
     with pytest.raises(TfmemUsageError, match="policy='fp8'"):
         prediction.predict(rep, policy="fp8")
+
+
+TRACK = """
+sh.run_cell(SETUP)
+sh.run_cell("%%tfmem --as rep\\nm = cnn()\\nm.fit(x[:256], y[:256], batch_size=32, verbose=0)")
+from tfmem_magic import prediction
+rep = sh.user_ns["rep"]
+print(json.dumps([prediction.predict(rep, batch_size=128).peak_bytes,
+                  prediction.predict(rep, batch_size=128, calibrate=True).peak_bytes]))
+"""
+
+
+@pytest.mark.slow
+def test_predictions_track_a_real_run():
+    # the cell and the run it predicts each in a fresh process, as a user meets them (in this long-lived test
+    # process the allocator's regions of earlier tests change the cell's fragmentation: 1.04x to 1.34x seen)
+    guess, measured = run_in_fresh_shell(f"SETUP = {SETUP!r}\n" + TRACK)
+    # the typical run: one run's peak varies by +-12% here (BFC chunk reuse), so the median of three
+    actual = statistics.median(fresh_peak("m = cnn()\nm.fit(x[:256], y[:256], batch_size=128, verbose=0)")
+                               for _ in range(3))
+    assert abs(guess - actual) <= 0.5 * actual, (guess, actual)
+    # a loose check against a run of the test's own; benchmarks/predict_accuracy.py measures the accuracy
+    assert abs(measured - actual) <= 0.3 * actual, (measured, actual)
 
 
 def test_prediction_needs_a_model(tf_shell):

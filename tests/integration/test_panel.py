@@ -113,7 +113,7 @@ def test_whatif_sliders_repredict_and_calibrate(fit_report):
     assert "mixed_float16" not in str(controls["Precision"].options)  # never offered on CPU
     controls["Precision"].value = "mixed_bfloat16"
     assert "mixed_bfloat16" in result.value
-    controls["Calibrate (3 probe steps)"].click()  # a clone of the model trains two probe steps
+    controls["Calibrate (probe runs)"].click()  # a clone of the model trains at three batch sizes
     assert "measured basis" in result.value and "±10%" not in result.value  # bf16: the probes ran in float32
     controls["Precision"].value = "float32"
     assert "±10%" in result.value and "measured basis" in result.value
