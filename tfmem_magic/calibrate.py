@@ -20,6 +20,8 @@ from typing import Any
 from .errors import TfmemUsageError
 
 TIMEOUT_S = 600
+# steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
+PIPELINE_STEPS = 4
 
 _PROBE = r"""
 import json, sys
@@ -39,7 +41,7 @@ def synthetic(shape, batch, dtype):
 
 if spec["train"]:
     model.compile_from_config(spec["compile"])
-STEPS = 4  # a few steps: fit's input pipeline holds prefetched batches once it is running, as in the cell
+STEPS = spec["steps"]
 
 def data(batch):
     inputs = [synthetic(t.shape, batch, t.dtype.name if hasattr(t.dtype, "name") else t.dtype) for t in model.inputs]
@@ -85,6 +87,7 @@ def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple
 
     try:
         spec = {"model": model.to_json(), "batches": batches, "train": train, "pipeline": pipeline,
+                "steps": PIPELINE_STEPS,
                 "target": [list(target[0]), target[1]] if target is not None else None,
                 "compile": model.get_compile_config() if train else None,
                 "policy": keras.mixed_precision.global_policy().name}

@@ -357,10 +357,12 @@ def _cached_basis(report: Report) -> Basis | None:
 def probe_batches(report: Report, basis: Basis) -> list[int]:
     """Batch sizes for the probes: half the cell's batch, the batch, and 4x it. The slope is measured on each side
     of the cell's batch (piecewise: kernels can change algorithm with the size). Without room for 4x in the
-    budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM)."""
+    budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM). The room counts
+    the probe's synthetic inputs too: a few batches, held twice while they become tensors."""
     batch = basis.knobs.batch_size
     budget = budget_for_tf(report)
-    roomy = budget is None or peak_at(basis, replace(basis.knobs, batch_size=4 * batch)) * 1.5 < 0.8 * budget
+    inputs = 2 * calibrate.PIPELINE_STEPS * 4 * batch * basis.input_per_sample
+    roomy = budget is None or peak_at(basis, replace(basis.knobs, batch_size=4 * batch)) * 1.5 + inputs < 0.8 * budget
     if report.status == "ok" and roomy:
         return sorted({max(1, batch // 2), batch, 4 * batch})
     high = batch if report.status == "ok" else max(2, batch // 2)

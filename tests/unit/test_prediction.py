@@ -5,6 +5,8 @@ here they are the collaborator, replaced by fixed numbers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from test_fixes import report
@@ -64,3 +66,16 @@ def test_calibration_is_cached_per_report_and_needs_the_live_model(monkeypatch):
     with pytest.raises(prediction.TfmemUsageError, match="live Keras model"):
         prediction.measured_basis(other)
     assert model is not None  # the live model stays referenced until here
+
+
+def test_the_4x_probe_needs_room_for_its_peak_and_its_synthetic_inputs():
+    rep = report(batch=256)
+    basis = prediction.analytic_basis(rep)
+    peak_4x = prediction.peak_at(basis, replace(basis.knobs, batch_size=1024))
+    inputs = 2 * calibrate.PIPELINE_STEPS * 1024 * basis.input_per_sample  # 4 steps of 4x the batch, held twice
+    assert inputs > 0
+    # room for the 4x probe's peak (with its margin) but not for its inputs as well: the probes stay at and below
+    rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs / 2) / 0.8)
+    assert prediction.probe_batches(rep, basis) == [64, 128, 256]
+    rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs * 2) / 0.8)
+    assert prediction.probe_batches(rep, basis) == [128, 256, 1024]
