@@ -15,7 +15,9 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+import tempfile
+import threading
+from typing import Any, Callable
 
 from .errors import TfmemUsageError
 
@@ -29,6 +31,7 @@ spec = json.loads(sys.stdin.read())
 import tfmem_magic
 tfmem_magic.prepare()
 import numpy as np, keras, tensorflow as tf
+print("TFMEM-PROGRESS 0", flush=True)
 from tfmem_magic.engine import Options, Profiler
 keras.mixed_precision.set_global_policy(spec["policy"])
 model = keras.models.model_from_json(spec["model"])
@@ -55,7 +58,8 @@ def data(batch):
                [np.zeros(tuple(o.shape), "float32") for o in out])
 
 peaks = {}
-for batch in spec["batches"]:
+for i, batch in enumerate(spec["batches"]):
+    print(f"TFMEM-PROGRESS {i + 1}", flush=True)
     if spec["pipeline"]:  # the cell gave fit/predict its arrays: Keras' own input pipeline, as there
         # as tensors made before the probe: fit copies numpy arrays, and a copy of the probe's arrays would grow
         # with the probe's batch (the cell's copy is a part of its own, from the arrays' size)
@@ -78,11 +82,12 @@ print("TFMEM-PROBE " + json.dumps(peaks))
 
 
 def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple, str] | None,
-                pipeline: bool = False) -> dict[int, tuple[int, int]]:
+                pipeline: bool = False, progress: Callable[[str, float], None] | None = None
+                ) -> dict[int, tuple[int, int]]:
     """Per batch size, one step of a clone of `model` (with `pipeline`, a few steps of fit/predict on arrays, as the
     cell ran them): the allocator's peak and the peak of the bytes the step requested, both over the step's start.
     The requested bytes grow in a straight line with the batch; the allocator's chunks add BFC's fragmentation on
-    top, which varies from run to run (DESIGN.md §1)."""
+    top, which varies from run to run (DESIGN.md §1). `progress(text, fraction)` hears of each stage as it starts."""
     import keras
 
     try:
@@ -95,19 +100,53 @@ def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
         raise TfmemUsageError(f"calibration needs a model Keras can rebuild from its config (Sequential or "
                               f"functional, registered custom layers): {type(exc).__name__}: {str(exc)[:200]}") from exc
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    try:
-        run = subprocess.run([sys.executable, "-c", _PROBE], input=payload, capture_output=True, text=True,
-                             env=env, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use") \
-            from None
-    line = next((x for x in run.stdout.splitlines() if x.startswith("TFMEM-PROBE ")), None)
-    if run.returncode != 0 or line is None:
-        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        raise TfmemUsageError(f"calibration probes failed ({last[:300]}); the analytic basis stays in use")
+    stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
+    tell = progress or (lambda text, done: None)
+    tell("starting TensorFlow", 0.02)
+    returncode, lines, last_error = _run_probe(payload, lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
+    if returncode is None:
+        raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use")
+    line = next((x for x in lines if x.startswith("TFMEM-PROBE ")), None)
+    if returncode != 0 or line is None:
+        raise TfmemUsageError(f"calibration probes failed ({last_error[:300]}); the analytic basis stays in use")
     peaks = {int(k): tuple(v) for k, v in json.loads(line.split(" ", 1)[1]).items()}
     if any(None in v for v in peaks.values()):
         raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
                               "have")
     return peaks
+
+
+def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
+    """Run the probe script, calling `stage(k)` as it announces stage k on stdout. Returns the exit code (None if
+    it ran past TIMEOUT_S and was killed), its stdout lines and the last line of its stderr. stderr goes to a file:
+    a pipe nobody reads could fill up with TensorFlow's warnings and stall the probe."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    timed_out = threading.Event()
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err, \
+            subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=err, text=True, env=env) as proc:
+
+        def stop() -> None:
+            timed_out.set()
+            proc.kill()
+
+        deadline = threading.Timer(TIMEOUT_S, stop)
+        deadline.start()
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(payload)
+            proc.stdin.close()
+            for raw in proc.stdout:
+                lines.append(raw.rstrip("\n"))
+                if raw.startswith("TFMEM-PROGRESS "):
+                    stage(int(raw.split()[1]))
+        finally:
+            deadline.cancel()
+            deadline.join()
+            if proc.poll() is None:  # a progress callback raised: the probe must not outlive the call
+                proc.kill()
+            proc.wait()
+        err.seek(0)
+        last = (err.read().strip().splitlines() or ["no output"])[-1]
+    return (None if timed_out.is_set() else proc.returncode), lines, last

@@ -384,10 +384,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True
-    if progress:
-        progress(f"probe runs at batch {', '.join(map(str, batches))}", 0.1)
     pipeline = any(c in ("fit", "evaluate", "predict") for c in report.model.calls) if report.model else False
-    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline)
+    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline, progress)
     if progress:
         progress("done", 1.0)
     anchor = basis.knobs.batch_size

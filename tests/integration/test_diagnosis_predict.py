@@ -181,3 +181,27 @@ def test_non_tf_growth_fires_on_numpy_memory(tf_shell):
     plain, _ = cell(tf_shell, "import tensorflow as tf\nt = tf.ones((2048, 2048))", "--quick")
     assert "non-tf-growth" not in ids(plain)
     tf_shell.user_ns.pop("hoard")
+
+
+@pytest.mark.slow
+def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
+    import threading
+
+    import keras
+
+    from tfmem_magic import calibrate
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile("adam", "mse")
+    threads = threading.active_count()
+    heard = []
+    peaks = calibrate.probe_peaks(model, [16, 64], True, ((4,), "float32"), True,
+                                  lambda text, done: heard.append((text, done)))
+    assert [text for text, _ in heard] == ["starting TensorFlow", "building the clone", "probe at batch 16",
+                                           "probe at batch 64"]
+    assert [done for _, done in heard] == sorted(done for _, done in heard) and heard[-1][1] < 1
+    assert set(peaks) == {16, 64} and peaks[64][1] > peaks[16][1] > 0
+    monkeypatch.setattr(calibrate, "TIMEOUT_S", 1)  # TensorFlow alone takes longer to start
+    with pytest.raises(TfmemUsageError, match="took more than 1 s"):
+        calibrate.probe_peaks(model, [16, 64], True, ((4,), "float32"), True)
+    assert threading.active_count() == threads  # the deadline's timer is gone, the probe process killed
