@@ -43,4 +43,3 @@ def shell(tmp_path):
 def displayed(shell):
     """A function returning the data dicts the shell has displayed so far."""
     return lambda: [out["data"] for out in shell.display_pub.outputs]
-

@@ -1,6 +1,7 @@
-"""Calibration probes in a fresh Python process: a clone of the model (from its Keras config) trains one step at
-each probe batch size on synthetic data under the profiler, and each step's peak comes back (allocator and
-requested bytes).
+"""Calibration probes in a fresh Python process: a clone of the model (from its Keras config) trains at each probe
+batch size on synthetic data under the profiler, fed as the cell fed it (a few steps of `fit` when the cell gave
+`fit` its arrays, one `train_on_batch` step otherwise), and each probe's peak comes back (allocator and requested
+bytes).
 
 Why another process: Keras 3 on TensorFlow 2.21 keeps a trained model's variables alive after the model is gone
 (measured: 288 MiB of a 25M-parameter model stay allocated after `del` and `gc.collect()`, and
