@@ -171,7 +171,7 @@ def _input_copy(report: Report) -> tuple[int, int]:
     cell's trace did not find live at its peak. Keras usually keeps the copy through the peak but not always (run
     to run, in fresh processes: DESIGN.md): predictions count it, so they describe the usual run."""
     model = report.model
-    if model is None or not any(c in ("fit", "evaluate", "predict") for c in model.calls):
+    if model is None or not model.fed_arrays:
         return 0, 0
     expected = model.input_array_bytes
     if report.trace is not None and report.trace.events and report.status == "ok":
@@ -384,7 +384,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True
-    pipeline = any(c in ("fit", "evaluate", "predict") for c in report.model.calls) if report.model else False
+    pipeline = report.model.fed_arrays if report.model else False
     peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline, progress)
     if progress:
         progress("done", 1.0)

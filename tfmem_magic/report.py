@@ -154,6 +154,12 @@ class ModelInfo:
         return any(c in ("fit", "train_on_batch") for c in self.calls)
 
     @property
+    def fed_arrays(self) -> bool:
+        """fit/evaluate/predict ran on the cell's data: Keras' input pipeline (a copy of numpy arrays, prefetched
+        batches) is part of the peak."""
+        return any(c in ("fit", "evaluate", "predict") for c in self.calls)
+
+    @property
     def activation_bytes_per_sample(self) -> int:
         return sum(layer.activation_bytes_per_sample for layer in self.layers)
 

@@ -56,7 +56,7 @@ def whatif_tab(report: Report) -> widgets.Widget:
                                      style=style, layout=wide)
     result = widgets.HTML()
     calibrate_w = widgets.Button(description="Calibrate (probe runs)", icon="flask",
-                                 tooltip="Train a clone of the model for one step at three batch sizes (seconds) "
+                                 tooltip="Train a clone of the model at three batch sizes in a fresh process (5-30 s) "
                                          "and use the measured slope: ±10% instead of ±30%",
                                  layout=widgets.Layout(width="240px"))
     progress = widgets.IntProgress(value=0, min=0, max=100, layout=widgets.Layout(width="200px", visibility="hidden"))
