@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 import numpy as np
@@ -42,7 +42,10 @@ class Context:
 
     layer_names: set[str] = field(default_factory=set)
     optimizer_scopes: set[str] = field(default_factory=lambda: set(_OPTIMIZER_SCOPES))
-    input_array_bytes: set[int] = field(default_factory=set)  # nbytes of numpy arrays handed to fit/predict/...
+    input_array_bytes: set[int] = field(default_factory=set)  # bytes of the tensor copies Keras makes of arrays
+    copy_roles: dict[int, str] = field(default_factory=dict)  # copy bytes -> "training" | "validation"
+    batch_size: int | None = None  # the batch the cell's model ran (to find the tensors that grow with it)
+    weight_shapes: set[str] = field(default_factory=set)  # "[a,b]" shapes of the model's variables
 
 
 @dataclass
@@ -175,7 +178,7 @@ def attribute_events(trace: Trace, ctx: Context) -> Attributed:
     """Op, layer and phase of every event, computed once per distinct op string and broadcast with numpy."""
     ev, spans = trace.events, trace.spans
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
-    ctx = Context(ctx.layer_names | span_layers, ctx.optimizer_scopes, ctx.input_array_bytes)
+    ctx = replace(ctx, layer_names=ctx.layer_names | span_layers)
     ops: list[str] = ["(untagged)", "input copy (numpy → tensor)"]
     layers: list[str] = []
     op_index = {name: i for i, name in enumerate(ops)}
@@ -266,6 +269,26 @@ def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: 
             for key, (b, r, c) in ordered]
 
 
+def batch_dimension(shape: str | None, batch: int) -> bool:
+    """The tensor has the batch as its first or second dimension ([B, ...]; time-major RNN states [T, B, ...])."""
+    if not shape or not shape.startswith("["):
+        return False
+    dims = shape.strip("[]").split(",")[:2]
+    return str(batch) in dims
+
+
+def _batch_bytes(rows: list[tuple], ctx: Context) -> int | None:
+    """Requested bytes live at the peak in tensors that carry the batch dimension: what grows with the batch,
+    measured (activations, their gradients, the states a recurrent layer keeps per time step, attention scores,
+    the batches in the input pipeline). None without a batch large enough to tell from other dimensions."""
+    batch = ctx.batch_size
+    if batch is None or batch < 3:
+        return None
+    skip = {"weights", "optimizer", "pre-existing", "untraced"}
+    return sum(r[6] for r in rows if r[2] not in skip and not r[0].startswith("input copy")
+               and r[4] not in ctx.weight_shapes and batch_dimension(r[4], batch))
+
+
 def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     """The trace part of a report: timeline, peak, and the live set at the peak broken down several ways."""
     ev = trace.events
@@ -304,7 +327,8 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     copies = np.nonzero(own_alloc & (att.op == att.ops.index("input copy (numpy → tensor)")))[0]
     info.input_copies = [
         InputCopy(int(ev.chunk[i]), int(ev.requested[i]), round(float(t_s[i]), 6),
-                  round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]))
+                  round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]),
+                  ctx.copy_roles.get(int(ev.requested[i]), "training"))
         for i in copies]
     rows = []
     for i in idx:
@@ -314,6 +338,8 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     pre = [((op, None, phase, None, None), size, size) for op, phase, size in (
         ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
         ("(allocated while the trace was paused)", "untraced", untraced_at_peak)) if size > 0]
+    info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
+    info.batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     info.at_peak = _groups([((r[0], r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows] + pre,
                            ("op", "layer", "phase", "dtype", "shape"), top)
     info.by_layer = _groups([((r[1] or "(no layer)",), r[5], r[6]) for r in rows], ("layer",), top)

@@ -18,6 +18,8 @@ LEAK_RUNS = 3  # consecutive runs of a cell that must each leave memory behind
 LEAK_MIN_TF = 256 * 1024  # bytes a run must leave live in TF's allocator to count
 LEAK_MIN_RSS = 16 * 2**20  # RSS growth per run to count (RSS is coarse: pages, allocator arenas)
 RETRACE_MIN = 3  # traces of one tf.function in one cell
+MIN_COPY_SHARE = 0.1  # an input copy worth a finding: this share of the cell's memory at the peak,
+MIN_COPY_BYTES = 64 * 2**20  # or this large in itself
 KERAS_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator", "one_step_on_data", "predict_step",
                         "train_function", "test_function", "predict_function")
 
@@ -101,14 +103,22 @@ def out_of_memory(report: Report) -> Finding | None:
 
 
 def input_copy(report: Report) -> Finding | None:
+    """Keras copied numpy arrays into tensors, and the copy is a real part of the peak (or large in itself)."""
     trace = report.trace
     if trace is None or not trace.input_copies:
         return None
     copied = sum(c.bytes for c in trace.input_copies)
     at_peak = sum(c.bytes for c in trace.input_copies if c.live_at_peak)
     own = trace.allocated_at_peak_bytes
+    share = at_peak / own if own else 1.0
+    if share < MIN_COPY_SHARE and copied < MIN_COPY_BYTES:
+        return None  # a few KiB of validation rows: true, but not worth a finding
+    calls = report.model.calls if report.model is not None else []
+    call = next((c for c in ("fit", "evaluate", "predict") if c in calls), "fit/evaluate/predict")
+    roles = sorted({c.role for c in trace.input_copies})
+    what = " and ".join(f"{role} data ({format_bytes(sum(c.bytes for c in trace.input_copies if c.role == role))})"
+                        for role in roles)
     if at_peak:
-        share = at_peak / own if own else 1.0
         severity = "warn" if share >= 0.5 else "info"
         where = (f"{format_bytes(at_peak)} of it was live at the peak: {share:.0%} of the "
                  f"{format_bytes(own)} this cell held then.")
@@ -117,10 +127,9 @@ def input_copy(report: Report) -> Finding | None:
         where = "It was freed before the peak, so it did not raise this cell's peak."
     return Finding(
         id="input-copy", severity=severity,
-        title="fit() copied the whole input arrays into tensors",
+        title=f"{call}() copied the whole input arrays into tensors",
         evidence=f"TensorFlow allocated {format_bytes(copied)} for tensor copies of the numpy arrays handed to "
-                 f"fit/evaluate/predict ({len(trace.input_copies)} array(s)): the data is held twice, once by numpy "
-                 f"and once by TensorFlow. {where}",
+                 f"{call}() ({what}): the data is held twice, once by numpy and once by TensorFlow. {where}",
         bytes=at_peak or copied, fixes=["tf-data-streaming"],
     )
 

@@ -261,14 +261,16 @@ class Profiler:
         instr = self._instrumentation
         use = None
         if instr is not None:
-            use = modelinfo.main_use(list(instr.models.values()))
-            report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers)
-                            if use is not None else None)
-            report.tf_function_traces = dict(instr.traces)
+            uses = list(instr.models.values())
+            use = modelinfo.main_use(uses, instr.applied)
+            report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers, instr.applied,
+                                               uses) if use is not None else None)
+            report.tf_function_traces = instr.function_traces()
+            report.notes.extend(instr.notes)
             if report.model is not None and self.options.publish:
                 prediction.remember_model(report, use.model_ref(), use.target)
         if self._mode == "trace":
-            report.trace = self._trace_info(segments, report)
+            report.trace = self._trace_info(segments, report, use)
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
@@ -287,8 +289,9 @@ class Profiler:
             model = use.model_ref()
             if model is not None:
                 model_name = public.get(id(model)) or private.get(id(model))
-            names = [public.get(i) for i, _ in use.input_arrays[:2]]
-            arrays = (names[0], names[1]) if len(names) == 2 and all(names) else None
+            arrays = {}
+            for a in use.training_arrays:  # "" for an expression; None for several arrays (a dict of inputs)
+                arrays[a.role] = None if a.role in arrays else (public.get(a.id) or private.get(a.id) or "")
         return fixes.Context(source=self.options.source, model_name=model_name, array_names=arrays,
                              number=report.number)
 
@@ -306,10 +309,13 @@ class Profiler:
         series.append(diagnose.run_summary(report, self._instrumentation.new_models if self._instrumentation else 0))
         return previous
 
-    def _trace_info(self, segments: list[tuple[bytes, int]], report: Report) -> TraceInfo:
+    def _trace_info(self, segments: list[tuple[bytes, int]], report: Report, use: Any) -> TraceInfo:
         instr = self._instrumentation
         assert instr is not None and self._tracer is not None
-        ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.input_nbytes))
+        ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.input_nbytes),
+                               copy_roles=dict(instr.copy_roles),
+                               batch_size=report.model.batch_size if report.model is not None else None,
+                               weight_shapes=modelinfo.weight_shapes(use))
         ctx.optimizer_scopes |= instr.optimizer_names
         info = analysis.summarize(xplane.read_segments(segments), ctx)
         if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":

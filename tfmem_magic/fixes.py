@@ -27,7 +27,8 @@ class Context:
 
     source: str | None = None  # the profiled cell's body (without the %%tfmem line)
     model_name: str | None = None  # the variable that holds the model the cell used
-    array_names: tuple[str, str] | None = None  # the variables passed to fit as x and y
+    # the variables passed as x, y, sample_weight (role -> name; "": an expression; None: several arrays)
+    array_names: dict[str, str | None] | tuple[str, str] | None = None
     number: int = 0  # the report's history number, for --before
 
 
@@ -191,27 +192,48 @@ def freeze_layers(report: Report, ctx: Context) -> Fix | None:
 
 def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
     model = report.model
-    if model is None or not model.input_array_bytes or not model.batch_size:
-        return None
-    x, y = ctx.array_names or ("x", "y")
+    if model is None or not model.input_array_bytes or not model.batch_size or model.feed not in ("arrays", "none"):
+        return None  # ("none": a report from before the feed was recorded)
+    call = next((c for c in ("fit", "evaluate", "predict") if c in model.calls), None)
+    names = ctx.array_names or {}
+    names = dict(zip(("x", "y"), names, strict=False)) if isinstance(names, tuple) else dict(names)
+    roles = [r for r in ("x", "y", "sample_weight") if r in names] or ["x"]
+    if call is None or (call == "predict" and roles != ["x"]) or any(names.get(r, "") is None for r in roles):
+        return None  # several arrays in one role (a dict of inputs): the generator would need their structure
     batch = model.batch_size
-    unnamed = "" if ctx.array_names else "# x, y: your input arrays (the cell passed them without a name)\n"
+    placeholders = {"x": "x", "y": "y", "sample_weight": "sample_weight"}
+    chosen = {r: names.get(r) or placeholders[r] for r in roles}
+    missing = [r for r in roles if not names.get(r)]
+    unnamed = "".join(f"# {chosen[r]}: your {r} array (the cell passed it as an expression, not a variable)\n"
+                      for r in missing)
+    first = chosen[roles[0]]
+    sliced = ", ".join(f"{chosen[r]}[i:i + {batch}]" for r in roles)
+    specs = ", ".join(f"tf.TensorSpec((None, *{chosen[r]}.shape[1:]), {chosen[r]}.dtype)" for r in roles)
+    signature = specs if len(roles) == 1 else f"({specs})"
+    rest = {"fit": "epochs=1)  # shuffle the index order in batches() for real training",
+            "evaluate": ")", "predict": ")"}[call]
     code = (f"import tensorflow as tf\n{unnamed}\n"
             "def batches():  # yields slices: TensorFlow never holds the whole array\n"
-            f"    for i in range(0, len({x}), {batch}):\n        yield {x}[i:i + {batch}], {y}[i:i + {batch}]\n\n"
-            "dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
-            f"    tf.TensorSpec((None, *{x}.shape[1:]), {x}.dtype), tf.TensorSpec((None, *{y}.shape[1:]), "
-            f"{y}.dtype)))\n"
-            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({x}) // {batch}))).prefetch(2)\n"
-            f"{_model(ctx)}.fit(dataset, epochs=1)  # shuffle the index order in batches() for real training\n")
+            f"    for i in range(0, len({first}), {batch}):\n        yield {sliced}\n\n"
+            f"dataset = tf.data.Dataset.from_generator(batches, output_signature={signature})\n"
+            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({first}) // {batch})))"
+            ".prefetch(2)\n"
+            f"{_model(ctx)}.{call}(dataset, {rest}\n")
     copy = sum(c.bytes for c in report.trace.input_copies if c.live_at_peak) if report.trace else 0
-    predicted = max(0, (report.tf_peak_bytes or 0) - copy) if copy and report.status == "ok" else None
-    saving = f"{format_bytes(copy)} of tensor copies were live at the peak" if copy else \
-        f"{format_bytes(model.input_array_bytes)} of arrays are copied whole by fit(numpy)"
-    why = (f"fit(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time ({saving}). "
-           "For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
+    peak = report.tf_peak_bytes or 0
+    measured = report.trace is not None and report.trace.events > 0 and report.status == "ok"
+    predicted = max(0, peak - copy) if measured else None
+    if measured and copy < 0.01 * max(peak, 1):
+        saving = ("it does not lower this cell's TensorFlow peak (the copy was freed before the peak), but the "
+                  f"{format_bytes(model.input_copy_bytes or model.input_array_bytes)} copy no longer exists at all")
+    elif copy:
+        saving = f"{format_bytes(copy)} of tensor copies were live at the peak: {_saving(report, predicted or 0)}"
+    else:
+        saving = f"{format_bytes(model.input_copy_bytes or model.input_array_bytes)} of arrays are copied whole"
+    why = (f"{call}(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time "
+           f"({saving}). For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
            "keras.utils.image_dataset_from_directory).")
-    return Fix("tf-data-streaming", "Stream the data with tf.data instead of fit(numpy)", why,
+    return Fix("tf-data-streaming", f"Stream the data with tf.data instead of {call}(numpy)", why,
                _header(ctx, "tf-data-streaming") + code, predicted)
 
 

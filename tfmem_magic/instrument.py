@@ -12,11 +12,15 @@ Patches go on the classes and are undone in `uninstall()`, whatever the cell did
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import feeding
+from .feeding import InputArray
 from .tracer import Tracer
 
 _MISSING = object()
@@ -29,10 +33,19 @@ class ModelUse:
     model_ref: Any  # weakref to the keras.Model
     calls: list[str] = field(default_factory=list)
     batch_size: int | None = None
+    batch_source: str | None = None
     input_shape: tuple | None = None
-    input_arrays: list[tuple[int, int]] = field(default_factory=list)  # (id, nbytes) of numpy arrays passed in
-    samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict
+    input_arrays: list[InputArray] = field(default_factory=list)  # numpy arrays passed in (Keras copies them)
+    samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict (training rows only)
     target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets handed to fit (probes)
+    feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
+    validation: str | None = None  # what fit validated on, in words
+    validated: bool = False  # fit ran its validation (an evaluate Keras made inside fit)
+    optimizer_ref: Any = None  # weakref to an optimizer the cell applied to this model's weights (custom loops)
+
+    @property
+    def training_arrays(self) -> list[InputArray]:
+        return [a for a in self.input_arrays if not a.validation]
 
 
 class IdentitySet:
@@ -63,9 +76,15 @@ class Instrumentation:
         self.optimizer_names: set[str] = set()
         self._patches: list[tuple[Any, str, Any]] = []
         self.installed = False
-        self.traces: dict[str, int] = {}  # tf.function name -> new graphs traced during the cell
+        # new graphs traced during the cell, per tf.function (its cache's identity): Keras' train and test steps
+        # share one name, and tf.data makes a new function per pipeline, so names alone would count false retraces
+        self.traces: dict[tuple[str, int], int] = {}
         self.new_models = 0  # Keras models this session had not seen before the cell
         self.input_nbytes: set[int] = set()
+        self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
+        self._calls = threading.local()  # the watched call running on this thread (Keras nests its own calls)
+        self.notes: list[str] = []  # what the instrumentation could not do, for the report
+        self.applied: list[tuple[weakref.ref, set[int]]] = []  # optimizers applied in custom loops, their variables
         # variables and optimizers created during the cell: their memory is part of the cell's peak
         self.new_variables = IdentitySet()
         self.built_optimizers = IdentitySet()
@@ -80,15 +99,17 @@ class Instrumentation:
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
                 self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name)))
-        self.installed = True
+        self.installed = self.active = True
         layer = keras.layers.Layer
         self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
         opt = keras.optimizers.Optimizer
         add_weight, build = layer.add_weight, opt.build
+        apply = self._remember_apply(opt.apply)
         if self.spans:
             add_weight = self._wrap_span(add_weight, lambda s, *a, **k: f"weights/{s.name}")
             build = self._wrap_span(build, lambda s, *a, **k: "weights/optimizer")
-            self._patch(opt, "apply", self._wrap_span(opt.apply, lambda s, *a, **k: "phase/optimizer"))
+            apply = self._wrap_span(apply, lambda s, *a, **k: "phase/optimizer")
+        self._patch(opt, "apply", apply)
         self._patch(layer, "add_weight", self._remember_new(add_weight, result=True))
         self._patch(opt, "build", self._remember_new(build, result=False))
         if self.spans:
@@ -109,13 +130,21 @@ class Instrumentation:
         @functools.wraps(original)
         def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
             name = str(getattr(tracing_options, "name", "function"))
-            traces[name] = traces.get(name, 0) + 1
+            owner = getattr(tracing_options, "function_cache", None)  # (an empty cache is falsy: test for None)
+            if owner is None:
+                owner = getattr(tracing_options, "python_function", None)
+            key = (name, id(owner))
+            traces[key] = traces.get(key, 0) + 1
             return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
 
         self._patch(module, "_create_concrete_function", counting)
 
     def uninstall(self) -> None:
-        for owner, name, original in reversed(self._patches):
+        """Put back what we replaced. A patch someone else made on top of ours during the cell (MLflow autolog,
+        Weights & Biases) stays: it wraps ours, which then passes calls straight through (see `active`)."""
+        for owner, name, original, replacement in reversed(self._patches):
+            if owner.__dict__.get(name, _MISSING) is not replacement:
+                continue  # replaced again during the cell: theirs now, leave it
             if original is _MISSING:
                 try:
                     delattr(owner, name)
@@ -124,12 +153,24 @@ class Instrumentation:
             else:
                 setattr(owner, name, original)
         self._patches.clear()
+        self.active = False
 
     def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
-        self._patches.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        self._patches.append((owner, name, owner.__dict__.get(name, _MISSING), replacement))
         setattr(owner, name, replacement)
 
+    def function_traces(self) -> dict[str, int]:
+        """Per tf.function name, the most graphs one function of that name traced in the cell."""
+        out: dict[str, int] = {}
+        for (name, _), count in self.traces.items():
+            out[name] = max(out.get(name, 0), count)
+        return out
+
     # ---- wrappers ---------------------------------------------------------------------------------------------
+    def _outer_call(self) -> tuple[Any, str] | None:
+        """The watched call (model, name) running on this thread, if any."""
+        return getattr(self._calls, "current", None)
+
     def _wrap_layer_call(self, original: Callable, model_cls: type) -> Callable:
         """Records models called directly (custom loops) and, in trace mode, spans each layer call."""
         instrumentation = self
@@ -137,8 +178,10 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
-            if isinstance(this, model_cls):
-                instrumentation._record(this, "__call__", args, kwargs)
+            if not instrumentation.active:
+                return original(this, *args, **kwargs)
+            if isinstance(this, model_cls) and instrumentation._outer_call() is None:
+                instrumentation._record_direct_call(this, args, kwargs)
             if trace_cls is None:
                 return original(this, *args, **kwargs)
             with trace_cls("tfmem:layer/" + this.name):
@@ -158,40 +201,88 @@ class Instrumentation:
 
         return wrapper
 
+    def _remember_apply(self, original: Callable) -> Callable:
+        """Record which variables an optimizer updates outside fit (custom loops): the model they belong to trains."""
+        instrumentation = self
+
+        @functools.wraps(original)
+        def wrapper(this, grads, trainable_variables=None, *args, **kwargs):
+            if instrumentation.active and instrumentation._outer_call() is None:
+                variables = trainable_variables if trainable_variables is not None else \
+                    getattr(this, "_trainable_variables", None) or []
+                try:
+                    ids = {id(v) for v in variables}
+                    if not any(ref() is this and ids <= seen for ref, seen in instrumentation.applied):
+                        instrumentation.applied.append((weakref.ref(this), ids))
+                except TypeError:
+                    pass
+            return original(this, grads, trainable_variables, *args, **kwargs)
+
+        return wrapper
+
     def _wrap_span(self, original: Callable, name_of: Callable[..., str]) -> Callable:
         trace_cls = _trace_class()
+        instrumentation = self
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
+            if not instrumentation.active:
+                return original(this, *args, **kwargs)
             with trace_cls("tfmem:" + name_of(this, *args, **kwargs)):
                 return original(this, *args, **kwargs)
 
         return wrapper
 
     def _wrap_model_call(self, call: str, original: Callable) -> Callable:
+        """The user's fit/evaluate/predict: recorded, and given our callbacks. Calls Keras makes inside one (fit's
+        validation `evaluate`, a callback's `predict`, a nested fit) pass through untouched: they belong to the
+        outer call, and Keras hands them its own CallbackList."""
         instrumentation = self
 
         @functools.wraps(original)
         def wrapper(model, *args, **kwargs):
-            instrumentation._record(model, call, args, kwargs)
-            if call in ("fit", "evaluate", "predict"):
-                kwargs = instrumentation._with_callbacks(call, args, kwargs)
-            return original(model, *args, **kwargs)
+            outer = instrumentation._outer_call() if instrumentation.active else False
+            if outer is not None:  # nested in a watched call, or we are uninstalled
+                if outer and outer[0] is model and outer[1] == "fit" and call == "evaluate":
+                    instrumentation._mark_validated(model)
+                return original(model, *args, **kwargs)
+            instrumentation._calls.current = (model, call)
+            try:
+                args, kwargs = instrumentation._record_call(model, call, original, args, kwargs)
+                if call in ("fit", "evaluate", "predict"):
+                    args, kwargs = instrumentation._with_callbacks(model, call, original, args, kwargs)
+                return original(model, *args, **kwargs)
+            finally:
+                instrumentation._calls.current = None
 
         return wrapper
 
-    def _with_callbacks(self, call: str, args: tuple, kwargs: dict) -> dict:
-        """Append our callbacks (after the user's): the trace window, and the guard's batch-end check."""
-        if len(args) > 5 or (self.tracer is None and self.guard is None):
-            return kwargs  # callbacks passed positionally (fit's 6th parameter): leave the call alone
-        callbacks = list(kwargs.get("callbacks") or [])
-        if self.tracer is not None:
-            callbacks.append(_TraceWindow(self.tracer, self.trace_steps))
-        if self.guard is not None:
-            callbacks.append(_GuardCheck(self.guard, call))
-        return {**kwargs, "callbacks": callbacks}
+    def _with_callbacks(self, model: Any, call: str, original: Callable, args: tuple, kwargs: dict
+                        ) -> tuple[tuple, dict]:
+        """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
+        list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
+        theirs), and so are callbacks given positionally."""
+        if self.tracer is None and self.guard is None:
+            return args, kwargs
+        ours = ([_TraceWindow(self.tracer, self.trace_steps)] if self.tracer is not None else []) + \
+            ([_GuardCheck(self.guard, call)] if self.guard is not None else [])
+        position = _parameter_index(original, "callbacks")
+        if position is not None and len(args) > position:
+            return args, kwargs
+        given = kwargs.get("callbacks")
+        if given is None:
+            callbacks = ours
+        elif isinstance(given, (list, tuple)):
+            callbacks = [*given, *ours]
+        elif type(given).__name__ == "CallbackList":
+            self.notes.append(f"{call}() was given a CallbackList: its trace window and batch-end check were not "
+                              "added (the trace and the watchdog still ran).")
+            return args, kwargs
+        else:  # one callback object
+            callbacks = [given, *ours]
+        return args, {**kwargs, "callbacks": callbacks}
 
-    def _record(self, model: Any, call: str, args: tuple, kwargs: dict) -> None:
+    def _use(self, model: Any) -> ModelUse:
         use = self.models.get(id(model))
         if use is None or use.model_ref() is not model:
             use = self.models[id(model)] = ModelUse(weakref.ref(model))
@@ -199,42 +290,66 @@ class Instrumentation:
             if model not in _seen_models:
                 _seen_models.add(model)
                 self.new_models += 1
+        return use
+
+    def _mark_validated(self, model: Any) -> None:
+        use = self.models.get(id(model))
+        if use is not None:
+            use.validated = True
+
+    def _record_call(self, model: Any, call: str, original: Callable, args: tuple, kwargs: dict
+                     ) -> tuple[tuple, dict]:
+        """Record what the user's call was fed; returns the arguments to call with (the same objects, except a
+        Python generator, which is passed through a generator that notes its first batch)."""
+        use = self._use(model)
         if call not in use.calls:
             use.calls.append(call)
-        if call == "__call__" and len(use.calls) > 1:
-            return  # fit/predict call the model symbolically: their own record is the one that counts
-        x = args[0] if args else kwargs.get("x")
-        batch = kwargs.get("batch_size", args[2] if len(args) > 2 and call in ("fit", "evaluate", "predict") else None)
-        shape = getattr(x, "shape", None)
-        if shape is not None:
-            try:
-                use.input_shape = tuple(int(d) if d is not None else None for d in shape)
-            except TypeError:  # an unknown rank
-                use.input_shape = None
-            if use.input_shape and use.input_shape[0] is not None and call != "__call__":
-                use.samples = use.input_shape[0]
-            if call.endswith("_on_batch") or call == "__call__":
-                batch = use.input_shape[0] if use.input_shape else None
-        else:
-            batch = batch or _dataset_batch_size(x)
-        if batch is None and shape is not None and call in ("fit", "evaluate", "predict"):
-            batch = 32  # Keras' default for arrays
-        if batch is not None and use.samples is not None and call in ("fit", "evaluate", "predict"):
-            batch = min(int(batch), use.samples)  # fewer rows than the batch size: one smaller batch
-        if batch is not None:
-            use.batch_size = int(batch)
-        y = args[1] if len(args) > 1 else kwargs.get("y")
-        if call in ("fit", "train_on_batch") and getattr(y, "shape", None) is not None and hasattr(y, "dtype"):
-            try:
-                use.target = (tuple(int(d) for d in y.shape[1:]), str(getattr(y.dtype, "name", y.dtype)))
-            except (TypeError, ValueError):
-                use.target = None
-        for candidate in (x, y):
-            nbytes = getattr(candidate, "nbytes", None)
-            if nbytes and type(candidate).__module__ == "numpy" and call != "__call__":
-                self.input_nbytes.add(int(nbytes))
-                if (id(candidate), int(nbytes)) not in use.input_arrays:
-                    use.input_arrays.append((id(candidate), int(nbytes)))
+        named = feeding.bind(original, args, kwargs)
+        feed = feeding.describe(call, named)
+        if any(c in ("fit", "train_on_batch") for c in use.calls) and call not in ("fit", "train_on_batch"):
+            # the model trained in this cell: keep the training call's description (batch, samples, copies)
+            self._note_arrays(use, feed.arrays)
+            return args, kwargs
+        use.feed, use.validation = feed.kind, feed.validation or use.validation
+        if feed.batch_size is not None or use.batch_size is None:
+            use.batch_size, use.batch_source = feed.batch_size, feed.batch_source
+        use.input_shape = feed.input_shape or use.input_shape
+        use.samples = feed.samples if feed.samples is not None else use.samples
+        if call in ("fit", "train_on_batch"):
+            use.target = feed.target
+        self._note_arrays(use, feed.arrays)
+        if feed.kind == "generator":
+            def first_batch(item: Any) -> None:
+                batch, target, shape = feeding.batch_of(item)
+                if batch is not None:
+                    use.batch_size, use.batch_source = batch, "the generator's first batch"
+                use.input_shape = shape or use.input_shape
+                if call == "fit":
+                    use.target = target
+            return _replace_argument(original, args, kwargs, "x",
+                                     feeding.spy_generator(named["x"], first_batch))
+        return args, kwargs
+
+    def _note_arrays(self, use: ModelUse, arrays: list[InputArray]) -> None:
+        for array in arrays:
+            if all((a.id, a.role) != (array.id, array.role) for a in use.input_arrays):
+                use.input_arrays.append(array)
+            self.input_nbytes.add(array.copy_bytes)
+            self.copy_roles.setdefault(array.copy_bytes, "validation" if array.validation else "training")
+
+    def _record_direct_call(self, model: Any, args: tuple, kwargs: dict) -> None:
+        """A model called like a function (custom training loops, inference): the batch is the largest seen (the
+        last batch of an epoch is often a partial one)."""
+        use = self._use(model)
+        if "__call__" not in use.calls:
+            use.calls.append("__call__")
+        if any(c != "__call__" for c in use.calls):
+            return  # a fit/predict of this model already described the cell's batch
+        x = args[0] if args else kwargs.get("inputs")
+        first = next(feeding.leaves(x), None)
+        dims = feeding._dims(getattr(first, "shape", None))
+        if dims and dims[0] is not None and (use.batch_size is None or dims[0] > use.batch_size):
+            use.batch_size, use.batch_source, use.input_shape = dims[0], "the largest batch the model was called on", dims
 
     def _learn_names(self, model: Any) -> None:
         try:
@@ -247,21 +362,26 @@ class Instrumentation:
             self.optimizer_names.add(str(optimizer.name).lower())
 
 
+def _parameter_index(function: Callable, name: str) -> int | None:
+    """Position of parameter `name` in the call's positional arguments (self excluded)."""
+    try:
+        names = list(inspect.signature(function).parameters)[1:]
+    except (TypeError, ValueError):
+        return None
+    return names.index(name) if name in names else None
+
+
+def _replace_argument(function: Callable, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:
+    position = _parameter_index(function, name)
+    if position is not None and len(args) > position:
+        return args[:position] + (value,) + args[position + 1:], kwargs
+    return args, {**kwargs, name: value}
+
+
 def _trace_class() -> type:
     from tensorflow.python.profiler.trace import Trace
 
     return Trace
-
-
-def _dataset_batch_size(x: Any) -> int | None:
-    """The batch size of a batched tf.data.Dataset, when it is a constant."""
-    size = getattr(x, "_batch_size", None)
-    if size is None:
-        return None
-    try:
-        return int(size.numpy()) if hasattr(size, "numpy") else int(size)
-    except (TypeError, ValueError):
-        return None
 
 
 def _make_trace_window_class() -> type:

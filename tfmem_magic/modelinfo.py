@@ -8,8 +8,9 @@ from typing import Any
 from .instrument import ModelUse
 from .report import LayerInfo, ModelInfo
 
-_CALL_RANK = {"fit": 0, "train_on_batch": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
+_CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
               "predict_on_batch": 5, "__call__": 6}
+MAX_LAYERS = 400  # layers listed per model (nested models are listed by their own layers)
 
 
 def _variable_bytes(variables: Any) -> int:
@@ -79,21 +80,83 @@ def _layer_info(layer: Any) -> LayerInfo:
                      output_shape=_shape_text(shape), activation_bytes_per_sample=per_sample)
 
 
-def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = ()) -> ModelInfo | None:
+def _is_model(layer: Any) -> bool:
+    return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(layer).__mro__)
+
+
+def _layers(model: Any) -> list[LayerInfo]:
+    """The model's layers. A model used as a layer (an encoder in a VAE, the base of transfer learning, an
+    augmentation Sequential) counts the outputs of all its own layers: its output alone is only the last of them."""
+    out = []
+    for layer in (getattr(model, "layers", []) or [])[:MAX_LAYERS]:
+        info = _layer_info(layer)
+        inner = _nested_layers(layer)
+        if inner:
+            info.activation_bytes_per_sample = sum(i.activation_bytes_per_sample for i in inner)
+            info.type = f"{info.type} ({len(inner)} layers)"
+        out.append(info)
+    return out
+
+
+def _nested_layers(layer: Any, depth: int = 0) -> list[LayerInfo]:
+    inner = getattr(layer, "layers", None) if _is_model(layer) and depth < 4 else None
+    if not inner:
+        return []
+    out: list[LayerInfo] = []
+    for sub in inner[:MAX_LAYERS]:
+        out.extend(_nested_layers(sub, depth + 1) or [_layer_info(sub)])
+    return out
+
+
+def weight_shapes(use: ModelUse | None) -> set[str]:
+    """The shapes of the model's variables as the trace writes shapes ("[5408,10]"): gradients and slots have
+    them, and must not be taken for tensors that carry the batch."""
+    model = use.model_ref() if use is not None else None
+    out = set()
+    for w in getattr(model, "weights", []) if model is not None else []:
+        try:
+            out.add("[" + ",".join(str(int(d)) for d in w.shape) + "]")
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def applied_optimizer(use: ModelUse, applied: Any) -> Any:
+    """The optimizer a custom loop applied to this model's trainable weights, if any."""
+    try:
+        mine = {id(v) for v in getattr(use.model_ref(), "trainable_weights", [])}
+    except TypeError:
+        return None
+    for ref, ids in applied:
+        if mine and ids & mine and ref() is not None:
+            return ref()
+    return None
+
+
+def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (), applied: Any = (),
+             others: list[ModelUse] | None = None) -> ModelInfo | None:
     """ModelInfo for a model the cell used; None when it has been garbage-collected. `new_variables` and
-    `built_optimizers` are what the cell created (their memory is the cell's)."""
+    `built_optimizers` are what the cell created (their memory is the cell's); `applied` the optimizers a custom
+    loop applied, with the ids of their variables; `others` the other models the cell used."""
     model = use.model_ref()
     if model is None:
         return None
     weights = list(getattr(model, "weights", []))
     trainable = list(getattr(model, "trainable_weights", []))
     optimizer = getattr(model, "optimizer", None)
+    calls = list(use.calls)
+    looped = applied_optimizer(use, applied)
+    if looped is not None:
+        optimizer = optimizer if optimizer is not None and optimizer is looped else looped
+        if "optimizer.apply" not in calls:
+            calls.append("optimizer.apply")
     opt_vars = list(getattr(optimizer, "variables", []) or []) if optimizer is not None else []
     # slots per trainable variable: Adam keeps m and v (2), SGD with momentum 1, plain SGD 0
     big_opt_vars = [v for v in opt_vars if len(getattr(v, "shape", ())) > 0]
     slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
-    layers = [_layer_info(layer) for layer in getattr(model, "layers", [])]
+    layers = _layers(model)
+    training = [a for a in use.input_arrays if not a.validation]
     return ModelInfo(
         name=model.name,
         params=sum(int(math.prod(int(d) for d in w.shape)) for w in weights),
@@ -105,19 +168,46 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = ())
         batch_size=use.batch_size,
         input_shape=_shape_text(use.input_shape),
         dtype_policy=str(policy) if policy else None,
-        calls=list(use.calls),
+        calls=calls,
         layers=layers,
         trainable_bytes=_variable_bytes(trainable),
         samples=use.samples,
-        input_array_bytes=sum(nbytes for _, nbytes in use.input_arrays),
+        input_array_bytes=sum(a.nbytes for a in training),
         new_weight_bytes=_variable_bytes(w for w in weights if w in new_variables),
         optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
+        batch_source=use.batch_source,
+        feed=use.feed,
+        validation=use.validation if use.validated or use.validation else None,
+        input_copy_bytes=sum(a.copy_bytes for a in training),
+        validation_copy_bytes=sum(a.copy_bytes for a in use.input_arrays if a.validation),
+        other_models=[_in_words(o) for o in (others or []) if o is not use and o.model_ref() is not None],
     )
 
 
-def main_use(uses: list[ModelUse]) -> ModelUse | None:
-    """The model use the cell was about: the model that trained, else evaluated, predicted or was called."""
+def _in_words(use: ModelUse) -> str:
+    model = use.model_ref()
+    try:
+        params = sum(int(math.prod(int(d) for d in w.shape)) for w in getattr(model, "weights", []))
+    except (TypeError, ValueError):
+        params = 0
+    calls = ", ".join(c for c in use.calls) or "used"
+    return f"{getattr(model, 'name', '?')} ({params:,} parameters; {calls})"
+
+
+def main_use(uses: list[ModelUse], applied: Any = ()) -> ModelUse | None:
+    """The model use the cell was about: the model that trained (fit, or a custom loop's optimizer), else evaluated,
+    predicted or was called; among equals, the one with the most parameters (a GAN's larger network)."""
     alive = [u for u in uses if u.model_ref() is not None]
     if not alive:
         return None
-    return min(alive, key=lambda u: min(_CALL_RANK.get(c, 9) for c in u.calls) if u.calls else 9)
+
+    def rank(use: ModelUse) -> tuple[int, int]:
+        calls = list(use.calls) + (["optimizer.apply"] if applied_optimizer(use, applied) is not None else [])
+        best = min((_CALL_RANK.get(c, 9) for c in calls), default=9)
+        try:
+            params = int(use.model_ref().count_params())
+        except Exception:  # not built
+            params = 0
+        return best, -params
+
+    return min(alive, key=rank)

@@ -142,6 +142,10 @@ def analytic_basis(report: Report) -> Basis:
     if model is None or not model.layers:
         raise TfmemUsageError("this report has no Keras model to predict from: the cell must train, evaluate, "
                               "predict or call a Keras model (built from layers)")
+    if not model.batch_size:
+        raise TfmemUsageError(f"the cell's batch size could not be read from what it fed ({model.feed}): a "
+                              "prediction needs it. Batch the data with tf.data's .batch(N), pass batch_size=N, or "
+                              "give a PyDataset a batch_size attribute")
     knobs = current_knobs(model)
     training = model.training
     weights = model.new_weight_bytes
@@ -149,12 +153,15 @@ def analytic_basis(report: Report) -> Basis:
     optimizer = model.optimizer_bytes if training and model.optimizer_built_in_cell else 0
     input_copy, missing = _input_copy(report)
     samples = model.samples or 0
-    input_per_sample = model.input_array_bytes / samples if samples else 0.0
+    input_per_sample = (model.input_copy_bytes or model.input_array_bytes) / samples if samples else 0.0
     fragmentation = _fragmentation(report)
     measured = report.tf_peak_bytes if report.tf_peak_bytes and report.status == "ok" else None
     prior = activation_bytes(model)
     static = weights + gradients + optimizer + input_copy
     activations, other, source = prior, 0, "layer outputs"
+    traced = traced_per_sample(report)
+    if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
+        activations, source = max(0.0, traced - input_per_sample), "the trace (tensors with the batch dimension)"
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
@@ -166,6 +173,18 @@ def analytic_basis(report: Report) -> Basis:
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing)
 
 
+def traced_per_sample(report: Report) -> float | None:
+    """Bytes per sample of the tensors that carried the batch dimension at the traced peak (requested bytes), when
+    the trace saw the cell's batch and its peak; None otherwise."""
+    trace, model = report.trace, report.model
+    if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.batch_size:
+        return None
+    if not trace.complete and report.main_device is not None and trace.peak_live_bytes < 0.9 * (
+            report.main_device.peak_bytes):
+        return None  # the peak came outside the traced window: its tensors were not seen
+    return trace.batch_bytes_at_peak / trace.batch_size
+
+
 def _input_copy(report: Report) -> tuple[int, int]:
     """The whole-array copy fit/evaluate/predict make of numpy inputs (the arrays' size), and how much of it this
     cell's trace did not find live at its peak. Keras usually keeps the copy through the peak but not always (run
@@ -173,9 +192,9 @@ def _input_copy(report: Report) -> tuple[int, int]:
     model = report.model
     if model is None or not model.fed_arrays:
         return 0, 0
-    expected = model.input_array_bytes
+    expected = model.input_copy_bytes or model.input_array_bytes  # the training rows (validation copies come later)
     if report.trace is not None and report.trace.events and report.status == "ok":
-        seen = sum(c.requested_bytes for c in report.trace.input_copies if c.live_at_peak)
+        seen = sum(c.requested_bytes for c in report.trace.input_copies if c.live_at_peak and c.role == "training")
         return expected, max(0, expected - seen)
     return expected, 0
 

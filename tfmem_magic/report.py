@@ -96,6 +96,7 @@ class InputCopy:
     start_s: float
     end_s: float | None  # None: still held when the trace ended
     live_at_peak: bool
+    role: str = "training"  # "training" | "validation" (fit's validation_split rows or validation_data arrays)
 
 
 @dataclass
@@ -117,6 +118,9 @@ class TraceInfo:
     covered_s: float = 0.0  # seconds of the cell the trace covers
     windows: list[list[float]] = field(default_factory=list)  # [[start, end], ...] traced, seconds from the start
     complete: bool = True  # False when the trace was bounded (see note)
+    # requested bytes live at the peak in tensors with the batch dimension (what grows with the batch), and that batch
+    batch_bytes_at_peak: int | None = None
+    batch_size: int | None = None
     note: str | None = None
 
 
@@ -148,10 +152,17 @@ class ModelInfo:
     input_array_bytes: int = 0  # their bytes (x and y): fit copies them whole into tensors
     new_weight_bytes: int = 0  # bytes of the model's weights created during the cell (part of its peak)
     optimizer_built_in_cell: bool = False  # the optimizer's slots were created during the cell
+    batch_source: str | None = None  # how the batch was read ("batch_size argument", "the dataset's .batch()", ...)
+    feed: str = "none"  # what the training (or main) call was fed: "arrays", "tensors", "dataset", "generator", ...
+    validation: str | None = None  # what fit validated on, in words; None: no validation
+    input_copy_bytes: int = 0  # the tensor copy Keras makes of the training arrays (training rows only)
+    validation_copy_bytes: int = 0  # the same for the validation arrays (or the validation_split rows)
+    other_models: list[str] = field(default_factory=list)  # other models the cell used, in words
 
     @property
     def training(self) -> bool:
-        return any(c in ("fit", "train_on_batch") for c in self.calls)
+        """fit/train_on_batch, or a custom loop whose optimizer updated this model's weights."""
+        return any(c in ("fit", "train_on_batch", "optimizer.apply") for c in self.calls)
 
     @property
     def fed_arrays(self) -> bool:

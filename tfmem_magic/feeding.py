@@ -1,0 +1,254 @@
+"""What one fit/evaluate/predict call was fed: the batch, the samples, the arrays Keras copies, the targets, the
+validation data. Read from the call's own arguments, bound by name (so any argument style Keras accepts reads the
+same), without consuming or changing anything the user passed. No TensorFlow import: duck typing only.
+
+Where the batch comes from, in order of trust:
+- `batch_size=` (arrays and tensors), else Keras' default of 32 for arrays;
+- a tf.data pipeline: its element_spec's leading dimension when static, else the `.batch()` anywhere upstream
+  (keras.io pipelines end in `.prefetch()` or `.map()` after the batch, so the last step rarely knows it);
+- a Python generator: the first batch it yields (recorded as Keras takes it; see `spy_generator`);
+- a PyDataset: its `batch_size` attribute when it has one.
+Unknown stays unknown (None): a prediction around "batch 1" would be wrong and look right.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+KERAS_DEFAULT_BATCH = 32
+_ROLES = ("x", "y", "sample_weight")
+
+
+@dataclass
+class InputArray:
+    """A numpy array handed to the call. Keras copies it into a tensor: `copy_bytes` is that copy's size (only the
+    training rows with validation_split)."""
+
+    id: int
+    nbytes: int
+    role: str  # "x" | "y" | "sample_weight" | "validation x" | ...
+    copy_bytes: int
+
+    @property
+    def validation(self) -> bool:
+        return self.role.startswith("validation")
+
+
+@dataclass
+class Feed:
+    kind: str = "none"  # "arrays" | "tensors" | "dataset" | "generator" | "pydataset" | "none"
+    batch_size: int | None = None
+    batch_source: str | None = None  # how the batch was read, in words
+    samples: int | None = None  # rows of the training (or evaluated) arrays
+    input_shape: tuple | None = None  # the first input's shape, batch dimension included
+    arrays: list[InputArray] = field(default_factory=list)
+    target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets (for calibration probes)
+    validation: str | None = None  # what the call validated on, in words
+    validation_samples: int | None = None
+
+
+def bind(function: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name (self excluded); {} when they do not bind (Keras will say why)."""
+    try:
+        signature = inspect.signature(function)
+        bound = signature.bind(None, *args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    named = dict(bound.arguments)
+    named.pop(next(iter(signature.parameters)), None)  # self
+    extra = named.pop("kwargs", None)
+    if isinstance(extra, dict):
+        named.update(extra)
+    return named
+
+
+def leaves(value: Any, depth: int = 0) -> Iterator[Any]:
+    """The leaves of a nested structure of dicts, lists and tuples (Keras accepts all three for inputs)."""
+    if depth > 8:
+        return
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from leaves(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from leaves(item, depth + 1)
+    elif value is not None:
+        yield value
+
+
+def _is_numpy(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "nbytes") and hasattr(value, "shape")
+
+
+def _dims(shape: Any) -> tuple | None:
+    if shape is None:
+        return None
+    try:
+        return tuple(None if d is None else int(d) for d in shape)
+    except (TypeError, ValueError):  # an unknown rank
+        return None
+
+
+def _rows(value: Any) -> int | None:
+    dims = _dims(getattr(value, "shape", None))
+    return dims[0] if dims else None
+
+
+def _per_sample(value: Any) -> tuple[tuple, str] | None:
+    dims = _dims(getattr(value, "shape", None))
+    dtype = getattr(value, "dtype", None)
+    if not dims or dtype is None or any(d is None for d in dims[1:]):
+        return None
+    return tuple(dims[1:]), str(getattr(dtype, "name", dtype))
+
+
+def is_dataset(value: Any) -> bool:
+    return hasattr(value, "element_spec") and hasattr(value, "_variant_tensor")
+
+
+def is_pydataset(value: Any) -> bool:
+    return any(c.__name__ in ("PyDataset", "Sequence") and "keras" in c.__module__ for c in type(value).__mro__)
+
+
+def dataset_batch(dataset: Any) -> tuple[int | None, str | None]:
+    """A tf.data pipeline's batch size: the element_spec's leading dimension, else the nearest `.batch()` upstream."""
+    first = next(leaves(getattr(dataset, "element_spec", None)), None)
+    dims = _dims(getattr(first, "shape", None))
+    if dims and dims[0] is not None:
+        return dims[0], "the dataset's element_spec"
+    node = dataset
+    for _ in range(64):  # batch → map → prefetch → ...: walk up to the batch
+        size = getattr(node, "_batch_size", None)
+        if size is not None:
+            try:
+                return int(size.numpy() if hasattr(size, "numpy") else size), "the dataset's .batch()"
+            except (TypeError, ValueError):
+                return None, None
+        node = getattr(node, "_input_dataset", None)
+        if node is None:
+            break
+    return None, None
+
+
+def dataset_target(dataset: Any) -> tuple[tuple, str] | None:
+    """Per-sample shape and dtype of a (features, targets[, weights]) dataset's single target."""
+    spec = getattr(dataset, "element_spec", None)
+    if not isinstance(spec, tuple) or len(spec) < 2:
+        return None
+    targets = list(leaves(spec[1]))
+    return _per_sample(targets[0]) if len(targets) == 1 else None
+
+
+def batch_of(item: Any) -> tuple[int | None, tuple[tuple, str] | None, tuple | None]:
+    """Batch size, per-sample target and first input's shape of one batch as a generator yields it."""
+    parts = item if isinstance(item, tuple) else (item,)
+    first = next(leaves(parts[0]), None)
+    targets = list(leaves(parts[1])) if len(parts) > 1 else []
+    target = _per_sample(targets[0]) if len(targets) == 1 else None
+    return _rows(first), target, _dims(getattr(first, "shape", None))
+
+
+def spy_generator(generator: Iterator, on_first: Callable[[Any], None]) -> Iterator:
+    """Yields what `generator` yields, telling `on_first` about the first batch (a generator cannot be peeked
+    without consuming it, and Keras takes it only once)."""
+    first = True
+    for item in generator:
+        if first:
+            first = False
+            try:
+                on_first(item)
+            except Exception:  # describing the batch must never break the user's training
+                pass
+        yield item
+
+
+def describe(call: str, named: dict[str, Any]) -> Feed:
+    """What the call was fed, from its arguments bound by name."""
+    x = named.get("x")
+    feed = Feed()
+    if x is None:
+        return feed
+    if is_dataset(x):
+        feed.kind = "dataset"
+        feed.batch_size, feed.batch_source = dataset_batch(x)
+        feed.target = dataset_target(x) if call == "fit" else None
+        first = next(leaves(getattr(x, "element_spec", None)), None)
+        feed.input_shape = _dims(getattr(first, "shape", None))
+    elif inspect.isgenerator(x):
+        feed.kind = "generator"
+    elif is_pydataset(x):
+        feed.kind = "pydataset"
+        size = getattr(x, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            feed.batch_size, feed.batch_source = size, "the PyDataset's batch_size"
+    else:
+        _describe_arrays(call, named, feed)
+    _describe_validation(named, feed)
+    return feed
+
+
+def _describe_arrays(call: str, named: dict[str, Any], feed: Feed) -> None:
+    x = named.get("x")
+    first = next(leaves(x), None)
+    if first is None or getattr(first, "shape", None) is None:
+        return
+    feed.kind = "arrays" if _is_numpy(first) else "tensors"
+    feed.input_shape = _dims(first.shape)
+    rows = _rows(first)
+    if call.endswith("_on_batch"):
+        feed.batch_size, feed.batch_source, feed.samples = rows, "the batch handed in", rows
+    else:
+        given = named.get("batch_size")
+        feed.batch_size, feed.batch_source = ((int(given), "batch_size argument") if given else
+                                              (KERAS_DEFAULT_BATCH, "Keras' default for arrays (32)"))
+    split = float(named.get("validation_split") or 0.0) if call == "fit" and named.get("validation_data") is None \
+        else 0.0
+    train_rows = rows
+    if rows is not None and split > 0:
+        train_rows = int(math.floor(rows * (1.0 - split)))
+        feed.validation = f"validation_split={split:g}: the last {rows - train_rows} of {rows} rows"
+        feed.validation_samples = rows - train_rows
+    if train_rows is not None and not call.endswith("_on_batch"):
+        feed.samples = train_rows
+        if feed.batch_size is not None:
+            feed.batch_size = max(1, min(feed.batch_size, train_rows))  # fewer rows than the batch: one batch
+    if call in ("fit", "train_on_batch"):
+        targets = list(leaves(named.get("y")))
+        feed.target = _per_sample(targets[0]) if len(targets) == 1 else None
+    for role in _ROLES:
+        for value in leaves(named.get(role)):
+            if not _is_numpy(value):
+                continue
+            n = _rows(value)
+            nbytes = int(value.nbytes)
+            if split > 0 and n:
+                keep = int(math.floor(n * (1.0 - split)))
+                feed.arrays.append(InputArray(id(value), nbytes, role, nbytes // n * keep))
+                feed.arrays.append(InputArray(id(value), nbytes, "validation " + role, nbytes // n * (n - keep)))
+            else:
+                feed.arrays.append(InputArray(id(value), nbytes, role, nbytes))
+
+
+def _describe_validation(named: dict[str, Any], feed: Feed) -> None:
+    data = named.get("validation_data")
+    if data is None:
+        return
+    if is_dataset(data):
+        feed.validation = "validation_data: a tf.data pipeline"
+        return
+    if inspect.isgenerator(data) or is_pydataset(data):
+        feed.validation = "validation_data: batches from a generator"
+        return
+    parts = data if isinstance(data, tuple) else (data,)
+    rows = None
+    for role, part in zip(_ROLES, parts, strict=False):
+        for value in leaves(part):
+            rows = rows if rows is not None else _rows(value)
+            if _is_numpy(value):
+                feed.arrays.append(InputArray(id(value), int(value.nbytes), "validation " + role,
+                                              int(value.nbytes)))
+    feed.validation_samples = rows
+    feed.validation = f"validation_data: {rows} rows" if rows is not None else "validation_data"
