@@ -27,14 +27,42 @@ TIMEOUT_S = 600
 PIPELINE_STEPS = 4
 
 _PROBE = r"""
-import json, sys
+import base64, json, sys
 spec = json.loads(sys.stdin.read())
+sys.path[:0] = [p for p in spec["path"] if p not in sys.path]  # the kernel's: the user's own modules import here too
 import tfmem_magic
 tfmem_magic.prepare()
 import numpy as np, keras, tensorflow as tf
 print("TFMEM-PROGRESS 0", flush=True)
 from tfmem_magic.engine import Options, Profiler
 keras.mixed_precision.set_global_policy(spec["policy"])
+custom = {}
+if spec["custom"]:  # classes defined in the notebook, sent by value (cloudpickle)
+    import cloudpickle
+    custom = cloudpickle.loads(base64.b64decode(spec["custom"]))
+    import inspect
+
+    def tolerant(cls):
+        # keras.io's custom layers take only their own arguments (no **kwargs), yet Keras' automatic config also
+        # holds name, trainable and dtype, and `cls(**config)` fails: build from what __init__ takes, then restore
+        # trainable (frozen layers change the memory)
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            return
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()) or "from_config" in vars(cls):
+            return  # takes **kwargs, or has its own from_config
+        def from_config(klass, config):
+            obj = klass(**{k: v for k, v in config.items() if k in params and k != "self"})
+            if "trainable" in config and hasattr(obj, "trainable"):
+                obj.trainable = config["trainable"]
+            return obj
+        cls.from_config = classmethod(from_config)
+
+    for value in set(v for v in custom.values() if isinstance(v, type)):
+        tolerant(value)
+scope = keras.saving.custom_object_scope(custom)
+scope.__enter__()  # for the whole probe: compile_from_config may name custom losses and metrics too
 model = keras.models.model_from_json(spec["model"])
 
 def synthetic(shape, batch, dtype):
@@ -92,15 +120,20 @@ def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple
     import keras
 
     try:
-        spec = {"model": model.to_json(), "batches": batches, "train": train, "pipeline": pipeline,
+        config = model.to_json()
+    except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
+        raise TfmemUsageError(_not_rebuildable(model, exc)) from exc
+    try:
+        spec = {"model": config, "batches": batches, "train": train, "pipeline": pipeline,
                 "steps": PIPELINE_STEPS,
                 "target": [list(target[0]), target[1]] if target is not None else None,
                 "compile": model.get_compile_config() if train else None,
-                "policy": keras.mixed_precision.global_policy().name}
+                "policy": keras.mixed_precision.global_policy().name,
+                "custom": _custom_objects(model), "path": [p for p in sys.path if isinstance(p, str)]}
         payload = json.dumps(spec)
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
-        raise TfmemUsageError(f"calibration needs a model Keras can rebuild from its config (Sequential or "
-                              f"functional, registered custom layers): {type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise TfmemUsageError(f"calibration could not send the model to the probe process ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); the analytic basis stays in use") from exc
     stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
     tell = progress or (lambda text, done: None)
     tell("starting TensorFlow", 0.02)
@@ -115,6 +148,73 @@ def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple
         raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
                               "have")
     return peaks
+
+
+def _own_classes(model: Any) -> list[Any]:
+    """Classes of the model, its layers (nested too), loss, metrics and optimizer that are not Keras' or TF's own:
+    the probe process must be given them (the notebook's `__main__` does not exist there)."""
+    objects: list[Any] = [model, getattr(model, "optimizer", None), getattr(model, "loss", None)]
+    try:
+        objects += list(model._flatten_layers(include_self=False, recursive=True))
+    except AttributeError:
+        objects += list(getattr(model, "layers", []))
+    compiled = getattr(model, "_compile_metrics", None) or getattr(model, "compiled_metrics", None)
+    objects += list(getattr(compiled, "_user_metrics", None) or []) if compiled is not None else []
+    seen: dict[str, Any] = {}
+    for obj in objects:
+        if obj is None or isinstance(obj, str):
+            continue
+        kind = obj if type(obj).__name__ == "function" else type(obj)  # a custom loss function, else the class
+        module = getattr(kind, "__module__", "") or ""
+        if module.split(".")[0] not in _LIBRARIES:
+            seen.setdefault(f"{module}.{getattr(kind, '__qualname__', kind)}", kind)
+    return list(seen.values())
+
+
+_LIBRARIES = {"keras", "tensorflow", "tf_keras", "builtins", "numpy"}
+
+
+def _custom_objects(model: Any) -> str | None:
+    """The model's own classes (and custom loss functions), pickled by value, base64: a custom_object_scope in the
+    probe process. Registered names (`register_keras_serializable`) are sent too: Keras looks those up first."""
+    classes = _own_classes(model)
+    if not classes:
+        return None
+    import base64
+
+    import cloudpickle
+    import keras
+
+    custom: dict[str, Any] = {}
+    for kind in classes:
+        custom[getattr(kind, "__name__", str(kind))] = kind
+        try:
+            custom[keras.saving.get_registered_name(kind)] = kind
+        except Exception:  # not registered: its plain name is what the config names
+            pass
+    try:
+        return base64.b64encode(cloudpickle.dumps(custom)).decode("ascii")
+    except Exception as exc:  # a class that holds a lock, a file, an open session...
+        names = ", ".join(sorted(k for k in custom if "." not in k and ">" not in k))
+        raise TypeError(f"the notebook's classes ({names}) could not be sent to the probe process: {exc}") from exc
+
+
+def _not_rebuildable(model: Any, exc: BaseException) -> str:
+    """What to do when Keras cannot write the model's config (a subclassed Model or Layer without get_config)."""
+    name = type(model).__name__
+    culprit = name
+    for layer in getattr(model, "layers", []) or []:
+        try:
+            layer.get_config()
+        except NotImplementedError:
+            culprit = type(layer).__name__
+            break
+        except Exception:
+            continue
+    return (f"calibration rebuilds a clone of the model from its Keras config, and {culprit} has none "
+            f"({type(exc).__name__}: {str(exc)[:160]}). Give {culprit} a get_config() that returns its constructor's "
+            "arguments (and a from_config() that rebuilds nested models), or build the model with the functional "
+            "API; the analytic basis (from this cell's trace) stays in use.")
 
 
 def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:

@@ -98,7 +98,8 @@ class Instrumentation:
             return False
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
-                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name)))
+                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name),
+                                                                     _keras_own(keras.Model, name)))
         self.installed = self.active = True
         layer = keras.layers.Layer
         self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
@@ -233,11 +234,14 @@ class Instrumentation:
 
         return wrapper
 
-    def _wrap_model_call(self, call: str, original: Callable) -> Callable:
+    def _wrap_model_call(self, call: str, original: Callable, reference: Callable | None = None) -> Callable:
         """The user's fit/evaluate/predict: recorded, and given our callbacks. Calls Keras makes inside one (fit's
         validation `evaluate`, a callback's `predict`, a nested fit) pass through untouched: they belong to the
         outer call, and Keras hands them its own CallbackList."""
         instrumentation = self
+        # arguments are read by Keras' own parameter names, even when another library's (*args, **kwargs) wrapper
+        # sits between us and Keras
+        signature_of = reference or original
 
         @functools.wraps(original)
         def wrapper(model, *args, **kwargs):
@@ -248,9 +252,9 @@ class Instrumentation:
                 return original(model, *args, **kwargs)
             instrumentation._calls.current = (model, call)
             try:
-                args, kwargs = instrumentation._record_call(model, call, original, args, kwargs)
+                args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
                 if call in ("fit", "evaluate", "predict"):
-                    args, kwargs = instrumentation._with_callbacks(model, call, original, args, kwargs)
+                    args, kwargs = instrumentation._with_callbacks(model, call, signature_of, args, kwargs)
                 return original(model, *args, **kwargs)
             finally:
                 instrumentation._calls.current = None
@@ -360,6 +364,15 @@ class Instrumentation:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "name", None):
             self.optimizer_names.add(str(optimizer.name).lower())
+
+
+def _keras_own(cls: type, name: str) -> Callable | None:
+    """Keras' own definition of method `name` along the class's MRO (skipping other libraries' patches)."""
+    for klass in cls.__mro__:
+        function = inspect.unwrap(klass.__dict__[name]) if name in klass.__dict__ else None
+        if function is not None and (getattr(function, "__module__", "") or "").startswith(("keras", "tf_keras")):
+            return function
+    return None
 
 
 def _parameter_index(function: Callable, name: str) -> int | None:

@@ -277,7 +277,8 @@ def history_text() -> str:
         i = r.number
         mem = r.main_device
         tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
-        left = format_bytes(mem.end_bytes - mem.baseline_bytes) if mem else "n/a"
+        delta = mem.end_bytes - mem.baseline_bytes if mem else 0
+        left = "n/a" if mem is None else format_bytes(delta) if delta >= 0 else "-" + format_bytes(-delta)
         warnings = " ".join(f.id for f in r.findings if f.severity != "info")
         rows.append(f"{i:>3}  {(r.label or '-')[:20]:<20} {r.status:<11} {r.mode:<5} {r.run:>3} {tf_peak:>10} "
                     f"{left:>9} {format_bytes(r.rss.peak_bytes):>10} "

@@ -293,11 +293,20 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         band = ANALYTIC_BAND
         notes.append("The probes ran at the cell's precision and input size: for another, the slope is scaled "
                      "from the model, so the analytic error band applies.")
+    probed = basis.calibration.get("batches") or []
+    micro = knobs.batch_size / max(1, knobs.accumulation_steps)
+    if basis.name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
+        band = ANALYTIC_BAND  # a band is earned where the probes ran, not far outside it
+        notes.append(f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
+                     "extrapolated, so the analytic error band applies.")
     if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
         notes.append(f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
                      "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
                      "it).")
-    if basis.measured_peak is None:
+    if basis.measured_peak is None and report.status in ("oom", "error", "interrupted"):
+        notes.append(f"The cell stopped early ({report.status}), so its peak is not the full step's: the prediction "
+                     "comes from the model (and the trace up to the stop), without a measured peak to anchor it.")
+    elif basis.measured_peak is None:
         notes.append("TensorFlow's allocator was not measured in this cell: the prediction comes from the model "
                      "alone, without the cell's peak to anchor it.")
     if knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):

@@ -72,7 +72,8 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
             lines.append("Layers    " + ", ".join(f"{g.layer} {format_bytes(g.bytes)}" for g in t.by_layer[:6]))
         for g in t.at_peak[:5]:
             shape = f" {g.dtype or ''}{g.shape or ''}" if (g.shape or g.dtype) else ""
-            lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}")
+            times = f" ×{g.count}" if g.count > 1 else ""
+            lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}{times}")
     for key, was, now in before_after_rows(r):
         lines.append(f"Before/after  {key}: {was} → {now}")
     if r.model is not None:
@@ -331,13 +332,18 @@ def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
 
+def left_text(delta: int) -> str:
+    """What a cell left in TensorFlow's allocator: "left 2 MiB", or "freed 36 KiB" when it ended below its start."""
+    return f"left {format_bytes(delta)}" if delta >= 0 else f"freed {format_bytes(-delta)}"
+
+
 def watch_line(report: Report) -> str:
     """The one line under a watched cell."""
     parts = ["tfmem"]
     mem = report.main_device
     if mem is not None:
         parts.append(f"TF peak +{format_bytes(mem.peak_bytes - mem.baseline_bytes)} "
-                     f"(left {format_bytes(mem.end_bytes - mem.baseline_bytes)})")
+                     f"({left_text(mem.end_bytes - mem.baseline_bytes)})")
     grew = report.rss.peak_bytes - report.rss.baseline_bytes
     parts.append(f"RSS {format_bytes(report.rss.peak_bytes)} (+{format_bytes(grew)})")
     parts.append(f"{report.wall_s:.2f} s")

@@ -1,0 +1,242 @@
+"""Keras code as people write it runs unchanged under %%tfmem, and the report describes the call the user made:
+validation (split and data), callbacks in every form Keras accepts, calls Keras makes inside fit, tf.data pipelines
+whose batch is not the last step, generators, custom loops, models used as layers, classes defined in the notebook.
+Each test here failed before the change that made it pass (issue: real Keras code)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SETUP = """
+import numpy as np, keras, tensorflow as tf
+from keras import layers
+keras.utils.set_random_seed(0)
+def small_cnn(name="cnn"):
+    m = keras.Sequential([keras.Input((16, 16, 1)), layers.Conv2D(8, 3, activation="relu", name="conv"),
+                          layers.Flatten(name="flat"), layers.Dense(10, activation="softmax", name="head")], name=name)
+    m.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    return m
+x = np.random.rand(600, 16, 16, 1).astype("float32")
+y = keras.utils.to_categorical(np.random.randint(0, 10, 600), 10).astype("float32")
+"""
+
+
+def run(shell, cell: str):
+    result = shell.run_cell(cell)
+    assert result.error_in_exec is None, result.error_in_exec
+    assert result.error_before_exec is None, result.error_before_exec
+    return result
+
+
+def test_validation_split_runs_and_the_report_describes_the_training_call(shell):
+    run(shell, SETUP + "model = small_cnn()")
+    run(shell, "%%tfmem --as r\nh = model.fit(x, y, batch_size=50, epochs=2, validation_split=0.1, verbose=0)")
+    report, history = shell.user_ns["r"], shell.user_ns["h"]
+    assert report.status == "ok"
+    assert sorted(history.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    m = report.model
+    assert m.name == "cnn" and m.calls == ["fit"]  # fit's own evaluate is not a call of the user's
+    assert m.samples == 540 and m.batch_size == 50 and m.batch_source == "batch_size argument"
+    assert m.validation is not None and "60 of 600 rows" in m.validation
+    row = 16 * 16 * 4 + 10 * 4
+    assert m.input_copy_bytes == 540 * row and m.validation_copy_bytes == 60 * row
+    # whatever copies TensorFlow made, each is named as training or validation data by its exact size
+    sizes = {540 * 16 * 16 * 4: "training", 540 * 40: "training", 60 * 16 * 16 * 4: "validation", 60 * 40: "validation"}
+    assert all(sizes.get(c.requested_bytes) == c.role for c in report.trace.input_copies)
+    # the train and test steps share a name: not a retrace
+    assert "retracing" not in {f.id for f in report.findings}
+
+
+def test_validation_data_and_every_callbacks_form_keras_accepts(shell):
+    run(shell, SETUP + """
+model = small_cnn()
+class Counter(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__(); self.epochs = 0; self.predicted = None
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs += 1
+        self.predicted = self.model.predict(x[:7], verbose=0).shape  # Keras-internal style: a call inside fit
+stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=5)
+""")
+    for form in ("[Counter(), stop]", "(Counter(), stop)", "Counter()", "None"):
+        run(shell, f"%%tfmem --as r\ncb = {form}\n"
+                   "h = model.fit(x, y, batch_size=60, epochs=2, validation_data=(x[:100], y[:100]), callbacks=cb, "
+                   "verbose=0)")
+        report, history = shell.user_ns["r"], shell.user_ns["h"]
+        assert "val_loss" in history.history and report.status == "ok", form
+        assert report.model.calls == ["fit"] and report.model.samples == 600, form  # not the callback's predict
+        assert report.model.validation == "validation_data: 100 rows"
+    run(shell, "%%tfmem --as r\nc = Counter()\nh = model.fit(x, y, epochs=2, callbacks=c, verbose=0)")
+    assert shell.user_ns["c"].epochs == 2 and shell.user_ns["c"].predicted == (7, 10)
+    # a CallbackList the user built is theirs: left alone, and the report says what was not added
+    run(shell, "%%tfmem --as r\ncl = keras.callbacks.CallbackList([Counter()], model=model)\n"
+               "h = model.fit(x, y, epochs=1, callbacks=cl, verbose=0)")
+    assert any("CallbackList" in n for n in shell.user_ns["r"].notes)
+
+
+def test_predict_in_a_loop_is_not_retracing_and_fit_twice_is_not_either(shell):
+    run(shell, SETUP + "model = small_cnn()")
+    run(shell, "%%tfmem --as r\nfor i in range(5):\n    p = model.predict(x[:64], verbose=0)")
+    assert "retracing" not in {f.id for f in shell.user_ns["r"].findings}
+    run(shell, "%%tfmem --as r\nfor v in (None, (x[:64], y[:64])):\n"
+               "    model.fit(x, y, epochs=1, validation_data=v, verbose=0)")
+    assert "retracing" not in {f.id for f in shell.user_ns["r"].findings}
+
+
+def test_the_batch_of_a_pipeline_whose_last_step_is_not_batch(shell):
+    run(shell, SETUP + "model = small_cnn()")
+    cases = {
+        "tf.data.Dataset.from_tensor_slices((x, y)).batch(40).map(lambda a, b: (a * 2, b)).prefetch(2)":
+            (40, "the dataset's .batch()"),
+        "tf.data.Dataset.from_tensor_slices((x, y)).batch(24, drop_remainder=True).prefetch(tf.data.AUTOTUNE)":
+            (24, "the dataset's element_spec"),
+        "tf.data.Dataset.from_tensor_slices((x, y)).shuffle(100).batch(16).cache().repeat()":
+            (16, "the dataset's .batch()"),
+    }
+    for pipeline, (batch, source) in cases.items():
+        steps = ", steps_per_epoch=5" if "repeat" in pipeline else ""
+        run(shell, f"%%tfmem --as r\nds = {pipeline}\nmodel.fit(ds, epochs=1, verbose=0{steps})")
+        m = shell.user_ns["r"].model
+        assert (m.batch_size, m.batch_source, m.feed) == (batch, source, "dataset"), pipeline
+        assert m.input_array_bytes == 0  # a pipeline's tensors are not fit's copy of numpy arrays
+    # a generator: the first batch it yields, and it is still consumed exactly as before
+    run(shell, "%%tfmem --as r\n"
+               "def batches():\n    for i in range(0, 600, 30):\n        yield x[i:i + 30], y[i:i + 30]\n"
+               "h = model.fit(batches(), epochs=1, verbose=0)")
+    m = shell.user_ns["r"].model
+    assert (m.batch_size, m.batch_source, m.feed) == (30, "the generator's first batch", "generator")
+    from tfmem_magic import prediction
+
+    remembered = prediction._models[id(shell.user_ns["r"])]
+    assert remembered[2] == ((10,), "float32")  # the targets the calibration probes will make: as the cell's
+    # a PyDataset that does not say its batch: unknown, and no what-if pretends to know it
+    run(shell, """%%tfmem --as r
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 10
+    def __getitem__(self, i):
+        return x[i * 60:(i + 1) * 60], y[i * 60:(i + 1) * 60]
+model.fit(Batches(), epochs=1, verbose=0)""")
+    import tfmem_magic
+    from tfmem_magic.errors import TfmemUsageError
+
+    report = shell.user_ns["r"]
+    assert report.model.batch_size is None and report.model.feed == "pydataset"
+    with pytest.raises(TfmemUsageError, match="batch size could not be read"):
+        tfmem_magic.predict(report, batch_size=64)
+    assert not any(f.id == "shrink-batch" for f in report.fixes)
+
+
+def test_custom_training_loop_and_a_gan_like_pair_of_models(shell):
+    run(shell, SETUP + """
+generator = keras.Sequential([keras.Input((8,)), layers.Dense(16 * 16, name="g_dense"),
+                              layers.Reshape((16, 16, 1))], name="generator")
+discriminator = keras.Sequential([keras.Input((16, 16, 1)), layers.Conv2D(16, 3, name="d_conv"),
+                                  layers.Flatten(), layers.Dense(1, name="d_out")], name="discriminator")
+g_opt, d_opt = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3)
+loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+""")
+    run(shell, """%%tfmem --as r
+for start in range(0, 600, 64):  # the last batch is a partial one (24)
+    real = x[start:start + 64]
+    noise = tf.random.normal((len(real), 8))
+    with tf.GradientTape() as tape:
+        fake = generator(noise)
+        d_loss = loss_fn(tf.ones((len(real), 1)), discriminator(real)) + \\
+            loss_fn(tf.zeros((len(real), 1)), discriminator(fake))
+    grads = tape.gradient(d_loss, discriminator.trainable_weights)
+    d_opt.apply(grads, discriminator.trainable_weights)
+    with tf.GradientTape() as tape:
+        g_loss = loss_fn(tf.ones((len(real), 1)), discriminator(generator(noise)))
+    grads = tape.gradient(g_loss, generator.trainable_weights)
+    g_opt.apply_gradients(zip(grads, generator.trainable_weights))
+""")
+    m = shell.user_ns["r"].model
+    assert m.name == "discriminator"  # the larger of the two trained networks
+    assert m.training and "optimizer.apply" in m.calls and m.optimizer == "Adam" and m.optimizer_slots == 2
+    assert m.batch_size == 64  # the largest batch the model was called on, not the last partial one
+    assert any(o.startswith("generator (") for o in m.other_models)
+
+
+def test_a_model_used_as_a_layer_counts_its_own_layers(shell):
+    run(shell, SETUP + """
+encoder = keras.Sequential([keras.Input((16, 16, 1)), layers.Conv2D(32, 3, activation="relu", name="enc_conv"),
+                            layers.Conv2D(32, 3, activation="relu", name="enc_conv2"), layers.GlobalAveragePooling2D()],
+                           name="encoder")
+inputs = keras.Input((16, 16, 1))
+outputs = layers.Dense(10, activation="softmax", name="head")(encoder(inputs))
+model = keras.Model(inputs, outputs, name="transfer")
+model.compile("adam", "categorical_crossentropy")
+""")
+    run(shell, "%%tfmem --as r\nmodel.fit(x, y, batch_size=32, epochs=1, verbose=0)")
+    layers = {layer.name: layer for layer in shell.user_ns["r"].model.layers}
+    assert set(layers) >= {"encoder", "head"}  # the model's own layers
+    inner = (14 * 14 * 32 + 12 * 12 * 32 + 32) * 4  # the encoder's layers' outputs, not only its 32 floats
+    assert layers["encoder"].activation_bytes_per_sample == inner and "3 layers" in layers["encoder"].type
+
+
+def test_notebook_defined_custom_layers_calibrate(shell):
+    """keras.io's TokenAndPositionEmbedding: defined in a cell, not registered, no get_config, no **kwargs."""
+    run(shell, """
+import numpy as np, keras, tensorflow as tf
+from keras import layers
+class TokenAndPositionEmbedding(layers.Layer):
+    def __init__(self, maxlen, vocab_size, embed_dim):
+        super().__init__()
+        self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+        self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+    def call(self, x):
+        positions = self.pos_emb(tf.range(start=0, limit=tf.shape(x)[-1], delta=1))
+        return self.token_emb(x) + positions
+inputs = layers.Input(shape=(40,))
+h = TokenAndPositionEmbedding(40, 500, 16)(inputs)
+h = layers.GlobalAveragePooling1D()(h)
+model = keras.Model(inputs, layers.Dense(2, activation="softmax")(h))
+model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+xs = np.random.randint(0, 500, (512, 40)); ys = np.random.randint(0, 2, 512)
+""")
+    run(shell, "%%tfmem --as r\nmodel.fit(xs, ys, batch_size=32, epochs=1, verbose=0, "
+               "validation_data=(xs[:64], ys[:64]))")
+    import tfmem_magic
+
+    what = tfmem_magic.predict(shell.user_ns["r"], batch_size=64, calibrate=True)
+    assert what.basis == "measured" and what.error_band == 0.10 and what.peak_bytes > 0
+
+
+def test_a_subclassed_model_without_config_says_how_to_calibrate(shell):
+    run(shell, SETUP + """
+class TwoTowers(keras.Model):
+    def __init__(self, tower):
+        super().__init__()
+        self.tower = tower
+        self.head = layers.Dense(10, activation="softmax")
+    def call(self, inputs):
+        return self.head(self.tower(inputs))
+model = TwoTowers(keras.Sequential([layers.Flatten(), layers.Dense(32, activation="relu")]))
+model.compile("adam", "categorical_crossentropy")
+""")
+    run(shell, "%%tfmem --as r\nmodel.fit(x, y, batch_size=32, epochs=1, verbose=0)")
+    import tfmem_magic
+    from tfmem_magic.errors import TfmemUsageError
+
+    report = shell.user_ns["r"]
+    assert tfmem_magic.predict(report, batch_size=64).basis == "analytic"
+    with pytest.raises(TfmemUsageError, match="get_config"):
+        tfmem_magic.predict(report, batch_size=64, calibrate=True)
+
+
+def test_a_patch_made_during_the_cell_survives(shell):
+    run(shell, SETUP + "model = small_cnn()")
+    run(shell, "%%tfmem\noriginal_fit = keras.Model.fit\ncalls = []\n"
+               "def logged_fit(self, *a, **k):\n    calls.append('fit')\n    return original_fit(self, *a, **k)\n"
+               "keras.Model.fit = logged_fit")
+    try:
+        run(shell, "model.fit(x, y, epochs=1, verbose=0)")
+        assert shell.user_ns["calls"] == ["fit"]  # theirs stayed, and ours (inside it) passes through
+        run(shell, "%%tfmem --as r\nmodel.fit(x, y, epochs=1, verbose=0, validation_split=0.2)")
+        assert shell.user_ns["calls"] == ["fit", "fit"] and shell.user_ns["r"].model.samples == 480
+    finally:
+        shell.run_cell("keras.Model.fit = original_fit.__wrapped__ if hasattr(original_fit, '__wrapped__') "
+                       "else original_fit")
