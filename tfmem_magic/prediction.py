@@ -409,6 +409,11 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     if model is None:
         raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
                               "kernel (a report loaded from a file can only use the analytic basis)")
+    calls = report.model.calls if report.model else []
+    if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):
+        raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop of "
+                              "its own (optimizer.apply): the probes cannot replay that loop. The analytic basis "
+                              "(from this cell's trace) stays in use, with its wider band.")
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True

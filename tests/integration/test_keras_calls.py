@@ -158,6 +158,29 @@ for start in range(0, 600, 64):  # the last batch is a partial one (24)
     assert m.training and "optimizer.apply" in m.calls and m.optimizer == "Adam" and m.optimizer_slots == 2
     assert m.batch_size == 64  # the largest batch the model was called on, not the last partial one
     assert any(o.startswith("generator (") for o in m.other_models)
+    import tfmem_magic
+    from tfmem_magic.errors import TfmemUsageError
+
+    with pytest.raises(TfmemUsageError, match="loop of its own"):  # probes cannot replay it: no ±10% claimed
+        tfmem_magic.predict(shell.user_ns["r"], calibrate=True)
+
+
+def test_sparse_labels_from_a_pipeline_calibrate(shell):
+    """Integer labels with SparseCategoricalCrossentropy, fed by tf.data: the probes make targets like the
+    pipeline's (not like the model's outputs, which failed with 'Argument output must have rank target.ndim - 1')."""
+    run(shell, SETUP + """
+model = keras.Sequential([keras.Input((20,)), layers.Embedding(100, 8), layers.GRU(16), layers.Dense(4)], name="gru")
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+labels = np.random.randint(0, 4, 512)
+ds = tf.data.Dataset.from_tensor_slices((np.random.randint(0, 100, (512, 20)), labels)).batch(32).prefetch(2)
+""")
+    run(shell, "%%tfmem --as r\nmodel.fit(ds, epochs=1, verbose=0)")
+    import tfmem_magic
+
+    report = shell.user_ns["r"]
+    assert report.model.batch_size == 32 and report.model.feed == "dataset"
+    what = tfmem_magic.predict(report, batch_size=64, calibrate=True)
+    assert what.basis == "measured" and what.error_band == 0.10
 
 
 def test_a_model_used_as_a_layer_counts_its_own_layers(shell):

@@ -129,3 +129,29 @@ def test_before_after_checks_the_prediction():
     assert ba.held and ba.predicted_peak_bytes == predicted and ba.number == 7
     after.tf = {"CPU:0": DeviceMemory(0, int(predicted * 1.5), 0)}
     assert fixes.before_after(before, after, "shrink-batch").held is False
+
+
+def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
+    """fit(x) without targets (an autoencoder, a VAE) and a predict cell: no `y` out of nowhere, and a predict cell's
+    fix predicts instead of training the model."""
+    rep = report(findings=("input-copy",))
+    rep.model.feed = "arrays"
+    only_x = fixes.Context(source=CELL, model_name="vae", array_names={"x": "digits"}, number=7)
+    code = body(by_id(fixes.build(rep, only_x))["tf-data-streaming"].code)
+    ast.parse(code)
+    assert "yield digits[i:i + 256]\n" in code and " y" not in code.replace("yield", "") and "vae.fit(dataset" in code
+    rep.model.calls = ["predict"]
+    fix = by_id(fixes.build(rep, only_x))["tf-data-streaming"]
+    assert "vae.predict(dataset" in fix.code and ".fit(" not in fix.code and fix.title.endswith("predict(numpy)")
+    # an array passed as an expression: the cell says which name to fill in, instead of claiming no name was given
+    expression = fixes.Context(source=CELL, model_name="model", array_names={"x": "images", "y": ""}, number=7)
+    rep.model.calls = ["fit"]
+    code = body(by_id(fixes.build(rep, expression))["tf-data-streaming"].code)
+    assert "# y: your y array (the cell passed it as an expression, not a variable)" in code
+    assert "images[i:i + 256], y[i:i + 256]" in code
+    # several arrays in one role (a dict of inputs): not offered rather than wrong
+    several = fixes.Context(source=CELL, model_name="model", array_names={"x": None, "y": "labels"}, number=7)
+    assert "tf-data-streaming" not in by_id(fixes.build(rep, several))
+    # a pipeline is not numpy: nothing to stream
+    rep.model.feed = "dataset"
+    assert "tf-data-streaming" not in by_id(fixes.build(rep, only_x))
