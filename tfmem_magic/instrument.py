@@ -131,10 +131,11 @@ class Instrumentation:
         @functools.wraps(original)
         def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
             name = str(getattr(tracing_options, "name", "function"))
-            owner = getattr(tracing_options, "function_cache", None)  # (an empty cache is falsy: test for None)
-            if owner is None:
-                owner = getattr(tracing_options, "python_function", None)
-            key = (name, id(owner))
+            # a tf.function's cache lives as long as it does (an empty cache is falsy: test for None); functions
+            # without one (tf.data's map functions, one per pipeline) trace once by construction: never a retrace,
+            # and an id() of theirs could be reused by the next one once they are gone
+            owner = getattr(tracing_options, "function_cache", None)
+            key = (name, id(owner) if owner is not None else -len(traces) - 1)
             traces[key] = traces.get(key, 0) + 1
             return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
 
