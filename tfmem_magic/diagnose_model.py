@@ -154,15 +154,18 @@ def non_tf_growth(report: Report) -> Finding | None:
     rss = report.rss
     growth = rss.peak_bytes - rss.baseline_bytes
     tf_growth = max(0, report.tf_peak_bytes or 0)
-    outside = growth - tf_growth
-    if outside < MIN_NON_TF or outside < NON_TF_SHARE * growth:
+    profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
+    outside = growth - tf_growth - profiler  # the profiler's own memory is tfmem's, not the user's
+    if outside < MIN_NON_TF or outside < NON_TF_SHARE * (growth - profiler):
         return None
+    tracer = (f" (tfmem's profiler took up to {format_bytes(profiler)} of the growth itself, not counted here)"
+              if profiler >= 2**20 else "")
     runtime = (" TensorFlow's runtime started in this cell: its libraries, kernels and caches alone add about "
                "0.5 GiB the first time." if report.env.tensorflow_started_in_cell else "")
     return Finding(
         id="non-tf-growth", severity="info" if report.env.tensorflow_started_in_cell else "warn",
         title=f"{format_bytes(outside)} of the process growth is outside TensorFlow's allocator",
-        evidence=f"The process grew by {format_bytes(growth)} while TensorFlow's allocator grew by "
+        evidence=f"The process grew by {format_bytes(growth)}{tracer} while TensorFlow's allocator grew by "
                  f"{format_bytes(tf_growth)}: the rest is numpy arrays, Python objects, `.numpy()` copies or "
                  f"library caches, which TensorFlow's statistics cannot see.{runtime}",
         bytes=outside,

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from . import figures
 from . import frontend
-from .render import _SOURCE, _verdict_class, before_after_html, summary_items, verdict
+from .render import _SOURCE, _verdict_class, before_after_html, summary_items, trace_notes, verdict
 from .report import Fix, LiveGroup, Report
 from .sizes import format_bytes
 from .whatif_panel import whatif_tab
@@ -105,8 +105,8 @@ def breakdown_tab(report: Report) -> widgets.Widget:
             lines.append(f"The allocator handed out {escape(format_bytes(trace.allocated_at_peak_bytes))} for "
                          f"{escape(format_bytes(trace.requested_at_peak_bytes))} requested (×{ratio:.2f}: "
                          "rounding and fragmentation).")
-    if trace.note:
-        lines.append(f"<span class='tfmem-empty'>{escape(trace.note)}</span>")
+    for note in trace_notes(trace):
+        lines.append(f"<span class='tfmem-empty'>{escape(note)}</span>")
     info = widgets.HTML("<br>".join(lines))
     tensors = widgets.HTML("<b>Largest tensors at the peak</b>" + _top_tensors(trace.at_peak))
     return widgets.VBox([info, chooser, chart, tensors])

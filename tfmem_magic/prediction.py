@@ -182,7 +182,13 @@ def traced_per_sample(report: Report) -> float | None:
     if not trace.complete and report.main_device is not None and trace.peak_live_bytes < 0.9 * (
             report.main_device.peak_bytes):
         return None  # the peak came outside the traced window: its tensors were not seen
-    return trace.batch_bytes_at_peak / trace.batch_size
+    # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
+    # tensors, so it carries the batch in the proportion the traced ones do (as long as most of it was seen)
+    untraced = sum(g.requested_bytes for g in trace.by_phase if g.phase == "untraced")
+    seen = trace.requested_at_peak_bytes
+    if untraced > 3 * seen:
+        return None
+    return trace.batch_bytes_at_peak * (seen + untraced) / max(seen, 1) / trace.batch_size
 
 
 def _input_copy(report: Report) -> tuple[int, int]:

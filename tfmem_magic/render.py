@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from . import prediction
-from .report import MIME_TYPE, LiveGroup, Report
+from .report import MIME_TYPE, LiveGroup, Report, TraceInfo
 from .sizes import format_bytes
 
 _SOURCE = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
@@ -88,8 +88,7 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     for label, w in prediction.scenarios(r) if whatifs is None else whatifs:
         fits = "" if w.fits is None else (" fits" if w.fits else " does NOT fit")
         lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
-    for note in r.notes + ([r.trace.note] if r.trace and r.trace.note else []) + (
-            [r.env.allocator_note] if r.env.allocator_note else []):
+    for note in r.notes + trace_notes(r.trace) + ([r.env.allocator_note] if r.env.allocator_note else []):
         lines.append(f"Note      {note}")
     return "\n".join(lines)
 
@@ -235,7 +234,7 @@ def render_html(report: Report, timeline: bytes | None = None,
         parts.append(f"<h4>Fixes</h4><div class='tfmem-muted'>In a live kernel each fix has an insert button; "
                      f"here, copy the code, or run <code>%tfmem fix K --report {r.number}</code>.</div>"
                      f"<ul class='tfmem-fixes'>{items}</ul>")
-    notes = r.notes + ([t.note] if t and t.note else []) + ([r.env.allocator_note] if r.env.allocator_note else [])
+    notes = r.notes + trace_notes(t) + ([r.env.allocator_note] if r.env.allocator_note else [])
     if notes:
         parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
     parts.append("</div>")
@@ -331,6 +330,18 @@ def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]
 
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
+
+def trace_notes(trace: TraceInfo | None) -> list[str]:
+    """What the trace left out, and what the profiler itself cost (it is tfmem's memory, not the cell's)."""
+    if trace is None:
+        return []
+    notes = [trace.note] if trace.note else []
+    if trace.profiler_rss_bytes >= 2**20:
+        notes.append(f"tfmem's profiler recorded {format_bytes(trace.profiler_bytes)} of events, which costs up to "
+                     f"{format_bytes(trace.profiler_rss_bytes)} of process memory while it runs: counted as tfmem's, "
+                     "never as this cell's (--quick records none).")
+    return notes
+
 
 def left_text(delta: int) -> str:
     """What a cell left in TensorFlow's allocator: "left 2 MiB", or "freed 36 KiB" when it ended below its start."""

@@ -118,6 +118,10 @@ class TraceInfo:
     covered_s: float = 0.0  # seconds of the cell the trace covers
     windows: list[list[float]] = field(default_factory=list)  # [[start, end], ...] traced, seconds from the start
     complete: bool = True  # False when the trace was bounded (see note)
+    # the profiler's own memory: xplane bytes it recorded, and the process memory that costs at its high-water mark
+    # (TensorFlow's recorder and export hold ~22-27x the xplane: tracer.py). Never the cell's memory.
+    profiler_bytes: int = 0
+    profiler_rss_bytes: int = 0
     # requested bytes live at the peak in tensors with the batch dimension (what grows with the batch), and that batch
     batch_bytes_at_peak: int | None = None
     batch_size: int | None = None
