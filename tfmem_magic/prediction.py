@@ -166,8 +166,12 @@ def analytic_basis(report: Report) -> Basis:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
         one_point = max(0.0, (anchor - static) / knobs.batch_size - input_per_sample)
-        if prior > one_point:  # the layer outputs over-explain the peak (fused or freed ops): trust the measurement
+        if activations > one_point:  # the slope over-explains the peak (fused or freed ops): trust the measurement
             activations, source = one_point, "the cell's peak (layer outputs over-explain it)"
+        elif traced is None and report.trace is not None and report.trace.events:
+            # traced, but the trace stopped before the peak (its budget): the layer outputs miss what a recurrent
+            # layer or an attention block keeps inside; the cell's own point is an upper bound, the safe side
+            activations, source = one_point, "the cell's peak (the trace stopped before it: an upper bound)"
         other = round(anchor - static - (activations + input_per_sample) * knobs.batch_size)
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing)
@@ -179,8 +183,7 @@ def traced_per_sample(report: Report) -> float | None:
     trace, model = report.trace, report.model
     if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.batch_size:
         return None
-    if not trace.complete and report.main_device is not None and trace.peak_live_bytes < 0.9 * (
-            report.main_device.peak_bytes):
+    if not _trace_saw_peak(report):
         return None  # the peak came outside the traced window: its tensors were not seen
     # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
     # tensors, so it carries the batch in the proportion the traced ones do (as long as most of it was seen)
@@ -209,9 +212,15 @@ def _fragmentation(report: Report) -> float:
     """Allocated / requested bytes at the cell's peak, from its trace; without a trace (quick mode, a failed cell)
     the typical ratio of a training step's peak under BFC (1.2x-1.5x measured, DESIGN.md)."""
     trace = report.trace
-    if trace is not None and trace.requested_at_peak_bytes > 0:
+    if trace is not None and trace.requested_at_peak_bytes > 0 and _trace_saw_peak(report):
         return max(1.0, trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes)
-    return TYPICAL_FRAGMENTATION
+    return TYPICAL_FRAGMENTATION  # also when the trace stopped before the peak: its moment says nothing of the step
+
+
+def _trace_saw_peak(report: Report) -> bool:
+    trace, device = report.trace, report.main_device
+    return trace is not None and (trace.complete or device is None or
+                                  trace.peak_live_bytes >= 0.9 * device.peak_bytes)
 
 
 # ---- prediction -----------------------------------------------------------------------------------------------------
