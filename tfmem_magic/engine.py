@@ -113,6 +113,29 @@ class Profiler:
 
     # ---- start ----------------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Arm every probe. All or nothing: if arming fails or is interrupted (Ctrl-C) part-way, what was armed is
+        undone in reverse before the exception leaves, so no later cell finds a probe, patch or thread of this one
+        (an allocator-stats slot left behind would make every later cell 'nested', in quick mode)."""
+        try:
+            self._arm()
+        except BaseException:
+            self._disarm_partial()
+            raise
+
+    def _disarm_partial(self) -> None:
+        undo = [lambda: self._guard.disarm() if self._guard is not None else None,
+                lambda: self._instrumentation.uninstall() if self._instrumentation is not None else None,
+                lambda: self._sampler.stop() if self._sampler is not None else None,
+                lambda: self._tracer.finish() if self._tracer is not None else None,
+                self._allocator.stop]
+        for step in undo:
+            try:
+                step()
+            except Exception:  # undo the rest whatever one step says
+                pass
+        self._instrumentation = self._sampler = self._tracer = self._guard = None
+
+    def _arm(self) -> None:
         nested = AllocatorStats.nesting_depth() > 0
         self._tf_running_at_start = environment.tensorflow_initialized()
         if not self._tf_running_at_start:
@@ -129,12 +152,14 @@ class Profiler:
         self._t0 = time.perf_counter()
         self._allocator.start()
         if self._mode == "trace":
-            self._tracer = Tracer(self._t0, self.options.trace_seconds)
             try:
+                self._tracer = Tracer(self._t0, self.options.trace_seconds)
                 self._tracer.start()
-            except Exception as exc:  # the profiler refused (a profiler server, say): measure without it
-                self.notes.append(f"The TensorFlow profiler could not start ({exc}); measured in quick mode.")
-                self._tracer.finish()
+            except Exception as exc:  # the profiler refused (a profiler server), no temp folder could be made...
+                self.notes.append(f"The TensorFlow profiler could not start ({type(exc).__name__}: {exc}); "
+                                  "measured in quick mode.")
+                if self._tracer is not None:
+                    self._tracer.finish()
                 self._tracer, self._mode = None, "quick"
         on_tick = self._tracer.observe if self._tracer is not None else None
         on_rss = self._guard.observe if self._guard is not None else None
