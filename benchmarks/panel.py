@@ -58,6 +58,7 @@ def main() -> None:
     x = tf.random.uniform((32, 128))
     layer(x)
     tracer.PLATEAU_S = 1e9  # record the whole loop: the worst case for the analysis and the report size
+    tracer.TRACE_BUDGET_BYTES = 0  # and no memory budget (a full trace of the loop)
     with tfmem_magic.profile(label="panel benchmark", trace_seconds=600) as p:
         h = x
         for _ in range(args.steps):

@@ -349,8 +349,11 @@ class Profiler:
         if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
             report.env.allocator = info.allocator
         info.windows = [[round(a, 4), round(b, 4)] for a, b in self._tracer.windows]
-        info.profiler_bytes = int(getattr(self._tracer, "traced_bytes", 0))
-        info.profiler_rss_bytes = PROFILER_RSS_PER_BYTE * info.profiler_bytes
+        info.profiler_bytes = int(self._tracer.traced_bytes)
+        # the recorder's and the export's high-water mark follows the largest segment (the next one reuses what an
+        # export frees), plus the decoded events kept
+        info.profiler_rss_bytes = int(PROFILER_RSS_PER_BYTE * self._tracer.largest_segment_bytes
+                                      + 0.4 * info.profiler_bytes)
         reasons = self._tracer.paused_reasons
         if reasons:
             info.complete = False
@@ -361,8 +364,10 @@ class Profiler:
             if gap > max(0.01 * device.peak_bytes, 64 * 1024):
                 info.note = (info.note or "") + (
                     f" The cell's peak ({format_bytes(device.peak_bytes)}) came outside the traced window; the "
-                    f"breakdown shows the largest traced moment ({format_bytes(info.peak_live_bytes)}). Raise "
-                    "--trace-steps or --trace-seconds to trace more.")
+                    f"breakdown shows the largest traced moment ({format_bytes(info.peak_live_bytes)})."
+                    + (" The trace's memory budget was spent first: the what-if then predicts from the cell's own "
+                       "peak (an upper bound)." if self._tracer.budget_spent else
+                       " Raise --trace-steps or --trace-seconds to trace more."))
         return info
 
 

@@ -210,6 +210,8 @@ class Instrumentation:
         @functools.wraps(original)
         def wrapper(this, grads, trainable_variables=None, *args, **kwargs):
             if instrumentation.active and instrumentation._outer_call() is None:
+                if instrumentation.tracer is not None:
+                    instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
                 variables = trainable_variables if trainable_variables is not None else \
                     getattr(this, "_trainable_variables", None) or []
                 try:
@@ -410,16 +412,19 @@ def _make_trace_window_class() -> type:
 
         def on_train_begin(self, logs=None) -> None:
             self.in_fit, self.seen = True, 0
+            self.tracer.steps_begin()
             self.tracer.release("steps")
 
         def on_test_begin(self, logs=None) -> None:
             if not self.in_fit:  # validation inside fit belongs to fit's window
                 self.seen = 0
+                self.tracer.steps_begin()
                 self.tracer.release("steps")
 
         on_predict_begin = on_test_begin
 
         def _batch_end(self, batch, logs=None) -> None:
+            self.tracer.step_boundary()
             self.seen += 1
             if self.seen == self.steps:
                 self.tracer.hold("steps", f"traced the first {self.steps} steps of each fit/evaluate/predict call")

@@ -5,14 +5,29 @@ A segment is one profiler session. Two rules pause it, each holding the trace un
   go at the next call;
 - "plateau": fed by the sampler thread, it pauses when TF's peak has not grown for `PLATEAU_S` and lets go when the
   peak grows again. A steady loop repeats the moment already traced; the trace exists to explain the peak.
-A timer stops tracing for good after `max_seconds`, and at most MAX_SEGMENTS segments are made. Each segment's
-xplane is read into memory and its temporary folder deleted at once. Exporting and parsing cost time per traced
-event (benchmarks/overhead.py), which is why the trace is kept short.
+A timer stops tracing for good after `max_seconds`, and at most MAX_SEGMENTS windows are traced.
+
+The profiler's own memory. TensorFlow's recorder keeps every TraceMe event of every thread until the session stops
+(4.2-4.8 malloc'd bytes per byte of the xplane it will write, more in RSS as per-thread arenas fragment), and the
+export builds the XSpace and its serialized copy on top: the process's high-water mark grows by 22-27 bytes per
+xplane byte of the largest segment (what one export frees, the next segment reuses). The event rate depends on the
+model far more than on its size: an MLP or CNN step writes 20-90 kB, an LSTM over 120 time steps fed by
+`timeseries_dataset_from_array` writes ~3.4 MB per step (70k events: its while loop's ops, tf.data's per-element
+iterator events, thread-pool events, 13k memory events) and a bidirectional GRU ~5 MB, so ten traced steps cost
+~900 MB. Only ~20% of those events are the memory events we read, and no option reachable from Python records fewer
+of the others (see `_start_segment`). So each cell gets a budget of `budget_bytes` of xplane. A watcher thread
+estimates the running segment's size from the growth of malloc'd bytes (glibc's mallinfo2) and of RSS not explained
+by TF's allocator, and stops the segment when the estimate nears what is left of the budget. The export then gives
+the exact size: a segment stopped early by the cell's own growth (a first step builds graphs and oneDNN caches) is
+restarted; once the budget is spent the trace stops for good and the report says so. Exported segments are decoded
+at once when they are large (xplane.Decoded keeps 104 bytes per memory event, ~0.4 bytes per xplane byte, not the
+blob), and each temporary folder is deleted at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import tempfile
@@ -21,11 +36,34 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import environment
+import psutil
+
+from . import environment, xplane
 
 PS_PER_S = 10**12
 PLATEAU_S = 1.0
-MAX_SEGMENTS = 12
+MAX_SEGMENTS = 12  # windows: segments started at the cell's start or when a pause ends
+MiB = 1024 * 1024
+# The profiler's high-water mark is ~22-27x the xplane of its *largest segment* (3.4 MB, one LSTM step: +74 MB of
+# RSS): the next segment reuses what an export freed (ten steps in 6 segments: +121 MB; as one segment: +898 MB).
+# So a segment is capped at SEGMENT_BYTES (the transient cost), and the cell's total at TRACE_BUDGET_BYTES, which
+# bounds what is kept (~0.4 bytes of decoded events per xplane byte) and the export time: enough for a recurrent
+# model's first steps (an LSTM over 120 time steps writes ~3.4 MB per step) in rotated segments. MLP and CNN cells
+# write a tenth of one segment in their 10 traced steps.
+TRACE_BUDGET_BYTES = 12 * MiB
+SEGMENT_BYTES = 3 * MiB  # the most one segment may record before it is exported (its transient cost)
+MIN_SEGMENT_BYTES = SEGMENT_BYTES // 4  # less budget than this left: stop rather than restart (a short
+# segment adds a gap, its export, to the trace more than it adds events)
+STOP_AT = 0.8  # stop when the estimate reaches this share of what is left: the watcher looks every WATCH_S
+# What the recorder holds per xplane byte while it records: in malloc'd bytes (glibc's mallinfo2; measured 4.2-4.8
+# on LSTM and GRU steps) and in RSS (8.7-13.5 on a first segment). Each misses something (see _estimate), so the
+# watcher takes the larger; without mallinfo2 (macOS, musl) RSS and the rate of the previous segments.
+HEAP_PER_TRACE_BYTE = 4
+RSS_PER_TRACE_BYTE = 12
+DECODE_AT_BYTES = 1 * MiB  # raw xplane held before it is decoded (small traces are decoded once, at the end)
+WATCH_S = 0.025  # the watcher's period (mallinfo2 takes 0.4-1.5 ms)
+MAX_ROTATIONS = 200  # segments stopped by the budget's estimate and restarted, per cell (each costs
+# an export: ~1 ms when the growth that triggered it was the cell's own, not the recorder's)
 
 
 @contextlib.contextmanager
@@ -55,38 +93,105 @@ def user_profiler_running() -> bool:
     return profiler_v2._profiler is not None
 
 
+class _Int(int):
+    """An int that TF 2.21's `ProfilerSession.start` passes on as an int.
+
+    Its binding turns the options dict into `std::variant<bool, int, std::string>` trying `cast<bool>()` first, and
+    pybind11's bool cast accepts anything with `__bool__`: every Python number arrives as a bool, and the session
+    manager ignores it ("host_tracer_level expects an i value", `i` being int's type name). An int whose `__bool__`
+    raises fails that cast and is then read as the int it is.
+    """
+
+    def __bool__(self) -> bool:
+        raise TypeError("a profiler level, not a truth value")
+
+
+def _format_mib(n: int) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _heap_reader():
+    """A function returning the bytes malloc has handed out and not taken back (mmapped blocks aside): glibc's
+    mallinfo2, which sums every thread's arena. None where there is no such call (macOS, musl, old glibc)."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except Exception:  # OSError, AttributeError; TypeError on Windows (no handle for the process itself)
+        return None
+    mallinfo2.restype = _Mallinfo2
+    mallinfo2.argtypes = []
+    return lambda: int(mallinfo2().uordblks)
+
+
 class Tracer:
-    def __init__(self, t0: float, max_seconds: float = 20.0) -> None:
+    def __init__(self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None) -> None:
+        """`budget_bytes`: xplane bytes the trace may record (None: TRACE_BUDGET_BYTES; 0: no budget, for
+        benchmarks of full traces). `max_seconds` <= 0: no time cap."""
         self._t0 = t0
         self.max_seconds = max_seconds
+        self.budget_bytes = TRACE_BUDGET_BYTES if budget_bytes is None else budget_bytes
         self._lock = threading.RLock()
         self._dir = Path(tempfile.mkdtemp(prefix=f"tfmem-trace-{os.getpid()}-"))  # whose it is, if one is left
         self._session = None  # the running _pywrap_profiler.ProfilerSession
         self._segment_start = 0.0
-        self._count = 0
-        self.segments: list[tuple[bytes, int]] = []  # (xplane bytes, start offset in ps from t0)
+        self._count = 0  # segments made (folder names)
+        self._windows_started = 0  # segments started at the start or after a pause (MAX_SEGMENTS)
+        self._rotations = 0
+        self._raw: list[tuple[bytes, int]] = []  # (xplane bytes, start offset in ps from t0), not decoded yet
+        self._raw_bytes = 0
+        self._decoded: xplane.Decoded | None = None
+        self.traced_bytes = 0  # xplane bytes of all segments so far
+        # the profiler's high-water mark follows its largest segment (~22-27 bytes of RSS per xplane byte), not the
+        # sum: what one export frees, the next segment's recorder reuses
+        self.largest_segment_bytes = 0
+        self.budget_spent = False
         self.windows: list[tuple[float, float]] = []  # (start, end) of each segment, seconds from t0
         self.paused_reasons: list[str] = []
-        self.closed = False  # no more segments: time cap reached or finished
+        self.closed = False  # no more segments: time cap or budget reached, or finished
         self._holds: set[str] = set()
+        self._steps_seen = False  # step boundaries are reported (see step_boundary)
+        self._plateau_due = False
         self._peak_seen = 0
         self._grew_at = 0.0
-        self._timer: threading.Timer | None = None
+        self._tf_current = 0  # TF's live bytes, from the sampler (0 when it does not sample TF)
+        self._rate = 0.0  # xplane bytes per second of the last segment long enough to measure
+        self._segment_rss = 0
+        self._segment_tf = 0
+        self._segment_heap = 0
+        self._process = psutil.Process()
+        self._heap = _heap_reader() if self.budget_bytes else None
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._quiet = not environment.profiler_logs_quiet()
 
     # ---- public ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the first segment; raises if another profiler session is active."""
+        xplane._lazy_space_class()  # builds a message class (imports protobuf): here, not in the watcher thread
+        self._windows_started += 1
         self._start_segment()
-        if self.max_seconds > 0:
-            self._timer = threading.Timer(self.max_seconds, self._time_up)
-            self._timer.name = "tfmem-trace-timer"
-            self._timer.daemon = True
-            self._timer.start()
+        self._started_at = time.perf_counter()
+        if self.max_seconds > 0 or self.budget_bytes:
+            self._watcher = threading.Thread(target=self._watch, name="tfmem-trace-watch", daemon=True)
+            self._watcher.start()
 
     @property
     def running(self) -> bool:
         return self._session is not None
+
+    @property
+    def segments(self) -> list[tuple[bytes | xplane.Decoded, int]]:
+        """What was traced: raw xplane blobs with their offsets, and the decoded part (offset 0), for
+        `xplane.read_segments`."""
+        out: list[tuple[bytes | xplane.Decoded, int]] = list(self._raw)
+        if self._decoded is not None:
+            out.append((self._decoded, 0))
+        return out
 
     def hold(self, rule: str, reason: str) -> None:
         """Pause the trace until `rule` lets go (see release)."""
@@ -103,31 +208,50 @@ class Tracer:
             self._holds.discard(rule)
             if self._holds or self._session is not None or self.closed:
                 return
-            if self._count >= MAX_SEGMENTS:
+            if self._windows_started >= MAX_SEGMENTS:
                 self.closed = True
                 self.paused_reasons.append(f"the trace stopped after {MAX_SEGMENTS} segments")
                 return
-            try:
-                self._start_segment()
-            except Exception:  # someone else's session took the profiler: stay paused
-                self.closed = True
+            self._windows_started += 1
+            self._restart()
 
     def observe(self, t: float, current: int, peak: int) -> None:
         """Sampler tick with TF's allocator figures: the plateau rule."""
+        self._tf_current = current
         if peak > self._peak_seen:
             self._peak_seen, self._grew_at = peak, t
+            self._plateau_due = False
             if "plateau" in self._holds:
                 self.release("plateau")
         elif t - self._grew_at >= PLATEAU_S and "plateau" not in self._holds and self._session is not None:
-            self.hold("plateau", f"traced while TensorFlow's memory climbed, paused while its peak stayed flat for "
-                                 f"{PLATEAU_S:g} s")
+            if self._steps_seen:
+                self._plateau_due = True  # pause at the end of the running step, never inside it
+            else:
+                self._plateau_hold()
 
-    def finish(self) -> list[tuple[bytes, int]]:
-        """Stop everything (timer, segment), delete the temp folder; returns the segments."""
-        if self._timer is not None:
-            self._timer.cancel()
-            if self._timer is not threading.current_thread():
-                self._timer.join()
+    def steps_begin(self) -> None:
+        """Keras' steps are about to run: the plateau rule waits for step ends from the first step on."""
+        self._steps_seen = True
+
+    def step_boundary(self) -> None:
+        """A training step ended (a Keras batch end, or an optimizer's apply in a custom loop). Once steps are known,
+        the plateau rule pauses only here: a step longer than PLATEAU_S whose peak is still to come (its backward
+        pass) is traced whole, not cut in the middle."""
+        self._steps_seen = True
+        if self._plateau_due:
+            self._plateau_due = False
+            if "plateau" not in self._holds and self._session is not None:
+                self._plateau_hold()
+
+    def _plateau_hold(self) -> None:
+        self.hold("plateau", f"traced while TensorFlow's memory climbed, paused while its peak stayed flat for "
+                             f"{PLATEAU_S:g} s")
+
+    def finish(self) -> list[tuple[bytes | xplane.Decoded, int]]:
+        """Stop everything (watcher, segment), delete the temp folder; returns the segments."""
+        self._watch_stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
         with self._lock:
             self.closed = True
             if self._session is not None:
@@ -136,6 +260,60 @@ class Tracer:
         return self.segments
 
     # ---- internals ------------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """The time cap, and the budget: stop the running segment before its estimated size passes what is left."""
+        while not self._watch_stop.wait(WATCH_S):
+            with self._lock:
+                if self.closed:
+                    return
+                now = time.perf_counter()
+                if self.max_seconds > 0 and now - self._started_at >= self.max_seconds:
+                    self._time_up()
+                    return
+                if self._session is None or not self.budget_bytes:
+                    continue
+                # stop with a margin: the recorder keeps growing until the next look, and until the stop
+                if self._estimate(now) >= STOP_AT * min(SEGMENT_BYTES, self.budget_bytes - self.traced_bytes):
+                    self._stop_segment()
+                    self._rotations += 1
+                    if self._rotations > MAX_ROTATIONS:
+                        self._close(f"the trace stopped after {MAX_ROTATIONS} restarts")
+                    else:
+                        self._restart()
+
+    def _estimate(self, now: float) -> float:
+        """Bytes of xplane the running segment would export now. Upper-leaning: the cell's own growth counts too,
+        and costs a restart, not the trace. Each signal misses something: malloc'd bytes are net of what the cell
+        frees meanwhile (a first step frees its graph compilation's temporaries), RSS does not grow while the
+        recorder reuses what an earlier segment freed, and the rate changes from phase to phase."""
+        try:
+            rss = self._process.memory_info().rss
+        except psutil.Error:  # pragma: no cover - the process always exists for itself
+            rss = self._segment_rss
+        growth = rss - self._segment_rss - max(self._tf_current - self._segment_tf, 0)
+        estimate = growth / RSS_PER_TRACE_BYTE
+        if self._heap is not None:
+            return max(estimate, (self._heap() - self._segment_heap) / HEAP_PER_TRACE_BYTE)
+        return max(estimate, self._rate * (now - self._segment_start))
+
+    def _restart(self) -> None:
+        """Start the next segment if the budget allows one worth having; else stop for good and say why."""
+        if self.budget_bytes and self.budget_bytes - self.traced_bytes < MIN_SEGMENT_BYTES:
+            self.budget_spent = True
+            self._close(f"the trace stopped after {_format_mib(self.traced_bytes)} of profiler events, to keep the "
+                        f"profiler's own memory small (TensorFlow holds over 20 bytes per byte of trace while it "
+                        f"records and exports)")
+            return
+        try:
+            self._start_segment()
+        except Exception:  # someone else's session took the profiler: stay paused
+            self.closed = True
+
+    def _close(self, reason: str) -> None:
+        self.closed = True
+        if reason not in self.paused_reasons:
+            self.paused_reasons.append(reason)
+
     def _time_up(self) -> None:
         with self._lock:
             if self.closed:
@@ -151,22 +329,57 @@ class Tracer:
         self._count += 1
         logdir = self._dir / f"s{self._count}"
         session = _pywrap_profiler.ProfilerSession()
-        # TF 2.21's binding ignores every option given from Python (it logs "host_tracer_level expects an i value"
-        # and traces at the defaults, host level 2): pass none, and get the same trace without the warnings.
-        options: dict = {}
+        # The defaults, said explicitly (see _Int for why a plain int would be ignored). Host level 2 is the lowest
+        # that records memory events: the allocators emit them at TraceMeLevel::kInfo (2), and level 1 keeps only
+        # thread-pool and tf.data events (checked on TF 2.21: 0 memory events). Python tracing stays off; the
+        # device tracer (CUPTI kernels on a GPU) writes events we never read, and the GPU allocators' memory
+        # events are host events, so it is turned off.
+        options = {"host_tracer_level": _Int(2), "python_tracer_level": _Int(0), "device_tracer_level": _Int(0)}
+        try:
+            self._segment_rss = self._process.memory_info().rss
+        except psutil.Error:  # pragma: no cover
+            self._segment_rss = 0
+        self._segment_tf = self._tf_current
+        self._segment_heap = self._heap() if self._heap is not None else 0
         with _quiet_fd2(self._quiet):
             self._segment_start = time.perf_counter()
-            session.start(str(logdir), options)
+            try:
+                session.start(str(logdir), options)
+            except TypeError:  # a binding that takes options differently: the defaults are what we asked for
+                session.start(str(logdir), {})
         self._session = session
 
     def _stop_segment(self) -> None:
         session, self._session = self._session, None
-        self.windows.append((self._segment_start - self._t0, time.perf_counter() - self._t0))
+        end = time.perf_counter()
+        self.windows.append((self._segment_start - self._t0, end - self._t0))
         with _quiet_fd2(self._quiet):
             session.export_to_tb()
         del session
         files = sorted(self._dir.glob(f"s{self._count}/**/*.xplane.pb"))
+        size = 0
         for path in files:
             offset_ps = int((self._segment_start - self._t0) * PS_PER_S)
-            self.segments.append((path.read_bytes(), offset_ps))
+            data = path.read_bytes()
+            size += len(data)
+            self._raw.append((data, offset_ps))
+            self._raw_bytes += len(data)
         shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)
+        self.traced_bytes += size
+        self.largest_segment_bytes = max(self.largest_segment_bytes, size)
+        duration = end - self._segment_start
+        if duration >= 0.05:  # shorter ones are mostly the xplane's fixed part (metadata, thread names)
+            self._rate = size / duration
+        if self._raw_bytes >= DECODE_AT_BYTES:
+            self._decode_raw()
+
+    def _decode_raw(self) -> None:
+        """Read the raw blobs into the decoded columns and drop them (the watcher thread may do this: the message
+        class was built at start, so nothing is imported here)."""
+        if self._decoded is None:
+            self._decoded = xplane.Decoded()
+        while self._raw:
+            data, offset_ps = self._raw.pop(0)
+            self._decoded.add(data, offset_ps)
+            del data
+        self._raw_bytes = 0

@@ -3,6 +3,10 @@
 We parse the xplane ourselves instead of TF's `memory_profile` tool: that tool keeps only the peak step and lumps
 everything else together. The hot loop touches each stat once and caches, per stat id, which protobuf field holds
 its value, so that a trace of 100k events reads in well under a second (see benchmarks/overhead.py).
+
+Memory: a blob is parsed once, with a lean message class that keeps each event as raw bytes (TF's full XSpace class
+would hold about 6 bytes per byte of xplane, ours about 2), and only the memory events and our spans are kept, as
+integer columns (`Decoded`), so that a tracer can decode each segment as soon as it is exported and drop its bytes.
 """
 
 from __future__ import annotations
@@ -85,17 +89,23 @@ class _Columns:
 def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None,
                 spans: list[Span] | None = None) -> tuple[_Columns, list[Span]]:
     """Parse one serialized XSpace, appending its host memory events to `columns` (times shifted by offset_ps)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(data)
-    lazy = _lazy_space_class()()
-    lazy.ParseFromString(data)
+    lean = _lazy_space_class()()
+    lean.ParseFromString(data)
     columns = columns or _Columns()
     spans = spans if spans is not None else []
-    for plane, raw_plane in zip(space.planes, lazy.planes, strict=True):
-        if plane.name.startswith("/host:"):
-            _read_plane(plane, raw_plane, offset_ps, columns, spans)
+    full = None  # TF's own message class, parsed only if the fast decoder cannot read a plane
+    for k, plane in enumerate(lean.planes):
+        if not plane.name.startswith("/host:"):
+            continue
+        try:
+            _read_plane_fast(plane, plane, offset_ps, columns, spans)
+        except _Unexpected:
+            if full is None:
+                from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+                full = xplane_pb2.XSpace()
+                full.ParseFromString(data)
+            _read_plane_slow(full.planes[k], offset_ps, columns, spans)
     return columns, spans
 
 
@@ -103,10 +113,12 @@ _lazy_class = None
 
 
 def _lazy_space_class() -> type:
-    """A message class for the same wire data in which each XLine's events stay raw bytes.
+    """A lean message class for the same wire data: planes with their names, metadata names and lines, in which
+    each XLine's events stay raw bytes.
 
     Reading `events` then costs one bytes object per event instead of a message wrapper plus field accesses:
-    memory events are picked out and decoded together with numpy.
+    memory events are picked out and decoded together with numpy. Fields we do not declare (stats of metadata,
+    display names) stay unparsed. Call it once from the main thread before decoding elsewhere: it imports protobuf.
     """
     global _lazy_class
     if _lazy_class is None:
@@ -115,12 +127,26 @@ def _lazy_space_class() -> type:
         F = descriptor_pb2.FieldDescriptorProto
         proto = descriptor_pb2.FileDescriptorProto(name="tfmem_raw_xplane.proto", package="tfmem_raw",
                                                    syntax="proto3")
+        meta = proto.message_type.add(name="Meta")  # XEventMetadata and XStatMetadata share id=1 and name=2
+        meta.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+        meta.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
         line = proto.message_type.add(name="Line")
+        line.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
         line.field.add(name="timestamp_ns", number=3, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
         line.field.add(name="events", number=4, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
         plane = proto.message_type.add(name="Plane")
+        plane.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
         plane.field.add(name="lines", number=3, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Line",
                         label=F.LABEL_REPEATED)
+        for number, name in ((4, "event_metadata"), (5, "stat_metadata")):
+            entry_name = "".join(part.title() for part in name.split("_")) + "Entry"
+            entry = plane.nested_type.add(name=entry_name)
+            entry.options.map_entry = True
+            entry.field.add(name="key", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+            entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Meta",
+                            label=F.LABEL_OPTIONAL)
+            plane.field.add(name=name, number=number, type=F.TYPE_MESSAGE,
+                            type_name=f".tfmem_raw.Plane.{entry_name}", label=F.LABEL_REPEATED)
         space = proto.message_type.add(name="Space")
         space.field.add(name="planes", number=1, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Plane",
                         label=F.LABEL_REPEATED)
@@ -128,14 +154,6 @@ def _lazy_space_class() -> type:
         pool.Add(proto)
         _lazy_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("tfmem_raw.Space"))
     return _lazy_class
-
-
-def _read_plane(plane, raw_plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
-    """Memory events and spans of one host plane: the vectorized decoder, or the per-stat loop if it cannot."""
-    try:
-        _read_plane_fast(plane, raw_plane, offset_ps, cols, spans)
-    except _Unexpected:
-        _read_plane_slow(plane, offset_ps, cols, spans)
 
 
 def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
@@ -223,69 +241,67 @@ def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_plane_fast(plane, raw_plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
-    """Decode the memory events (and our spans) of all lines together with numpy, from their raw bytes.
+    """Decode the memory events (and our spans) of each line together with numpy, from their raw bytes.
 
     Every stat we keep is a varint (ints, and strings as `ref_value` ids into the stat metadata); a stat in another
-    encoding, or a multi-byte tag, raises _Unexpected before anything is appended.
+    encoding, or a multi-byte tag, raises _Unexpected before anything is appended. One line at a time, so that the
+    temporary copies are those of the largest line, not of the plane.
     """
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     alloc_ids, free_ids, span_ids = _event_ids(plane)
     if not (alloc_ids or free_ids or span_ids):
         return
-    chunks: list[bytes] = []
-    lengths: list[np.ndarray] = []
-    bases: list[np.ndarray] = []
-    line_of: list[np.ndarray] = []
+    wanted_ids = np.array(sorted(alloc_ids | free_ids | set(span_ids)), dtype=np.int64)
+    span_id_array = np.array(sorted(span_ids), dtype=np.int64)
+    alloc_id_array = np.array(sorted(alloc_ids), dtype=np.int64)
+    column, ref_string = _stat_tables(stat_names, cols)
     line_names = [line.name for line in plane.lines]
+    thread_of_line = [cols.threads.setdefault(name, len(cols.threads)) for name in line_names]
+    blocks: list[np.ndarray] = []
+    new_spans: list[Span] = []
     for k, raw_line in enumerate(raw_plane.lines):
-        events = list(raw_line.events)
-        if not events:
+        parts = list(raw_line.events)
+        if not parts:
             continue
-        chunks.append(b"".join(events))
-        lengths.append(np.fromiter(map(len, events), dtype=np.int64, count=len(events)))
-        bases.append(np.full(len(events), raw_line.timestamp_ns * 1000 + offset_ps, dtype=np.int64))
-        line_of.append(np.full(len(events), k, dtype=np.int64))
-    if not chunks:
-        return
-    buf = np.frombuffer(b"".join(chunks) + bytes(16), dtype=np.uint8)
-    length = np.concatenate(lengths)
-    ends = np.cumsum(length)
-    starts = ends - length
-    # every event starts with its metadata_id (field 1), left out when 0
-    mids = np.zeros(len(starts), dtype=np.int64)
-    has_id = buf[starts] == 0x08
-    mids[has_id] = _varint(buf, starts[has_id] + 1)[0].astype(np.int64)
-    wanted = np.isin(mids, list(alloc_ids | free_ids | set(span_ids)))
-    pick = np.nonzero(wanted)[0]
-    if not pick.size:
-        return
-    base = np.concatenate(bases)[pick]
-    line = np.concatenate(line_of)[pick]
-    mid = mids[pick]
-    offsets, durations, values, ref_string = _decode_events(buf, starts[pick], ends[pick], stat_names, cols)
-    t = base + offsets
-    is_span = np.isin(mid, list(span_ids))
-    for i in np.nonzero(is_span)[0]:
-        spans.append(Span(span_ids[int(mid[i])], int(t[i]), int(t[i] + durations[i]), line_names[int(line[i])]))
-    mem = ~is_span
-    if not mem.any():
-        return
-    values = values[mem]
-    strs = values[:, len(_INT_STATS):]
-    known = strs >= 0
-    strs[known] = ref_string[np.minimum(strs[known], len(ref_string) - 1)]
-    values[:, 3] &= _INT64_MASK  # addresses: identity only
-    thread_of_line = np.array([cols.threads.setdefault(name, len(cols.threads)) for name in line_names],
-                              dtype=np.int64)
-    is_alloc = np.isin(mid[mem], list(alloc_ids)).astype(np.int64)
-    cols.blocks.append(np.column_stack([t[mem], is_alloc, thread_of_line[line[mem]], values]))
+        length = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        parts.append(_PAD)  # room for the varint reader to look past the last byte
+        buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
+        del parts
+        ends = np.cumsum(length)
+        starts = ends - length
+        # every event starts with its metadata_id (field 1), left out when 0
+        mids = np.zeros(len(starts), dtype=np.int64)
+        has_id = buf[starts] == 0x08
+        mids[has_id] = _varint(buf, starts[has_id] + 1)[0].astype(np.int64)
+        pick = np.nonzero(np.isin(mids, wanted_ids))[0]
+        if not pick.size:
+            continue
+        mid = mids[pick]
+        offsets, durations, values = _decode_events(buf, starts[pick], ends[pick], column)
+        t = raw_line.timestamp_ns * 1000 + offset_ps + offsets
+        is_span = np.isin(mid, span_id_array)
+        for i in np.nonzero(is_span)[0]:
+            new_spans.append(Span(span_ids[int(mid[i])], int(t[i]), int(t[i] + durations[i]), line_names[k]))
+        mem = ~is_span
+        if not mem.any():
+            continue
+        values = values[mem]
+        strs = values[:, len(_INT_STATS):]
+        known = strs >= 0
+        strs[known] = ref_string[np.minimum(strs[known], len(ref_string) - 1)]
+        values[:, 3] &= _INT64_MASK  # addresses: identity only
+        thread = thread_of_line[k]
+        is_alloc = np.isin(mid[mem], alloc_id_array).astype(np.int64)
+        blocks.append(np.column_stack([t[mem], is_alloc, np.full(len(values), thread, dtype=np.int64), values]))
+    cols.blocks.extend(blocks)
+    spans.extend(new_spans)
 
 
-def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, stat_names: dict[int, str],
-                   cols: _Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """XEvent fields of many events at once, one field per round: (offset_ps, duration_ps, stat columns, refs)."""
-    n = len(starts)
-    width = len(_INT_STATS) + len(_STR_STATS)
+_PAD = bytes(16)
+
+
+def _stat_tables(stat_names: dict[int, str], cols: _Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Per stat id: our column for its value (-1 = not kept), and the interned string of its name (for refs)."""
     max_id = max(stat_names, default=0) + 1
     column = np.full(max_id, -1, dtype=np.int64)  # stat id -> our column
     ref_string = np.full(max_id, -1, dtype=np.int64)  # ref id -> interned string index
@@ -296,6 +312,14 @@ def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, stat_n
             column[k] = len(_INT_STATS) + _STR_STATS.index(name)
         if name:
             ref_string[k] = cols.intern(name)
+    return column, ref_string
+
+
+def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """XEvent fields of many events at once, one field per round: (offset_ps, duration_ps, stat columns)."""
+    n = len(starts)
+    width = len(_INT_STATS) + len(_STR_STATS)
     values = np.full((n, width), -1, dtype=np.int64)
     values[:, :len(_INT_STATS)] = 0
     offsets = np.zeros(n, dtype=np.int64)
@@ -330,7 +354,7 @@ def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, stat_n
                           active[delimited[is_stat]], column, values)
         p[active] = pa + step
         active = active[p[active] < ends[active]]
-    return offsets, durations, values, ref_string
+    return offsets, durations, values
 
 
 def _decode_stats(buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.ndarray, column: np.ndarray,
@@ -388,11 +412,54 @@ def finish(cols: _Columns, spans: list[Span]) -> Trace:
     return Trace(events, sorted(spans, key=lambda s: s.start_ps))
 
 
-def read_segments(segments: list[tuple[bytes, int]]) -> Trace:
-    """Parse several xplane blobs (each with its start offset in ps) into one time-ordered trace."""
+class Decoded:
+    """What we keep of xplane blobs once read: their memory events as integer columns (104 bytes each) and our spans.
+
+    A tracer decodes each large segment as soon as it is exported, so that it never holds many raw blobs (and their
+    parse) at once; `read_segments` merges it with any blobs still raw.
+    """
+
+    def __init__(self) -> None:
+        self.columns = _Columns()
+        self.spans: list[Span] = []
+        self.xplane_bytes = 0  # size of the blobs read
+
+    def add(self, data: bytes, offset_ps: int) -> None:
+        read_xspace(data, offset_ps, self.columns, self.spans)
+        self.xplane_bytes += len(data)
+
+    @property
+    def events(self) -> int:
+        return sum(len(block) for block in self.columns.blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(block.nbytes for block in self.columns.blocks)
+
+
+def _merge(into: _Columns, other: _Columns) -> None:
+    """Append other's blocks to `into`, renumbering their thread and string indices (other is left as it was)."""
+    strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int64)
+    threads = np.array([into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1],
+                       dtype=np.int64)
+    first_str = 3 + len(_INT_STATS)
+    for block in other.blocks:
+        block = block.copy()
+        block[:, 2] = threads[block[:, 2]]
+        block[:, first_str:] = strings[block[:, first_str:]]  # -1 (absent) maps to the -1 at the end
+        into.blocks.append(block)
+
+
+def read_segments(segments: list[tuple[bytes | Decoded, int]]) -> Trace:
+    """Parse several xplane blobs (each with its start offset in ps) into one time-ordered trace. An item may also
+    be a `Decoded` (blobs read already, offsets applied) with offset 0. The items are not changed."""
     cols, spans = _Columns(), []
     for data, offset_ps in segments:
-        read_xspace(data, offset_ps, cols, spans)
+        if isinstance(data, Decoded):
+            _merge(cols, data.columns)
+            spans.extend(data.spans)
+        else:
+            read_xspace(data, offset_ps, cols, spans)
     return finish(cols, spans)
 
 

@@ -50,3 +50,28 @@ def test_a_failure_while_arming_undoes_what_was_armed(monkeypatch):
     with engine.profile(mode="quick") as p:  # and the next measurement is not "nested"
         pass
     assert not any("Nested" in n for n in p.report.notes)
+
+
+def test_the_plateau_rule_pauses_at_a_step_end_never_inside_a_step():
+    """A step longer than the plateau rule's 1 s (a slow input, a long forward pass) whose big tensors come late
+    (its backward pass) must be traced whole: once Keras' steps are known the pause waits for the step's end."""
+    import time
+
+    import tensorflow as tf  # noqa: F401  (the profiler)
+    from tfmem_magic.tracer import PLATEAU_S, Tracer
+
+    for steps_known in (False, True):
+        tracer = Tracer(time.perf_counter(), max_seconds=0)
+        tracer.start()
+        try:
+            if steps_known:
+                tracer.steps_begin()  # what fit's callback says at on_train_begin
+            tracer.observe(0.0, 100, 100)
+            tracer.observe(PLATEAU_S + 0.5, 100, 100)  # flat for longer than the rule's second, mid-step
+            assert tracer.running == steps_known  # without steps: paused at once (a custom loop's first step)
+            tracer.step_boundary()  # the step ended (batch end, or an optimizer's apply)
+            assert not tracer.running and "plateau" in tracer._holds
+            tracer.observe(PLATEAU_S + 1.0, 200, 200)  # the peak grows again: traced again
+            assert tracer.running
+        finally:
+            tracer.finish()
