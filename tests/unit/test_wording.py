@@ -1,0 +1,62 @@
+"""What the report says in words, where real code showed it wrong: grouped tensors hide no count, a cell that freed
+memory did not 'leave -36 KiB', a small copy is no finding and names the call that made it, an OOM report does not
+claim the allocator was unmeasured, and the profiler's memory is never the user's."""
+
+from __future__ import annotations
+
+from tfmem_magic import diagnose, diagnose_model, prediction
+from tfmem_magic.render import render_text, watch_line
+from tfmem_magic.report import (DeviceMemory, EnvInfo, InputCopy, LayerInfo, LiveGroup, ModelInfo, Report, RssInfo,
+                                TraceInfo)
+
+MiB = 2**20
+
+
+def report(**trace) -> Report:
+    return Report(env=EnvInfo(tensorflow="2.21.0", allocator="bfc_cpu_allocator_for_gpu", allocator_complete=True,
+                              budget_bytes=8 * 1024 * MiB, ram_total_bytes=16 * 1024 * MiB),
+                  rss=RssInfo(1000 * MiB, 1100 * MiB, 1050 * MiB),
+                  tf={"CPU:0": DeviceMemory(10 * MiB, 14 * MiB, 10 * MiB - 36 * 1024)},
+                  trace=TraceInfo(events=10, peak_live_bytes=14 * MiB, allocated_at_peak_bytes=4 * MiB,
+                                  requested_at_peak_bytes=4 * MiB, **trace))
+
+
+def test_grouped_tensors_show_their_count():
+    rep = report(at_peak=[LiveGroup(op="split", layer="lstm_cell", phase="forward", bytes=16 * MiB, count=470,
+                                    dtype="float32", shape="[256,32]")])
+    assert "lstm_cell · split (forward) float32[256,32] ×470" in render_text(rep, whatifs=[])
+
+
+def test_a_cell_that_freed_memory_says_freed():
+    assert "(freed 36 KiB)" in watch_line(report()) and "left -" not in watch_line(report())
+
+
+def test_a_small_copy_is_no_finding_and_a_large_one_names_its_call():
+    small = report(input_copies=[InputCopy(130 * 1024, 130 * 1024, 0.1, None, True)])
+    assert diagnose.input_copy(small) is None  # 3% of the cell's memory at the peak
+    large = report(input_copies=[InputCopy(2 * MiB, 2 * MiB, 0.1, None, True),
+                                 InputCopy(MiB, MiB, 0.2, 0.3, False, role="validation")])
+    large.model = ModelInfo(name="m", calls=["predict"])
+    finding = diagnose.input_copy(large)
+    assert finding.title == "predict() copied the whole input arrays into tensors"
+    assert "training data (2 MiB) and validation data (1 MiB)" in finding.evidence
+
+
+def test_an_oom_report_says_the_cell_stopped_early_not_that_nothing_was_measured():
+    rep = report()
+    rep.status = "oom"
+    rep.model = ModelInfo(name="m", batch_size=64, calls=["fit"], trainable_bytes=MiB, new_weight_bytes=MiB,
+                          layers=[LayerInfo("d", "Dense", 10, "(None, 1024)", 4096)])
+    notes = prediction.predict(rep, batch_size=32).notes
+    assert any("stopped early (oom)" in n for n in notes)
+    assert not any("was not measured" in n for n in notes)
+
+
+def test_the_profilers_memory_is_not_the_users():
+    rep = report(profiler_bytes=10 * MiB, profiler_rss_bytes=400 * MiB)
+    rep.rss = RssInfo(1000 * MiB, 1500 * MiB, 1400 * MiB)  # +500 MiB, of which TF 4 MiB and the profiler 400 MiB
+    assert diagnose_model.non_tf_growth(rep) is None
+    rep.trace.profiler_rss_bytes = 0
+    assert diagnose_model.non_tf_growth(rep) is not None
+    assert "tfmem's profiler recorded 10 MiB" in render_text(report(profiler_bytes=10 * MiB,
+                                                                    profiler_rss_bytes=300 * MiB), whatifs=[])
