@@ -44,6 +44,8 @@ class Context:
     optimizer_scopes: set[str] = field(default_factory=lambda: set(_OPTIMIZER_SCOPES))
     input_array_bytes: set[int] = field(default_factory=set)  # bytes of the tensor copies Keras makes of arrays
     copy_roles: dict[int, str] = field(default_factory=dict)  # copy bytes -> "training" | "validation"
+    windows: list[tuple[float, float]] = field(default_factory=list)  # traced (start, end) seconds: the gaps between
+    # them hide frees
     batch_size: int | None = None  # the batch the cell's model ran (to find the tensors that grow with it)
     weight_shapes: set[str] = field(default_factory=set)  # "[a,b]" shapes of the model's variables
 
@@ -269,6 +271,27 @@ def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: 
             for key, (b, r, c) in ordered]
 
 
+def _drop_freed_in_gaps(live: np.ndarray, ev: MemoryEvents, t_s: np.ndarray, peak: int, preexisting: int,
+                        windows: list[tuple[float, float]]) -> None:
+    """Between two trace segments the frees are not recorded: an allocation made before a gap and freed in it looks
+    live at a later peak. The allocator's own total at the peak (exact) says how much is too much; the excess is
+    taken, in place, from what was allocated before the gap that precedes the peak, latest first (the temporaries of
+    the step that was running; weights made at the start stay)."""
+    starts = [a for a, _ in windows if a <= t_s[peak]]
+    if len(starts) < 2:
+        return
+    window_start = max(starts)
+    excess = int(ev.chunk[live].sum()) - (int(ev.live[peak]) - max(preexisting, 0))
+    if excess <= 0:
+        return
+    before = np.nonzero(live & (t_s < window_start))[0][::-1]  # latest first
+    for i in before:
+        if excess <= 0:
+            break
+        live[i] = False
+        excess -= int(ev.chunk[i])
+
+
 def batch_dimension(shape: str | None, batch: int) -> bool:
     """The tensor has the batch as its first or second dimension ([B, ...]; time-major RNN states [T, B, ...])."""
     if not shape or not shape.startswith("["):
@@ -315,6 +338,7 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     info.peak_requested_bytes = int(max(np.cumsum(delta).max(), 0))
 
     live_at_peak = own_alloc & (np.arange(n) <= peak) & (freed_at > peak)
+    _drop_freed_in_gaps(live_at_peak, ev, t_s, peak, info.preexisting_bytes, ctx.windows)
     idx = np.nonzero(live_at_peak)[0]
     info.allocated_at_peak_bytes = int(ev.chunk[idx].sum())
     info.requested_at_peak_bytes = int(ev.requested[idx].sum())

@@ -342,6 +342,7 @@ class Profiler:
         assert instr is not None and self._tracer is not None
         ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.input_nbytes),
                                copy_roles=dict(instr.copy_roles),
+                               windows=list(self._tracer.windows),
                                batch_size=report.model.batch_size if report.model is not None else None,
                                weight_shapes=modelinfo.weight_shapes(use))
         ctx.optimizer_scopes |= instr.optimizer_names
