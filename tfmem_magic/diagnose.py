@@ -116,7 +116,7 @@ def input_copy(report: Report) -> Finding | None:
     calls = report.model.calls if report.model is not None else []
     call = next((c for c in ("fit", "evaluate", "predict") if c in calls), "fit/evaluate/predict")
     roles = sorted({c.role for c in trace.input_copies})
-    what = " and ".join(f"{role} data ({format_bytes(sum(c.bytes for c in trace.input_copies if c.role == role))})"
+    what = " and ".join(f"{role} data {format_bytes(sum(c.bytes for c in trace.input_copies if c.role == role))}"
                         for role in roles)
     if at_peak:
         severity = "warn" if share >= 0.5 else "info"

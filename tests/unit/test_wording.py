@@ -39,7 +39,7 @@ def test_a_small_copy_is_no_finding_and_a_large_one_names_its_call():
     large.model = ModelInfo(name="m", calls=["predict"])
     finding = diagnose.input_copy(large)
     assert finding.title == "predict() copied the whole input arrays into tensors"
-    assert "training data (2 MiB) and validation data (1 MiB)" in finding.evidence
+    assert "(training data 2 MiB and validation data 1 MiB)" in finding.evidence
 
 
 def test_an_oom_report_says_the_cell_stopped_early_not_that_nothing_was_measured():
