@@ -343,7 +343,12 @@ def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
     info.allocated_at_peak_bytes = int(ev.chunk[idx].sum())
     info.requested_at_peak_bytes = int(ev.requested[idx].sum())
     untracked_at_peak = info.peak_live_bytes - info.allocated_at_peak_bytes
-    freed_before_peak = int(ev.chunk[:peak + 1][preexisting_free[:peak + 1]].sum())
+    pre_frees = preexisting_free.copy()
+    if len(ctx.windows) > 1:
+        # a free whose allocation the trace never saw is a pre-existing tensor's only in the first segment: later,
+        # it is as likely a tensor allocated in the gap between two segments
+        pre_frees &= t_s < ctx.windows[0][1]
+    freed_before_peak = int(ev.chunk[:peak + 1][pre_frees[:peak + 1]].sum())
     preexisting_at_peak = max(min(untracked_at_peak, info.preexisting_bytes - freed_before_peak), 0)
     untraced_at_peak = untracked_at_peak - preexisting_at_peak
 
