@@ -62,6 +62,9 @@ HEAP_PER_TRACE_BYTE = 4
 RSS_PER_TRACE_BYTE = 12
 DECODE_AT_BYTES = 1 * MiB  # raw xplane held before it is decoded (small traces are decoded once, at the end)
 WATCH_S = 0.025  # the watcher's period (mallinfo2 takes 0.4-1.5 ms)
+# no segment is stopped for its size before this age: the recorder writes at most ~10 MB/s (an LSTM step), so a
+# young segment's growth is the cell's own, and each needless restart leaves a gap whose frees the trace misses
+MIN_SEGMENT_S = 0.2
 MAX_ROTATIONS = 200  # segments stopped by the budget's estimate and restarted, per cell (each costs
 # an export: ~1 ms when the growth that triggered it was the cell's own, not the recorder's)
 
@@ -273,6 +276,8 @@ class Tracer:
                 if self._session is None or not self.budget_bytes:
                     continue
                 # stop with a margin: the recorder keeps growing until the next look, and until the stop
+                if now - self._segment_start < MIN_SEGMENT_S:
+                    continue  # a young segment's growth is the cell's own (a first op, oneDNN's caches), not events
                 if self._estimate(now) >= STOP_AT * min(SEGMENT_BYTES, self.budget_bytes - self.traced_bytes):
                     self._stop_segment()
                     self._rotations += 1
