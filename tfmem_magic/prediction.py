@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
@@ -371,11 +370,6 @@ def summary(report: Report) -> Prediction | None:
 # id(report) -> (weakref to the report, weakref to its model, the targets' per-sample shape and dtype)
 _models: dict[int, tuple[weakref.ref, Any, Any]] = {}
 _measured: dict[int, tuple[weakref.ref, Basis]] = {}
-# the models of the last few reports, held strongly: a notebook that profiles `model = build(); fit` twice and then
-# calibrates the first report must still find its model (Keras models are cycles: the next gc would take them).
-# Bounded, and cheap: Keras keeps a trained model's variables alive anyway (calibrate.py).
-KEEP_MODELS = 3
-_recent_models: deque = deque(maxlen=KEEP_MODELS)
 
 
 def remember_model(report: Report, model: Any, target: tuple[tuple, str] | None = None) -> None:
@@ -385,9 +379,7 @@ def remember_model(report: Report, model: Any, target: tuple[tuple, str] | None 
     try:
         _models[id(report)] = (weakref.ref(report), weakref.ref(model), target)
     except TypeError:  # not weak-referenceable
-        return
-    if not any(kept is model for kept in _recent_models):
-        _recent_models.append(model)
+        pass
 
 
 def _forget_dead() -> None:
