@@ -340,7 +340,7 @@ class Profiler:
     def _trace_info(self, segments: list[tuple[bytes, int]], report: Report, use: Any) -> TraceInfo:
         instr = self._instrumentation
         assert instr is not None and self._tracer is not None
-        ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.input_nbytes),
+        ctx = analysis.Context(layer_names=set(instr.layer_names), input_array_bytes=set(instr.copy_roles),
                                copy_roles=dict(instr.copy_roles),
                                windows=list(self._tracer.windows),
                                batch_size=report.model.batch_size if report.model is not None else None,

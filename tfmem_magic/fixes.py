@@ -201,8 +201,7 @@ def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
     if call is None or (call == "predict" and roles != ["x"]) or any(names.get(r, "") is None for r in roles):
         return None  # several arrays in one role (a dict of inputs): the generator would need their structure
     batch = model.batch_size
-    placeholders = {"x": "x", "y": "y", "sample_weight": "sample_weight"}
-    chosen = {r: names.get(r) or placeholders[r] for r in roles}
+    chosen = {r: names.get(r) or r for r in roles}  # an unnamed array gets its role as a placeholder name
     missing = [r for r in roles if not names.get(r)]
     unnamed = "".join(f"# {chosen[r]}: your {r} array (the cell passed it as an expression, not a variable)\n"
                       for r in missing)
@@ -225,11 +224,11 @@ def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
     predicted = max(0, peak - copy) if measured else None
     if measured and copy < 0.01 * max(peak, 1):
         saving = ("it does not lower this cell's TensorFlow peak (the copy was freed before the peak), but the "
-                  f"{format_bytes(model.input_copy_bytes or model.input_array_bytes)} copy no longer exists at all")
+                  f"{format_bytes(model.copy_bytes)} copy no longer exists at all")
     elif copy:
         saving = f"{format_bytes(copy)} of tensor copies were live at the peak: {_saving(report, predicted or 0)}"
     else:
-        saving = f"{format_bytes(model.input_copy_bytes or model.input_array_bytes)} of arrays are copied whole"
+        saving = f"{format_bytes(model.copy_bytes)} of arrays are copied whole"
     why = (f"{call}(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time "
            f"({saving}). For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
            "keras.utils.image_dataset_from_directory).")

@@ -40,8 +40,6 @@ class ModelUse:
     target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets handed to fit (probes)
     feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
     validation: str | None = None  # what fit validated on, in words
-    validated: bool = False  # fit ran its validation (an evaluate Keras made inside fit)
-    optimizer_ref: Any = None  # weakref to an optimizer the cell applied to this model's weights (custom loops)
 
     @property
     def training_arrays(self) -> list[InputArray]:
@@ -80,7 +78,6 @@ class Instrumentation:
         # share one name, and tf.data makes a new function per pipeline, so names alone would count false retraces
         self.traces: dict[tuple[str, int], int] = {}
         self.new_models = 0  # Keras models this session had not seen before the cell
-        self.input_nbytes: set[int] = set()
         self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
         self._calls = threading.local()  # the watched call running on this thread (Keras nests its own calls)
         self.notes: list[str] = []  # what the instrumentation could not do, for the report
@@ -248,24 +245,20 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(model, *args, **kwargs):
-            outer = instrumentation._outer_call() if instrumentation.active else False
-            if outer is not None:  # nested in a watched call, or we are uninstalled
-                if outer and outer[0] is model and outer[1] == "fit" and call == "evaluate":
-                    instrumentation._mark_validated(model)
-                return original(model, *args, **kwargs)
+            if not instrumentation.active or instrumentation._outer_call() is not None:
+                return original(model, *args, **kwargs)  # uninstalled, or nested in a watched call
             instrumentation._calls.current = (model, call)
             try:
                 args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
                 if call in ("fit", "evaluate", "predict"):
-                    args, kwargs = instrumentation._with_callbacks(model, call, signature_of, args, kwargs)
+                    args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs)
                 return original(model, *args, **kwargs)
             finally:
                 instrumentation._calls.current = None
 
         return wrapper
 
-    def _with_callbacks(self, model: Any, call: str, original: Callable, args: tuple, kwargs: dict
-                        ) -> tuple[tuple, dict]:
+    def _with_callbacks(self, call: str, original: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
         list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
         theirs), and so are callbacks given positionally."""
@@ -298,11 +291,6 @@ class Instrumentation:
                 _seen_models.add(model)
                 self.new_models += 1
         return use
-
-    def _mark_validated(self, model: Any) -> None:
-        use = self.models.get(id(model))
-        if use is not None:
-            use.validated = True
 
     def _record_call(self, model: Any, call: str, original: Callable, args: tuple, kwargs: dict
                      ) -> tuple[tuple, dict]:
@@ -341,7 +329,6 @@ class Instrumentation:
         for array in arrays:
             if all((a.id, a.role) != (array.id, array.role) for a in use.input_arrays):
                 use.input_arrays.append(array)
-            self.input_nbytes.add(array.copy_bytes)
             self.copy_roles.setdefault(array.copy_bytes, "validation" if array.validation else "training")
 
     def _record_direct_call(self, model: Any, args: tuple, kwargs: dict) -> None:
@@ -356,7 +343,8 @@ class Instrumentation:
         first = next(feeding.leaves(x), None)
         dims = feeding._dims(getattr(first, "shape", None))
         if dims and dims[0] is not None and (use.batch_size is None or dims[0] > use.batch_size):
-            use.batch_size, use.batch_source, use.input_shape = dims[0], "the largest batch the model was called on", dims
+            use.batch_size, use.input_shape = dims[0], dims
+            use.batch_source = "the largest batch the model was called on"
 
     def _learn_names(self, model: Any) -> None:
         try:

@@ -156,11 +156,11 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
     slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
     layers = _layers(model)
-    training = [a for a in use.input_arrays if not a.validation]
+    training = use.training_arrays
     return ModelInfo(
         name=model.name,
-        params=sum(int(math.prod(int(d) for d in w.shape)) for w in weights),
-        trainable_params=sum(int(math.prod(int(d) for d in w.shape)) for w in trainable),
+        params=_param_count(weights),
+        trainable_params=_param_count(trainable),
         param_bytes=_variable_bytes(weights),
         optimizer=type(optimizer).__name__ if optimizer is not None else None,
         optimizer_slots=slots,
@@ -177,17 +177,21 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
         batch_source=use.batch_source,
         feed=use.feed,
-        validation=use.validation if use.validated or use.validation else None,
+        validation=use.validation,
         input_copy_bytes=sum(a.copy_bytes for a in training),
         validation_copy_bytes=sum(a.copy_bytes for a in use.input_arrays if a.validation),
         other_models=[_in_words(o) for o in (others or []) if o is not use and o.model_ref() is not None],
     )
 
 
+def _param_count(variables: Any) -> int:
+    return sum(int(math.prod(int(d) for d in w.shape)) for w in variables)
+
+
 def _in_words(use: ModelUse) -> str:
     model = use.model_ref()
     try:
-        params = sum(int(math.prod(int(d) for d in w.shape)) for w in getattr(model, "weights", []))
+        params = _param_count(getattr(model, "weights", []))
     except (TypeError, ValueError):
         params = 0
     calls = ", ".join(c for c in use.calls) or "used"

@@ -153,7 +153,7 @@ def analytic_basis(report: Report) -> Basis:
     optimizer = model.optimizer_bytes if training and model.optimizer_built_in_cell else 0
     input_copy, missing = _input_copy(report)
     samples = model.samples or 0
-    input_per_sample = (model.input_copy_bytes or model.input_array_bytes) / samples if samples else 0.0
+    input_per_sample = model.copy_bytes / samples if samples else 0.0
     fragmentation = _fragmentation(report)
     measured = report.tf_peak_bytes if report.tf_peak_bytes and report.status == "ok" else None
     prior = activation_bytes(model)
@@ -201,7 +201,7 @@ def _input_copy(report: Report) -> tuple[int, int]:
     model = report.model
     if model is None or not model.fed_arrays:
         return 0, 0
-    expected = model.input_copy_bytes or model.input_array_bytes  # the training rows (validation copies come later)
+    expected = model.copy_bytes  # the training rows (validation copies come later)
     if report.trace is not None and report.trace.events and report.status == "ok":
         seen = sum(c.requested_bytes for c in report.trace.input_copies if c.live_at_peak and c.role == "training")
         return expected, max(0, expected - seen)

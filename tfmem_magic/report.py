@@ -169,6 +169,12 @@ class ModelInfo:
         return any(c in ("fit", "train_on_batch", "optimizer.apply") for c in self.calls)
 
     @property
+    def copy_bytes(self) -> int:
+        """The tensor copy Keras makes of the training arrays (the arrays' size in reports from before the copy's
+        own size was recorded)."""
+        return self.input_copy_bytes or self.input_array_bytes
+
+    @property
     def fed_arrays(self) -> bool:
         """fit/evaluate/predict ran on the cell's data: Keras' input pipeline (a copy of numpy arrays, prefetched
         batches) is part of the peak."""
