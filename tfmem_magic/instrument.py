@@ -77,6 +77,7 @@ class Instrumentation:
         # new graphs traced during the cell, per tf.function (its cache's identity): Keras' train and test steps
         # share one name, and tf.data makes a new function per pipeline, so names alone would count false retraces
         self.traces: dict[tuple[str, int], int] = {}
+        self._trace_owners: dict[int, Any] = {}  # the caches counted, held so their ids stay theirs (see install)
         self.new_models = 0  # Keras models this session had not seen before the cell
         self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
         self._calls = threading.local()  # the watched call running on this thread (Keras nests its own calls)
@@ -123,16 +124,19 @@ class Instrumentation:
         original = getattr(module, "_create_concrete_function", None)
         if original is None:
             return
-        traces = self.traces
+        traces, owners = self.traces, self._trace_owners
 
         @functools.wraps(original)
         def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
             name = str(getattr(tracing_options, "name", "function"))
-            # a tf.function's cache lives as long as it does (an empty cache is falsy: test for None); functions
-            # without one (tf.data's map functions, one per pipeline) trace once by construction: never a retrace,
-            # and an id() of theirs could be reused by the next one once they are gone
+            # a function is its cache (an empty cache is falsy: test for None). The cache is held until the cell
+            # ends, so that its id() cannot pass to the next one (each tf.data `map` in a loop of `adapt()` calls
+            # makes a new function whose cache often landed at the freed address: 3 "retraces" of one lambda).
+            # Functions without a cache trace once by construction: never a retrace.
             owner = getattr(tracing_options, "function_cache", None)
             key = (name, id(owner) if owner is not None else -len(traces) - 1)
+            if owner is not None:
+                owners[id(owner)] = owner
             traces[key] = traces.get(key, 0) + 1
             return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
 
@@ -152,6 +156,7 @@ class Instrumentation:
             else:
                 setattr(owner, name, original)
         self._patches.clear()
+        self._trace_owners.clear()  # the counts stay; the functions' caches are theirs again
         self.active = False
 
     def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
