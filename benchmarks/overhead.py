@@ -38,8 +38,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmem_magic import analysis, tracer, xplane  # noqa: E402
-from tfmem_magic.tracer import Tracer  # noqa: E402
+from tfmem_magic.analyze import analysis  # noqa: E402
+from tfmem_magic.measure import tracer, xplane  # noqa: E402
+from tfmem_magic.measure.tracer import Tracer  # noqa: E402
 
 
 def mlp_workload(scale: float):
@@ -198,7 +199,7 @@ def analysis_throughput(scale: float) -> list[tuple[str, int, float]]:
         for _ in range(3):
             start = time.perf_counter()
             trace = xplane.read_segments(segments)
-            analysis.summarize(trace, analysis.Context())
+            analysis.summarize(trace, analysis.TraceContext())
             best = min(best, time.perf_counter() - start)
             n = len(trace.events)
         rows.append((name, n, n / best))

@@ -22,9 +22,9 @@ tfmem_magic.prepare()
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfmem_magic import tracer  # noqa: E402
-from tfmem_magic.panel import build_panel  # noqa: E402
-from tfmem_magic.render import mime_bundle  # noqa: E402
+from tfmem_magic.measure import tracer  # noqa: E402
+from tfmem_magic.show.panel import build_panel  # noqa: E402
+from tfmem_magic.show.render import mime_bundle  # noqa: E402
 
 
 def widget_bytes(widget) -> int:

@@ -70,7 +70,7 @@ import json, sys
 import tfmem_magic
 tfmem_magic.prepare()
 import numpy as np, keras
-from tfmem_magic import prediction
+from tfmem_magic.advise import prediction
 N = {samples}
 {build}
 m.compile("adam", loss)

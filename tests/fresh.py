@@ -23,14 +23,14 @@ def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# A fresh process with a real IPython shell and the extension loaded: `sh` runs cells, `engine` holds the reports.
+# A fresh process with a real IPython shell and the extension loaded: `sh` runs cells, `pipeline` holds the reports.
 FRESH_SHELL = """
 import json, os, psutil, tfmem_magic
 tfmem_magic.prepare()
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
-from tfmem_magic import engine
+from tfmem_magic import pipeline
 sh = InteractiveShell.instance(display_pub_class=CapturingDisplayPublisher, history_length=0)
 sh.history_manager.enabled = False
 sh.run_line_magic("load_ext", "tfmem_magic")

@@ -16,20 +16,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfmem_magic.advise.prediction import WhatIf, predict
+from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemError, TfmemUsageError
+from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
+from tfmem_magic.core.sizes import format_bytes, parse_size
+from tfmem_magic.pipeline import Options, Profiler, last_report, profile
+from tfmem_magic.measure.environment import AllocatorSetup
+from tfmem_magic.measure.environment import prepare_allocator as prepare
+from tfmem_magic.show.render import mime_bundle, render_html, render_text
+
 from ._version import __version__
-from .engine import Options, Profiler, last_report, profile
-from .environment import AllocatorSetup
-from .environment import prepare_allocator as prepare
-from .prediction import WhatIf, predict
-from .errors import TfmemError, TfmemUsageError
-from .render import mime_bundle, render_html, render_text
-from .report import MIME_TYPE, SCHEMA, Report
-from .sizes import format_bytes, parse_size
 
 __all__ = [
-    "__version__", "AllocatorSetup", "MIME_TYPE", "Options", "Profiler", "Report", "SCHEMA", "TfmemError",
-    "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle", "parse_size",
-    "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "unload_ipython_extension",
+    "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryLimitExceeded", "Options", "Profiler", "Report", "SCHEMA",
+    "TfmemError", "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle",
+    "parse_size", "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "unload_ipython_extension",
 ]
 
 
@@ -40,7 +41,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext tfmem_magic`: register the magics and switch TF's CPU allocator to BFC while still possible."""
-    from .magics import load
+    from tfmem_magic.adapters.magics import load
 
     load(ipython)
 

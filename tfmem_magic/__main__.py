@@ -1,3 +1,3 @@
-from .cli import main
+from tfmem_magic.adapters.cli import main
 
 raise SystemExit(main())

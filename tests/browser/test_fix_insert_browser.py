@@ -3,7 +3,6 @@ cell (or at the top for restart fixes), the fix cell runs and shows before/after
 
 from __future__ import annotations
 
-
 from .conftest import open_notebook, run_cell, wait_kernel_idle
 
 CELLS = [

@@ -10,8 +10,8 @@ import psutil
 import pytest
 from fresh import run_in_fresh_shell, run_python
 
-from tfmem_magic import prediction
-from tfmem_magic.errors import TfmemUsageError
+from tfmem_magic.advise import prediction
+from tfmem_magic.core.errors import TfmemUsageError
 
 MiB = 2**20
 
@@ -113,7 +113,7 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
 TRACK = """
 sh.run_cell(SETUP)
 sh.run_cell("%%tfmem --as rep\\nm = cnn()\\nm.fit(x[:256], y[:256], batch_size=32, verbose=0)")
-from tfmem_magic import prediction
+from tfmem_magic.advise import prediction
 rep = sh.user_ns["rep"]
 print(json.dumps([prediction.predict(rep, batch_size=128).peak_bytes,
                   prediction.predict(rep, batch_size=128, calibrate=True).peak_bytes]))
@@ -189,7 +189,7 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
 
     import keras
 
-    from tfmem_magic import calibrate
+    from tfmem_magic.advise import calibrate
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     model.compile("adam", "mse")

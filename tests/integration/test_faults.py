@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tfmem_magic.probes import AllocatorStats
+from tfmem_magic.measure.sampling import AllocatorStats
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +34,21 @@ def test_an_unwritable_temp_dir_costs_the_trace_only_and_only_for_that_cell(shel
 
 def test_a_failure_while_arming_undoes_what_was_armed(monkeypatch):
     """Ctrl-C (or any error) between two probes: the ones already armed are disarmed before it leaves start()."""
-    from tfmem_magic import engine, instrument
+    from tfmem_magic import pipeline
+    from tfmem_magic.measure import instrument
 
     def interrupted(self):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(instrument.Instrumentation, "install", interrupted)
-    profiler = engine.Profiler(mode="quick")
+    profiler = pipeline.Profiler(mode="quick")
     threads = set(threading.enumerate())
     with pytest.raises(KeyboardInterrupt):
         profiler.start()
     assert AllocatorStats.nesting_depth() == 0
     assert set(threading.enumerate()) <= threads  # the sampler thread was stopped
     monkeypatch.undo()
-    with engine.profile(mode="quick") as p:  # and the next measurement is not "nested"
+    with pipeline.profile(mode="quick") as p:  # and the next measurement is not "nested"
         pass
     assert not any("Nested" in n for n in p.report.notes)
 
@@ -58,7 +59,8 @@ def test_the_plateau_rule_pauses_at_a_step_end_never_inside_a_step():
     import time
 
     import tensorflow as tf  # noqa: F401  (the profiler)
-    from tfmem_magic.tracer import PLATEAU_S, Tracer
+
+    from tfmem_magic.measure.tracer import PLATEAU_S, Tracer
 
     for steps_known in (False, True):
         tracer = Tracer(time.perf_counter(), max_seconds=0)

@@ -8,7 +8,7 @@ import pytest
 from fresh import run_in_fresh_shell
 from IPython.core.error import UsageError
 
-from tfmem_magic import engine
+from tfmem_magic import pipeline
 
 MiB = 2**20
 
@@ -31,7 +31,7 @@ def over_limit(shell):
     assert shell.run_cell(SETUP).success
     limit = psutil.Process().memory_info().rss // MiB + 150
     shell.run_cell(OVER.format(limit=limit))
-    report = engine.last_report()
+    report = pipeline.last_report()
     # a process that ran TF before reuses its allocator's regions, so the cell may fit or be stopped: either way
     # the batch's predicted peak does not fit what the limit leaves, which is what the fixes answer
     assert "large-batch" in {f.id for f in report.findings}, report.findings
@@ -42,14 +42,14 @@ def over_limit(shell):
 RUN_THE_FIXES = """
 sh.run_cell(SETUP)
 sh.run_cell(OVER.format(limit=psutil.Process().memory_info().rss // 2**20 + 150))
-before = engine.last_report()
+before = pipeline.last_report()
 out = {"number": before.number, "findings": [f.id for f in before.findings], "fixes": {}}
 for fix in before.fixes:
     row = out["fixes"][fix.id] = {"code": fix.code, "predicted": fix.predicted_peak_bytes,
                                   "needs_restart": fix.needs_restart, "placement": fix.placement}
     if fix.id in ("shrink-batch", "grad-accumulation", "mixed-precision"):
         result = sh.run_cell(fix.code.replace(f'--label "fix: {fix.id}"', f'--label "fix: {fix.id}" --no-panel'))
-        after = engine.last_report()
+        after = pipeline.last_report()
         ba = after.before
         row.update(error=None if result.success else repr(result.error_in_exec), measured=after.tf_peak_bytes,
                    before=ba and [ba.number, ba.fix_id, ba.predicted_peak_bytes], band=ba and ba.error_band,
@@ -115,13 +115,13 @@ wide.fit(xw, yw, batch_size=64, verbose=0)
 @pytest.mark.slow
 def test_the_other_fix_cells_run_cleanly_and_keep_their_promise(shell):
     """Every fix writer's cell for a real report: it runs, and where it predicts a peak the run stays within it."""
-    from tfmem_magic import fixes
+    from tfmem_magic.advise import fixes
 
     assert shell.run_cell("import numpy as np, keras\nxw = np.random.rand(2048, 1024).astype('float32')\n"
                           "yw = np.random.rand(2048, 1).astype('float32')").success
     assert shell.run_cell(WIDE).success
     report = shell.user_ns["wide_rep"]
-    ctx = fixes.Context(source=WIDE.split("\n", 1)[1], model_name="wide", array_names=("xw", "yw"),
+    ctx = fixes.FixContext(source=WIDE.split("\n", 1)[1], model_name="wide", array_names=("xw", "yw"),
                         number=report.number)
     for writer in (fixes.lighter_optimizer, fixes.freeze_layers, fixes.tf_data_streaming, fixes.clear_session,
                    fixes.cpu_memory_limit):
@@ -130,7 +130,7 @@ def test_the_other_fix_cells_run_cleanly_and_keep_their_promise(shell):
         code = fix.code.replace(f'--label "fix: {fix.id}"', f'--label "fix: {fix.id}" --no-panel')
         result = shell.run_cell(code)
         assert result.success, (fix.id, result.error_in_exec)
-        after = engine.last_report()
+        after = pipeline.last_report()
         if code.startswith("%%tfmem") and fix.predicted_peak_bytes:
             band = report.prediction.error_band
             assert after.tf_peak_bytes <= fix.predicted_peak_bytes * (1 + band), (fix.id, after.tf_peak_bytes)

@@ -13,9 +13,9 @@ import psutil
 import pytest
 from nbclient import NotebookClient
 
-from tfmem_magic import engine
-from tfmem_magic.guard import MemoryLimitExceeded, parse_oom
-from tfmem_magic.report import MIME_TYPE, Report
+from tfmem_magic import pipeline
+from tfmem_magic.core.report import MIME_TYPE, Report
+from tfmem_magic.measure.guard import MemoryLimitExceeded, parse_oom
 
 MiB = 2**20
 
@@ -39,7 +39,7 @@ def test_watchdog_stops_a_python_loop(shell):
     result = shell.run_cell(cell)
     assert isinstance(result.error_in_exec, MemoryLimitExceeded)
     assert "Your variables are intact" in str(result.error_in_exec)
-    report = engine.last_report()
+    report = pipeline.last_report()
     assert report.status == "oom" and report.guard.tripped_by == "watchdog"
     assert report.guard.source == "--limit" and report.guard.limit_bytes == limit
     kept = len(shell.user_ns["blocks"])
@@ -68,7 +68,7 @@ net.fit(np.zeros((640, 8), "float32"), np.zeros((640, 4), "float32"), batch_size
     result = shell.run_cell(cell)
     assert isinstance(result.error_in_exec, MemoryLimitExceeded)
     assert "after batch" in str(result.error_in_exec) and "of fit()" in str(result.error_in_exec)
-    report = engine.last_report()
+    report = pipeline.last_report()
     assert report.status == "oom" and report.guard.tripped_by == "batch-end check"
     assert "batch-end check" in report.guard.layers
     steps = len(shell.user_ns["Grows"].hoard)

@@ -119,7 +119,7 @@ def test_the_batch_of_a_pipeline_whose_last_step_is_not_batch(shell):
                "h = model.fit(batches(), epochs=1, verbose=0)")
     m = shell.user_ns["r"].model
     assert (m.batch_size, m.batch_source, m.feed) == (30, "the generator's first batch", "generator")
-    from tfmem_magic import prediction
+    from tfmem_magic.advise import prediction
 
     remembered = prediction._models[id(shell.user_ns["r"])]
     assert remembered[2] == ((10,), "float32")  # the targets the calibration probes will make: as the cell's
@@ -132,7 +132,7 @@ class Batches(keras.utils.PyDataset):
         return x[i * 60:(i + 1) * 60], y[i * 60:(i + 1) * 60]
 model.fit(Batches(), epochs=1, verbose=0)""")
     import tfmem_magic
-    from tfmem_magic.errors import TfmemUsageError
+    from tfmem_magic.core.errors import TfmemUsageError
 
     report = shell.user_ns["r"]
     assert report.model.batch_size is None and report.model.feed == "pydataset"
@@ -171,7 +171,7 @@ for start in range(0, 600, 64):  # the last batch is a partial one (24)
     assert m.batch_size == 64  # the largest batch the model was called on, not the last partial one
     assert any(o.startswith("generator (") for o in m.other_models)
     import tfmem_magic
-    from tfmem_magic.errors import TfmemUsageError
+    from tfmem_magic.core.errors import TfmemUsageError
 
     with pytest.raises(TfmemUsageError, match="loop of its own"):  # probes cannot replay it: no ±10% claimed
         tfmem_magic.predict(shell.user_ns["r"], calibrate=True)
@@ -254,7 +254,7 @@ model.compile("adam", "categorical_crossentropy")
 """)
     run(shell, "%%tfmem --as r\nmodel.fit(x, y, batch_size=32, epochs=1, verbose=0)")
     import tfmem_magic
-    from tfmem_magic.errors import TfmemUsageError
+    from tfmem_magic.core.errors import TfmemUsageError
 
     report = shell.user_ns["r"]
     assert tfmem_magic.predict(report, batch_size=64).basis == "analytic"

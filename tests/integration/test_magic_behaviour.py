@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tfmem_magic import Report, engine
+from tfmem_magic import Report, pipeline
 
 
 def thread_names() -> set[str]:
@@ -42,18 +42,18 @@ def test_raising_cell_keeps_traceback_and_reports(shell, capsys, tmp_path, mode,
     out = capsys.readouterr().out
     assert isinstance(result.error_in_exec, ValueError) and str(result.error_in_exec) == "boom 123"
     assert out.count("ValueError") >= 1 and "boom 123" in out and "tfmem_magic" not in out  # the user's traceback
-    rep = engine.last_report()
+    rep = pipeline.last_report()
     assert rep.status == "error" and rep.error.type == "ValueError" and rep.error.message == "boom 123"
     assert displayed()  # the report is shown even though the cell failed
     assert thread_names() == before  # sampler and trace timer are gone
     assert profiler_is_free(tmp_path)  # our profiler session was stopped
-    assert shell.run_cell("%%tfmem\nok = 1").success and engine.last_report().status == "ok"
+    assert shell.run_cell("%%tfmem\nok = 1").success and pipeline.last_report().status == "ok"
 
 
 def test_keyboard_interrupt_is_reported_as_interrupted(shell):
     result = shell.run_cell("%%tfmem\nraise KeyboardInterrupt")
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
-    assert engine.last_report().status == "interrupted"
+    assert pipeline.last_report().status == "interrupted"
 
 
 def test_user_profiler_running_falls_back_to_quick(shell, tmp_path):
@@ -85,7 +85,7 @@ def test_nested_cells_inner_quick_outer_sees_inner_peak(shell):
 def test_syntax_error_in_cell(shell):
     result = shell.run_cell("%%tfmem\ndef broken(:")
     assert not result.success
-    assert engine.last_report().status == "error" and engine.last_report().error.type == "SyntaxError"
+    assert pipeline.last_report().status == "error" and pipeline.last_report().error.type == "SyntaxError"
 
 
 def test_bad_arguments_raise_usage_error_before_running(shell):

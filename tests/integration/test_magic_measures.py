@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-
-from tfmem_magic.report import MIME_TYPE
+from tfmem_magic.core.report import MIME_TYPE
 
 MiB = 2**20
 

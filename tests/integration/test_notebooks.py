@@ -10,7 +10,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from tfmem_magic.report import MIME_TYPE, Report
+from tfmem_magic.core.report import MIME_TYPE, Report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

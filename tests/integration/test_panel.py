@@ -8,10 +8,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tfmem_magic import figures
-from tfmem_magic.panel import build_panel
-from tfmem_magic.report import MIME_TYPE, Report
-from tfmem_magic.sizes import format_bytes
+from tfmem_magic.core.report import MIME_TYPE, Report
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.show import figures
+from tfmem_magic.show.panel import build_panel
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -70,7 +70,7 @@ def test_panel_escapes_user_strings():
     """<script> and an <img onerror> in a label, a layer name, an op and a note never reach the DOM as markup."""
     import ipywidgets as widgets
 
-    from tfmem_magic.report import LiveGroup, ModelInfo, LayerInfo, TraceInfo
+    from tfmem_magic.core.report import LayerInfo, LiveGroup, ModelInfo, TraceInfo
 
     evil = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
     report = Report(label=evil, notes=[evil], model=ModelInfo(name=evil, layers=[LayerInfo(name=evil, type=evil)]),
@@ -98,7 +98,7 @@ def test_empty_states_say_why(shell):
 
 
 def test_whatif_sliders_repredict_and_calibrate(fit_report):
-    from tfmem_magic import prediction
+    from tfmem_magic.advise import prediction
 
     panel = build_panel(fit_report)
     tabs = panel.children[1]
@@ -121,7 +121,7 @@ def test_whatif_sliders_repredict_and_calibrate(fit_report):
 
 
 def test_static_report_has_the_whatif_table(fit_report):
-    from tfmem_magic.render import render_html, render_text
+    from tfmem_magic.show.render import render_html, render_text
 
     html = render_html(fit_report)
     assert "<h4>What if</h4>" in html and "batch 128" in html and "mixed_bfloat16 policy" in html

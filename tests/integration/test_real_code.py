@@ -16,8 +16,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from tfmem_magic.rewrite import rewrite_batch
 from test_notebooks import execute  # a real kernel running this interpreter (the repo's .venv)
+
+from tfmem_magic.advise.rewrite import rewrite_batch
 
 pytestmark = pytest.mark.slow
 REALCODE = Path(__file__).resolve().parents[1] / "realcode"
@@ -78,7 +79,7 @@ if _r is not None:
     try:
         import tfmem_magic as _t
         _w = _t.predict(_r, batch_size=2 * _r.model.batch_size)
-        from tfmem_magic.prediction import analytic_basis as _ab
+        from tfmem_magic.advise.prediction import analytic_basis as _ab
         _t_ = _r.trace
         _out["report"]["twice"] = [_w.peak_bytes, _w.error_band, _w.basis]
         _out["report"]["slope"] = [_ab(_r).slope_source, _t_.batch_bytes_at_peak, _t_.peak_live_bytes,

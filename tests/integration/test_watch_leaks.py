@@ -10,7 +10,7 @@ import pytest
 from fresh import run_in_fresh_shell
 from IPython.core.error import UsageError
 
-from tfmem_magic import engine
+from tfmem_magic import pipeline
 
 
 def hooks(shell) -> tuple[int, int]:
@@ -29,14 +29,14 @@ def watching(shell):
 def test_watch_reports_every_cell_once(watching, displayed):
     shell = watching
     assert hooks(shell) != (0, 0)
-    before = engine.last_report()
+    before = pipeline.last_report()
     shell.run_cell("import tensorflow as tf\nw = tf.ones((256, 256))")
-    watched = engine.last_report()
+    watched = pipeline.last_report()
     assert watched is not before and watched.mode == "quick" and watched.label.startswith("import tensorflow")
     line = displayed()[-1]["text/plain"]
     assert line.startswith("tfmem · TF peak +") and "RSS" in line
     shell.run_cell("%%tfmem --quick --label own\nz = 1")  # reports itself; watch must not measure it again
-    assert engine.last_report().label == "own" and engine.history[-2] is watched
+    assert pipeline.last_report().label == "own" and pipeline.history[-2] is watched
 
 
 def test_watch_over_200_cells_adds_no_thread_and_little_memory(watching):
@@ -67,7 +67,7 @@ for cell, runs in (("kept.append(tf.ones((256, 1024)))", out["leaking"]),  # 1 M
     for _ in range(5):
         gc.collect()  # garbage collected during a run would free tensors and hide that run's growth
         sh.run_cell(cell)
-        report = engine.last_report()
+        report = pipeline.last_report()
         fired = [f.evidence for f in report.findings if f.id == "leak-growth"]
         runs.append([report.run, fired[0] if fired else None])
 print(json.dumps(out))
@@ -107,7 +107,7 @@ def test_compare_two_reports(shell, displayed):
     shell.run_line_magic("tfmem", "compare a big")
     text = displayed()[-1]["text/plain"]
     assert "TF peak over baseline" in text and "small" in text and "big" in text
-    number = engine.history[-1].number  # numbers stay with their report while the history rolls over
+    number = pipeline.history[-1].number  # numbers stay with their report while the history rolls over
     shell.run_line_magic("tfmem", f"compare {number - 1} {number}")
     assert "small" in displayed()[-1]["text/plain"] and "big" in displayed()[-1]["text/plain"]
     with pytest.raises(UsageError, match="no report 'nope'"):

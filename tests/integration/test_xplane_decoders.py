@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmem_magic import xplane
-from tfmem_magic.instrument import Instrumentation
-from tfmem_magic.tracer import Tracer
+from tfmem_magic.measure import xplane
+from tfmem_magic.measure.instrument import Instrumentation
+from tfmem_magic.measure.tracer import Tracer
 
 
 def decode_both(data: bytes):

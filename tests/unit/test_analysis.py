@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tfmem_magic import analysis
-from tfmem_magic.xplane import MemoryEvents, Span, Trace
+from tfmem_magic.analyze import analysis
+from tfmem_magic.measure.xplane import MemoryEvents, Span, Trace
 
 
 def make_trace(rows, spans=(), strings=(), threads=("python",)) -> Trace:
@@ -38,7 +38,7 @@ def test_peak_live_set_and_preexisting():
         (50, False, 100, 100, 0xD, -1, 0),  # frees something allocated before the trace
         (60, False, 1024, 1000, 0xC, -1, 0),
     ]
-    info = analysis.summarize(make_trace(rows, strings=STRINGS), analysis.Context(layer_names={"mlp", "dense"}))
+    info = analysis.summarize(make_trace(rows, strings=STRINGS), analysis.TraceContext(layer_names={"mlp", "dense"}))
     assert info.preexisting_bytes == 1000
     assert info.peak_live_bytes == 1000 + 256 + 512 + 1024
     assert info.peak_time_s == pytest.approx(30e-6)
@@ -74,7 +74,7 @@ def test_an_address_allocated_again_without_a_free_was_freed_during_a_pause():
     trace.events.live[2:] -= 100  # the allocator's own live counter saw the missing free
     freed_at, pre = analysis.match_frees(trace.events)
     assert list(freed_at) == [2, 4, 3, 4] and not pre.any()
-    info = analysis.summarize(trace, analysis.Context())
+    info = analysis.summarize(trace, analysis.TraceContext())
     assert info.peak_requested_bytes == 300  # not 400: the first 100 bytes were gone when the address came back
     assert info.requested_at_peak_bytes == 300 and info.allocated_at_peak_bytes == 300
 
@@ -91,7 +91,7 @@ def test_eager_allocations_use_layer_and_phase_spans():
         (55, True, 160, 160, 5, 3, 1),  # same time, another thread: no span applies
     ]
     trace = make_trace(rows, spans=spans, strings=STRINGS, threads=("python", "tf_Compute/1"))
-    att = analysis.attribute_events(trace, analysis.Context())
+    att = analysis.attribute_events(trace, analysis.TraceContext())
     assert [att.layer_name(i) for i in range(4)] == ["inner", "outer", "outer", "inner"]
     assert [att.phase_name(i) for i in range(5)] == ["forward", "forward", "backward", "weights", "other"]
 
@@ -101,7 +101,7 @@ def test_input_attribution():
             (20, True, 64, 64, 2, 4, 0),        # iterator op
             (30, True, 32, 32, 3, -1, 1)]       # untagged on a tf.data thread
     trace = make_trace(rows, strings=STRINGS, threads=("python", "tf_data_private_threadpool/1"))
-    att = analysis.attribute_events(trace, analysis.Context(input_array_bytes={4000}))
+    att = analysis.attribute_events(trace, analysis.TraceContext(input_array_bytes={4000}))
     assert [att.phase_name(i) for i in range(3)] == ["input", "input", "input"]
     assert att.op_name(0).startswith("input copy")
 
@@ -117,7 +117,7 @@ def test_input_attribution():
     ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
 ])
 def test_attribute_path(path, expected):
-    att = analysis.attribute_path(path, analysis.Context(layer_names={"cnn", "conv_a"}))
+    att = analysis.attribute_path(path, analysis.TraceContext(layer_names={"cnn", "conv_a"}))
     assert (att.op, att.layer, att.phase) == expected
 
 
@@ -132,7 +132,7 @@ def test_downsample_keeps_the_peak_and_bounds_points():
 
 
 def test_empty_trace():
-    info = analysis.summarize(make_trace([], strings=STRINGS), analysis.Context())
+    info = analysis.summarize(make_trace([], strings=STRINGS), analysis.TraceContext())
     assert info.events == 0 and info.at_peak == []
 
 
@@ -141,6 +141,6 @@ def test_bytes_allocated_during_a_pause_are_untraced_not_preexisting():
     rows = [(10, True, 100, 100, 1, 3, 0), (20, True, 50, 50, 2, 3, 0)]
     trace = make_trace(rows, strings=STRINGS)
     trace.events.live[1] += 300  # the second event comes after the untraced allocation
-    info = analysis.summarize(trace, analysis.Context())
+    info = analysis.summarize(trace, analysis.TraceContext())
     phases = {g.phase: g.bytes for g in info.by_phase}
     assert phases["pre-existing"] == 1000 and phases["untraced"] == 300 and phases["other"] == 150

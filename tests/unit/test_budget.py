@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from tfmem_magic import environment
+from tfmem_magic.measure import environment
 
 
 def write(path: Path, text: str) -> None:
@@ -49,7 +49,7 @@ def test_a_container_limit_arms_the_guard_and_says_so(monkeypatch):
     import psutil
 
     import tfmem_magic
-    from tfmem_magic import environment
+    from tfmem_magic.measure import environment
 
     limit = psutil.Process().memory_info().rss + 2**30
     monkeypatch.setattr(environment, "cgroup_memory", lambda *a, **k: (limit, psutil.Process().memory_info().rss))
@@ -58,7 +58,7 @@ def test_a_container_limit_arms_the_guard_and_says_so(monkeypatch):
     guard = p.report.guard
     assert guard is not None and guard.source == "container limit" and guard.limit_bytes == limit
     assert "watchdog" in guard.layers and p.report.env.budget_source == "cgroup"
-    assert any(label == "Memory limit" for label, _, _ in tfmem_magic.render.summary_items(p.report))
+    assert any(label == "Memory limit" for label, _, _ in tfmem_magic.show.render.summary_items(p.report))
 
 
 def test_limit_off_before_tensorflow_takes_back_every_variable_it_set(monkeypatch):
@@ -66,13 +66,16 @@ def test_limit_off_before_tensorflow_takes_back_every_variable_it_set(monkeypatc
     user's own oneDNN choice is never touched."""
     import os
 
-    from tfmem_magic import environment, guard
+    from tfmem_magic.measure import environment, guard
 
     monkeypatch.setattr(environment, "tensorflow_initialized", lambda: False)
     monkeypatch.setenv(environment.BFC_ENV, "1")
     monkeypatch.delenv(guard.LIMIT_ENV, raising=False)
     monkeypatch.delenv(guard.ONEDNN_ENV, raising=False)
-    monkeypatch.setattr(guard, "_onednn_off_by_us", False)
+    from tfmem_magic.core.session import SESSION
+
+    monkeypatch.setattr(SESSION, "onednn_off_by_us", False)
+    monkeypatch.setattr(environment.allocator_setup(), "bfc_cap_mb_by_us", None)
     guard.set_session_limit(8 * 2**30)
     guard.set_session_limit(6 * 2**30)  # a second limit must still know that oneDNN=0 is ours
     assert os.environ[guard.ONEDNN_ENV] == "0" and guard.LIMIT_ENV in os.environ

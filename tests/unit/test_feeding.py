@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmem_magic import feeding
+from tfmem_magic.measure import feeding
 
 
 def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from tfmem_magic import fixes
-from tfmem_magic.report import (DeviceMemory, EnvInfo, Finding, LayerInfo, ModelInfo, Report, RssInfo)
+from tfmem_magic.advise import fixes
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, Finding, LayerInfo, ModelInfo, Report, RssInfo
 
 MiB = 2**20
 CELL = ("model = build()\nmodel.compile('adam', 'mse')  # adam\n"
@@ -35,7 +35,7 @@ def report(devices=("CPU:0",), status="ok", findings=("large-batch",), policy="f
 
 
 def ctx(source=CELL) -> fixes.Context:
-    return fixes.Context(source=source, model_name="model", array_names=("x_train", "y_train"), number=7)
+    return fixes.FixContext(source=source, model_name="model", array_names=("x_train", "y_train"), number=7)
 
 
 def by_id(found):
@@ -120,7 +120,7 @@ def test_a_report_without_findings_gets_no_fixes():
 def test_before_after_checks_the_prediction():
     before = report()
     before.fixes = fixes.build(before, ctx())
-    from tfmem_magic.report import Prediction
+    from tfmem_magic.core.report import Prediction
     before.prediction = Prediction("analytic", 0, 0, 1.0, 0.3)
     predicted = before.fixes[0].predicted_peak_bytes
     after = report(batch=64)
@@ -136,7 +136,7 @@ def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
     fix predicts instead of training the model."""
     rep = report(findings=("input-copy",))
     rep.model.feed = "arrays"
-    only_x = fixes.Context(source=CELL, model_name="vae", array_names={"x": "digits"}, number=7)
+    only_x = fixes.FixContext(source=CELL, model_name="vae", array_names={"x": "digits"}, number=7)
     code = body(by_id(fixes.build(rep, only_x))["tf-data-streaming"].code)
     ast.parse(code)
     assert "yield digits[i:i + 256]\n" in code and " y" not in code.replace("yield", "") and "vae.fit(dataset" in code
@@ -144,13 +144,13 @@ def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
     fix = by_id(fixes.build(rep, only_x))["tf-data-streaming"]
     assert "vae.predict(dataset" in fix.code and ".fit(" not in fix.code and fix.title.endswith("predict(numpy)")
     # an array passed as an expression: the cell says which name to fill in, instead of claiming no name was given
-    expression = fixes.Context(source=CELL, model_name="model", array_names={"x": "images", "y": ""}, number=7)
+    expression = fixes.FixContext(source=CELL, model_name="model", array_names={"x": "images", "y": ""}, number=7)
     rep.model.calls = ["fit"]
     code = body(by_id(fixes.build(rep, expression))["tf-data-streaming"].code)
     assert "# y: your y array (the cell passed it as an expression, not a variable)" in code
     assert "images[i:i + 256], y[i:i + 256]" in code
     # several arrays in one role (a dict of inputs): not offered rather than wrong
-    several = fixes.Context(source=CELL, model_name="model", array_names={"x": None, "y": "labels"}, number=7)
+    several = fixes.FixContext(source=CELL, model_name="model", array_names={"x": None, "y": "labels"}, number=7)
     assert "tf-data-streaming" not in by_id(fixes.build(rep, several))
     # a pipeline is not numpy: nothing to stream
     rep.model.feed = "dataset"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_fixes import report
 
-from tfmem_magic import calibrate, prediction
+from tfmem_magic.advise import calibrate, prediction
 
 MiB = 2**20
 

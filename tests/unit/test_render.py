@@ -1,5 +1,5 @@
-from tfmem_magic.render import mime_bundle, render_html, render_text, verdict
-from tfmem_magic.report import MIME_TYPE, DeviceMemory, EnvInfo, ErrorInfo, LiveGroup, Report, RssInfo, TraceInfo
+from tfmem_magic.core.report import MIME_TYPE, DeviceMemory, EnvInfo, ErrorInfo, LiveGroup, Report, RssInfo, TraceInfo
+from tfmem_magic.show.render import mime_bundle, render_html, render_text, verdict
 
 EVIL = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
 

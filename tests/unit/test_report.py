@@ -2,8 +2,17 @@ import json
 
 import pytest
 
-from tfmem_magic.report import (SCHEMA, DeviceMemory, EnvInfo, Finding, LiveGroup, ModelInfo, Report, RssInfo,
-                                TraceInfo)
+from tfmem_magic.core.report import (
+    SCHEMA,
+    DeviceMemory,
+    EnvInfo,
+    Finding,
+    LiveGroup,
+    ModelInfo,
+    Report,
+    RssInfo,
+    TraceInfo,
+)
 
 
 def sample_report() -> Report:

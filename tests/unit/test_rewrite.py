@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfmem_magic.rewrite import find_batch_literals, rewrite_batch
+from tfmem_magic.advise.rewrite import find_batch_literals, rewrite_batch
 
 
 def test_keyword_argument_is_rewritten_and_nothing_else():

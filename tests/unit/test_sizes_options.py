@@ -1,7 +1,7 @@
 import pytest
 
 from tfmem_magic import TfmemUsageError, format_bytes, parse_size
-from tfmem_magic.options import parse_cell_args
+from tfmem_magic.adapters.arguments import parse_cell_args
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -4,10 +4,19 @@ claim the allocator was unmeasured, and the profiler's memory is never the user'
 
 from __future__ import annotations
 
-from tfmem_magic import diagnose, diagnose_model, prediction
-from tfmem_magic.render import render_text, watch_line
-from tfmem_magic.report import (DeviceMemory, EnvInfo, InputCopy, LayerInfo, LiveGroup, ModelInfo, Report, RssInfo,
-                                TraceInfo)
+from tfmem_magic.advise import diagnose, diagnose_model, prediction
+from tfmem_magic.core.report import (
+    DeviceMemory,
+    EnvInfo,
+    InputCopy,
+    LayerInfo,
+    LiveGroup,
+    ModelInfo,
+    Report,
+    RssInfo,
+    TraceInfo,
+)
+from tfmem_magic.show.render import render_text, watch_line
 
 MiB = 2**20
 

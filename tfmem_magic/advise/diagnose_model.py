@@ -6,10 +6,10 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from .errors import TfmemUsageError
-from .prediction import ANALYTIC_BAND, Basis, analytic_basis, budget_for_tf, largest_batch, parts_at
-from .report import Finding, Report
-from .sizes import format_bytes
+from tfmem_magic.advise.prediction import ANALYTIC_BAND, Basis, analytic_basis, budget_for_tf, largest_batch, parts_at
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Finding, Report
+from tfmem_magic.core.sizes import format_bytes
 
 DOMINANT = 0.5  # share of the cell's peak at which one part "dominates"
 PRESSURE = 0.25  # share of the budget from which memory is worth a finding

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from .errors import TfmemUsageError
+from tfmem_magic.core.errors import TfmemUsageError
 
 TIMEOUT_S = 600
 # steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
@@ -34,7 +34,7 @@ import tfmem_magic
 tfmem_magic.prepare()
 import numpy as np, keras, tensorflow as tf
 print("TFMEM-PROGRESS 0", flush=True)
-from tfmem_magic.engine import Options, Profiler
+from tfmem_magic import Options, Profiler
 keras.mixed_precision.set_global_policy(spec["policy"])
 custom = {}
 if spec["custom"]:  # classes defined in the notebook, sent by value (cloudpickle)

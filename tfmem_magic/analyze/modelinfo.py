@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .instrument import ModelUse
-from .report import LayerInfo, ModelInfo
+from tfmem_magic.core.report import LayerInfo, ModelInfo
+from tfmem_magic.measure.instrument import ModelUse
 
 _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
               "predict_on_batch": 5, "__call__": 6}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import TfmemUsageError
+from tfmem_magic.core.errors import TfmemUsageError
 
 # SI suffixes are decimal and IEC suffixes binary, as their standards say. A bare letter ("2G", "512M") is binary,
 # as in docker, ulimit and free: that is what people mean when they size a container.

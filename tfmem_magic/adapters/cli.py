@@ -10,11 +10,12 @@ import runpy
 import sys
 from pathlib import Path
 
-from . import engine, environment
-from .errors import TfmemUsageError
-from .options import args_from_namespace, build_parser, save_report
-from .render import render_text
-from .report import Report
+from tfmem_magic import pipeline
+from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, save_report
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Report
+from tfmem_magic.measure import environment
+from tfmem_magic.show.render import render_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TfmemUsageError, OSError, ValueError) as exc:
         parser.error(str(exc))
     environment.prepare_allocator()  # before any TF op: every allocation visible
-    profiler = engine.Profiler(args.options)
+    profiler = pipeline.Profiler(args.options)
     if ns.command == "demo":
-        from .demo import run_demo
+        from tfmem_magic.adapters.demo import run_demo
 
         if ns.batch < 1 or ns.epochs < 1:
             parser.error("--batch and --epochs must be at least 1")

@@ -15,7 +15,14 @@ from typing import Any
 
 import psutil
 
+from tfmem_magic.core.session import SESSION
+
 BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+# The BFC allocator's cap. Unset, TensorFlow caps the CPU BFC allocator at 1 << 16 MB (64 GiB; process_state.cc,
+# `ReadInt64FromEnvVar("TF_CPU_BFC_MEM_LIMIT_IN_MB", 1LL << 16, ...)`): on a larger server, host tensors that fit
+# with TensorFlow's default allocator would fail once tfmem switched BFC on. So tfmem sets the cap to what the
+# machine can hold (RAM + swap, or the container's limit), unless the user set one.
+BFC_CAP_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 BFC_ALLOCATOR = "bfc_cpu_allocator_for_gpu"
 
@@ -29,11 +36,9 @@ class AllocatorSetup:
     """How the CPU allocator was chosen: recorded when the extension loads, read by every report."""
 
     bfc_set_by_us: bool = False
+    bfc_cap_mb_by_us: int | None = None  # the BFC cap tfmem set from the machine's memory (see BFC_CAP_ENV)
     loaded_after_first_op: bool = False
     quiet_logs_at_import: bool = False  # TF_CPP_MIN_LOG_LEVEL >= 1 was in force when TensorFlow was imported
-
-
-_setup = AllocatorSetup()
 
 
 def tensorflow_imported() -> bool:
@@ -62,6 +67,9 @@ def tensorflow_installed() -> bool:
         return False
 
 
+SESSION.allocator_setup = SESSION.allocator_setup or AllocatorSetup()
+
+
 def prepare_allocator() -> AllocatorSetup:
     """Switch the CPU allocator to BFC (every allocation visible) if it is still possible.
 
@@ -72,17 +80,29 @@ def prepare_allocator() -> AllocatorSetup:
     if not tensorflow_imported() and LOG_LEVEL_ENV not in os.environ:
         os.environ[LOG_LEVEL_ENV] = "1"
     if not tensorflow_imported():
-        _setup.quiet_logs_at_import = _log_level() >= 1
+        SESSION.allocator_setup.quiet_logs_at_import = _log_level() >= 1
     if tensorflow_initialized():
-        _setup.loaded_after_first_op = True
+        SESSION.allocator_setup.loaded_after_first_op = True
     elif BFC_ENV not in os.environ:
         os.environ[BFC_ENV] = "1"
-        _setup.bfc_set_by_us = True
-    return _setup
+        SESSION.allocator_setup.bfc_set_by_us = True
+    if SESSION.allocator_setup.bfc_set_by_us and not tensorflow_initialized() and BFC_CAP_ENV not in os.environ:
+        SESSION.allocator_setup.bfc_cap_mb_by_us = machine_memory_mb()
+        os.environ[BFC_CAP_ENV] = str(SESSION.allocator_setup.bfc_cap_mb_by_us)
+    return SESSION.allocator_setup
+
+
+def machine_memory_mb() -> int:
+    """What this process could ever hold, in MiB: RAM + swap, or the container's limit if smaller."""
+    total = psutil.virtual_memory().total + psutil.swap_memory().total
+    cgroup = cgroup_memory()
+    if cgroup is not None:
+        total = min(total, cgroup[0])
+    return max(1, total // 2**20)
 
 
 def allocator_setup() -> AllocatorSetup:
-    return _setup
+    return SESSION.allocator_setup
 
 
 def _log_level() -> int:
@@ -95,11 +115,11 @@ def _log_level() -> int:
 def note_tensorflow_import() -> None:
     """Called before we import TF ourselves: remember whether its C++ INFO logs will be quiet."""
     if not tensorflow_imported():
-        _setup.quiet_logs_at_import = _log_level() >= 1
+        SESSION.allocator_setup.quiet_logs_at_import = _log_level() >= 1
 
 
 def profiler_logs_quiet() -> bool:
-    return _setup.quiet_logs_at_import
+    return SESSION.allocator_setup.quiet_logs_at_import
 
 
 @dataclass

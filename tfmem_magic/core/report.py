@@ -71,6 +71,8 @@ class DeviceMemory:
     peak_bytes: int = 0
     end_bytes: int = 0
     samples: list[list[float]] = field(default_factory=list)  # [[t, live bytes], ...] sampled with RSS
+    # TensorFlow's own peak counter (get_memory_info) before tfmem reset it for this cell; TF cannot set it back
+    peak_before_bytes: int | None = None
 
 
 @dataclass

@@ -35,10 +35,11 @@ import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
-from . import calibrate
-from .errors import TfmemUsageError
-from .report import ModelInfo, Prediction, Report
-from .sizes import format_bytes
+from tfmem_magic.advise import calibrate
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import ModelInfo, Prediction, Report
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.core.session import SESSION
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
 # backward; measured on TF 2.21 CPU (DESIGN.md §1) the step peak is ~1.6x the layer outputs.
@@ -367,23 +368,18 @@ def summary(report: Report) -> Prediction | None:
 
 # ---- calibration: probe runs of a clone ---------------------------------------------------------------------------
 
-# id(report) -> (weakref to the report, weakref to its model, the targets' per-sample shape and dtype)
-_models: dict[int, tuple[weakref.ref, Any, Any]] = {}
-_measured: dict[int, tuple[weakref.ref, Basis]] = {}
-
-
 def remember_model(report: Report, model: Any, target: tuple[tuple, str] | None = None) -> None:
     """Keep a weak link from a report to the live Keras model it measured (for calibrate), and the shape of the
     targets it was trained on (the probes make synthetic ones like them)."""
     _forget_dead()
     try:
-        _models[id(report)] = (weakref.ref(report), weakref.ref(model), target)
+        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), target)
     except TypeError:  # not weak-referenceable
         pass
 
 
 def _forget_dead() -> None:
-    for store in (_models, _measured):
+    for store in (SESSION.models, SESSION.measured):
         for key in [k for k, entry in store.items() if entry[0]() is None]:
             del store[key]
 
@@ -393,7 +389,7 @@ def measured_basis_cached(report: Report) -> bool:
 
 
 def _cached_basis(report: Report) -> Basis | None:
-    entry = _measured.get(id(report))
+    entry = SESSION.measured.get(id(report))
     return entry[1] if entry is not None and entry[0]() is report else None
 
 
@@ -419,7 +415,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     if cached is not None:
         return cached
     basis = analytic_basis(report)
-    entry = _models.get(id(report))
+    entry = SESSION.models.get(id(report))
     model = entry[1]() if entry is not None and entry[0]() is report else None
     if model is None:
         raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
@@ -468,7 +464,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                        calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
                                     "requested_bytes": [peaks[b][1] for b in batches],
                                     "seconds": round(time.perf_counter() - started, 2)})
-    _measured[id(report)] = (weakref.ref(report), measured)
+    SESSION.measured[id(report)] = (weakref.ref(report), measured)
     return measured
 
 

@@ -1,4 +1,4 @@
-"""The built-in example: a small Keras CNN trained on synthetic images, measured by the engine."""
+"""The built-in example: a small Keras CNN trained on synthetic images, measured by tfmem."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def demo_source(batch: int = 128, epochs: int = 1) -> str:
 
 
 def run_demo(profiler: Any, batch: int = 128, epochs: int = 1) -> None:
-    """Run the demo's source under `profiler` (an engine.Profiler, not yet started)."""
+    """Run the demo's source under `profiler` (a pipeline.Profiler, not yet started)."""
     code = compile(demo_source(batch, epochs), "<tfmem demo>", "exec")
     with profiler:
         exec(code, {"__name__": "__tfmem_demo__"})

@@ -19,12 +19,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import feeding
-from .feeding import InputArray
-from .tracer import Tracer
+from tfmem_magic.measure import feeding
+from tfmem_magic.measure.feeding import InputArray
+from tfmem_magic.measure.tracer import Tracer
+from tfmem_magic.core.session import SESSION
 
 _MISSING = object()
-_seen_models: weakref.WeakSet = weakref.WeakSet()  # every Keras model a profiled cell has used, this session
 _WATCHED_CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
 
 
@@ -292,8 +292,8 @@ class Instrumentation:
         if use is None or use.model_ref() is not model:
             use = self.models[id(model)] = ModelUse(weakref.ref(model))
             self._learn_names(model)
-            if model not in _seen_models:
-                _seen_models.add(model)
+            if model not in SESSION.seen_models:
+                SESSION.seen_models.add(model)
                 self.new_models += 1
         return use
 

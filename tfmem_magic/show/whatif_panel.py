@@ -8,11 +8,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from . import prediction
-from .errors import TfmemUsageError
-from .render import SPLIT_COLORS, split_bar, whatif_summary
-from .report import Report
-from .sizes import format_bytes
+from tfmem_magic.advise import prediction
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Report
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.show.render import SPLIT_COLORS, split_bar, whatif_summary
 
 OPTIMIZER_CHOICES = [("Adam / AdamW (2 slots)", "adam"), ("SGD with momentum (1 slot)", "sgd+momentum"),
                      ("RMSprop (1 slot)", "rmsprop"), ("Adafactor (factored, ~1 slot)", "adafactor"),

@@ -20,8 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .report import InputCopy, LiveGroup, TraceInfo
-from .xplane import DATA_TYPES, MemoryEvents, Span, Trace
+from tfmem_magic.core.report import InputCopy, LiveGroup, TraceInfo
+from tfmem_magic.measure.xplane import DATA_TYPES, MemoryEvents, Span, Trace
 
 PS = 1e12
 MAX_TIMELINE_POINTS = 2000
@@ -37,7 +37,7 @@ _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond"
 
 
 @dataclass
-class Context:
+class TraceContext:
     """What the instrumentation learnt during the cell, used to name things in the trace."""
 
     layer_names: set[str] = field(default_factory=set)
@@ -57,7 +57,7 @@ class Attribution:
     phase: str
 
 
-def attribute_path(path: str, ctx: Context) -> Attribution:
+def attribute_path(path: str, ctx: TraceContext) -> Attribution:
     """Op type, layer and phase of a `tf_op` value (a node path such as `.../cnn_1/conv_a_1/Relu`)."""
     parts = path.split("/")
     op = _SUFFIX.sub("", parts[-1]) or parts[-1]
@@ -176,7 +176,7 @@ class Attributed:
         return PHASES[int(self.phase[i])]
 
 
-def attribute_events(trace: Trace, ctx: Context) -> Attributed:
+def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     """Op, layer and phase of every event, computed once per distinct op string and broadcast with numpy."""
     ev, spans = trace.events, trace.spans
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
@@ -300,7 +300,7 @@ def batch_dimension(shape: str | None, batch: int) -> bool:
     return str(batch) in dims
 
 
-def _batch_bytes(rows: list[tuple], ctx: Context) -> int | None:
+def _batch_bytes(rows: list[tuple], ctx: TraceContext) -> int | None:
     """Requested bytes live at the peak in tensors that carry the batch dimension: what grows with the batch,
     measured (activations, their gradients, the states a recurrent layer keeps per time step, attention scores,
     the batches in the input pipeline). None without a batch large enough to tell from other dimensions."""
@@ -312,7 +312,7 @@ def _batch_bytes(rows: list[tuple], ctx: Context) -> int | None:
                and r[4] not in ctx.weight_shapes and batch_dimension(r[4], batch))
 
 
-def summarize(trace: Trace, ctx: Context, top: int = TOP_GROUPS) -> TraceInfo:
+def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
     """The trace part of a report: timeline, peak, and the live set at the peak broken down several ways."""
     ev = trace.events
     n = len(ev)

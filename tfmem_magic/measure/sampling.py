@@ -1,4 +1,5 @@
-"""Cheap probes that run in every mode: process RSS (sampler thread + kernel high-water mark) and TF allocator stats."""
+"""Cheap instruments that run in every mode: process RSS (sampler thread + kernel high-water mark) and TF's allocator
+stats."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Callable
 
 import psutil
 
-from . import environment
+from tfmem_magic.measure import environment
 
 MAX_SAMPLES = 4000
 
@@ -62,6 +63,7 @@ class RssSampler:
         self._want_reset = reset_hwm
         self._on_tick = on_tick
         self._on_rss = on_rss  # the guard's watchdog
+        self.errors: list[str] = []  # what a callback raised: said in the report, never kills the thread
 
     def start(self, t0: float) -> None:
         self._t0 = t0
@@ -81,7 +83,7 @@ class RssSampler:
                 return
             self.samples.append([t, rss])
             if self._on_rss is not None:
-                self._on_rss(rss)
+                self._call(self._on_rss, rss)
             self._sample_tf(t)
             if len(self.samples) >= MAX_SAMPLES:  # long cell: halve the resolution instead of growing
                 self.samples = self.samples[::2]
@@ -96,7 +98,21 @@ class RssSampler:
             return
         self.tf_samples.append([t, info["current"]])
         if self._on_tick is not None:
-            self._on_tick(t, info["current"], info["peak"])
+            self._call(self._on_tick, t, info["current"], info["peak"])
+
+    def _call(self, callback: Callable[..., None], *args: object) -> None:
+        """A callback's failure must not stop the sampling (the watchdog lives in this thread): it is noted once
+        and that callback is dropped."""
+        try:
+            callback(*args)
+        except Exception as exc:
+            name = getattr(callback, "__qualname__", repr(callback))
+            self.errors.append(f"The sampler's {name} callback failed ({type(exc).__name__}: {exc}) and was turned "
+                               "off for the rest of the cell; sampling went on.")
+            if callback == self._on_tick:
+                self._on_tick = None
+            else:
+                self._on_rss = None
 
     def stop(self) -> tuple[int, int, str]:
         """Stop and join the thread; returns (peak, end, peak_source)."""
@@ -123,8 +139,9 @@ def main_tf_device() -> str | None:
 class AllocatorStats:
     """Per-device TF allocator stats around a cell, correct when cells nest.
 
-    `reset_memory_stats` resets the device's peak for everyone: before resetting, an inner probe folds the peak so
-    far into every outer probe, and when it stops it folds its own peak into them again.
+    `reset_memory_stats` resets the device's peak for everyone: before resetting, an inner measurement folds the
+    peak so far into every outer one, and when it stops it folds its own peak into them again. TensorFlow has no way
+    to set the counter back, so the peak it read before the reset is kept (`peak_before`) and the report says so.
     """
 
     _active: list[AllocatorStats] = []
@@ -133,6 +150,7 @@ class AllocatorStats:
         self.devices: list[str] = []
         self.baseline: dict[str, int] = {}
         self._folded_peak: dict[str, int] = {}
+        self.peak_before: dict[str, int] = {}  # TF's peak counter as the user's code left it, before our reset
         self.initialized_at_start = False
 
     @staticmethod
@@ -159,6 +177,7 @@ class AllocatorStats:
                     continue
                 self.devices.append(device)
                 self.baseline[device] = info["current"]
+                self.peak_before[device] = info["peak"]
                 for outer in AllocatorStats._active:
                     outer._fold(device, info["peak"])
                 tf.config.experimental.reset_memory_stats(device)

@@ -12,17 +12,17 @@ import ast
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import TfmemUsageError
-from .prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
-from .report import BeforeAfter, Fix, Report
-from .rewrite import rewrite_batch
-from .sizes import format_bytes
+from tfmem_magic.advise.prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
+from tfmem_magic.advise.rewrite import rewrite_batch
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import BeforeAfter, Fix, Report
+from tfmem_magic.core.sizes import format_bytes
 
 GPU_NOTE = "needs a kernel restart: TensorFlow reads it when it first touches the GPU"
 
 
 @dataclass
-class Context:
+class FixContext:
     """What the fix writer knows beyond the report: the cell's source and the names the user gave things."""
 
     source: str | None = None  # the profiled cell's body (without the %%tfmem line)
@@ -32,7 +32,7 @@ class Context:
     number: int = 0  # the report's history number, for --before
 
 
-def _header(ctx: Context, fix_id: str) -> str:
+def _header(ctx: FixContext, fix_id: str) -> str:
     return f'%%tfmem --before {ctx.number} --fix {fix_id} --label "fix: {fix_id}"\n' if ctx.number else \
         f'%%tfmem --label "fix: {fix_id}"\n'
 
@@ -47,7 +47,7 @@ def _saving(report: Report, after: int) -> str:
             f"({word} {format_bytes(abs(delta))})")
 
 
-def _model(ctx: Context) -> str:
+def _model(ctx: FixContext) -> str:
     return ctx.model_name or "model"
 
 
@@ -71,7 +71,7 @@ def _after_compile(source: str, lines: str) -> str:
     return "".join(rows[:at]) + block + "".join(rows[at:])
 
 
-def _with_batch(report: Report, ctx: Context, new: int) -> tuple[str | None, str]:
+def _with_batch(report: Report, ctx: FixContext, new: int) -> tuple[str | None, str]:
     batch = report.model.batch_size if report.model else None
     if ctx.source is None:
         return None, f"set the batch size to {new}"
@@ -81,7 +81,7 @@ def _with_batch(report: Report, ctx: Context, new: int) -> tuple[str | None, str
 
 # ---- the fixes ------------------------------------------------------------------------------------------------------
 
-def shrink_batch(report: Report, ctx: Context) -> Fix | None:
+def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     budget = budget_for_tf(report)
     if model is None or not model.batch_size or budget is None:
@@ -103,7 +103,7 @@ def shrink_batch(report: Report, ctx: Context) -> Fix | None:
                _header(ctx, "shrink-batch") + source, after.peak_bytes)
 
 
-def grad_accumulation(report: Report, ctx: Context) -> Fix | None:
+def grad_accumulation(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.training or not model.batch_size or model.batch_size < 4:
         return None
@@ -125,7 +125,7 @@ def grad_accumulation(report: Report, ctx: Context) -> Fix | None:
                _header(ctx, "grad-accumulation") + _after_compile(source, lines), after.peak_bytes)
 
 
-def mixed_precision(report: Report, ctx: Context) -> Fix | None:
+def mixed_precision(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.training or (model.dtype_policy or "float32") != "float32":
         return None
@@ -147,7 +147,7 @@ def mixed_precision(report: Report, ctx: Context) -> Fix | None:
     return Fix("mixed-precision", f"Mixed precision ({policy})", why, code, after.peak_bytes)
 
 
-def lighter_optimizer(report: Report, ctx: Context) -> Fix | None:
+def lighter_optimizer(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.training or model.optimizer_slots < 2:
         return None
@@ -167,7 +167,7 @@ def lighter_optimizer(report: Report, ctx: Context) -> Fix | None:
                after.peak_bytes)
 
 
-def freeze_layers(report: Report, ctx: Context) -> Fix | None:
+def freeze_layers(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.training or len(model.layers) < 3:
         return None
@@ -190,7 +190,7 @@ def freeze_layers(report: Report, ctx: Context) -> Fix | None:
     return Fix("freeze-layers", "Freeze all but the last layer", why, code, predicted)
 
 
-def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
+def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.input_array_bytes or not model.batch_size or model.feed not in ("arrays", "none"):
         return None  # ("none": a report from before the feed was recorded)
@@ -236,7 +236,7 @@ def tf_data_streaming(report: Report, ctx: Context) -> Fix | None:
                _header(ctx, "tf-data-streaming") + code, predicted)
 
 
-def clear_session(report: Report, ctx: Context) -> Fix | None:
+def clear_session(report: Report, ctx: FixContext) -> Fix | None:
     code = ("import gc, keras\nkeras.backend.clear_session()  # forget Keras' global graph state and layer names\n"
             "gc.collect()  # and free models nothing refers to any more\n")
     why = ("Models built again and again keep Keras' global state growing, and models still referenced (a list, "
@@ -245,7 +245,7 @@ def clear_session(report: Report, ctx: Context) -> Fix | None:
     return Fix("clear-session", "Clear the Keras session between models", why, code)
 
 
-def cpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
+def cpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     if any("GPU" in d for d in report.env.devices) or (report.guard is not None and report.guard.allocator_limit_bytes):
         return None
     budget = report.env.budget_bytes
@@ -259,7 +259,7 @@ def cpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
     return Fix("cpu-memory-limit", "Cap TensorFlow's memory (CPU)", why, code, None, needs_restart=True)
 
 
-def memory_growth(report: Report, ctx: Context) -> Fix | None:
+def memory_growth(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None  # CPU has no memory growth: set_memory_growth raises on CPU devices
     code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
@@ -270,7 +270,7 @@ def memory_growth(report: Report, ctx: Context) -> Fix | None:
     return Fix("memory-growth", "Let the GPU memory grow on demand", why, code, None, needs_restart=True)
 
 
-def gpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
+def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None
     code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
@@ -282,7 +282,7 @@ def gpu_memory_limit(report: Report, ctx: Context) -> Fix | None:
     return Fix("gpu-memory-limit", "Cap TensorFlow's GPU memory", why, code, None, needs_restart=True)
 
 
-WRITERS: dict[str, Callable[[Report, Context], Fix | None]] = {
+WRITERS: dict[str, Callable[[Report, FixContext], Fix | None]] = {
     "shrink-batch": shrink_batch, "grad-accumulation": grad_accumulation, "mixed-precision": mixed_precision,
     "lighter-optimizer": lighter_optimizer, "freeze-layers": freeze_layers, "tf-data-streaming": tf_data_streaming,
     "clear-session": clear_session, "cpu-memory-limit": cpu_memory_limit, "memory-growth": memory_growth,
@@ -292,7 +292,7 @@ WRITERS: dict[str, Callable[[Report, Context], Fix | None]] = {
 PRESSURE_FIXES = ("shrink-batch", "cpu-memory-limit", "memory-growth", "gpu-memory-limit")
 
 
-def build(report: Report, ctx: Context) -> list[Fix]:
+def build(report: Report, ctx: FixContext) -> list[Fix]:
     """The fixes the report's findings point to, in the order they matter, each written once."""
     wanted: list[str] = []
     ids = {f.id for f in report.findings}

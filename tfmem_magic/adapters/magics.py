@@ -12,14 +12,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from . import engine, environment, fixes, frontend, guard
-from .errors import TfmemUsageError
-from .figures import timeline_png
-from .options import build_parser, parse_cell_args, save_report
-from .probes import AllocatorStats
-from .render import compare_html, compare_text, mime_bundle, watch_html, watch_line
-from .report import Report
-from .sizes import format_bytes, parse_size
+from tfmem_magic import pipeline
+from tfmem_magic.adapters.arguments import build_parser, parse_cell_args, save_report
+from tfmem_magic.advise import fixes
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Report
+from tfmem_magic.core.sizes import format_bytes, parse_size
+from tfmem_magic.measure import environment, guard
+from tfmem_magic.measure.sampling import AllocatorStats
+from tfmem_magic.show import frontend
+from tfmem_magic.show.figures import timeline_png
+from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
+from tfmem_magic.core.session import SESSION
 
 LINE_COMMANDS = {
     "watch": "watch on [--interval MS] | watch off: profile every cell in quick mode, one line each",
@@ -52,11 +56,18 @@ class TfmemMagics(Magics):
             raise UsageError(str(exc)) from None
         shell = self.shell
         before = resolve_report(shell, args.before, "--before") if args.before else None  # fail before running
-        profiler = engine.Profiler(replace(args.options, cell_key=cell_key(shell, cell), source=cell,
+        profiler = pipeline.Profiler(replace(args.options, cell_key=cell_key(shell, cell), source=cell,
                                            namespace=shell.user_ns))
         hook = shell.displayhook
         outer = hook.exec_result  # the ExecutionResult of the cell that holds this magic
-        profiler.start()
+        try:
+            profiler.start()  # all or nothing: a failure leaves nothing of tfmem armed
+        except Exception as exc:  # our failure must not cost the user their cell: run it unmeasured
+            print(f"tfmem could not start measuring ({type(exc).__name__}: {exc}); the cell runs unmeasured.",
+                  file=sys.stderr)
+            shell.run_cell(cell, store_history=False)
+            hook.exec_result = outer
+            return
         # IPython decides `;`-silencing from the last history entry, which is the magic call, not this body
         had_quiet = "quiet" in vars(hook)
         hook.quiet = lambda: hook.semicolon_at_end_of_expression(cell)
@@ -71,7 +82,8 @@ class TfmemMagics(Magics):
         shell.showtraceback = showtraceback
         try:
             # run_cell, not exec: the last expression is displayed, tracebacks are the user's own
-            result = shell.run_cell(cell, store_history=False)
+            with profiler.user_code():
+                result = shell.run_cell(cell, store_history=False)
             error = profiler.untangle(result.error_before_exec or result.error_in_exec)
         except BaseException as exc:  # run_cell itself failed (rare): still stop the probes
             error = exc
@@ -104,14 +116,14 @@ class TfmemMagics(Magics):
         timeline = timeline_png(report)  # one rendering serves both
         display(mime_bundle(report, timeline), raw=True)
         if panel and getattr(self.shell, "kernel", None) is not None:
-            from .panel import build_panel
+            from tfmem_magic.show.panel import build_panel
 
             display(build_panel(report, timeline, frontend.current_cell_id(self.shell)))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
     def _fix(self, words: list[str]) -> None:
         """`%tfmem fix [K|ID] [--report N]`: the fix's code becomes the next cell (set_next_input), never run."""
-        report = engine.last_report()
+        report = pipeline.last_report()
         if "--report" in words:
             at = words.index("--report")
             if at + 1 >= len(words):
@@ -139,7 +151,6 @@ class TfmemMagics(Magics):
         print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
 
     def _watch(self, words: list[str]) -> str:
-        global _watcher
         if words[:1] == ["on"]:
             interval = 50.0
             if words[1:2] == ["--interval"] and len(words) == 3:
@@ -149,19 +160,19 @@ class TfmemMagics(Magics):
                     raise UsageError(f"%tfmem watch on --interval {words[2]!r}: give milliseconds, e.g. 100") from None
             elif len(words) != 1:
                 raise UsageError("%tfmem watch on [--interval MS]")
-            if _watcher is not None:
-                _watcher.stop()
+            if SESSION.watcher is not None:
+                SESSION.watcher.stop()
             try:
-                _watcher = Watcher(self.shell, engine.Options(mode="quick", interval_ms=interval))
+                SESSION.watcher = Watcher(self.shell, pipeline.Options(mode="quick", interval_ms=interval))
             except TfmemUsageError as exc:
                 raise UsageError(f"%tfmem watch: {exc}") from None
             return ("Watching every cell (quick mode): one line of memory figures below each. "
                     "%%tfmem cells keep their own report. %tfmem watch off to stop.")
         if words == ["off"]:
-            if _watcher is None:
+            if SESSION.watcher is None:
                 return "Watch mode was not on."
-            _watcher.stop()
-            _watcher = None
+            SESSION.watcher.stop()
+            SESSION.watcher = None
             return "Watch mode off: no hook is left on the shell."
         raise UsageError("%tfmem watch on [--interval MS] | %tfmem watch off")
 
@@ -181,7 +192,7 @@ class TfmemMagics(Magics):
         elif word == "history":
             print(history_text())
         elif word == "last":
-            report = engine.last_report()
+            report = pipeline.last_report()
             if report is None:
                 raise UsageError("%tfmem last: no cell has been profiled yet; put %%tfmem on the first line of a cell")
             self._show(report)
@@ -201,7 +212,7 @@ def _two(words: list[str]) -> list[str]:
 
 def resolve_report(shell: Any, ref: str, what: str = "%tfmem compare") -> Report:
     """A report by history number (%tfmem history), by a name in the namespace, or by label (newest first)."""
-    reports = list(engine.history)
+    reports = list(SESSION.history)
     if ref.isdigit():
         for report in reports:
             if report.number == int(ref):
@@ -256,7 +267,7 @@ def status_text() -> str:
         f"Budget       {format_bytes(budget.budget_bytes)} ({budget.budget_source}); RAM "
         f"{format_bytes(budget.ram_total_bytes)}, available {format_bytes(budget.ram_available_bytes)}"
         + (f", container limit {format_bytes(budget.cgroup_limit_bytes)}" if budget.cgroup_limit_bytes else ""),
-        f"Reports      {len(engine.history)} this session",
+        f"Reports      {len(SESSION.history)} this session",
     ]
     session = guard.session_limit()
     if session is not None:
@@ -269,11 +280,11 @@ def status_text() -> str:
 
 
 def history_text() -> str:
-    if not engine.history:
+    if not SESSION.history:
         return "No cell has been profiled yet."
     rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
             f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"]
-    for r in engine.history:
+    for r in SESSION.history:
         i = r.number
         mem = r.main_device
         tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
@@ -286,9 +297,6 @@ def history_text() -> str:
     return "\n".join(rows)
 
 
-_watcher: Watcher | None = None
-
-
 class Watcher:
     """Watch mode: a quick measurement around every cell, through IPython's pre/post_run_cell events.
 
@@ -296,9 +304,9 @@ class Watcher:
     (a measurement is already active then). Events come in nested pairs, hence the stack.
     """
 
-    def __init__(self, shell: Any, options: engine.Options) -> None:
+    def __init__(self, shell: Any, options: pipeline.Options) -> None:
         self.shell, self.options = shell, options
-        self._stack: list[engine.Profiler | None] = []
+        self._stack: list[pipeline.Profiler | None] = []
         shell.events.register("pre_run_cell", self.pre)
         shell.events.register("post_run_cell", self.post)
 
@@ -310,8 +318,13 @@ class Watcher:
             return
         key = cell_key(self.shell, raw, getattr(info, "cell_id", None))
         label = next((line.strip() for line in raw.splitlines() if line.strip()), "")[:40]
-        profiler = engine.Profiler(replace(self.options, label=label, cell_key=key))
-        profiler.start()
+        profiler = pipeline.Profiler(replace(self.options, label=label, cell_key=key))
+        try:
+            profiler.start()
+        except Exception:  # never in the way of the user's cell: this one goes unwatched
+            self._stack.append(None)
+            return
+        profiler.enter_user_code()
         self._stack.append(profiler)
 
     def post(self, result: Any) -> None:

@@ -38,7 +38,7 @@ from typing import Iterator
 
 import psutil
 
-from . import environment, xplane
+from tfmem_magic.measure import environment, xplane
 
 PS_PER_S = 10**12
 PLATEAU_S = 1.0

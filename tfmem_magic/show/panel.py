@@ -13,12 +13,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from . import figures
-from . import frontend
-from .render import _SOURCE, _verdict_class, before_after_html, summary_items, trace_notes, verdict
-from .report import Fix, LiveGroup, Report
-from .sizes import format_bytes
-from .whatif_panel import whatif_tab
+from tfmem_magic.core.report import Fix, LiveGroup, Report
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.show import figures, frontend
+from tfmem_magic.show.render import _SOURCE, _verdict_class, before_after_html, summary_items, trace_notes, verdict
+from tfmem_magic.show.whatif_panel import whatif_tab
 
 BREAKDOWN_KEYS = ("phase", "layer", "op")
 

@@ -11,9 +11,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import Options
-from .errors import TfmemUsageError
-from .sizes import parse_size
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.sizes import parse_size
+from tfmem_magic.core.options import Options
 
 SAVE_SUFFIXES = (".json", ".html", ".htm")
 
@@ -100,7 +100,7 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
     fix_id = getattr(ns, "fix", None)
     before = getattr(ns, "before", None)
     if fix_id is not None:
-        from .fixes import WRITERS
+        from tfmem_magic.advise.fixes import WRITERS
 
         if fix_id not in WRITERS:
             raise TfmemUsageError(f"--fix {fix_id!r}: not a fix id; use one of {', '.join(WRITERS)}")
@@ -114,7 +114,7 @@ def save_report(report, path: Path) -> Path:
     """Write the report as JSON or as a static HTML page, by the file's suffix."""
     if path.suffix.lower() == ".json":
         return report.save(path)
-    from .render import render_html
+    from tfmem_magic.show.render import render_html
 
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tfmem report</title></head>"
             f"<body>{render_html(report)}</body></html>")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from . import prediction
-from .report import MIME_TYPE, LiveGroup, Report, TraceInfo
-from .sizes import format_bytes
+from tfmem_magic.advise import prediction
+from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo
+from tfmem_magic.core.sizes import format_bytes
 
 _SOURCE = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
 
@@ -215,7 +215,7 @@ def render_html(report: Report, timeline: bytes | None = None,
                          f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
                          f"rounding and fragmentation); {t.events:,} memory events traced.</div>")
     if timeline is None:
-        from .figures import timeline_png
+        from tfmem_magic.show.figures import timeline_png
 
         timeline = timeline_png(r)
     parts.append(png_img(timeline, "memory timeline: TF live bytes and process RSS over the cell"))

@@ -10,8 +10,8 @@ import gc
 import io
 from typing import Sequence
 
-from .report import LiveGroup, Report
-from .sizes import format_bytes
+from tfmem_magic.core.report import LiveGroup, Report
+from tfmem_magic.core.sizes import format_bytes
 
 INK = "#8a8a8a"  # text and axes: legible on white and on dark grey
 TF_COLOR = "#3d7be0"

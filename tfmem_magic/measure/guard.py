@@ -29,11 +29,12 @@ from typing import Any
 
 import psutil
 
-from . import environment
-from .errors import TfmemError
-from .sizes import format_bytes
+from tfmem_magic.core.errors import MemoryLimitExceeded
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.measure import environment
+from tfmem_magic.core.session import SESSION
 
-LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+LIMIT_ENV = environment.BFC_CAP_ENV
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 MARGIN = 64 * 2**20
 MIN_ALLOCATOR_MB = 64
@@ -48,15 +49,6 @@ RUNTIME_RSS_IMPORTED = 64 * 2**20
 _TANGLED = "MISMATCH of original and normalized active exception types"
 
 
-class MemoryLimitExceeded(TfmemError, MemoryError):
-    """The process passed its memory limit and the guard stopped the cell; the kernel and its variables live on."""
-
-    detail = "the process passed its memory limit"
-
-    def __str__(self) -> str:
-        return self.args[0] if self.args else self.detail
-
-
 @dataclass
 class SessionLimit:
     bytes: int
@@ -64,17 +56,12 @@ class SessionLimit:
     allocator_mb: int | None  # the TF allocator limit set with it, or None when TF was already running
 
 
-_session: SessionLimit | None = None
-_onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 is ours (not the user's): `limit off` must take it back
-
-
 def session_limit() -> SessionLimit | None:
-    return _session
+    return SESSION.limit
 
 
 def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLimit, str]:
     """`%tfmem limit SIZE`: the budget of every later cell; arms TF's allocator limit if still possible."""
-    global _session, _onednn_off_by_us
     rss = psutil.Process().memory_info().rss
     allocator_mb = None
     if environment.tensorflow_initialized():
@@ -91,35 +78,39 @@ def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLim
         how = (f"TensorFlow's allocator is capped at {format_bytes(allocator_mb * 2**20)} ({LIMIT_ENV}: the limit "
                f"minus the {format_bytes(rss)} the process holds now and ~{format_bytes(runtime)} that TensorFlow's "
                "runtime will add), and the batch-end check and the watchdog watch the process.")
-        if keep_onednn and _onednn_off_by_us:  # an earlier %tfmem limit turned it off: give it back
+        if keep_onednn and SESSION.onednn_off_by_us:  # an earlier %tfmem limit turned it off: give it back
             os.environ.pop(ONEDNN_ENV, None)
-            _onednn_off_by_us = False
-        if (ONEDNN_ENV in os.environ and not _onednn_off_by_us) or keep_onednn:
+            SESSION.onednn_off_by_us = False
+        if (ONEDNN_ENV in os.environ and not SESSION.onednn_off_by_us) or keep_onednn:
             if os.environ.get(ONEDNN_ENV, "1") != "0":
                 how += (" oneDNN stays on: an out-of-memory error inside fit() can then crash the kernel "
                         "(TensorFlow 2.21).")
         else:
             os.environ[ONEDNN_ENV] = "0"
-            _onednn_off_by_us = True
+            SESSION.onednn_off_by_us = True
             how += (f" oneDNN is turned off ({ONEDNN_ENV}=0): with it, TensorFlow 2.21 crashes the kernel on an "
                     "out-of-memory error inside fit(). CPU training gets slower (a small CNN: 1.5x); "
                     "%tfmem limit SIZE --keep-onednn keeps it.")
-    _session = SessionLimit(limit, "user", allocator_mb)
-    return _session, f"Memory limit {format_bytes(limit)} for every cell. {how}"
+    SESSION.limit = SessionLimit(limit, "user", allocator_mb)
+    return SESSION.limit, f"Memory limit {format_bytes(limit)} for every cell. {how}"
 
 
 def clear_session_limit() -> str:
-    global _session, _onednn_off_by_us
-    armed = _session is not None and _session.allocator_mb is not None and environment.tensorflow_initialized()
-    _session = None
+    limit = SESSION.limit
+    armed = limit is not None and limit.allocator_mb is not None and environment.tensorflow_initialized()
+    SESSION.limit = None
     if armed:
         return ("Memory limit removed for the batch-end check and the watchdog. TensorFlow's allocator keeps the cap "
                 "(and oneDNN stays off) as read at its first op, until the kernel restarts.")
-    # TensorFlow has not read them yet: take back every variable the limit set
-    os.environ.pop(LIMIT_ENV, None)
-    if _onednn_off_by_us:
+    # TensorFlow has not read them yet: take back every variable the limit set (the machine-sized BFC cap returns)
+    default_cap = environment.allocator_setup().bfc_cap_mb_by_us
+    if default_cap is not None:
+        os.environ[LIMIT_ENV] = str(default_cap)
+    else:
+        os.environ.pop(LIMIT_ENV, None)
+    if SESSION.onednn_off_by_us:
         os.environ.pop(ONEDNN_ENV, None)
-        _onednn_off_by_us = False
+        SESSION.onednn_off_by_us = False
     return "Memory limit removed."
 
 
@@ -127,6 +118,8 @@ def allocator_limit_bytes() -> int | None:
     """TF's allocator cap in force (read at the first op), if any."""
     value = os.environ.get(LIMIT_ENV)
     if value is None or not environment.tensorflow_initialized():
+        return None
+    if value == str(environment.allocator_setup().bfc_cap_mb_by_us):  # the machine-sized cap: not a guard layer
         return None
     try:
         return int(value) * 2**20
@@ -136,7 +129,9 @@ def allocator_limit_bytes() -> int | None:
 
 class Guard:
     """Layers 2 and 3 for one cell. `check()` raises in the cell's thread; `observe()`, called from the sampler
-    thread, raises in the cell's thread asynchronously."""
+    thread, raises in the cell's thread asynchronously. Both act only while the guard is open: from `open()`, just
+    before the user's code runs, to `close()`, just after; so the watchdog's exception never lands in tfmem's own
+    arming or stopping code (where it would leave instruments half-armed)."""
 
     def __init__(self, limit: int, source: str, rss_at_start: int) -> None:
         self.limit = limit
@@ -147,7 +142,7 @@ class Guard:
         self._thread_id = threading.get_ident()
         self._process = psutil.Process()
         self._lock = threading.Lock()
-        self._armed = True
+        self._armed = False  # closed until the user's code runs
 
     def message(self, rss: int, where: str) -> str:
         over = "passed its memory limit" if self.threshold == self.limit else "grew past its memory limit"
@@ -181,13 +176,20 @@ class Guard:
         clean.__traceback__ = exc.__traceback__
         return clean
 
-    def disarm(self) -> None:
-        """The cell ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must not land
-        in the next cell). Called from the cell's thread."""
+    def open(self) -> None:
+        """The user's code starts: trips may raise from now on."""
+        with self._lock:
+            self._armed = True
+
+    def close(self) -> None:
+        """The user's code ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must
+        not land in tfmem's code or the next cell). Called from the cell's thread; safe to call again."""
         with self._lock:
             self._armed = False
         if threading.get_ident() == self._thread_id:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+    disarm = close  # the cell's undo step
 
     def _claim(self, layer: str, rss: int) -> bool:
         with self._lock:

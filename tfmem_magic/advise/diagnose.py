@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .diagnose_model import MODEL_RULES
-from .report import Finding, Report
-from .sizes import format_bytes
+from tfmem_magic.advise.diagnose_model import MODEL_RULES
+from tfmem_magic.core.report import Finding, Report
+from tfmem_magic.core.sizes import format_bytes
 
 NEAR_BUDGET = 0.8  # share of the budget at which we warn
 LEAK_RUNS = 3  # consecutive runs of a cell that must each leave memory behind

@@ -10,3 +10,12 @@ class TfmemUsageError(TfmemError, ValueError):
 
     The IPython adapter turns it into IPython's UsageError, the CLI into exit code 2.
     """
+
+
+class MemoryLimitExceeded(TfmemError, MemoryError):
+    """The process passed its memory limit and the guard stopped the cell; the kernel and its variables live on."""
+
+    detail = "the process passed its memory limit"
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else self.detail

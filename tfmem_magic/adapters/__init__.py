@@ -1,0 +1,1 @@
+"""The surfaces: IPython magics, the command line, argument parsing, the demo."""

@@ -1,0 +1,1 @@
+"""What the report advises: predictions (what-if), calibration probes, findings and fix cells."""

@@ -1,0 +1,119 @@
+"""From what a cell's instruments measured to the report's measured part: memory figures, the model, the trace's
+breakdown. Predictions, findings and fixes are added by the advise layer (see tfmem_magic.pipeline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfmem_magic.analyze import analysis, modelinfo
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.measure import environment, guard, xplane
+from tfmem_magic.measure.capture import Measured
+
+# process memory the profiler itself takes per xplane byte it records, at its high-water mark (recorder + export;
+# measured 22-27x on MLP, CNN, LSTM and GRU steps: tracer.py): the upper end, so it is never blamed on the user
+PROFILER_RSS_PER_BYTE = 27
+
+
+def status_of(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
+        return "oom"
+    return "error"
+
+
+def measured_report(m: Measured, exc: BaseException | None, number: int) -> Report:
+    """The figures every mode has: status, error, RSS, TF's allocator, environment, guard."""
+    report = Report(label=m.options.label, status=status_of(exc), mode=m.mode, wall_s=m.wall_s,
+                    started_at=m.started_at, notes=m.notes, number=number)
+    if exc is not None:
+        request = guard.parse_oom(str(exc)) if report.status == "oom" else None
+        report.error = ErrorInfo(type(exc).__name__, str(exc), request)
+    report.rss = RssInfo(m.rss_baseline, m.rss_peak, m.rss_end, m.rss_peak_source, m.rss_samples)
+    report.tf = {d: DeviceMemory(*v, peak_before_bytes=m.peak_before.get(d)) for d, v in m.devices.items()}
+    if m.tf_device in report.tf:
+        report.tf[m.tf_device].samples = m.tf_samples
+    report.env = _env(m)
+    report.guard = _guard_info(m, report)
+    return report
+
+
+def add_analysis(report: Report, m: Measured) -> Any:
+    """The model the cell used, its tf.function traces, and the trace's breakdown; returns the model's use record
+    (or None) for the advice that needs the live model."""
+    instr = m.instrumentation
+    use = None
+    if instr is not None:
+        uses = list(instr.models.values())
+        use = modelinfo.main_use(uses, instr.applied)
+        report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
+                        if use is not None else None)
+        report.tf_function_traces = instr.function_traces()
+        report.notes.extend(instr.notes)
+    if m.mode == "trace" and m.tracer is not None and instr is not None:
+        report.trace = trace_info(m, report, use)
+    return use
+
+
+def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
+    g = m.guard
+    if g is None:
+        return None
+    allocator = guard.allocator_limit_bytes()
+    layers = (["allocator"] if allocator else []) + (["batch-end check"] if m.instrumentation and
+                                                      m.instrumentation.installed else []) + ["watchdog"]
+    tripped = g.tripped_by
+    if tripped is None and report.error is not None and report.error.request is not None:
+        tripped = "allocator"  # TensorFlow's own OOM error: its allocator refused the request
+    return GuardInfo(g.limit, g.source, layers, allocator, tripped, g.tripped_rss or None)
+
+
+def _env(m: Measured) -> EnvInfo:
+    view = environment.allocator_view()
+    # a container limit is not the user's
+    user_limit = m.limit if m.limit_source in ("--limit", "%tfmem limit") else None
+    budget = environment.memory_budget(user_limit, rss_now=m.rss_baseline)
+    return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,
+                   allocator_note=view.note, devices=environment.tf_devices(),
+                   ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,
+                   cgroup_limit_bytes=budget.cgroup_limit_bytes, budget_bytes=budget.budget_bytes,
+                   budget_source=budget.budget_source,
+                   mixed_precision_policy=environment.mixed_precision_policy(),
+                   tensorflow_started_in_cell=not m.tf_running_at_start and environment.tensorflow_initialized())
+
+
+def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
+    instr, tracer = m.instrumentation, m.tracer
+    assert instr is not None and tracer is not None
+    ctx = analysis.TraceContext(layer_names=set(instr.layer_names), input_array_bytes=set(instr.copy_roles),
+                                copy_roles=dict(instr.copy_roles), windows=list(tracer.windows),
+                                batch_size=report.model.batch_size if report.model is not None else None,
+                                weight_shapes=modelinfo.weight_shapes(use))
+    ctx.optimizer_scopes |= instr.optimizer_names
+    info = analysis.summarize(xplane.read_segments(m.segments), ctx)
+    if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
+        report.env.allocator = info.allocator
+    info.windows = [[round(a, 4), round(b, 4)] for a, b in tracer.windows]
+    info.profiler_bytes = int(tracer.traced_bytes)
+    # the recorder's and the export's high-water mark follows the largest segment (the next one reuses what an
+    # export frees), plus the decoded events kept
+    info.profiler_rss_bytes = int(PROFILER_RSS_PER_BYTE * tracer.largest_segment_bytes + 0.4 * info.profiler_bytes)
+    reasons = tracer.paused_reasons
+    if reasons:
+        info.complete = False
+        info.note = "; ".join(reasons) + ". The allocator's peak still covers the whole cell."
+    device = report.tf.get("CPU:0")
+    if device is not None and info.events and not info.complete:
+        gap = device.peak_bytes - info.peak_live_bytes
+        if gap > max(0.01 * device.peak_bytes, 64 * 1024):
+            info.note = (info.note or "") + (
+                f" The cell's peak ({format_bytes(device.peak_bytes)}) came outside the traced window; the "
+                f"breakdown shows the largest traced moment ({format_bytes(info.peak_live_bytes)})."
+                + (" The trace's memory budget was spent first: the what-if then predicts from the cell's own "
+                   "peak (an upper bound)." if tracer.budget_spent else
+                   " Raise --trace-steps or --trace-seconds to trace more."))
+    return info

@@ -1,0 +1,33 @@
+"""What one measurement is asked to do: the options of `%%tfmem`, `tfmem run` and `profile()`, checked once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfmem_magic.core.errors import TfmemUsageError
+
+MODES = ("trace", "quick")
+
+
+@dataclass(frozen=True)
+class Options:
+    mode: str = "trace"  # "trace" (profiler events: breakdown and timeline) or "quick" (stats and RSS only)
+    label: str = ""
+    interval_ms: float = 50.0  # RSS and TF sampling period; the RSS peak is exact regardless (VmHWM)
+    limit_bytes: int | None = None  # the user's budget for this block (process memory)
+    trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
+    trace_seconds: float = 20.0  # wall-time cap on tracing
+    cell_key: str | None = None  # identifies re-runs of the same cell, for leak detection
+    publish: bool = True  # False: a measurement of our own (calibration probes) stays out of history and last_report
+    source: str | None = field(default=None, compare=False)  # the cell's code, for fix cells that rewrite it
+    namespace: dict | None = field(default=None, compare=False, repr=False)  # the user's names for model and data
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise TfmemUsageError(f"unknown mode {self.mode!r}: use 'trace' or 'quick'")
+        if not (1 <= self.interval_ms <= 60_000):
+            raise TfmemUsageError(f"--interval {self.interval_ms:g} ms is out of range: use 1 to 60000 ms")
+        if self.trace_steps < 1:
+            raise TfmemUsageError(f"--trace-steps {self.trace_steps} must be at least 1")
+        if self.trace_seconds <= 0:
+            raise TfmemUsageError(f"--trace-seconds {self.trace_seconds:g} must be positive")

@@ -1,0 +1,58 @@
+"""What a kernel remembers between cells, in one object: `SESSION`.
+
+Everything else tfmem holds lives only as long as one cell's measurement. Tests start from a clean slate with
+`SESSION.reset()`. The layers that fill a field own its meaning; this module only holds it (the core imports
+nothing else of tfmem_magic, so the fields are typed loosely).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+HISTORY_SIZE = 100  # reports kept for %tfmem history / compare
+MAX_CELLS, RUNS_PER_CELL = 500, 20  # the leak rule's memory: cells, and runs per cell
+
+
+class Session:
+    def __init__(self) -> None:
+        # how tfmem set up TensorFlow's allocator (measure.environment.AllocatorSetup): environment variables that
+        # TensorFlow reads once, so a reset keeps it
+        self.allocator_setup: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every cell: history, numbering, leak runs, remembered models, the session limit, watch mode.
+        (Environment variables tfmem set before TensorFlow started stay: TensorFlow has read them.)"""
+        self.history: deque[Any] = deque(maxlen=HISTORY_SIZE)  # published Reports, oldest first
+        self.last: Any = None  # the last published Report
+        self.published = 0  # reports published so far: each gets the next number
+        self.runs: dict[str, deque[Any]] = {}  # cell key -> what each run left behind (diagnose.RunSummary)
+        # report id -> (report ref, model ref, call target): the models calibration may clone (advise.prediction)
+        self.models: dict[int, tuple[Any, Any, Any]] = {}
+        self.measured: dict[int, tuple[Any, Any]] = {}  # report id -> (report ref, calibrated Basis)
+        self.seen_models: weakref.WeakSet = weakref.WeakSet()  # every Keras model a profiled cell has used
+        self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
+        self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
+        self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on
+
+    def publish(self, report: Any) -> None:
+        self.last = report
+        self.history.append(report)
+
+    def next_number(self) -> int:
+        self.published += 1
+        return self.published
+
+    def runs_of(self, key: str) -> list[Any]:
+        """The remembered runs of the cell `key`, oldest first."""
+        return list(self.runs.get(key, ()))
+
+    def add_run(self, key: str, summary: Any) -> None:
+        if key not in self.runs and len(self.runs) >= MAX_CELLS:
+            self.runs.pop(next(iter(self.runs)))
+        self.runs.setdefault(key, deque(maxlen=RUNS_PER_CELL)).append(summary)
+
+
+SESSION = Session()

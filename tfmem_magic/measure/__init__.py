@@ -1,0 +1,1 @@
+"""Measuring a cell: the allocator's counters, process memory, the profiler trace, Keras call spans, the guard."""

@@ -1,0 +1,242 @@
+"""One cell's measurement as a transaction: every instrument is armed through one undo stack and unwound in reverse
+on any exit, so that no probe, patch, thread, profiler session or temp folder outlives the cell.
+
+    capture = Capture(options)
+    capture.start()            # all or nothing: a failure or Ctrl-C part-way undoes what was armed
+    with capture.user_code():  # the guard's watchdog may interrupt only in here
+        ...the user's code...
+    measured = capture.stop()  # never raises; what could not be stopped cleanly is said in measured.notes
+
+No IPython here, and nothing that analyses or advises: the analyze layer turns a `Measured` into a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import psutil
+
+from tfmem_magic.core.options import Options
+from tfmem_magic.measure import environment, guard
+from tfmem_magic.measure.instrument import Instrumentation
+from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
+from tfmem_magic.measure.tracer import Tracer, user_profiler_running
+
+
+@dataclass
+class Measured:
+    """What one cell's instruments recorded, before any analysis."""
+
+    options: Options
+    mode: str
+    notes: list[str]
+    started_at: float  # wall clock
+    wall_s: float
+    rss_baseline: int
+    rss_peak: int
+    rss_end: int
+    rss_peak_source: str
+    rss_samples: list[list[float]]
+    tf_device: str | None  # the device whose live bytes were sampled
+    tf_samples: list[list[float]]
+    devices: dict[str, tuple[int, int, int]]  # device -> (baseline, peak, end)
+    peak_before: dict[str, int]  # device -> TF's peak counter before this cell reset it
+    limit: int | None
+    limit_source: str
+    tf_running_at_start: bool
+    guard: guard.Guard | None = None
+    instrumentation: Instrumentation | None = None
+    tracer: Tracer | None = None
+    segments: list = field(default_factory=list)  # the trace's segments (xplane.read_segments' input)
+
+
+class Capture:
+    """The instruments of one measurement, armed and disarmed as one transaction."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.mode = options.mode
+        self.notes: list[str] = []
+        self.guard: guard.Guard | None = None
+        self.tracer: Tracer | None = None
+        self.sampler: RssSampler | None = None
+        self.instrumentation: Instrumentation | None = None
+        self.allocator = AllocatorStats()
+        self._undo: list[tuple[str, Callable[[], Any]]] = []  # (what, how to undo it), in arming order
+        self._limit: tuple[int | None, str] = (None, "")
+        self._t0 = 0.0
+        self._wall0 = 0.0
+        self._tf_running_at_start = False
+        self._stopped = False
+
+    # ---- arming ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Arm every instrument. All or nothing: if arming fails or is interrupted part-way (Ctrl-C, a full disk),
+        what was armed is undone in reverse before the exception leaves, so no later cell finds a probe, patch or
+        thread of this one (an allocator-stats slot left behind would make every later cell 'nested')."""
+        try:
+            self._arm()
+        except BaseException:
+            self._unwind()
+            raise
+
+    def _push(self, what: str, undo: Callable[[], Any]) -> None:
+        self._undo.append((what, undo))
+
+    def _arm(self) -> None:
+        nested = AllocatorStats.nesting_depth() > 0
+        self._tf_running_at_start = environment.tensorflow_initialized()
+        if not self._tf_running_at_start:
+            environment.prepare_allocator()  # a process-wide setting TF reads at its first op: kept on purpose
+        if self.mode == "trace":
+            self.mode = self._trace_possible(nested)
+        self._limit = limit, source = self._choose_limit()
+        if limit is not None:
+            if self.mode == "quick":
+                _import_keras()  # a cell that imports Keras itself must still get the batch-end check
+            # after the imports: the runtime's own memory is not the cell's growth. Closed until user_code().
+            self.guard = guard.Guard(limit, source, psutil.Process().memory_info().rss)
+            self._push("guard", self.guard.disarm)
+        self._wall0 = time.time()
+        self._t0 = time.perf_counter()
+        self._push("allocator stats", self.allocator.stop)
+        self.allocator.start()
+        if self.mode == "trace":
+            self._arm_tracer()
+        on_tick = self.tracer.observe if self.tracer is not None else None
+        on_rss = self.guard.observe if self.guard is not None else None
+        self.sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick,
+                                  on_rss=on_rss, tf_device=main_tf_device())
+        self._push("sampler", self.sampler.stop)
+        self.sampler.start(self._t0)
+        self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard)
+        self._push("Keras patches", self.instrumentation.uninstall)
+        self.instrumentation.install()
+
+    def _arm_tracer(self) -> None:
+        try:
+            self.tracer = Tracer(self._t0, self.options.trace_seconds)
+            self._push("profiler", self.tracer.finish)
+            self.tracer.start()
+        except Exception as exc:  # the profiler refused (another session), no temp folder could be made...
+            self.notes.append(f"The TensorFlow profiler could not start ({type(exc).__name__}: {exc}); "
+                              "measured in quick mode.")
+            if self.tracer is not None:
+                self._undo.pop()
+                _quietly(self.tracer.finish)
+            self.tracer, self.mode = None, "quick"
+
+    def _choose_limit(self) -> tuple[int | None, str]:
+        """The cell's own --limit, else the session's %tfmem limit, else a container's limit."""
+        if self.options.limit_bytes is not None:
+            return self.options.limit_bytes, "--limit"
+        session = guard.session_limit()
+        if session is not None:
+            return session.bytes, "%tfmem limit"
+        budget = environment.memory_budget()
+        if budget.budget_source == "cgroup":  # a container would OOM-kill the kernel: guard it, and say so
+            return budget.budget_bytes, "container limit"
+        return None, ""
+
+    def _trace_possible(self, nested: bool) -> str:
+        if nested:
+            self.notes.append("Nested inside another profiled block: measured in quick mode (no trace).")
+            return "quick"
+        if not environment.tensorflow_installed():
+            self.notes.append("TensorFlow is not installed: only process memory (RSS) is measured.")
+            return "quick"
+        _import_keras()
+        if user_profiler_running():
+            self.notes.append("A TensorFlow profiler session you started is running: measured in quick mode "
+                              "(TF allows one session at a time). Stop it with tf.profiler.experimental.stop().")
+            return "quick"
+        return "trace"
+
+    # ---- the user's code ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def user_code(self) -> Iterator[None]:
+        """The window in which the guard's watchdog may raise into this thread: the user's code, nothing of ours."""
+        self.open_guard()
+        try:
+            yield
+        finally:
+            self.close_guard()
+
+    def open_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.open()
+
+    def close_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.close()
+
+    # ---- disarming ------------------------------------------------------------------------------------------
+    def _unwind(self) -> dict[str, Any]:
+        """Undo everything armed, newest first, whatever each step raises (Ctrl-C included): returns each step's
+        result by name, and notes what could not be undone cleanly."""
+        results: dict[str, Any] = {}
+        interrupted = False
+        while self._undo:
+            what, undo = self._undo.pop()
+            try:
+                results[what] = undo()
+            except KeyboardInterrupt:  # keep unwinding: a half-disarmed cell is worse than a late interrupt
+                interrupted = True
+                self.notes.append(f"Interrupted while stopping the {what}: its figures are missing.")
+            except Exception as exc:  # e.g. the trace export on a full disk
+                self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures are "
+                                  "missing, the rest of the report stands.")
+        if interrupted:
+            self.notes.append("The interrupt arrived while tfmem was stopping its probes; nothing of tfmem was left "
+                              "running.")
+        return results
+
+    def stop(self) -> Measured:
+        """Stop every instrument (always; never raises) and return what was measured."""
+        assert not self._stopped, "stop() called twice"
+        self._stopped = True
+        wall = time.perf_counter() - self._t0
+        results = self._unwind()
+        rss_peak, rss_end, peak_source = results.get("sampler") or _rss_now()
+        sampler = self.sampler
+        limit, source = self._limit
+        if self.sampler is not None and self.sampler.errors:
+            self.notes.extend(self.sampler.errors)
+        return Measured(
+            options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
+            rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,
+            rss_peak_source=peak_source, rss_samples=sampler.samples if sampler else [],
+            tf_device=sampler.tf_device if sampler else None, tf_samples=sampler.tf_samples if sampler else [],
+            devices=results.get("allocator stats") or {}, peak_before=dict(self.allocator.peak_before),
+            limit=limit, limit_source=source, tf_running_at_start=self._tf_running_at_start, guard=self.guard,
+            instrumentation=self.instrumentation, tracer=self.tracer, segments=results.get("profiler") or [])
+
+
+def _rss_now() -> tuple[int, int, str]:
+    rss = psutil.Process().memory_info().rss
+    return rss, rss, "sampled"
+
+
+def _quietly(step: Callable[[], Any]) -> None:
+    try:
+        step()
+    except Exception:
+        pass
+
+
+def _import_keras() -> None:
+    """Import TF and Keras now (not the allocator: no op runs), so that a cell which imports Keras itself still
+    gets layer spans, bounded fit traces and the guard's batch-end check."""
+    if sys.modules.get("keras") is not None or not environment.tensorflow_installed():
+        return
+    environment.note_tensorflow_import()
+    try:
+        import tensorflow  # noqa: F401
+        import keras  # noqa: F401
+    except ImportError:  # a broken install: the cell will say so itself
+        pass
+

@@ -1,0 +1,146 @@
+"""The pipeline of one measurement: capture (measure) -> the measured report (analyze) -> advice (advise) -> the
+session. No IPython in here.
+
+    with tfmem_magic.profile(label="train") as p:
+        model.fit(x, y, batch_size=64)
+    print(p.report.tf_peak_bytes)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any, Iterator
+
+from tfmem_magic.advise import diagnose, fixes, prediction
+from tfmem_magic.analyze import build
+from tfmem_magic.core.errors import MemoryLimitExceeded
+from tfmem_magic.core.options import MODES, Options
+from tfmem_magic.core.report import Report
+from tfmem_magic.core.session import SESSION
+from tfmem_magic.measure.capture import Capture, Measured
+
+__all__ = ["MODES", "Options", "Profiler", "last_report", "profile"]  # and `history` (below)
+
+
+def last_report() -> Report | None:
+    """The report of the most recent profiled cell or block, or None."""
+    return SESSION.last
+
+
+def __getattr__(name: str) -> Any:
+    if name == "history":  # the session's reports, oldest first (read-only view kept for %tfmem and tests)
+        return SESSION.history
+    raise AttributeError(name)
+
+
+class Profiler:
+    """One measurement. Use as a context manager, or call start(), then finish(exc) after the code (with
+    `user_code()` around it for the guard's watchdog)."""
+
+    def __init__(self, options: Options | None = None, **kwargs: Any) -> None:
+        self.options = replace(options or Options(), **kwargs)
+        self.report: Report | None = None
+        self._capture = Capture(self.options)
+
+    @property
+    def notes(self) -> list[str]:
+        return self._capture.notes
+
+    def __enter__(self) -> Profiler:
+        self.start()
+        self.enter_user_code()  # the `with` body is the user's code
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        clean = self.untangle(exc)
+        self.finish(exc)
+        if clean is not exc:  # the guard's own exception, not pybind11's tangle of two (see Guard.untangle)
+            raise clean from None
+        return False  # never swallow the user's exception
+
+    def untangle(self, exc: BaseException | None) -> BaseException | None:
+        """The exception the user should see for `exc` (the same one unless the guard's watchdog tangled it)."""
+        g = self._capture.guard
+        return g.untangle(exc) if g is not None else exc
+
+    def start(self) -> None:
+        """Arm every instrument, all or nothing (see measure.capture)."""
+        self._capture.start()
+
+    def enter_user_code(self) -> None:
+        """The user's code starts now (finish() ends it): the guard's watchdog may raise from here on."""
+        self._capture.open_guard()
+
+    @contextlib.contextmanager
+    def user_code(self) -> Iterator[None]:
+        """Around the user's code: the only window in which the guard's watchdog may raise."""
+        with self._capture.user_code():
+            yield
+
+    def finish(self, exc: BaseException | None = None) -> Report:
+        """Stop every instrument (always), then build, advise and publish the report."""
+        try:
+            self._capture.close_guard()
+        except MemoryLimitExceeded as late:  # the watchdog's exception arrived as the cell ended
+            exc = exc or late
+        exc = self.untangle(exc)  # callers that show the exception untangle it too; the report must not depend on it
+        measured = self._capture.stop()
+        report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
+        try:
+            self._analyse_and_advise(report, measured)
+        except KeyboardInterrupt:  # Ctrl-C while we analyse: the user's code is done; skip our remaining work
+            report.notes.append("Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
+                                "the memory figures above are complete.")
+        except Exception as err:  # our bug must never hide the user's result or exception
+            report.notes.append(f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
+                                "the numbers above are still valid. Please report it.")
+        self.report = report
+        if self.options.publish:
+            SESSION.publish(report)
+        return report
+
+    def _analyse_and_advise(self, report: Report, m: Measured) -> None:
+        use = build.add_analysis(report, m)
+        if report.model is not None and use is not None and self.options.publish:
+            prediction.remember_model(report, use.model_ref(), use.target)
+        report.prediction = prediction.summary(report)
+        previous = self._remember_run(report, m) if self.options.publish else []
+        report.findings = diagnose.findings(report, previous)
+        report.fixes = fixes.build(report, self._fix_context(report, use))
+
+    def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
+        """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""
+        model_name, arrays = None, None
+        ns = self.options.namespace
+        if ns is not None and use is not None:
+            public: dict[int, str] = {}  # id(value) -> the first name bound to it; private names only as fallback
+            private: dict[int, str] = {}
+            for name, value in list(ns.items()):  # one pass over the namespace
+                if name.isidentifier():
+                    (private if name.startswith("_") else public).setdefault(id(value), name)
+            model = use.model_ref()
+            if model is not None:
+                model_name = public.get(id(model)) or private.get(id(model))
+            arrays = {}
+            for a in use.training_arrays:  # "" for an expression; None for several arrays (a dict of inputs)
+                arrays[a.role] = None if a.role in arrays else (public.get(a.id) or private.get(a.id) or "")
+        return fixes.FixContext(source=self.options.source, model_name=model_name, array_names=arrays,
+                                number=report.number)
+
+    def _remember_run(self, report: Report, m: Measured) -> list[diagnose.RunSummary]:
+        """Record this run under its cell key; returns the earlier runs of the same cell."""
+        key = self.options.cell_key
+        if key is None:
+            return []
+        report.cell_key = key
+        previous = SESSION.runs_of(key)
+        report.run = previous[-1].run + 1 if previous else 1
+        new_models = m.instrumentation.new_models if m.instrumentation else 0
+        SESSION.add_run(key, diagnose.run_summary(report, new_models))
+        return previous
+
+
+def profile(label: str = "", mode: str = "trace", **kwargs: Any) -> Profiler:
+    """Measure the memory of a `with` block: `with profile() as p: ...`, then `p.report`."""
+    return Profiler(Options(mode=mode, label=label, **kwargs))
