@@ -25,7 +25,7 @@ from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
 
-from ._version import __version__
+from tfmem_magic._version import __version__
 
 __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryLimitExceeded", "Options", "Profiler", "Report", "SCHEMA",

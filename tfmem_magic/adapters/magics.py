@@ -20,6 +20,7 @@ from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure import environment, guard
 from tfmem_magic.measure.sampling import AllocatorStats
+from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
 from tfmem_magic.show.figures import timeline_png
 from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
@@ -347,6 +348,7 @@ class Watcher:
 
 def load(ipython: Any) -> None:
     setup = environment.prepare_allocator()
+    remove_leftovers()  # trace folders of kernels that were killed
     ipython.register_magics(TfmemMagics)
     if setup.loaded_after_first_op:
         note = environment.allocator_view().note

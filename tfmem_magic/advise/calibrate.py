@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.measure.tracer import remove_leftovers
 
 TIMEOUT_S = 600
 # steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
@@ -248,6 +249,8 @@ def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, 
             if proc.poll() is None:  # a progress callback raised: the probe must not outlive the call
                 proc.kill()
             proc.wait()
+            if proc.returncode != 0:  # a probe killed mid-trace leaves its trace folder behind
+                remove_leftovers()
         err.seek(0)
         last = (err.read().strip().splitlines() or ["no output"])[-1]
     return (None if timed_out.is_set() else proc.returncode), lines, last

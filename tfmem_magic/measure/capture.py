@@ -182,17 +182,21 @@ class Capture:
         interrupted = False
         while self._undo:
             what, undo = self._undo.pop()
-            try:
-                results[what] = undo()
-            except KeyboardInterrupt:  # keep unwinding: a half-disarmed cell is worse than a late interrupt
-                interrupted = True
-                self.notes.append(f"Interrupted while stopping the {what}: its figures are missing.")
-            except Exception as exc:  # e.g. the trace export on a full disk
-                self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures are "
-                                  "missing, the rest of the report stands.")
+            for attempt in (1, 2):  # every undo step may run twice: an interrupt can cut the first run anywhere
+                try:
+                    results[what] = undo()
+                    break
+                except KeyboardInterrupt:  # keep unwinding: a half-disarmed cell is worse than a late interrupt
+                    interrupted = True
+                    if attempt == 2:
+                        self.notes.append(f"Interrupted twice while stopping the {what}: its figures are missing.")
+                except Exception as exc:  # e.g. the trace export on a full disk
+                    self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
+                                      "are missing, the rest of the report stands.")
+                    break
         if interrupted:
-            self.notes.append("The interrupt arrived while tfmem was stopping its probes; nothing of tfmem was left "
-                              "running.")
+            self.notes.append("Interrupted while tfmem stopped its instruments: they were stopped all the same, "
+                              "and nothing of tfmem was left running.")
         return results
 
     def stop(self) -> Measured:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -69,24 +70,61 @@ MAX_ROTATIONS = 200  # segments stopped by the budget's estimate and restarted, 
 # an export: ~1 ms when the growth that triggered it was the cell's own, not the recorder's)
 
 
-@contextlib.contextmanager
-def _quiet_fd2(enabled: bool) -> Iterator[None]:
-    """Silence fd 2 while the profiler starts or stops: its C++ INFO lines would land in the notebook cell.
+# the profiler's own C++ INFO lines ("profiler_session.cc:... Profiler session started."), and nothing else
+_PROFILER_LOG = re.compile(rb"^[IW]\d{4} [^\n]*(?:profiler|xplane|trace)[^\n]*\n?", re.IGNORECASE | re.MULTILINE)
+TRACE_DIR_PREFIX = "tfmem-trace-"
 
-    Only used when TF was imported before we could set TF_CPP_MIN_LOG_LEVEL; it lasts a few milliseconds.
+
+@contextlib.contextmanager
+def _profiler_logs_filtered(enabled: bool) -> Iterator[None]:
+    """Keep the profiler's C++ INFO lines out of the notebook while it starts or stops (a few milliseconds).
+
+    Only used when TF was imported before we could set TF_CPP_MIN_LOG_LEVEL. fd 2 is the whole process's, and this
+    may run in a background thread: whatever else is written to it meanwhile (the user's own stderr) is kept in an
+    in-memory file and passed on afterwards, only the profiler's lines are dropped. Without memfd_create (not
+    Linux), nothing is filtered.
     """
-    if not enabled:
+    memfd = getattr(os, "memfd_create", None)
+    if not enabled or memfd is None:
+        yield
+        return
+    try:
+        held = memfd("tfmem-stderr")
+    except OSError:
         yield
         return
     saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 2)
+        os.dup2(held, 2)
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-        os.close(devnull)
+        try:
+            os.lseek(held, 0, os.SEEK_SET)
+            rest = _PROFILER_LOG.sub(b"", os.read(held, 1 << 20))
+            if rest:
+                os.write(2, rest)
+        finally:
+            os.close(held)
+
+
+def remove_leftovers(directory: str | None = None) -> int:
+    """Delete the trace folders of processes that no longer run (a killed kernel, a killed calibration probe): on a
+    tmpfs they are memory. Returns how many were removed."""
+    removed = 0
+    root = Path(directory or tempfile.gettempdir())
+    try:
+        candidates = list(root.glob(f"{TRACE_DIR_PREFIX}*"))
+    except OSError:
+        return 0
+    for path in candidates:
+        pid = path.name[len(TRACE_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += not path.exists()
+    return removed
 
 
 def user_profiler_running() -> bool:
@@ -139,7 +177,7 @@ class Tracer:
         self.max_seconds = max_seconds
         self.budget_bytes = TRACE_BUDGET_BYTES if budget_bytes is None else budget_bytes
         self._lock = threading.RLock()
-        self._dir = Path(tempfile.mkdtemp(prefix=f"tfmem-trace-{os.getpid()}-"))  # whose it is, if one is left
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{TRACE_DIR_PREFIX}{os.getpid()}-"))  # whose it is, if one is left
         self._session = None  # the running _pywrap_profiler.ProfilerSession
         self._segment_start = 0.0
         self._count = 0  # segments made (folder names)
@@ -264,27 +302,41 @@ class Tracer:
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _watch(self) -> None:
-        """The time cap, and the budget: stop the running segment before its estimated size passes what is left."""
-        while not self._watch_stop.wait(WATCH_S):
+        """The watcher thread: the time cap, the budget, and decoding what was exported. Its failure ends the trace
+        with the reason (never silently: the report says why the trace is short)."""
+        try:
+            while not self._watch_stop.wait(WATCH_S):
+                if not self._watch_once():
+                    return
+                self._decode_raw(DECODE_AT_BYTES)
+        except Exception as exc:
             with self._lock:
-                if self.closed:
-                    return
-                now = time.perf_counter()
-                if self.max_seconds > 0 and now - self._started_at >= self.max_seconds:
-                    self._time_up()
-                    return
-                if self._session is None or not self.budget_bytes:
-                    continue
-                # stop with a margin: the recorder keeps growing until the next look, and until the stop
-                if now - self._segment_start < MIN_SEGMENT_S:
-                    continue  # a young segment's growth is the cell's own (a first op, oneDNN's caches), not events
-                if self._estimate(now) >= STOP_AT * min(SEGMENT_BYTES, self.budget_bytes - self.traced_bytes):
+                self._close(f"the trace stopped: its watcher failed ({type(exc).__name__}: {exc})")
+                if self._session is not None:
                     self._stop_segment()
-                    self._rotations += 1
-                    if self._rotations > MAX_ROTATIONS:
-                        self._close(f"the trace stopped after {MAX_ROTATIONS} restarts")
-                    else:
-                        self._restart()
+
+    def _watch_once(self) -> bool:
+        """Stop the running segment before its estimated size passes what is left; False when the trace is over."""
+        with self._lock:
+            if self.closed:
+                return False
+            now = time.perf_counter()
+            if self.max_seconds > 0 and now - self._started_at >= self.max_seconds:
+                self._time_up()
+                return False
+            if self._session is None or not self.budget_bytes:
+                return True
+            # stop with a margin: the recorder keeps growing until the next look, and until the stop
+            if now - self._segment_start < MIN_SEGMENT_S:
+                return True  # a young segment's growth is the cell's own (a first op, oneDNN's caches), not events
+            if self._estimate(now) >= STOP_AT * min(SEGMENT_BYTES, self.budget_bytes - self.traced_bytes):
+                self._stop_segment()
+                self._rotations += 1
+                if self._rotations > MAX_ROTATIONS:
+                    self._close(f"the trace stopped after {MAX_ROTATIONS} restarts")
+                else:
+                    self._restart()
+            return True
 
     def _estimate(self, now: float) -> float:
         """Bytes of xplane the running segment would export now. Upper-leaning: the cell's own growth counts too,
@@ -303,6 +355,8 @@ class Tracer:
 
     def _restart(self) -> None:
         """Start the next segment if the budget allows one worth having; else stop for good and say why."""
+        if self.closed:
+            return
         if self.budget_bytes and self.budget_bytes - self.traced_bytes < MIN_SEGMENT_BYTES:
             self.budget_spent = True
             self._close(f"the trace stopped after {_format_mib(self.traced_bytes)} of profiler events, to keep the "
@@ -346,7 +400,7 @@ class Tracer:
             self._segment_rss = 0
         self._segment_tf = self._tf_current
         self._segment_heap = self._heap() if self._heap is not None else 0
-        with _quiet_fd2(self._quiet):
+        with _profiler_logs_filtered(self._quiet):
             self._segment_start = time.perf_counter()
             try:
                 session.start(str(logdir), options)
@@ -355,36 +409,43 @@ class Tracer:
         self._session = session
 
     def _stop_segment(self) -> None:
+        """Stop and export the running segment. Never raises: it runs in Keras callbacks (the user's fit) and in the
+        watcher thread; an export that fails (a full or read-only temp folder) ends the trace, with the reason."""
         session, self._session = self._session, None
         end = time.perf_counter()
         self.windows.append((self._segment_start - self._t0, end - self._t0))
-        with _quiet_fd2(self._quiet):
-            session.export_to_tb()
-        del session
-        files = sorted(self._dir.glob(f"s{self._count}/**/*.xplane.pb"))
         size = 0
-        for path in files:
-            offset_ps = int((self._segment_start - self._t0) * PS_PER_S)
-            data = path.read_bytes()
-            size += len(data)
-            self._raw.append((data, offset_ps))
-            self._raw_bytes += len(data)
-        shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)
+        try:
+            with _profiler_logs_filtered(self._quiet):
+                session.export_to_tb()
+            del session
+            for path in sorted(self._dir.glob(f"s{self._count}/**/*.xplane.pb")):
+                offset_ps = int((self._segment_start - self._t0) * PS_PER_S)
+                data = path.read_bytes()
+                size += len(data)
+                self._raw.append((data, offset_ps))
+                self._raw_bytes += len(data)
+        except Exception as exc:
+            self._close(f"the trace stopped: its export failed ({type(exc).__name__}: {exc})")
+        finally:
+            shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)
         self.traced_bytes += size
         self.largest_segment_bytes = max(self.largest_segment_bytes, size)
         duration = end - self._segment_start
         if duration >= 0.05:  # shorter ones are mostly the xplane's fixed part (metadata, thread names)
             self._rate = size / duration
-        if self._raw_bytes >= DECODE_AT_BYTES:
-            self._decode_raw()
 
-    def _decode_raw(self) -> None:
-        """Read the raw blobs into the decoded columns and drop them (the watcher thread may do this: the message
-        class was built at start, so nothing is imported here)."""
-        if self._decoded is None:
-            self._decoded = xplane.Decoded()
-        while self._raw:
-            data, offset_ps = self._raw.pop(0)
+    def _decode_raw(self, at_least: int = 0) -> None:
+        """Read the raw blobs into the decoded columns and drop them, once `at_least` bytes wait. Outside the lock:
+        the training thread's callbacks must not wait for a decode. The watcher thread does this while it runs (the
+        message class was built at start, so nothing is imported here), finish() after it stopped."""
+        with self._lock:
+            if self._raw_bytes < max(at_least, 1):
+                return
+            pending, self._raw, self._raw_bytes = self._raw, [], 0
+            if self._decoded is None:
+                self._decoded = xplane.Decoded()
+        while pending:
+            data, offset_ps = pending.pop(0)
             self._decoded.add(data, offset_ps)
             del data
-        self._raw_bytes = 0
