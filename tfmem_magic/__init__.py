@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfmem_magic._version import __version__
 from tfmem_magic.advise.prediction import WhatIf, predict
 from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemError, TfmemUsageError
 from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
-from tfmem_magic.pipeline import Options, Profiler, last_report, profile
 from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
+from tfmem_magic.pipeline import Options, Profiler, last_report, profile
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
-
-from tfmem_magic._version import __version__
 
 __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryLimitExceeded", "Options", "Profiler", "Report", "SCHEMA",

@@ -10,23 +10,8 @@ from tfmem_magic.measure.tracer import Tracer
 
 
 def decode_both(data: bytes):
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(data)
-    raw = xplane._lazy_space_class()()
-    raw.ParseFromString(data)
-    out = []
-    for fast in (True, False):
-        cols, spans = xplane._Columns(), []
-        for plane, raw_plane in zip(space.planes, raw.planes, strict=True):
-            if plane.name.startswith("/host:"):
-                if fast:
-                    xplane._read_plane_fast(plane, raw_plane, 0, cols, spans)
-                else:
-                    xplane._read_plane_slow(plane, 0, cols, spans)
-        out.append(xplane.finish(cols, spans))
-    return out
+    """The trace as the vectorized decoder reads it, and as the per-stat reference decoder does."""
+    return [xplane.finish(*xplane.read_xspace(data, 0, reference=reference)) for reference in (False, True)]
 
 
 def test_fast_decoder_equals_reference_on_a_real_trace():
@@ -81,3 +66,88 @@ def test_inline_string_stats_fall_back_to_the_reference_decoder():
     assert (int(ev.live[0]), int(ev.requested[0]), int(ev.addr[0]), int(ev.t_ps[0])) == (4096, 4000, 0xABC, 5500)
     assert ev.allocator == "bfc"
     assert [(s.name, s.start_ps, s.end_ps) for s in trace.spans] == [("layer/dense", 5100, 6100)]
+
+
+def memory_plane(space, name: str = "/host:CPU", line_name: str = "python", strings=("MatMul",)):
+    """A host plane declaring the allocator's events and stats; tf_op values are refs to `strings`."""
+    plane = space.planes.add(id=len(space.planes), name=name)
+    for mid, event in ((1, "MemoryAllocation"), (2, "MemoryDeallocation"), (3, "tfmem:layer/dense")):
+        plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, event
+    for sid, stat in enumerate(("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "tf_op",
+                                "data_type", *strings), start=1):
+        plane.stat_metadata[sid].id, plane.stat_metadata[sid].name = sid, stat
+    return plane, plane.lines.add(id=7, name=line_name, timestamp_ns=5)
+
+
+def add_event(line, alloc: bool, offset_ps: int, live: int, addr: int | None, op_ref: int = 7):
+    event = line.events.add(metadata_id=1 if alloc else 2, offset_ps=offset_ps)
+    for sid, value in ((1, live), (2, 200), (3, 256), (6, 1)):
+        event.stats.add(metadata_id=sid, int64_value=value)
+    if addr is not None:
+        event.stats.add(metadata_id=4, uint64_value=addr)
+    event.stats.add(metadata_id=5, ref_value=op_ref)
+
+
+def assert_same_events(a, b):
+    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread"):
+        assert np.array_equal(getattr(a.events, name), getattr(b.events, name)), name
+    for name in ("op", "region", "shape"):
+        assert ([a.events.string(i) for i in getattr(a.events, name)]
+                == [b.events.string(i) for i in getattr(b.events, name)]), name
+    assert [a.events.threads[k] for k in a.events.thread] == [b.events.threads[k] for k in b.events.thread]
+    assert [(s.name, s.start_ps, s.end_ps, s.thread) for s in a.spans] == [
+        (s.name, s.start_ps, s.end_ps, s.thread) for s in b.spans]
+
+
+def test_a_missing_addr_is_unknown_to_both_decoders_and_pairs_with_nothing(monkeypatch):
+    """The fast decoder read a missing `addr` as 0 and the reference one as -1, and `match_frees` paired frees and
+    allocations on 0. Both now read -1 (unknown); neither -1 nor a null address pairs with anything."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from tfmem_magic.analyze import analysis
+
+    monkeypatch.setattr(xplane, "CHUNK_EVENTS", 3)  # several chunks per line
+    space = xplane_pb2.XSpace()
+    _, line = memory_plane(space)
+    line.events.add(metadata_id=3, offset_ps=50, duration_ps=1000)  # a span, among the memory events
+    add_event(line, True, 100, 256, None)  # no addr
+    add_event(line, False, 200, 0, None)  # a free without addr: not that allocation's
+    add_event(line, True, 300, 256, 0xABC00)
+    add_event(line, False, 400, 0, 0xABC00)
+    add_event(line, True, 500, 256, 0)  # a null address, written as such
+    add_event(line, False, 600, 0, 0)
+    add_event(line, True, 700, 256, 0xFFFF_8000_0000_1000)  # a uint64 address: kept in int64 by both
+    fast, slow = decode_both(space.SerializeToString())
+    assert_same_events(fast, slow)
+    assert list(fast.events.addr) == [-1, -1, 0xABC00, 0xABC00, 0, 0, 0x7FFF_8000_0000_1000]
+    freed_at, preexisting_free = analysis.match_frees(fast.events)
+    n = len(fast.events)
+    assert list(freed_at) == [n, n, 3, n, n, n, n]
+    assert list(preexisting_free) == [False, True, False, False, False, True, False]
+
+
+def test_decoded_segments_read_as_the_raw_blobs(monkeypatch):
+    """A tracer's `Decoded` (other string and thread tables than the blob read after it) merges into the same
+    trace as the raw blobs."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    monkeypatch.setattr(xplane, "CHUNK_EVENTS", 2)
+    blobs = []
+    for k, (strings, thread) in enumerate(((("MatMul", "Relu"), "python"), (("Relu", "Conv2D"), "tf_Compute/1"))):
+        space = xplane_pb2.XSpace()
+        plane, line = memory_plane(space, line_name=thread, strings=strings)
+        memory_plane(space, name="/device:GPU:0")  # not a host plane: skipped
+        line.events.add(metadata_id=3, offset_ps=10, duration_ps=500)
+        for i in range(5):
+            add_event(line, i % 2 == 0, 100 * i + 20, 256 * i, 0x1000 * (i // 2 + 1), op_ref=7 + i % 2)
+        blobs.append((space.SerializeToString(), 10**6 * k))
+    decoded = xplane.Decoded()
+    decoded.add(*blobs[0])
+    assert decoded.events == 5 and decoded.xplane_bytes == len(blobs[0][0]) and decoded.nbytes > 0
+    merged = xplane.read_segments([(decoded, 0), blobs[1]])
+    raw = xplane.read_segments(blobs)
+    assert_same_events(merged, raw)
+    assert len(raw.events) == 10 and decoded.events == 5  # the Decoded is left as it was
+    assert [raw.events.string(i) for i in raw.events.op] == ["MatMul", "Relu"] * 2 + ["MatMul"] + [
+        "Relu", "Conv2D"] * 2 + ["Relu"]
+    assert [s.start_ps for s in raw.spans] == [5010, 10**6 + 5010]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.sizes import parse_size
 from tfmem_magic.core.options import Options
+from tfmem_magic.core.sizes import parse_size
 
 SAVE_SUFFIXES = (".json", ".html", ".htm")
 

@@ -17,6 +17,7 @@ from tfmem_magic.adapters.arguments import build_parser, parse_cell_args, save_r
 from tfmem_magic.advise import fixes
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure import environment, guard
 from tfmem_magic.measure.sampling import AllocatorStats
@@ -24,7 +25,7 @@ from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
 from tfmem_magic.show.figures import timeline_png
 from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
-from tfmem_magic.core.session import SESSION
+from tfmem_magic.show.view import view_of
 
 LINE_COMMANDS = {
     "watch": "watch on [--interval MS] | watch off: profile every cell in quick mode, one line each",
@@ -114,12 +115,13 @@ class TfmemMagics(Magics):
 
     def _show(self, report: Report, panel: bool = True) -> None:
         """The static report (kept in saved notebooks), then the live panel where a kernel serves widgets."""
-        timeline = timeline_png(report)  # one rendering serves both
-        display(mime_bundle(report, timeline), raw=True)
+        timeline = timeline_png(report)  # one rendering, and one view of the report, serve both
+        view = view_of(report)
+        display(mime_bundle(report, timeline, view), raw=True)
         if panel and getattr(self.shell, "kernel", None) is not None:
             from tfmem_magic.show.panel import build_panel
 
-            display(build_panel(report, timeline, frontend.current_cell_id(self.shell)))
+            display(build_panel(report, timeline, frontend.current_cell_id(self.shell), view))
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
     def _fix(self, words: list[str]) -> None:

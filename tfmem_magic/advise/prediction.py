@@ -38,8 +38,8 @@ from typing import Any, Callable
 from tfmem_magic.advise import calibrate
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import ModelInfo, Prediction, Report
-from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.sizes import format_bytes
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
 # backward; measured on TF 2.21 CPU (DESIGN.md §1) the step peak is ~1.6x the layer outputs.

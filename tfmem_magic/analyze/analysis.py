@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -91,12 +91,13 @@ def match_frees(ev: MemoryEvents) -> tuple[np.ndarray, np.ndarray]:
     Sorting by (address, time) puts each allocation right before the free of the same address, so the matching
     is done without a Python loop. An allocation followed by another allocation at its address was freed while the
     trace was paused (the free is missing): it counts as freed by then, or the requested-bytes totals would only grow.
+    An unknown address (-1: the event had no addr stat) or a null one pairs with nothing.
     """
     n = len(ev)
     freed_at = np.full(n, n, dtype=np.int64)
     order = np.lexsort((np.arange(n), ev.addr))
     a, b = order[:-1], order[1:]
-    same = (ev.addr[a] == ev.addr[b]) & ev.is_alloc[a] & (ev.addr[a] >= 0)
+    same = (ev.addr[a] == ev.addr[b]) & ev.is_alloc[a] & (ev.addr[a] > 0)
     pair = same & ~ev.is_alloc[b]
     freed_at[a[same]] = b[same]
     matched_free = np.zeros(n, dtype=bool)
@@ -259,7 +260,20 @@ def downsample(t: np.ndarray, y: np.ndarray, max_points: int = MAX_TIMELINE_POIN
     return [[round(float(a), 6), int(b)] for a, b in zip(t[keep], y[keep], strict=True)]
 
 
+class LiveTensor(NamedTuple):
+    """One allocation live at the peak, named the ways the report groups it."""
+
+    op: str
+    layer: str | None
+    phase: str
+    dtype: str | None
+    shape: str | None
+    chunk: int  # bytes the allocator gave
+    requested: int  # bytes the op asked for
+
+
 def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: int) -> list[LiveGroup]:
+    """(key, chunk, requested) rows summed per key; the `top` largest as LiveGroups with `keys` as field names."""
     totals: dict[tuple, list[int]] = {}
     for key, chunk, requested in rows:
         acc = totals.setdefault(key, [0, 0, 0])
@@ -300,7 +314,7 @@ def batch_dimension(shape: str | None, batch: int) -> bool:
     return str(batch) in dims
 
 
-def _batch_bytes(rows: list[tuple], ctx: TraceContext) -> int | None:
+def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
     """Requested bytes live at the peak in tensors that carry the batch dimension: what grows with the batch,
     measured (activations, their gradients, the states a recurrent layer keeps per time step, attention scores,
     the batches in the input pipeline). None without a batch large enough to tell from other dimensions."""
@@ -308,8 +322,8 @@ def _batch_bytes(rows: list[tuple], ctx: TraceContext) -> int | None:
     if batch is None or batch < 3:
         return None
     skip = {"weights", "optimizer", "pre-existing", "untraced"}
-    return sum(r[6] for r in rows if r[2] not in skip and not r[0].startswith("input copy")
-               and r[4] not in ctx.weight_shapes and batch_dimension(r[4], batch))
+    return sum(r.requested for r in rows if r.phase not in skip and not r.op.startswith("input copy")
+               and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch))
 
 
 def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
@@ -359,20 +373,19 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
                   round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]),
                   ctx.copy_roles.get(int(ev.requested[i]), "training"))
         for i in copies]
-    rows = []
-    for i in idx:
-        dtype = DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None
-        rows.append((att.op_name(i), att.layer_name(i), att.phase_name(i), dtype, ev.string(int(ev.shape[i])),
-                     int(ev.chunk[i]), int(ev.requested[i])))
-    pre = [((op, None, phase, None, None), size, size) for op, phase, size in (
-        ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
-        ("(allocated while the trace was paused)", "untraced", untraced_at_peak)) if size > 0]
+    rows = [LiveTensor(att.op_name(i), att.layer_name(i), att.phase_name(i),
+                       DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None, ev.string(int(ev.shape[i])),
+                       int(ev.chunk[i]), int(ev.requested[i])) for i in idx]
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
-    info.at_peak = _groups([((r[0], r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows] + pre,
+    # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
+    rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
+        ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
+        ("(allocated while the trace was paused)", "untraced", untraced_at_peak)) if size > 0]
+    traced = [r for r in rows if r.phase not in ("pre-existing", "untraced")]
+    info.at_peak = _groups([((r.op, r.layer, r.phase, r.dtype, r.shape), r.chunk, r.requested) for r in rows],
                            ("op", "layer", "phase", "dtype", "shape"), top)
-    info.by_layer = _groups([((r[1] or "(no layer)",), r[5], r[6]) for r in rows], ("layer",), top)
-    info.by_op = _groups([((r[0],), r[5], r[6]) for r in rows], ("op",), top)
-    phase_rows = [((r[2],), r[5], r[6]) for r in rows] + [((p[0][2],), p[1], p[2]) for p in pre]
-    info.by_phase = _groups(phase_rows, ("phase",), len(PHASES))
+    info.by_layer = _groups([((r.layer or "(no layer)",), r.chunk, r.requested) for r in traced], ("layer",), top)
+    info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
+    info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
     return info

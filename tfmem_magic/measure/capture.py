@@ -239,8 +239,8 @@ def _import_keras() -> None:
         return
     environment.note_tensorflow_import()
     try:
-        import tensorflow  # noqa: F401
         import keras  # noqa: F401
+        import tensorflow  # noqa: F401
     except ImportError:  # a broken install: the cell will say so itself
         pass
 

@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 
 from tfmem_magic.core.errors import MemoryLimitExceeded
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment
-from tfmem_magic.core.session import SESSION
 
 LIMIT_ENV = environment.BFC_CAP_ENV
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"

@@ -19,10 +19,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import feeding
 from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.tracer import Tracer
-from tfmem_magic.core.session import SESSION
 
 _MISSING = object()
 _WATCHED_CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
@@ -269,8 +269,8 @@ class Instrumentation:
         theirs), and so are callbacks given positionally."""
         if self.tracer is None and self.guard is None:
             return args, kwargs
-        ours = ([_TraceWindow(self.tracer, self.trace_steps)] if self.tracer is not None else []) + \
-            ([_GuardCheck(self.guard, call)] if self.guard is not None else [])
+        ours = ([_trace_window_callback(self.tracer, self.trace_steps)] if self.tracer is not None else []) + \
+            ([_guard_check_callback(self.guard, call)] if self.guard is not None else [])
         position = _parameter_index(original, "callbacks")
         if position is not None and len(args) > position:
             return args, kwargs
@@ -441,7 +441,7 @@ _trace_window_class: type | None = None
 _guard_check_class: type | None = None
 
 
-def _GuardCheck(guard: Any, call: str) -> Any:
+def _guard_check_callback(guard: Any, call: str) -> Any:
     """A callback that checks the process memory against the guard's limit after every batch."""
     global _guard_check_class
     if _guard_check_class is None:
@@ -461,7 +461,9 @@ def _GuardCheck(guard: Any, call: str) -> Any:
     return _guard_check_class(guard, call)
 
 
-def _TraceWindow(tracer: Tracer, steps: int) -> Any:
+def _trace_window_callback(tracer: Tracer, steps: int) -> Any:
+    """A callback that traces the first `steps` steps of each Keras call (its class is made, with Keras, on first
+    use and kept)."""
     global _trace_window_class
     if _trace_window_class is None:
         _trace_window_class = _make_trace_window_class()

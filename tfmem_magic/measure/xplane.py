@@ -1,16 +1,24 @@
 """Read TensorFlow profiler XSpace files into columns of memory events and our own trace spans.
 
 We parse the xplane ourselves instead of TF's `memory_profile` tool: that tool keeps only the peak step and lumps
-everything else together. The hot loop touches each stat once and caches, per stat id, which protobuf field holds
-its value, so that a trace of 100k events reads in well under a second (see benchmarks/overhead.py).
+everything else together. The memory events of a line are decoded together with numpy, one protobuf field per
+round, so that a million memory events read in about two seconds (see benchmarks/analysis_1m.py).
 
-Memory: a blob is parsed once, with a lean message class that keeps each event as raw bytes (TF's full XSpace class
-would hold about 6 bytes per byte of xplane, ours about 2), and only the memory events and our spans are kept, as
-integer columns (`Decoded`), so that a tracer can decode each segment as soon as it is exported and drop its bytes.
+Memory. A blob is never parsed as a whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a
+lean class that kept each event as a bytes object, plus the joined copy we decoded, ~3): a Python walk over the wire
+format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
+from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (65 bytes each, in columns of the narrowest
+type) and our spans are kept, so that a tracer can decode each segment as soon as it is exported and drop its bytes
+(`Decoded`); `finish` joins and sorts the blocks one column at a time. Reading a trace therefore holds, besides its
+blobs, about 0.8 bytes per byte of xplane at the high-water mark (was 4.7), and the result keeps 0.65 (1M memory
+events in 114 MB of xplane, benchmarks/analysis_1m.py).
+
+A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis never pairs events on it.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +27,19 @@ import numpy as np
 ALLOC, FREE = "MemoryAllocation", "MemoryDeallocation"
 _INT64_MASK = 2**63 - 1
 SPAN_PREFIX = "tfmem:"  # TraceMe names we emit around Keras layer calls and weight creation
+CHUNK_EVENTS = 1 << 16  # events of a line decoded together: bounds the decoder's temporaries (~12 MB)
 
-# Column order of the integer matrix; strings live in tables and the matrix holds their index (-1 = absent).
-_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "peak_bytes_in_use", "data_type")
+# The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr (-1:
+# unknown); strings are read as indices into the string table (-1 = absent).
+_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type")
 _STR_STATS = ("tf_op", "region_type", "shape", "allocator_name")
+_ADDR = _INT_STATS.index("addr")
+_REF_VALUE_TAG = 7 << 3  # XStat.ref_value (field 7, varint): how TF writes string stats, as ids into stat_metadata
+# A block of decoded memory events: one array per column, in this order and of these types (65 bytes per event)
+_FIELDS = (("t_ps", np.int64), ("is_alloc", np.bool_), ("thread", np.int32), ("live", np.int64),
+           ("requested", np.int64), ("chunk", np.int64), ("addr", np.int64), ("dtype", np.int32),
+           ("op", np.int32), ("region", np.int32), ("shape", np.int32), ("allocator", np.int32))
+_COLUMN = {name: k for k, (name, _) in enumerate(_FIELDS)}
 DATA_TYPES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
     9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128", 19: "float16", 20: "resource",
@@ -39,7 +56,7 @@ class MemoryEvents:
     live: np.ndarray  # int64: allocator bytes in use after the event
     requested: np.ndarray  # int64: bytes the op asked for
     chunk: np.ndarray  # int64: bytes the allocator handed out (rounded)
-    addr: np.ndarray  # int64
+    addr: np.ndarray  # int64, -1 = unknown (the event had no addr stat)
     dtype: np.ndarray  # int64: TF DataType enum, 0 = unknown
     op: np.ndarray  # int32 index into strings, -1 = none
     region: np.ndarray  # int32 index into strings
@@ -71,13 +88,13 @@ class Trace:
 
 
 class _Columns:
-    """Growing Python lists for one parse; turned into arrays once."""
+    """Blocks of decoded memory events (lists of arrays in _FIELDS order, never written to once made) and the
+    string and thread tables their indices point into."""
 
     def __init__(self) -> None:
-        self.blocks: list[np.ndarray] = []  # int64 matrices: t, is_alloc, thread, ints..., string indices...
+        self.blocks: list[list[np.ndarray]] = []
         self.strings: dict[str, int] = {}
         self.threads: dict[str, int] = {}
-        self.allocators: dict[str, int] = {}
 
     def intern(self, text: str) -> int:
         index = self.strings.get(text)
@@ -86,41 +103,157 @@ class _Columns:
         return index
 
 
-def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None,
-                spans: list[Span] | None = None) -> tuple[_Columns, list[Span]]:
-    """Parse one serialized XSpace, appending its host memory events to `columns` (times shifted by offset_ps)."""
-    lean = _lazy_space_class()()
-    lean.ParseFromString(data)
-    columns = columns or _Columns()
-    spans = spans if spans is not None else []
-    full = None  # TF's own message class, parsed only if the fast decoder cannot read a plane
-    for k, plane in enumerate(lean.planes):
-        if not plane.name.startswith("/host:"):
-            continue
-        try:
-            _read_plane_fast(plane, plane, offset_ps, columns, spans)
-        except _Unexpected:
-            if full is None:
-                from tensorflow.tsl.profiler.protobuf import xplane_pb2
+def _block(t, is_alloc, thread, ints: np.ndarray, strs: np.ndarray) -> list[np.ndarray]:
+    """One block of memory events as contiguous columns of their own (copies, never views of a decoder's matrix,
+    which would keep all of it alive). ints: _INT_STATS columns; strs: string indices, _STR_STATS columns."""
+    n = len(t)
+    return [np.array(t, dtype=np.int64), np.array(is_alloc, dtype=np.bool_),
+            np.broadcast_to(np.asarray(thread, dtype=np.int32), (n,)).copy(),
+            *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
+            np.array(ints[:, 4], dtype=np.int32),  # data type
+            *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS)))]
 
-                full = xplane_pb2.XSpace()
-                full.ParseFromString(data)
-            _read_plane_slow(full.planes[k], offset_ps, columns, spans)
+
+# ---- the wire format --------------------------------------------------------------------------------------------
+
+def _malformed(what: str) -> Exception:
+    from google.protobuf.message import DecodeError
+
+    return DecodeError(f"malformed xplane: {what}")
+
+
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at data[pos] (unsigned) and the position after it."""
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise _malformed("a varint longer than 10 bytes")
+
+
+def _field_at(data: bytes, pos: int) -> tuple[int, int, int, int]:
+    """The field whose tag is at data[pos]: (number, wire type, start of its value, end). A length-delimited
+    value's range is its payload; a varint's, its bytes."""
+    key, pos = _varint_at(data, pos)
+    wire = key & 7
+    if wire == 0:
+        start = pos
+        _, pos = _varint_at(data, pos)
+    elif wire == 2:
+        size, start = _varint_at(data, pos)
+        pos = start + size
+    elif wire == 1:
+        start, pos = pos, pos + 8
+    elif wire == 5:
+        start, pos = pos, pos + 4
+    else:
+        raise _malformed(f"wire type {wire}")
+    return key >> 3, wire, start, pos
+
+
+def _fields(data: bytes, pos: int, end: int):
+    """(tag position, number, wire type, value start, value end) of each field of the message in data[pos:end]."""
+    while pos < end:
+        number, wire, start, after = _field_at(data, pos)
+        yield pos, number, wire, start, after
+        pos = after
+    if pos != end:
+        raise _malformed("a field runs past its message")
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray, np.ndarray]:
+    """Name, timestamp_ns, and where each event's bytes start and end, of the serialized XLine in data[pos:end].
+
+    The parse's only Python loop per event (~0.2 µs): events are consecutive length-delimited records, so where
+    one starts is known only once the length of the one before is read. 16 bytes per event of the line."""
+    name, timestamp_ns = "", 0
+    starts, ends = array("q"), array("q")
+    add_start, add_end = starts.append, ends.append
+    while pos < end:
+        if data[pos] == 0x22:  # field 4 (events), length-delimited
+            size = data[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _varint_at(data, pos - 1)
+            add_start(pos)
+            pos += size
+            add_end(pos)
+            continue
+        number, wire, start, pos = _field_at(data, pos)
+        if number == 2 and wire == 2:
+            name = bytes(data[start:pos]).decode("utf-8", "replace")
+        elif number == 3 and wire == 0:
+            timestamp_ns = _int64(_varint_at(data, start)[0])
+    if pos != end:
+        raise _malformed("an event runs past its line")
+    return name, timestamp_ns, np.frombuffer(starts, dtype=np.int64), np.frombuffer(ends, dtype=np.int64)
+
+
+def _plane_parts(data: bytes, start: int, end: int):
+    """A serialized XPlane → its name and metadata (a lean message parsed from those fields alone: the lines are
+    never copied) and the byte range of each of its lines."""
+    meta_parts, lines = [], []
+    for tag_pos, number, wire, value_start, value_end in _fields(data, start, end):
+        if number == 3 and wire == 2:
+            lines.append((value_start, value_end))
+        elif number in (2, 4, 5):  # name, event_metadata, stat_metadata
+            meta_parts.append(data[tag_pos:value_end])
+    meta = _lazy_plane_class()()
+    meta.ParseFromString(b"".join(meta_parts))
+    return meta, lines
+
+
+def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None,
+                spans: list[Span] | None = None, reference: bool = False) -> tuple[_Columns, list[Span]]:
+    """Parse one serialized XSpace, appending its host memory events to `columns` (times shifted by offset_ps).
+
+    Each host plane is read by the vectorized decoder, or by the per-stat reference decoder (TF's own message
+    class) when its wire data is not shaped as the fast one expects, or always with `reference=True` (tests)."""
+    columns = columns if columns is not None else _Columns()
+    spans = spans if spans is not None else []
+    buf = np.frombuffer(data, dtype=np.uint8)  # a view: events are read in place
+    try:
+        planes = [(start, end) for _, number, wire, start, end in _fields(data, 0, len(data))
+                  if number == 1 and wire == 2]
+        parts = [_plane_parts(data, start, end) for start, end in planes]
+    except IndexError:
+        raise _malformed("truncated") from None
+    for (start, end), (meta, lines) in zip(planes, parts, strict=True):
+        if not meta.name.startswith("/host:"):
+            continue
+        if not reference:
+            try:
+                _read_plane_fast(data, buf, meta, lines, offset_ps, columns, spans)
+                continue
+            except (_Unexpected, IndexError):
+                pass
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+        plane = xplane_pb2.XPlane()
+        plane.ParseFromString(data[start:end])
+        _read_plane_slow(plane, offset_ps, columns, spans)
     return columns, spans
 
 
 _lazy_class = None
+_lazy_plane = None
 
 
 def _lazy_space_class() -> type:
-    """A lean message class for the same wire data: planes with their names, metadata names and lines, in which
-    each XLine's events stay raw bytes.
-
-    Reading `events` then costs one bytes object per event instead of a message wrapper plus field accesses:
-    memory events are picked out and decoded together with numpy. Fields we do not declare (stats of metadata,
-    display names) stay unparsed. Call it once from the main thread before decoding elsewhere: it imports protobuf.
+    """Lean message classes for the same wire data: a Space of Planes that declare only their name and the names
+    of their event and stat metadata. We parse a plane's metadata with it (`_plane_parts`): its lines, nearly all of
+    the bytes, are walked by hand. Call it once from the main thread before decoding elsewhere: it imports protobuf.
     """
-    global _lazy_class
+    global _lazy_class, _lazy_plane
     if _lazy_class is None:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -130,14 +263,8 @@ def _lazy_space_class() -> type:
         meta = proto.message_type.add(name="Meta")  # XEventMetadata and XStatMetadata share id=1 and name=2
         meta.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
         meta.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-        line = proto.message_type.add(name="Line")
-        line.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-        line.field.add(name="timestamp_ns", number=3, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-        line.field.add(name="events", number=4, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
         plane = proto.message_type.add(name="Plane")
         plane.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-        plane.field.add(name="lines", number=3, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Line",
-                        label=F.LABEL_REPEATED)
         for number, name in ((4, "event_metadata"), (5, "stat_metadata")):
             entry_name = "".join(part.title() for part in name.split("_")) + "Entry"
             entry = plane.nested_type.add(name=entry_name)
@@ -152,8 +279,14 @@ def _lazy_space_class() -> type:
                         label=F.LABEL_REPEATED)
         pool = descriptor_pool.DescriptorPool()
         pool.Add(proto)
+        _lazy_plane = message_factory.GetMessageClass(pool.FindMessageTypeByName("tfmem_raw.Plane"))
         _lazy_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("tfmem_raw.Space"))
     return _lazy_class
+
+
+def _lazy_plane_class() -> type:
+    _lazy_space_class()
+    return _lazy_plane
 
 
 def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
@@ -169,8 +302,10 @@ def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
     return alloc_ids, free_ids, span_ids
 
 
+# ---- the reference decoder --------------------------------------------------------------------------------------
+
 def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
-    """Reference implementation: one protobuf stat at a time (~8 µs per memory event)."""
+    """Reference implementation, on TF's XPlane message: one protobuf stat at a time (~8 µs per memory event)."""
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     int_col = {k: _INT_STATS.index(n) for k, n in stat_names.items() if n in _INT_STATS}
     str_col = {k: len(_INT_STATS) + _STR_STATS.index(n) for k, n in stat_names.items() if n in _STR_STATS}
@@ -194,7 +329,7 @@ def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -
                     spans.append(Span(name, start, start + event.duration_ps, line.name))
                 continue
             row = [0] * width
-            row[3] = -1  # addr unknown
+            row[_ADDR] = -1  # addr unknown
             for i in range(len(_INT_STATS), width):
                 row[i] = -1
             for stat in event.stats:
@@ -205,7 +340,7 @@ def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -
                 col = int_col.get(sid)
                 if col is not None:
                     # addresses are uint64: keep them in int64 (identity is all we use them for)
-                    row[col] = getattr(stat, attr) & _INT64_MASK if col == 3 else getattr(stat, attr)
+                    row[col] = getattr(stat, attr) & _INT64_MASK if col == _ADDR else getattr(stat, attr)
                     continue
                 col = str_col.get(sid)
                 if col is not None:
@@ -215,8 +350,12 @@ def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -
                     row[col] = intern(value) if value else -1
             rows.append((base + event.offset_ps, is_alloc, thread, *row))
     if rows:
-        cols.blocks.append(np.array(rows, dtype=np.int64).reshape(len(rows), 3 + width))
+        matrix = np.array(rows, dtype=np.int64).reshape(len(rows), 3 + width)
+        cols.blocks.append(_block(matrix[:, 0], matrix[:, 1], matrix[:, 2], matrix[:, 3:3 + len(_INT_STATS)],
+                                  matrix[:, 3 + len(_INT_STATS):]))
 
+
+# ---- the vectorized decoder -------------------------------------------------------------------------------------
 
 class _Unexpected(Exception):
     """The wire data is not shaped as the fast decoder expects: use the per-stat loop."""
@@ -240,13 +379,14 @@ def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value, length
 
 
-def _read_plane_fast(plane, raw_plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
-    """Decode the memory events (and our spans) of each line together with numpy, from their raw bytes.
+def _read_plane_fast(data: bytes, buf: np.ndarray, plane, lines: list[tuple[int, int]], offset_ps: int,
+                     cols: _Columns, spans: list[Span]) -> None:
+    """Decode the memory events (and our spans) of each line with numpy, CHUNK_EVENTS at a time, in place in `buf`
+    (the blob's bytes; `plane`: its lean metadata, `lines`: the byte range of each line).
 
     Every stat we keep is a varint (ints, and strings as `ref_value` ids into the stat metadata); a stat in another
-    encoding, or a multi-byte tag, raises _Unexpected before anything is appended. One line at a time, so that the
-    temporary copies are those of the largest line, not of the plane.
-    """
+    encoding, or a multi-byte tag, raises _Unexpected before anything is appended (the string and thread tables
+    may have grown: harmless)."""
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     alloc_ids, free_ids, span_ids = _event_ids(plane)
     if not (alloc_ids or free_ids or span_ids):
@@ -255,49 +395,39 @@ def _read_plane_fast(plane, raw_plane, offset_ps: int, cols: _Columns, spans: li
     span_id_array = np.array(sorted(span_ids), dtype=np.int64)
     alloc_id_array = np.array(sorted(alloc_ids), dtype=np.int64)
     column, ref_string = _stat_tables(stat_names, cols)
-    line_names = [line.name for line in plane.lines]
-    thread_of_line = [cols.threads.setdefault(name, len(cols.threads)) for name in line_names]
-    blocks: list[np.ndarray] = []
+    n_int = len(_INT_STATS)
+    blocks: list[list[np.ndarray]] = []
     new_spans: list[Span] = []
-    for k, raw_line in enumerate(raw_plane.lines):
-        parts = list(raw_line.events)
-        if not parts:
-            continue
-        length = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-        parts.append(_PAD)  # room for the varint reader to look past the last byte
-        buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
-        del parts
-        ends = np.cumsum(length)
-        starts = ends - length
-        # every event starts with its metadata_id (field 1), left out when 0
-        mids = np.zeros(len(starts), dtype=np.int64)
-        has_id = buf[starts] == 0x08
-        mids[has_id] = _varint(buf, starts[has_id] + 1)[0].astype(np.int64)
-        pick = np.nonzero(np.isin(mids, wanted_ids))[0]
-        if not pick.size:
-            continue
-        mid = mids[pick]
-        offsets, durations, values = _decode_events(buf, starts[pick], ends[pick], column)
-        t = raw_line.timestamp_ns * 1000 + offset_ps + offsets
-        is_span = np.isin(mid, span_id_array)
-        for i in np.nonzero(is_span)[0]:
-            new_spans.append(Span(span_ids[int(mid[i])], int(t[i]), int(t[i] + durations[i]), line_names[k]))
-        mem = ~is_span
-        if not mem.any():
-            continue
-        values = values[mem]
-        strs = values[:, len(_INT_STATS):]
-        known = strs >= 0
-        strs[known] = ref_string[np.minimum(strs[known], len(ref_string) - 1)]
-        values[:, 3] &= _INT64_MASK  # addresses: identity only
-        thread = thread_of_line[k]
-        is_alloc = np.isin(mid[mem], alloc_id_array).astype(np.int64)
-        blocks.append(np.column_stack([t[mem], is_alloc, np.full(len(values), thread, dtype=np.int64), values]))
+    last = len(buf) - 1
+    for line_start, line_end in lines:
+        name, timestamp_ns, all_starts, all_ends = _walk_line(data, line_start, line_end)
+        thread = cols.threads.setdefault(name, len(cols.threads))
+        base = timestamp_ns * 1000 + offset_ps
+        for lo in range(0, len(all_starts), CHUNK_EVENTS):
+            starts, ends = all_starts[lo:lo + CHUNK_EVENTS], all_ends[lo:lo + CHUNK_EVENTS]
+            # every event starts with its metadata_id (field 1), left out when 0
+            mids = np.zeros(len(starts), dtype=np.int64)
+            has_id = (starts < ends) & (buf[np.minimum(starts, last)] == 0x08)
+            mids[has_id] = _varint(buf, starts[has_id] + 1)[0].astype(np.int64)
+            pick = np.nonzero(np.isin(mids, wanted_ids))[0]
+            if not pick.size:
+                continue
+            mid = mids[pick]
+            offsets, durations, values = _decode_events(buf, starts[pick], ends[pick], column)
+            t = base + offsets
+            is_span = np.isin(mid, span_id_array)
+            for i in np.nonzero(is_span)[0]:
+                new_spans.append(Span(span_ids[int(mid[i])], int(t[i]), int(t[i] + durations[i]), name))
+            mem = ~is_span
+            if not mem.any():
+                continue
+            values = values[mem]
+            refs = values[:, n_int:]
+            known = (refs >= 0) & (refs < len(ref_string))  # a ref to no stat metadata reads as absent
+            strs = np.where(known, ref_string[np.where(known, refs, 0)], -1)
+            blocks.append(_block(t[mem], np.isin(mid[mem], alloc_id_array), thread, values[:, :n_int], strs))
     cols.blocks.extend(blocks)
     spans.extend(new_spans)
-
-
-_PAD = bytes(16)
 
 
 def _stat_tables(stat_names: dict[int, str], cols: _Columns) -> tuple[np.ndarray, np.ndarray]:
@@ -320,8 +450,8 @@ def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column
     """XEvent fields of many events at once, one field per round: (offset_ps, duration_ps, stat columns)."""
     n = len(starts)
     width = len(_INT_STATS) + len(_STR_STATS)
-    values = np.full((n, width), -1, dtype=np.int64)
-    values[:, :len(_INT_STATS)] = 0
+    values = np.full((n, width), -1, dtype=np.int64)  # strings absent, addr unknown
+    values[:, [k for k in range(len(_INT_STATS)) if k != _ADDR]] = 0
     offsets = np.zeros(n, dtype=np.int64)
     durations = np.zeros(n, dtype=np.int64)
     p = starts.copy()
@@ -379,44 +509,65 @@ def _decode_stats(buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.
         raise _Unexpected("a kept stat that is not a varint")  # e.g. tf_op as str_value in another TF version
     take = np.nonzero(wanted & has_value)[0]
     if take.size:
+        if ((col[take] >= len(_INT_STATS)) & (vtag[take] != _REF_VALUE_TAG)).any():
+            raise _Unexpected("a string stat that is not a ref_value")
         v, _ = _varint(buf, q[take] + 1)
+        v[col[take] == _ADDR] &= np.uint64(_INT64_MASK)  # addresses are uint64: identity is all we use them for
         values[rows[take], col[take]] = v.astype(np.int64)
     zero = np.nonzero(wanted & ~has_value)[0]  # proto3 leaves out a zero value
     values[rows[zero], col[zero]] = 0
 
 
+# ---- the trace --------------------------------------------------------------------------------------------------
+
 def finish(cols: _Columns, spans: list[Span]) -> Trace:
-    """Columns → arrays sorted by time, restricted to the allocator that did most of the work."""
+    """Columns → arrays sorted by time, restricted to the allocator that did most of the work.
+
+    Takes the blocks out of `cols` (which is left empty of events) and joins, reorders and drops them one column at
+    a time: the high-water mark is the blocks plus a few columns, not twice the blocks."""
+    blocks = [list(block) for block in cols.blocks]
+    cols.blocks = []
+    n = sum(len(block[0]) for block in blocks)
+
+    def take(name: str) -> np.ndarray:
+        k = _COLUMN[name]
+        out = np.empty(n, dtype=_FIELDS[k][1])
+        pos = 0
+        for block in blocks:
+            part, block[k] = block[k], None
+            out[pos:pos + len(part)] = part
+            pos += len(part)
+        return out
+
     strings = list(cols.strings)
     threads = list(cols.threads)
-    n_int = len(_INT_STATS)
-    matrix = np.concatenate(cols.blocks) if cols.blocks else np.zeros((0, 3 + n_int + len(_STR_STATS)), np.int64)
-    alloc_col = matrix[:, 3 + n_int + _STR_STATS.index("allocator_name")]
     allocator = None
-    keep = np.ones(len(matrix), dtype=bool)
+    keep = None
+    alloc_col = take("allocator")
     if (alloc_col >= 0).any():  # several allocators (a GPU's, a host one): keep the busiest
         values, counts = np.unique(alloc_col[alloc_col >= 0], return_counts=True)
         main = int(values[np.argmax(counts)])
         allocator = strings[main]
-        keep = (alloc_col == main) | (alloc_col < 0)
-    matrix = matrix[keep]
-    matrix = matrix[np.argsort(matrix[:, 0], kind="stable")]
-    ints = matrix[:, 3:3 + n_int]
-    strs = matrix[:, 3 + n_int:].astype(np.int32)
-    events = MemoryEvents(
-        t_ps=matrix[:, 0].copy(), is_alloc=matrix[:, 1].astype(bool), thread=matrix[:, 2].astype(np.int32),
-        live=ints[:, 0].copy(), requested=ints[:, 1].copy(), chunk=ints[:, 2].copy(), addr=ints[:, 3].copy(),
-        dtype=ints[:, 5].copy(), op=strs[:, 0].copy(), region=strs[:, 1].copy(), shape=strs[:, 2].copy(),
-        strings=strings, threads=threads, allocator=allocator,
-    )
+        keep = np.nonzero((alloc_col == main) | (alloc_col < 0))[0]
+    del alloc_col
+    t = take("t_ps")
+    order = np.argsort(t, kind="stable") if keep is None else keep[np.argsort(t[keep], kind="stable")]
+    del keep
+    columns = {"t_ps": t[order]}
+    del t
+    for name, _ in _FIELDS:
+        if name not in columns and name != "allocator":
+            columns[name] = take(name)[order]
+    columns["dtype"] = columns["dtype"].astype(np.int64)
+    events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
     return Trace(events, sorted(spans, key=lambda s: s.start_ps))
 
 
 class Decoded:
-    """What we keep of xplane blobs once read: their memory events as integer columns (104 bytes each) and our spans.
+    """What we keep of xplane blobs once read: their memory events as columns (65 bytes each) and our spans.
 
-    A tracer decodes each large segment as soon as it is exported, so that it never holds many raw blobs (and their
-    parse) at once; `read_segments` merges it with any blobs still raw.
+    A tracer decodes each large segment as soon as it is exported, so that it never holds many raw blobs at once;
+    `read_segments` merges it with any blobs still raw.
     """
 
     def __init__(self) -> None:
@@ -430,23 +581,28 @@ class Decoded:
 
     @property
     def events(self) -> int:
-        return sum(len(block) for block in self.columns.blocks)
+        return sum(len(block[0]) for block in self.columns.blocks)
 
     @property
     def nbytes(self) -> int:
-        return sum(block.nbytes for block in self.columns.blocks)
+        return sum(column.nbytes for block in self.columns.blocks for column in block)
 
 
 def _merge(into: _Columns, other: _Columns) -> None:
-    """Append other's blocks to `into`, renumbering their thread and string indices (other is left as it was)."""
-    strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int64)
+    """Append other's blocks to `into`, renumbering their thread and string indices. A column that needs no
+    renumbering is shared, not copied (blocks are never written to); other is left as it was."""
+    strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int32)
     threads = np.array([into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1],
-                       dtype=np.int64)
-    first_str = 3 + len(_INT_STATS)
+                       dtype=np.int32)
+    renumber = []
+    if not np.array_equal(threads[:-1], np.arange(len(other.threads))):
+        renumber.append((_COLUMN["thread"], threads))
+    if not np.array_equal(strings[:-1], np.arange(len(other.strings))):
+        renumber += [(_COLUMN[name], strings) for name in ("op", "region", "shape", "allocator")]
     for block in other.blocks:
-        block = block.copy()
-        block[:, 2] = threads[block[:, 2]]
-        block[:, first_str:] = strings[block[:, first_str:]]  # -1 (absent) maps to the -1 at the end
+        block = list(block)
+        for k, table in renumber:
+            block[k] = table[block[k]]  # -1 (absent) maps to the -1 at the end
         into.blocks.append(block)
 
 

@@ -16,7 +16,8 @@ import ipywidgets as widgets
 from tfmem_magic.core.report import Fix, LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show import figures, frontend
-from tfmem_magic.show.render import _SOURCE, _verdict_class, before_after_html, summary_items, trace_notes, verdict
+from tfmem_magic.show.render import before_after_html
+from tfmem_magic.show.view import BUDGET_SOURCES, ReportView, trace_notes, view_of
 from tfmem_magic.show.whatif_panel import whatif_tab
 
 BREAKDOWN_KEYS = ("phase", "layer", "op")
@@ -46,14 +47,15 @@ PANEL_CSS = """<style>
 </style>"""
 
 
-def header_html(report: Report) -> str:
+def header_html(report: Report, view: ReportView | None = None) -> str:
+    view = view or view_of(report)
     cards = "".join(
         f"<div class='tfmem-card'><div class='tfmem-label'>{escape(label)}</div>"
         f"<div class='tfmem-value'>{escape(value)}</div><div class='tfmem-detail'>{escape(detail)}</div></div>"
-        for label, value, detail in summary_items(report))
+        for label, value, detail in view.summary)
     title = "tfmem" + (f" · {escape(report.label)}" if report.label else "")
     return (f"<div class='tfmem-head'><div class='tfmem-title'>{title}</div>"
-            f"<div class='tfmem-verdict {_verdict_class(report)}'>{escape(verdict(report))}</div>"
+            f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>"
             f"<div class='tfmem-cards'>{cards}</div></div>")
 
 
@@ -170,12 +172,13 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
                         layout=widgets.Layout(border_bottom="1px solid rgba(128,128,128,.25)", padding="4px 0"))
 
 
-def details_tab(report: Report) -> widgets.Widget:
+def details_tab(report: Report, view: ReportView) -> widgets.Widget:
     env = report.env
     rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras or "-"),
             ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
             ("Devices", ", ".join(env.devices) or "-"),
-            ("Budget", f"{format_bytes(env.budget_bytes)} ({_SOURCE.get(env.budget_source, env.budget_source)})"),
+            ("Budget", f"{format_bytes(env.budget_bytes)} "
+                       f"({BUDGET_SOURCES.get(env.budget_source, env.budget_source)})"),
             ("RAM", f"{format_bytes(env.ram_total_bytes)}, {format_bytes(env.ram_available_bytes)} available"),
             ("Precision policy", env.mixed_precision_policy or "-"),
             ("RSS peak from", "kernel high-water mark (exact)" if report.rss.peak_source == "hwm" else "samples")]
@@ -194,21 +197,23 @@ def details_tab(report: Report) -> widgets.Widget:
                  f"input {escape(m.input_shape or '?')}</p><table><tr><th>layer</th><th>type</th>"
                  "<th class='num'>params</th><th>output</th><th class='num'>activations / sample</th></tr>"
                  f"{layer_rows}</table>")
-    notes = report.notes + ([env.allocator_note] if env.allocator_note else [])
+    notes = view.notes
     if notes:
         html += "<p>" + "<br>".join(escape(n) for n in notes) + "</p>"
     return widgets.HTML(html)
 
 
-def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | None = None) -> widgets.VBox:
+def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | None = None,
+                view: ReportView | None = None) -> widgets.VBox:
     """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, what-if, fixes, details.
 
-    `timeline` is the timeline PNG when the caller already rendered it for the static twin; `cell_id` is the
-    notebook cell that ran, below which fix cells go.
+    `timeline` is the timeline PNG and `view` the report's view when the caller already made them for the static
+    twin; `cell_id` is the notebook cell that ran, below which fix cells go.
     """
-    header = widgets.HTML(PANEL_CSS + header_html(report) + before_after_html(report))
+    view = view or view_of(report)
+    header = widgets.HTML(PANEL_CSS + header_html(report, view) + before_after_html(report))
     tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
-                                 whatif_tab(report), fixes_tab(report, cell_id), details_tab(report)])
+                                 whatif_tab(report, view), fixes_tab(report, cell_id), details_tab(report, view)])
     tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
                    f"Fixes ({len(report.fixes)})", "Details")
     panel = widgets.VBox([header, tabs])

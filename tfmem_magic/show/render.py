@@ -10,29 +10,18 @@ from html import escape
 from typing import Any
 
 from tfmem_magic.advise import prediction
-from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo
+from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes
-
-_SOURCE = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
-
-
-def verdict(report: Report) -> str:
-    """One line a person reads in two seconds."""
-    if report.status == "oom":
-        return "ran out of memory"
-    if report.status == "interrupted":
-        return "interrupted"
-    budget, peak = report.env.budget_bytes, report.rss.peak_bytes
-    if budget <= 0:
-        return "measured"
-    share = peak / budget
-    source = _SOURCE.get(report.env.budget_source, "budget")
-    if peak > budget:
-        return f"over the {source} by {format_bytes(peak - budget)}"
-    if share >= 0.8:
-        return f"used {share:.0%} of the {source}"
-    prefix = "raised an error; " if report.status == "error" else ""
-    return f"{prefix}fits with {format_bytes(budget - peak)} to spare ({source})"
+from tfmem_magic.show.view import (
+    BUDGET_SOURCES,
+    ReportView,
+    guard_detail,
+    summary_items,
+    trace_notes,
+    verdict,
+    verdict_level,
+    view_of,
+)
 
 
 def _tf_line(report: Report) -> str | None:
@@ -49,10 +38,13 @@ def _group_label(g: LiveGroup) -> str:
     return " · ".join(bits) or (g.phase or "?")
 
 
-def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
+def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None,
+                view: ReportView | None = None) -> str:
+    """The text report (`view`: computed once by a caller that renders several forms)."""
     r = report
+    view = view or view_of(report, whatifs)
     head = f"tfmem · {r.label + ' · ' if r.label else ''}{r.status} · {r.wall_s:.2f} s · {r.mode} mode"
-    lines = [head, f"Verdict   {verdict(r)}"]
+    lines = [head, f"Verdict   {view.verdict}"]
     tf_line = _tf_line(r)
     if tf_line:
         lines.append(f"TF        {tf_line} ({r.env.allocator})")
@@ -85,10 +77,10 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     for i, fix in enumerate(r.fixes, 1):
         after = f" (predicted TF peak {format_bytes(fix.predicted_peak_bytes)})" if fix.predicted_peak_bytes else ""
         lines.append(f"Fix {i}     [{fix.id}] {fix.title}{after}; in a notebook: %tfmem fix {i} --report {r.number}")
-    for label, w in prediction.scenarios(r) if whatifs is None else whatifs:
+    for label, w in view.whatifs:
         fits = "" if w.fits is None else (" fits" if w.fits else " does NOT fit")
         lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
-    for note in r.notes + trace_notes(r.trace) + ([r.env.allocator_note] if r.env.allocator_note else []):
+    for note in view.notes:
         lines.append(f"Note      {note}")
     return "\n".join(lines)
 
@@ -110,14 +102,6 @@ _STYLE = """
 """
 
 
-def _verdict_class(report: Report) -> str:
-    if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
-        return "tfmem-bad"
-    if any(f.severity != "info" for f in report.findings) or report.status != "ok":
-        return "tfmem-warn"
-    return "tfmem-ok"
-
-
 def _rows(groups: list[LiveGroup], key: str, total: int, limit: int = 10) -> str:
     out = []
     for g in groups[:limit]:
@@ -126,40 +110,6 @@ def _rows(groups: list[LiveGroup], key: str, total: int, limit: int = 10) -> str
         out.append(f"<tr><td>{escape(str(label))}</td><td class='num'>{escape(format_bytes(g.bytes))}</td>"
                    f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>")
     return "".join(out)
-
-
-def summary_items(report: Report) -> list[tuple[str, str, str]]:
-    """(label, value, detail) for the headline numbers: shared by the static table and the panel's cards."""
-    r = report
-    items = []
-    for device, mem in r.tf.items():
-        items.append((f"TF peak ({device})", format_bytes(mem.peak_bytes),
-                      f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
-                      f" in the cell; {format_bytes(mem.end_bytes)} held after"))
-    items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
-                  f"baseline {format_bytes(r.rss.baseline_bytes)}, "
-                  f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
-    left = r.env.budget_bytes - r.rss.peak_bytes
-    items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
-                  f"of {format_bytes(r.env.budget_bytes)} ({_SOURCE.get(r.env.budget_source, r.env.budget_source)})"))
-    items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
-    if r.guard is not None:
-        items.append(("Memory limit", format_bytes(r.guard.limit_bytes), guard_detail(r)))
-    return items
-
-
-def guard_detail(report: Report) -> str:
-    """Where the limit came from, what enforced it, and what tripped: a guard is never armed silently."""
-    g = report.guard
-    if g is None:
-        return ""
-    layers = ", ".join(g.layers)
-    text = f"from {g.source}; enforced by {layers}"
-    if g.allocator_limit_bytes:
-        text += f" (TF allocator cap {format_bytes(g.allocator_limit_bytes)})"
-    if g.tripped_by:
-        text += f"; stopped by the {g.tripped_by}"
-    return text
 
 
 def png_img(png: bytes | None, alt: str) -> str:
@@ -172,13 +122,13 @@ def png_img(png: bytes | None, alt: str) -> str:
 
 
 def render_html(report: Report, timeline: bytes | None = None,
-                whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
-    """The static report; `timeline` is the timeline PNG and `whatifs` the what-if rows if the caller already has
-    them (else they are computed)."""
+                whatifs: list[tuple[str, prediction.WhatIf]] | None = None, view: ReportView | None = None) -> str:
+    """The static report; `timeline` is the timeline PNG if the caller already has it, `view` the report's view."""
     r = report
+    view = view or view_of(report, whatifs)
     title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
     cells = [(escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
-             for label, value, detail in summary_items(r)]
+             for label, value, detail in view.summary]
     cells.append(("Allocator", f"{escape(r.env.allocator)} <span class='tfmem-muted'>"
                   f"({'sees every allocation' if r.env.allocator_complete else 'partial view'}; "
                   f"RAM {escape(format_bytes(r.env.ram_total_bytes))})</span>"))
@@ -190,7 +140,7 @@ def render_html(report: Report, timeline: bytes | None = None,
         cells.append(("Error", f"{escape(r.error.type)}: {escape(r.error.message[:500])}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
     parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
-             f"<div class='tfmem-verdict {_verdict_class(r)}'>{escape(verdict(r))}</div>",
+             f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
              f"<table class='tfmem-summary'>{summary}</table>", before_after_html(r)]
     t = r.trace
     if t is not None and t.events:
@@ -223,7 +173,7 @@ def render_html(report: Report, timeline: bytes | None = None,
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)
         parts.append(f"<h4>Findings</h4><ul class='tfmem-findings'>{items}</ul>")
-    parts.append(whatif_html(r, whatifs))
+    parts.append(whatif_html(r, view.whatifs))
     if r.fixes:
         items = "".join(
             f"<li><b>{escape(x.title)}</b> <code>{escape(x.id)}</code>: {escape(x.why)}"
@@ -234,7 +184,7 @@ def render_html(report: Report, timeline: bytes | None = None,
         parts.append(f"<h4>Fixes</h4><div class='tfmem-muted'>In a live kernel each fix has an insert button; "
                      f"here, copy the code, or run <code>%tfmem fix K --report {r.number}</code>.</div>"
                      f"<ul class='tfmem-fixes'>{items}</ul>")
-    notes = r.notes + trace_notes(t) + ([r.env.allocator_note] if r.env.allocator_note else [])
+    notes = view.notes
     if notes:
         parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
     parts.append("</div>")
@@ -272,7 +222,7 @@ def whatif_summary(w: prediction.WhatIf) -> str:
 
 def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None = None) -> str:
     """The static what-if table: the same model the live sliders use, at a few settings."""
-    rows = prediction.scenarios(report) if rows is None else rows
+    rows = view_of(report).whatifs if rows is None else rows
     if not rows:
         return ""
     scale = max([w.peak_bytes for _, w in rows] + [rows[0][1].budget_bytes or 0])
@@ -319,29 +269,17 @@ def before_after_html(report: Report) -> str:
             f"<th class='num'>after</th></tr>{body}</table></div>")
 
 
-def mime_bundle(report: Report, timeline: bytes | None = None) -> dict[str, Any]:
-    """What a front end needs: the static HTML, a text fallback and the report itself."""
+def mime_bundle(report: Report, timeline: bytes | None = None, view: ReportView | None = None) -> dict[str, Any]:
+    """What a front end needs: the static HTML, a text fallback and the report itself, from one view."""
+    view = view or view_of(report)  # a few predictions with a largest-batch search each: once for every form
     data = report.to_dict()
     # for the JupyterLab renderer: the words the Python views use, so both say the same
-    data["view"] = {"verdict": verdict(report), "level": _verdict_class(report).replace("tfmem-", "")}
-    whatifs = prediction.scenarios(report)  # a few predictions with a largest-batch search each: once for both
-    return {"text/plain": render_text(report, whatifs), "text/html": render_html(report, timeline, whatifs),
+    data["view"] = {"verdict": view.verdict, "level": view.level}
+    return {"text/plain": render_text(report, view=view), "text/html": render_html(report, timeline, view=view),
             MIME_TYPE: data}
 
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
-
-def trace_notes(trace: TraceInfo | None) -> list[str]:
-    """What the trace left out, and what the profiler itself cost (it is tfmem's memory, not the cell's)."""
-    if trace is None:
-        return []
-    notes = [trace.note] if trace.note else []
-    if trace.profiler_rss_bytes >= 2**20:
-        notes.append(f"tfmem's profiler recorded {format_bytes(trace.profiler_bytes)} of events, which costs up to "
-                     f"{format_bytes(trace.profiler_rss_bytes)} of process memory while it runs: counted as tfmem's, "
-                     "never as this cell's (--quick records none).")
-    return notes
-
 
 def left_text(delta: int) -> str:
     """What a cell left in TensorFlow's allocator: "left 2 MiB", or "freed 36 KiB" when it ended below its start."""
@@ -412,3 +350,9 @@ def compare_html(a: Report, b: Report) -> str:
     return (f"<div class='tfmem-report'><style>{_STYLE}</style><h4>tfmem: A vs B</h4><table>"
             f"<tr><th></th><th class='num'>A</th><th class='num'>B</th><th class='num'>B - A</th></tr>{body}"
             "</table></div>")
+
+
+# the view's names that callers have always found here
+__all__ = ["BUDGET_SOURCES", "ReportView", "guard_detail", "mime_bundle", "render_html", "render_text",
+           "summary_items", "trace_notes", "verdict", "verdict_level", "view_of", "watch_html", "watch_line",
+           "compare_html", "compare_text", "whatif_html", "whatif_summary", "before_after_html", "left_text"]

@@ -13,6 +13,7 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.render import SPLIT_COLORS, split_bar, whatif_summary
+from tfmem_magic.show.view import ReportView, view_of
 
 OPTIMIZER_CHOICES = [("Adam / AdamW (2 slots)", "adam"), ("SGD with momentum (1 slot)", "sgd+momentum"),
                      ("RMSprop (1 slot)", "rmsprop"), ("Adafactor (factored, ~1 slot)", "adafactor"),
@@ -27,14 +28,11 @@ def _policies(report: Report, current: str) -> list[tuple[str, str]]:
     return choices
 
 
-def whatif_tab(report: Report) -> widgets.Widget:
-    if report.prediction is None or report.model is None:
-        return widgets.HTML("<div class='tfmem-empty'>What-if needs a Keras model that the cell trained, evaluated "
-                            "or called; this cell used none.</div>")
-    try:
-        base = prediction.predict(report)
-    except TfmemUsageError as exc:
-        return widgets.HTML(f"<div class='tfmem-empty'>{escape(str(exc))}</div>")
+def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget:
+    view = view or view_of(report)
+    base = view.base
+    if base is None or report.model is None:
+        return widgets.HTML(f"<div class='tfmem-empty'>{escape(view.base_problem or '')}</div>")
     knobs = base.knobs
     batch = knobs["batch_size"]
     fit = base.largest_batch or 0
@@ -96,7 +94,7 @@ def whatif_tab(report: Report) -> widgets.Widget:
     for control in (batch_w, policy_w, optimizer_w, accumulation_w, scale_w):
         control.observe(show, names="value")
     calibrate_w.on_click(calibrate)
-    if prediction.measured_basis_cached(report):
+    if view.calibrated:
         use_measured["on"] = True
         calibrate_w.description, calibrate_w.disabled = "Calibrated", True
     show()

@@ -1,0 +1,134 @@
+"""What the surfaces show of one report, computed once: the verdict, the headline numbers, the what-if rows, the
+prediction at the cell's own settings, the notes. The text render, the static HTML twin and the live panel all render
+a `ReportView`; none of them calls into the advice layer itself (the panel's sliders excepted: they predict anew)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfmem_magic.advise import prediction
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Report, TraceInfo
+from tfmem_magic.core.sizes import format_bytes
+
+
+@dataclass
+class ReportView:
+    report: Report
+    verdict: str  # one line a person reads in two seconds
+    level: str  # "ok" | "warn" | "bad": the verdict's colour
+    summary: list[tuple[str, str, str]]  # (label, value, detail) of the headline numbers
+    whatifs: list[tuple[str, prediction.WhatIf]]  # the static what-if rows
+    base: prediction.WhatIf | None = None  # the prediction at the cell's own settings (the sliders' reference)
+    base_problem: str | None = None  # why there is no `base` (no model, unknown batch...)
+    calibrated: bool = False  # a calibrated basis is cached for this report
+    notes: list[str] = field(default_factory=list)  # the report's notes, the trace's, the allocator's
+
+
+def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> ReportView:
+    """The view of `report` (`whatifs`: rows the caller already has)."""
+    base, problem = None, None
+    if report.prediction is not None and report.model is not None:
+        try:
+            base = prediction.predict(report)
+        except TfmemUsageError as exc:
+            problem = str(exc)
+    else:
+        problem = ("What-if needs a Keras model that the cell trained, evaluated or called; this cell used none.")
+    notes = report.notes + trace_notes(report.trace) + peak_counter_notes(report) + (
+        [report.env.allocator_note] if report.env.allocator_note else [])
+    return ReportView(report=report, verdict=verdict(report), level=verdict_level(report),
+                      summary=summary_items(report),
+                      whatifs=prediction.scenarios(report) if whatifs is None else whatifs,
+                      base=base, base_problem=problem, calibrated=prediction.measured_basis_cached(report),
+                      notes=notes)
+
+
+BUDGET_SOURCES = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
+
+
+def verdict(report: Report) -> str:
+    """One line a person reads in two seconds."""
+    if report.status == "oom":
+        return "ran out of memory"
+    if report.status == "interrupted":
+        return "interrupted"
+    budget, peak = report.env.budget_bytes, report.rss.peak_bytes
+    if budget <= 0:
+        return "measured"
+    share = peak / budget
+    source = BUDGET_SOURCES.get(report.env.budget_source, "budget")
+    if peak > budget:
+        return f"over the {source} by {format_bytes(peak - budget)}"
+    if share >= 0.8:
+        return f"used {share:.0%} of the {source}"
+    prefix = "raised an error; " if report.status == "error" else ""
+    return f"{prefix}fits with {format_bytes(budget - peak)} to spare ({source})"
+
+
+def verdict_level(report: Report) -> str:
+    """The verdict's colour: "bad" (out of memory, over the budget), "warn" (findings, errors), "ok"."""
+    if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
+        return "bad"
+    if any(f.severity != "info" for f in report.findings) or report.status != "ok":
+        return "warn"
+    return "ok"
+
+
+def summary_items(report: Report) -> list[tuple[str, str, str]]:
+    """(label, value, detail) for the headline numbers: shared by the static table and the panel's cards."""
+    r = report
+    items = []
+    for device, mem in r.tf.items():
+        items.append((f"TF peak ({device})", format_bytes(mem.peak_bytes),
+                      f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
+                      f" in the cell; {format_bytes(mem.end_bytes)} held after"))
+    items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
+                  f"baseline {format_bytes(r.rss.baseline_bytes)}, "
+                  f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
+    left = r.env.budget_bytes - r.rss.peak_bytes
+    source = BUDGET_SOURCES.get(r.env.budget_source, r.env.budget_source)
+    items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
+                  f"of {format_bytes(r.env.budget_bytes)} ({source})"))
+    items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
+    if r.guard is not None:
+        items.append(("Memory limit", format_bytes(r.guard.limit_bytes), guard_detail(r)))
+    return items
+
+
+def guard_detail(report: Report) -> str:
+    """Where the limit came from, what enforced it, and what tripped: a guard is never armed silently."""
+    g = report.guard
+    if g is None:
+        return ""
+    layers = ", ".join(g.layers)
+    text = f"from {g.source}; enforced by {layers}"
+    if g.allocator_limit_bytes:
+        text += f" (TF allocator cap {format_bytes(g.allocator_limit_bytes)})"
+    if g.tripped_by:
+        text += f"; stopped by the {g.tripped_by}"
+    return text
+
+
+def trace_notes(trace: TraceInfo | None) -> list[str]:
+    """What the trace left out, and what the profiler itself cost (it is tfmem's memory, not the cell's)."""
+    if trace is None:
+        return []
+    notes = [trace.note] if trace.note else []
+    if trace.profiler_rss_bytes >= 2**20:
+        notes.append(f"tfmem's profiler recorded {format_bytes(trace.profiler_bytes)} of events, which costs up to "
+                     f"{format_bytes(trace.profiler_rss_bytes)} of process memory while it runs: counted as tfmem's, "
+                     "never as this cell's (--quick records none).")
+    return notes
+
+
+def peak_counter_notes(report: Report) -> list[str]:
+    """TensorFlow's peak counter is reset for each measured cell and cannot be set back: say what it read before,
+    when that was more than the cell's own peak (a notebook that reads get_memory_info()['peak'] sees the change)."""
+    out = []
+    for device, mem in report.tf.items():
+        if mem.peak_before_bytes is not None and mem.peak_before_bytes > mem.peak_bytes:
+            out.append(f"TensorFlow's peak counter for {device} (tf.config.experimental.get_memory_info) read "
+                       f"{format_bytes(mem.peak_before_bytes)} before this cell; tfmem reset it to measure the cell, "
+                       f"so it now holds the cell's own peak ({format_bytes(mem.peak_bytes)}).")
+    return out
