@@ -59,3 +59,15 @@ def test_wrong_schema_is_refused():
 def test_save_and_load(tmp_path):
     path = sample_report().save(tmp_path / "r.json")
     assert Report.load(path) == sample_report()
+
+
+def test_one_decision_of_the_main_device():
+    """The device the report is about: the first GPU where there is one (where a user trains), else CPU:0."""
+    from tfmem_magic.core.report import main_device_name
+
+    assert main_device_name(["CPU:0", "GPU:1", "GPU:0"]) == "GPU:0"
+    assert main_device_name(["CPU:0"]) == "CPU:0"
+    assert main_device_name(["TPU:0"]) == "TPU:0"
+    assert main_device_name([]) is None
+    report = Report(tf={"CPU:0": DeviceMemory(0, 10, 0), "GPU:0": DeviceMemory(0, 99, 0)})
+    assert report.main_device.peak_bytes == 99

@@ -106,7 +106,7 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     if reasons:
         info.complete = False
         info.note = "; ".join(reasons) + ". The allocator's peak still covers the whole cell."
-    device = report.tf.get("CPU:0")
+    device = report.main_device
     if device is not None and info.events and not info.complete:
         gap = device.peak_bytes - info.peak_live_bytes
         if gap > max(0.01 * device.peak_bytes, 64 * 1024):

@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterable, TypeVar
 
 SCHEMA = "tfmem.report/1"
 MIME_TYPE = "application/vnd.tfmem.report+json"
@@ -261,8 +261,9 @@ class Report:
     # -- convenient views -------------------------------------------------------------------------------------
     @property
     def main_device(self) -> DeviceMemory | None:
-        """The TF device the headline numbers are about: CPU:0 where measured, else the first one."""
-        return self.tf.get("CPU:0") or next(iter(self.tf.values()), None)
+        """The TF device the headline numbers are about (see main_device_name)."""
+        name = main_device_name(self.tf)
+        return self.tf[name] if name is not None else None
 
     @property
     def tf_peak_bytes(self) -> int | None:
@@ -301,6 +302,17 @@ class Report:
 
 
 T = TypeVar("T")
+
+
+def main_device_name(devices: Iterable[str]) -> str | None:
+    """The one decision of which TF device the report is about: the first GPU (where a user who has one trains),
+    else CPU:0, else the first device named; None for none. The sampler, the headline numbers, the timeline and the
+    trace's notes all follow it."""
+    names = list(devices)
+    gpus = sorted(d for d in names if d.startswith("GPU:"))
+    if gpus:
+        return gpus[0]
+    return "CPU:0" if "CPU:0" in names else (names[0] if names else None)
 
 
 def _build(cls: type[T], data: dict[str, Any]) -> T:

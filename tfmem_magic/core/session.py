@@ -36,6 +36,7 @@ class Session:
         self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on
+        self.measuring: list[Any] = []  # the measurements running now, outermost first (sampling.AllocatorStats)
 
     def publish(self, report: Any) -> None:
         self.last = report

@@ -10,6 +10,8 @@ from typing import Callable
 
 import psutil
 
+from tfmem_magic.core.report import main_device_name
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import environment
 
 MAX_SAMPLES = 4000
@@ -132,8 +134,7 @@ def main_tf_device() -> str | None:
     """The device whose live bytes are sampled: the first GPU, else the CPU; None before TF runs. Main thread only."""
     if not environment.tensorflow_initialized():
         return None
-    gpus = [d for d in environment.tf_devices() if d.startswith("GPU")]
-    return gpus[0] if gpus else "CPU:0"
+    return main_device_name(AllocatorStats._device_names()) or "CPU:0"
 
 
 class AllocatorStats:
@@ -143,8 +144,6 @@ class AllocatorStats:
     peak so far into every outer one, and when it stops it folds its own peak into them again. TensorFlow has no way
     to set the counter back, so the peak it read before the reset is kept (`peak_before`) and the report says so.
     """
-
-    _active: list[AllocatorStats] = []
 
     def __init__(self) -> None:
         self.devices: list[str] = []
@@ -178,18 +177,18 @@ class AllocatorStats:
                 self.devices.append(device)
                 self.baseline[device] = info["current"]
                 self.peak_before[device] = info["peak"]
-                for outer in AllocatorStats._active:
+                for outer in SESSION.measuring:
                     outer._fold(device, info["peak"])
                 tf.config.experimental.reset_memory_stats(device)
-        AllocatorStats._active.append(self)
+        SESSION.measuring.append(self)
 
     def _fold(self, device: str, peak: int) -> None:
         self._folded_peak[device] = max(self._folded_peak.get(device, 0), peak)
 
     def stop(self) -> dict[str, tuple[int, int, int]]:
         """{device: (baseline, peak, end)} for every device with stats; frees the nesting slot."""
-        if self in AllocatorStats._active:
-            AllocatorStats._active.remove(self)
+        if self in SESSION.measuring:
+            SESSION.measuring.remove(self)
         out: dict[str, tuple[int, int, int]] = {}
         if not environment.tensorflow_initialized():
             return out
@@ -201,10 +200,10 @@ class AllocatorStats:
                 continue
             peak = max(info["peak"], self._folded_peak.get(device, 0))
             out[device] = (self.baseline.get(device, 0), peak, info["current"])
-            for outer in AllocatorStats._active:
+            for outer in SESSION.measuring:
                 outer._fold(device, peak)
         return out
 
     @classmethod
     def nesting_depth(cls) -> int:
-        return len(cls._active)
+        return len(SESSION.measuring)
