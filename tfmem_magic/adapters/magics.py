@@ -87,7 +87,7 @@ class TfmemMagics(Magics):
             with profiler.user_code():
                 result = shell.run_cell(cell, store_history=False)
             error = profiler.untangle(result.error_before_exec or result.error_in_exec)
-        except BaseException as exc:  # run_cell itself failed (rare): still stop the probes
+        except BaseException as exc:  # run_cell itself failed (rare): still stop the instruments
             error = exc
             raise
         finally:

@@ -1,5 +1,5 @@
 """One cell's measurement as a transaction: every instrument is armed through one undo stack and unwound in reverse
-on any exit, so that no probe, patch, thread, profiler session or temp folder outlives the cell.
+on any exit, so that no instrument, patch, thread, profiler session or temp folder outlives the cell.
 
     capture = Capture(options)
     capture.start()            # all or nothing: a failure or Ctrl-C part-way undoes what was armed
@@ -76,7 +76,7 @@ class Capture:
     # ---- arming ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Arm every instrument. All or nothing: if arming fails or is interrupted part-way (Ctrl-C, a full disk),
-        what was armed is undone in reverse before the exception leaves, so no later cell finds a probe, patch or
+        what was armed is undone in reverse before the exception leaves, so no later cell finds an instrument, patch or
         thread of this one (an allocator-stats slot left behind would make every later cell 'nested')."""
         try:
             self._arm()

@@ -37,7 +37,7 @@ class ModelUse:
     input_shape: tuple | None = None
     input_arrays: list[InputArray] = field(default_factory=list)  # numpy arrays passed in (Keras copies them)
     samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict (training rows only)
-    target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets handed to fit (probes)
+    target: tuple[tuple, str] | None = None  # the targets' per-sample shape and dtype (calibration)
     feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
     validation: str | None = None  # what fit validated on, in words
 

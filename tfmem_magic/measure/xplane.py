@@ -27,7 +27,7 @@ import numpy as np
 ALLOC, FREE = "MemoryAllocation", "MemoryDeallocation"
 _INT64_MASK = 2**63 - 1
 SPAN_PREFIX = "tfmem:"  # TraceMe names we emit around Keras layer calls and weight creation
-CHUNK_EVENTS = 1 << 16  # events of a line decoded together: bounds the decoder's temporaries (~12 MB)
+CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder's temporaries (~12 MB)
 
 # The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr (-1:
 # unknown); strings are read as indices into the string table (-1 = absent).
@@ -170,23 +170,23 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray, np.ndarray]:
-    """Name, timestamp_ns, and where each event's bytes start and end, of the serialized XLine in data[pos:end].
+def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray]:
+    """Name, timestamp_ns, and where each event's record (its tag) starts, of the serialized XLine in data[pos:end].
 
     The parse's only Python loop per event (~0.2 µs): events are consecutive length-delimited records, so where
-    one starts is known only once the length of the one before is read. 16 bytes per event of the line."""
+    one starts is known only once the length of the one before is read. 8 bytes per event of the line."""
     name, timestamp_ns = "", 0
-    starts, ends = array("q"), array("q")
-    add_start, add_end = starts.append, ends.append
+    records = array("q")
+    add = records.append
     while pos < end:
         if data[pos] == 0x22:  # field 4 (events), length-delimited
+            add(pos)
             size = data[pos + 1]
-            pos += 2
-            if size >= 0x80:
-                size, pos = _varint_at(data, pos - 1)
-            add_start(pos)
-            pos += size
-            add_end(pos)
+            if size < 0x80:
+                pos += 2 + size
+            else:
+                size, pos = _varint_at(data, pos + 1)
+                pos += size
             continue
         number, wire, start, pos = _field_at(data, pos)
         if number == 2 and wire == 2:
@@ -195,7 +195,7 @@ def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray, n
             timestamp_ns = _int64(_varint_at(data, start)[0])
     if pos != end:
         raise _malformed("an event runs past its line")
-    return name, timestamp_ns, np.frombuffer(starts, dtype=np.int64), np.frombuffer(ends, dtype=np.int64)
+    return name, timestamp_ns, np.frombuffer(records, dtype=np.int64)
 
 
 def _plane_parts(data: bytes, start: int, end: int):
@@ -400,11 +400,13 @@ def _read_plane_fast(data: bytes, buf: np.ndarray, plane, lines: list[tuple[int,
     new_spans: list[Span] = []
     last = len(buf) - 1
     for line_start, line_end in lines:
-        name, timestamp_ns, all_starts, all_ends = _walk_line(data, line_start, line_end)
+        name, timestamp_ns, records = _walk_line(data, line_start, line_end)
         thread = cols.threads.setdefault(name, len(cols.threads))
         base = timestamp_ns * 1000 + offset_ps
-        for lo in range(0, len(all_starts), CHUNK_EVENTS):
-            starts, ends = all_starts[lo:lo + CHUNK_EVENTS], all_ends[lo:lo + CHUNK_EVENTS]
+        for lo in range(0, len(records), CHUNK_EVENTS):
+            size, length = _varint(buf, records[lo:lo + CHUNK_EVENTS] + 1)  # each record: tag 0x22, size, event
+            starts = records[lo:lo + CHUNK_EVENTS] + 1 + length
+            ends = starts + size.astype(np.int64)
             # every event starts with its metadata_id (field 1), left out when 0
             mids = np.zeros(len(starts), dtype=np.int64)
             has_id = (starts < ends) & (buf[np.minimum(starts, last)] == 0x08)
