@@ -119,9 +119,9 @@ def test_the_batch_of_a_pipeline_whose_last_step_is_not_batch(shell):
                "h = model.fit(batches(), epochs=1, verbose=0)")
     m = shell.user_ns["r"].model
     assert (m.batch_size, m.batch_source, m.feed) == (30, "the generator's first batch", "generator")
-    from tfmem_magic.advise import prediction
+    from tfmem_magic.core.session import SESSION
 
-    remembered = prediction._models[id(shell.user_ns["r"])]
+    remembered = SESSION.models[id(shell.user_ns["r"])]
     assert remembered[2] == ((10,), "float32")  # the targets the calibration probes will make: as the cell's
     # a PyDataset that does not say its batch: unknown, and no what-if pretends to know it
     run(shell, """%%tfmem --as r

@@ -20,7 +20,7 @@ estimates the running segment's size from the growth of malloc'd bytes (glibc's 
 by TF's allocator, and stops the segment when the estimate nears what is left of the budget. The export then gives
 the exact size: a segment stopped early by the cell's own growth (a first step builds graphs and oneDNN caches) is
 restarted; once the budget is spent the trace stops for good and the report says so. Exported segments are decoded
-at once when they are large (xplane.Decoded keeps 104 bytes per memory event, ~0.4 bytes per xplane byte, not the
+at once when they are large (xplane.Decoded keeps 65 bytes per memory event, ~0.3 bytes per xplane byte, not the
 blob), and each temporary folder is deleted at once.
 """
 
@@ -48,7 +48,7 @@ MiB = 1024 * 1024
 # The profiler's high-water mark is ~22-27x the xplane of its *largest segment* (3.4 MB, one LSTM step: +74 MB of
 # RSS): the next segment reuses what an export freed (ten steps in 6 segments: +121 MB; as one segment: +898 MB).
 # So a segment is capped at SEGMENT_BYTES (the transient cost), and the cell's total at TRACE_BUDGET_BYTES, which
-# bounds what is kept (~0.4 bytes of decoded events per xplane byte) and the export time: enough for a recurrent
+# bounds what is kept (~0.3 bytes of decoded events per xplane byte) and the export time: enough for a recurrent
 # model's first steps (an LSTM over 120 time steps writes ~3.4 MB per step) in rotated segments. MLP and CNN cells
 # write a tenth of one segment in their 10 traced steps.
 TRACE_BUDGET_BYTES = 12 * MiB

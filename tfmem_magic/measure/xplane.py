@@ -2,16 +2,16 @@
 
 We parse the xplane ourselves instead of TF's `memory_profile` tool: that tool keeps only the peak step and lumps
 everything else together. The memory events of a line are decoded together with numpy, one protobuf field per
-round, so that a million memory events read in about two seconds (see benchmarks/analysis_1m.py).
+round: a million memory events (114 MB of xplane) read in ~1.6 s on 2 cores (benchmarks/analysis_1m.py).
 
-Memory. A blob is never parsed as a whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a
-lean class that kept each event as a bytes object, plus the joined copy we decoded, ~3): a Python walk over the wire
+Memory. A blob is never parsed whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a lean
+class that kept each event as a bytes object, plus the joined copy we decoded, ~4): a Python walk over the wire
 format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
 from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (65 bytes each, in columns of the narrowest
 type) and our spans are kept, so that a tracer can decode each segment as soon as it is exported and drop its bytes
-(`Decoded`); `finish` joins and sorts the blocks one column at a time. Reading a trace therefore holds, besides its
-blobs, about 0.8 bytes per byte of xplane at the high-water mark (was 4.7), and the result keeps 0.65 (1M memory
-events in 114 MB of xplane, benchmarks/analysis_1m.py).
+(`Decoded`); `finish` joins and sorts the blocks one column at a time. On that million events, reading grows the
+RSS high-water mark by 1.2-1.3x the blob (was 4.7x; 0.7x of it allocated by us, the rest is malloc's
+fragmentation), and the trace it returns keeps 0.55x.
 
 A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis never pairs events on it.
 """
@@ -27,7 +27,7 @@ import numpy as np
 ALLOC, FREE = "MemoryAllocation", "MemoryDeallocation"
 _INT64_MASK = 2**63 - 1
 SPAN_PREFIX = "tfmem:"  # TraceMe names we emit around Keras layer calls and weight creation
-CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder's temporaries (~12 MB)
+CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder's temporaries (~3 MB)
 
 # The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr (-1:
 # unknown); strings are read as indices into the string table (-1 = absent).
