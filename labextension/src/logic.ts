@@ -80,9 +80,11 @@ export function formatBytes(n: number | null | undefined): string {
 /* eslint-disable @typescript-eslint/no-explicit-any */
 type Json = any;
 
+/** The device the report is about: the kernel's one decision (view.main_device), else CPU:0, else the first. */
 function mainDevice(report: Json): Json | null {
   const tf = report.tf || {};
-  return tf['CPU:0'] || Object.values(tf)[0] || null;
+  const chosen = (report.view || {}).main_device;
+  return (chosen && tf[chosen]) || tf['CPU:0'] || Object.values(tf)[0] || null;
 }
 
 function groupRows(groups: Json[], key: string, total: number): string {

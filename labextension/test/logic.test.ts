@@ -80,6 +80,11 @@ describe('renderReportHtml', () => {
   it('says so when the data is not a report', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
   });
+  it('headlines the device the kernel chose (a GPU), not the host allocator', () => {
+    const gpu = { ...REPORT, view: { ...REPORT.view, main_device: 'GPU:0' },
+                  tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } } };
+    expect(renderReportHtml(gpu)).toContain('3 GiB (0 B before + 3 GiB in the cell)');
+  });
   it('draws no timeline without samples', () => {
     expect(timelineSvg({ rss: { samples: [] } })).toBe('');
   });

@@ -147,3 +147,21 @@ def test_nothing_leaks_over_many_cells(shell):
     assert set(Path(tempfile.gettempdir()).glob(mine)) == traces_before
     print(f"RSS growth over 200 quick cells after warm-up: {growth / 2**20:.2f} MiB")
     assert growth < 4 * 2**20
+
+
+def test_a_limit_the_process_already_passes_is_refused_before_the_cell_runs(shell):
+    """--limit 48MB while the process holds hundreds of MiB is no budget any batch meets: a UsageError that names
+    the process's size and a limit with room, and the cell does not run (it is not stopped as if it had grown)."""
+    from IPython.core.error import UsageError
+
+    from tfmem_magic.core.sizes import parse_size
+
+    result = shell.run_cell("%%tfmem --limit 48MB\nran_under_small_limit = True")
+    assert isinstance(result.error_in_exec, UsageError) and "ran_under_small_limit" not in shell.user_ns
+    message = str(result.error_in_exec)
+    assert "already holds" in message and "e.g. --limit " in message
+    suggested = parse_size(message.split("e.g. --limit ")[1].split(",")[0])
+    result = shell.run_cell(f"%%tfmem --quick --limit {suggested}\nran_under_small_limit = True")
+    assert result.success and shell.user_ns["ran_under_small_limit"] is True  # the suggestion is a limit that runs
+    result = shell.run_cell("%tfmem limit 10MB")
+    assert isinstance(result.error_in_exec, UsageError) and "already holds" in str(result.error_in_exec)

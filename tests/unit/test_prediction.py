@@ -79,3 +79,20 @@ def test_the_4x_probe_needs_room_for_its_peak_and_its_synthetic_inputs():
     assert prediction.probe_batches(rep, basis) == [64, 128, 256]
     rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs * 2) / 0.8)
     assert prediction.probe_batches(rep, basis) == [128, 256, 1024]
+
+
+def test_suggested_batches_are_ones_people_type():
+    assert [prediction.typeable_batch(n) for n in (1, 2, 3, 13, 15, 16, 23, 159, 251, 256)] == \
+        [1, 2, 2, 12, 14, 16, 16, 152, 248, 256]
+    assert prediction.typeable_batch(159, step=3) == 144  # a multiple of 8 and of the accumulation steps
+    assert prediction.typeable_batch(20, step=3) == 18  # below lcm(8, 3): steps' multiple only
+    assert prediction.typeable_batch(2, step=4) == 4  # never below one accumulation step
+
+
+def test_the_largest_batch_that_fits_is_a_typeable_one():
+    r = report()
+    basis = prediction.analytic_basis(r)
+    for budget in (40, 90, 300, 1000):
+        fit = prediction.largest_batch(basis, basis.knobs, budget * 2**20, prediction.ANALYTIC_BAND)
+        if fit is not None and fit < prediction.MAX_BATCH:
+            assert fit % (8 if fit >= 16 else 2 if fit >= 2 else 1) == 0, (budget, fit)

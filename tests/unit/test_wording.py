@@ -69,3 +69,20 @@ def test_the_profilers_memory_is_not_the_users():
     assert diagnose_model.non_tf_growth(rep) is not None
     assert "tfmem's profiler recorded 10 MiB" in render_text(report(profiler_bytes=10 * MiB,
                                                                     profiler_rss_bytes=300 * MiB), whatifs=[])
+
+
+def test_every_budget_is_named_the_way_a_sentence_needs():
+    """'over the your limit' was a verdict once: each budget source reads right in every verdict."""
+    from tfmem_magic.core.report import EnvInfo, Report, RssInfo
+    from tfmem_magic.show.view import verdict
+
+    for source, over, used in (("user", "over your limit by 1 GiB", "used 95% of your limit"),
+                               ("cgroup", "over the container limit by 1 GiB", "used 95% of the container limit"),
+                               ("ram", "over the available RAM by 1 GiB", "used 95% of the available RAM")):
+        report = Report(status="ok", env=EnvInfo(budget_bytes=10 * 2**30, budget_source=source),
+                        rss=RssInfo(baseline_bytes=0, peak_bytes=11 * 2**30))
+        assert verdict(report) == over
+        report.rss.peak_bytes = int(9.5 * 2**30)
+        assert verdict(report) == used
+        report.rss.peak_bytes = 2**30
+        assert verdict(report).startswith("fits with 9 GiB to spare (")

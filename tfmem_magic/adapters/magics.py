@@ -64,6 +64,8 @@ class TfmemMagics(Magics):
         outer = hook.exec_result  # the ExecutionResult of the cell that holds this magic
         try:
             profiler.start()  # all or nothing: a failure leaves nothing of tfmem armed
+        except TfmemUsageError as exc:  # e.g. a --limit the process already passes: the cell does not run
+            raise UsageError(str(exc)) from None
         except Exception as exc:  # our failure must not cost the user their cell: run it unmeasured
             print(f"tfmem could not start measuring ({type(exc).__name__}: {exc}); the cell runs unmeasured.",
                   file=sys.stderr)
@@ -250,6 +252,10 @@ def limit_command(words: list[str]) -> str:
         size = parse_size(words[0])
     except TfmemUsageError as exc:
         raise UsageError(f"%tfmem limit: {exc}") from None
+    try:
+        guard.check_reachable(size, "%tfmem limit", margin=0)
+    except TfmemUsageError as exc:
+        raise UsageError(str(exc)) from None
     return guard.set_session_limit(size, keep_onednn=keep_onednn)[1]
 
 

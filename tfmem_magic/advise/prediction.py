@@ -279,7 +279,16 @@ def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int |
     while high - low > step:
         mid = (low + high) // 2 // step * step
         low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    return typeable_batch(low, step)
+
+
+def typeable_batch(n: int, step: int = 1) -> int:
+    """`n` rounded down to a batch size people type: a multiple of 8 from 16 up, of 2 below (and always a multiple
+    of the accumulation `step`): 152, not 159; 12, not 13."""
+    unit = 8 if n >= 16 else 2 if n >= 2 else 1
+    unit = unit * step // math.gcd(unit, step)
+    rounded = n // unit * unit
+    return rounded if rounded >= step else max(step, n // step * step)
 
 
 def budget_for_tf(report: Report) -> int | None:

@@ -133,9 +133,11 @@ class Capture:
     def _choose_limit(self) -> tuple[int | None, str]:
         """The cell's own --limit, else the session's %tfmem limit, else a container's limit."""
         if self.options.limit_bytes is not None:
+            guard.check_reachable(self.options.limit_bytes, "--limit", margin=guard.MARGIN)
             return self.options.limit_bytes, "--limit"
         session = guard.session_limit()
         if session is not None:
+            guard.check_reachable(session.bytes, "%tfmem limit", margin=0)
             return session.bytes, "%tfmem limit"
         budget = environment.memory_budget()
         if budget.budget_source == "cgroup":  # a container would OOM-kill the kernel: guard it, and say so

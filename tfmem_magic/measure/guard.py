@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from tfmem_magic.core.errors import MemoryLimitExceeded
+from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment
@@ -54,6 +54,21 @@ class SessionLimit:
     bytes: int
     source: str  # "user" (%tfmem limit)
     allocator_mb: int | None  # the TF allocator limit set with it, or None when TF was already running
+
+
+def check_reachable(limit: int, where: str, margin: int = MARGIN) -> None:
+    """A limit the process already passes (or leaves no room under) is not a budget any batch can meet: say so
+    before the cell runs, with the process's size and a limit that leaves room, instead of stopping the cell as if
+    it had grown."""
+    rss = psutil.Process().memory_info().rss
+    if limit >= rss + margin:
+        return
+    room = max(256 * 2**20, rss // 4)  # for the cell's own work: its tensors, the framework's temporaries
+    suggestion = -(-(rss + room) // (128 * 2**20)) * 128 * 2**20  # rounded up to 128 MiB
+    raise TfmemUsageError(
+        f"{where} {format_bytes(limit)} is below what this process already holds ({format_bytes(rss)}: Python, "
+        f"TensorFlow's runtime and your variables), so no batch size could meet it. Give a limit with room for the "
+        f"cell's work, e.g. {where} {format_bytes(suggestion).replace(' ', '')}, or free memory first.")
 
 
 def session_limit() -> SessionLimit | None:

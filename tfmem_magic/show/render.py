@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from tfmem_magic.advise import prediction
-from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report
+from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, main_device_name
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
@@ -274,7 +274,7 @@ def mime_bundle(report: Report, timeline: bytes | None = None, view: ReportView 
     view = view or view_of(report)  # a few predictions with a largest-batch search each: once for every form
     data = report.to_dict()
     # for the JupyterLab renderer: the words the Python views use, so both say the same
-    data["view"] = {"verdict": view.verdict, "level": view.level}
+    data["view"] = {"verdict": view.verdict, "level": view.level, "main_device": main_device_name(report.tf)}
     return {"text/plain": render_text(report, view=view), "text/html": render_html(report, timeline, view=view),
             MIME_TYPE: data}
 

@@ -45,6 +45,8 @@ def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None 
 
 
 BUDGET_SOURCES = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}
+# the same, as a sentence names them ("over your limit", "over the available RAM")
+_BUDGET_IN_WORDS = {"cgroup": "the container limit", "ram": "the available RAM", "user": "your limit"}
 
 
 def verdict(report: Report) -> str:
@@ -58,10 +60,11 @@ def verdict(report: Report) -> str:
         return "measured"
     share = peak / budget
     source = BUDGET_SOURCES.get(report.env.budget_source, "budget")
+    named = _BUDGET_IN_WORDS.get(report.env.budget_source, "the budget")
     if peak > budget:
-        return f"over the {source} by {format_bytes(peak - budget)}"
+        return f"over {named} by {format_bytes(peak - budget)}"
     if share >= 0.8:
-        return f"used {share:.0%} of the {source}"
+        return f"used {share:.0%} of {named}"
     prefix = "raised an error; " if report.status == "error" else ""
     return f"{prefix}fits with {format_bytes(budget - peak)} to spare ({source})"
 
