@@ -162,7 +162,8 @@ export function renderReportHtml(report: Json): string {
     rows.map(([k, v]) => `<tr><th>${escapeHtml(k)}</th><td>${escapeHtml(v)}</td></tr>`).join('') + '</table>');
   const b = report.before;
   if (b) {
-    const held = b.held === true ? 'held' : b.held === false ? 'missed' : 'not checked';
+    const held = b.held === true ? 'held' : b.held === false ? 'missed'
+      : b.kernel_changed ? 'not judged: the kernel changed' : 'not checked';
     parts.push(`<div class="tfmem-before-after"><b>Before → after${b.fix_id ? ' (fix ' + escapeHtml(b.fix_id) + ')' : ''}` +
       `: report ${escapeHtml(b.number)}</b><table><tr><th></th><th class="num">before</th><th class="num">after</th></tr>` +
       `<tr><th>TF peak</th><td class="num">${escapeHtml(formatBytes(b.tf_peak_bytes))}</td>` +

@@ -131,6 +131,28 @@ def test_before_after_checks_the_prediction():
     assert fixes.before_after(before, after, "shrink-batch").held is False
 
 
+
+def test_a_fix_cell_run_after_another_fix_is_not_judged_against_a_kernel_it_no_longer_is():
+    """Fix cells tried one after another: the first one's model and optimizer slots sit in the second's baseline, so
+    its prediction (for the kernel as it was) is compared, not judged, and the report says why."""
+    from tfmem_magic.core.report import Prediction
+    from tfmem_magic.show.render import before_after_rows
+
+    before = report()
+    before.fixes = fixes.build(before, ctx())
+    before.prediction = Prediction("analytic", 0, 0, 1.0, 0.3)
+    predicted = before.fixes[0].predicted_peak_bytes
+    after = report(batch=64)
+    after.number = before.number + 2  # the other fix's cell ran in between
+    after.tf = {"CPU:0": DeviceMemory(40 * 2**20, 40 * 2**20 + int(predicted * 0.6), 40 * 2**20)}
+    ba = fixes.before_after(before, after, "shrink-batch")
+    assert ba.held is None and "the kernel changed since report 7" in ba.kernel_changed
+    assert "1 other profiled cell ran in between" in ba.kernel_changed
+    after.before = ba
+    rows = dict((k, (x, y)) for k, x, y in before_after_rows(after))
+    assert rows[next(k for k in rows if k.startswith("prediction"))][1].endswith("not judged: the kernel changed")
+
+
 def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
     """fit(x) without targets (an autoencoder, a VAE) and a predict cell: no `y` out of nowhere, and a predict cell's
     fix predicts instead of training the model."""
@@ -155,3 +177,10 @@ def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
     # a pipeline is not numpy: nothing to stream
     rep.model.feed = "dataset"
     assert "tf-data-streaming" not in by_id(fixes.build(rep, only_x))
+
+
+def test_a_fix_that_saves_nothing_at_the_peak_says_so():
+    r = report()
+    peak = r.tf_peak_bytes
+    assert "saves nothing at this cell's peak" in fixes._saving(r, peak + 1000)
+    assert "(saves " in fixes._saving(r, peak // 2)

@@ -42,6 +42,9 @@ def _saving(report: Report, after: int) -> str:
     if before is None or report.status != "ok":
         return f"predicted TF peak {format_bytes(after)}"
     delta = before - after
+    if abs(delta) < max(2**20, 0.02 * before):  # within rounding of the prediction: say so, not "saves 12 KiB"
+        return (f"predicted TF peak {format_bytes(after)}, about the {format_bytes(before)} measured: it saves "
+                "nothing at this cell's peak")
     word = "saves" if delta >= 0 else "adds"
     return (f"predicted TF peak {format_bytes(after)} instead of {format_bytes(before)} "
             f"({word} {format_bytes(abs(delta))})")
@@ -322,8 +325,29 @@ def before_after(before: Report, after: Report, fix_id: str | None) -> BeforeAft
     band = before.prediction.error_band if before.prediction is not None else None
     measured = after.tf_peak_bytes
     held = None
-    if predicted is not None and band is not None and measured is not None and after.status == "ok":
+    changed = kernel_change(before, after, predicted)
+    if predicted is not None and band is not None and measured is not None and after.status == "ok" and not changed:
         held = abs(measured - predicted) <= band * max(predicted, 1)
     return BeforeAfter(number=before.number, label=before.label, status=before.status,
                        tf_peak_bytes=before.tf_peak_bytes, rss_peak_bytes=before.rss.peak_bytes, wall_s=before.wall_s,
-                       fix_id=fix_id, predicted_peak_bytes=predicted, error_band=band, held=held)
+                       fix_id=fix_id, predicted_peak_bytes=predicted, error_band=band, held=held,
+                       kernel_changed=changed)
+
+
+def kernel_change(before: Report, after: Report, predicted: int | None) -> str | None:
+    """Why `after` does not start from the state `before` measured (None when it does, as far as the reports tell).
+
+    A prediction is for the cell run again in the kernel as it was. Fix cells tried one after another change it:
+    the first one's model, weights and optimizer slots stay allocated, so the second starts from another TF baseline
+    and builds less. Judging its prediction then compares unlike things."""
+    old, new = before.main_device, after.main_device
+    if old is None or new is None:
+        return None
+    moved = new.baseline_bytes - old.baseline_bytes
+    if abs(moved) <= max(2**20, 0.05 * (predicted or before.tf_peak_bytes or 0)):
+        return None
+    between = after.number - before.number - 1 if after.number and before.number else 0
+    ran = f"; {between} other profiled cell{'s' if between != 1 else ''} ran in between" if between > 0 else ""
+    return (f"the kernel changed since report {before.number}: TensorFlow held {format_bytes(new.baseline_bytes)} "
+            f"at this cell's start against {format_bytes(old.baseline_bytes)} then{ran}. The prediction is for the "
+            "kernel as it was; restart the kernel and run the fix cell alone to judge it.")

@@ -222,6 +222,9 @@ class BeforeAfter:
     predicted_peak_bytes: int | None = None  # what the earlier report's fix predicted for this cell
     error_band: float | None = None
     held: bool | None = None  # the measured peak came within the band of the prediction
+    # why the prediction was not judged: the kernel changed since the earlier report (another fix ran, weights or
+    # optimizer slots built since now sit in the baseline), so the two cells do not start from the same state
+    kernel_changed: str | None = None
 
 
 @dataclass

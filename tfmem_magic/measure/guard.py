@@ -134,12 +134,12 @@ def allocator_limit_bytes() -> int | None:
     value = os.environ.get(LIMIT_ENV)
     if value is None or not environment.tensorflow_initialized():
         return None
-    if value == str(environment.allocator_setup().bfc_cap_mb_by_us):  # the machine-sized cap: not a guard layer
-        return None
     try:
-        return int(value) * 2**20
+        mb = int(value)
     except ValueError:
         return None
+    # a cap the size of the machine (tfmem's default, or one inherited from a parent process) guards nothing
+    return mb * 2**20 if mb < environment.machine_memory_mb() else None
 
 
 class Guard:

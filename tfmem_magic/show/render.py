@@ -251,9 +251,12 @@ def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
             ("process RSS peak", format_bytes(b.rss_peak_bytes), format_bytes(report.rss.peak_bytes)),
             ("time", f"{b.wall_s:.2f} s", f"{report.wall_s:.2f} s"), ("status", b.status, report.status)]
     if b.predicted_peak_bytes is not None:
-        verdict_text = {True: "held", False: "missed", None: "not checked"}[b.held]
+        verdict_text = ({True: "held", False: "missed"}.get(b.held) or
+                        ("not judged: the kernel changed" if b.kernel_changed else "not checked"))
         rows.append((f"prediction ±{(b.error_band or 0):.0%}", format_bytes(b.predicted_peak_bytes),
                      f"{tf(after_tf)}: {verdict_text}"))
+    if b.kernel_changed:
+        rows.append(("note", "", b.kernel_changed))
     return rows
 
 
