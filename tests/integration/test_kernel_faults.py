@@ -20,6 +20,10 @@ import pytest
 pytestmark = pytest.mark.slow
 MARK = "FAULT-RESULT "
 STARTED = "STARTED"  # printed by the code a test interrupts, when it begins
+# A KeyboardInterrupt that lands inside Keras' per-batch `np.array(EagerTensor)` (pythonify_logs) is swallowed by
+# numpy's array coercion, with or without tfmem (seen 1 in ~12 interrupts 0.9 s into a fit): a second Ctrl-C then
+# stops the cell, as it does for a user
+AGAIN_S = 4.0
 FIT_LONG = f"print({STARTED!r}, flush=True)\nmodel.fit(x, y, epochs=300, batch_size=32, verbose=0)"  # ~30 s
 
 SETUP = """
@@ -68,7 +72,17 @@ class Kernel:
         """Execute a cell; returns its stdout, error name and the parsed MARK line (if printed). With
         `interrupt_after`, a real SIGINT is sent that many seconds after the cell prints STARTED (a signal sent
         before the kernel runs the cell would be ignored, so the clock starts from the cell's own word)."""
-        timer = threading.Timer(interrupt_after, self.km.interrupt_kernel) if interrupt_after else None
+        done = threading.Event()
+
+        def interrupt() -> None:  # as a user does: press stop, and again if the cell goes on (see AGAIN_S)
+            if not done.wait(interrupt_after):
+                self.km.interrupt_kernel()
+                for _ in range(5):
+                    if done.wait(AGAIN_S):
+                        break
+                    self.km.interrupt_kernel()
+
+        timer = threading.Thread(target=interrupt, daemon=True) if interrupt_after else None
         msg_id = self.kc.execute(code)
         out, error = [], None
         deadline = time.time() + timeout
@@ -85,8 +99,7 @@ class Kernel:
                 error = content["ename"]
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        if timer is not None:
-            timer.cancel()
+        done.set()
         text = "".join(out)
         marked = [line[len(MARK):] for line in text.splitlines() if line.startswith(MARK)]
         return {"stdout": text, "error": error, "data": json.loads(marked[-1]) if marked else None}
@@ -158,7 +171,7 @@ def test_sigint_mid_fit_keeps_the_model_and_reports_interrupted(kernel):
 
 @pytest.mark.parametrize("where", ["_tracer.Tracer.finish", "_build.trace_info"])
 def test_sigint_while_tfmem_stops_or_parses_the_trace(kernel, where):
-    kernel.run(slowed(where, 3))
+    kernel.run(slowed(where, 2))
     try:
         cell = kernel.run("%%tfmem --as r\nmodel.fit(x, y, epochs=1, verbose=0)\nran = 1", interrupt_after=0.5)
     finally:

@@ -27,6 +27,11 @@ from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_dev
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 
 
+# runs of an undo step that Ctrl-C may cut short before tfmem gives up on it (steps are safe to run again; a user
+# pressing stop over and over is not kept waiting for ever)
+UNDO_ATTEMPTS = 3
+
+
 @dataclass
 class Measured:
     """What one cell's instruments recorded, before any analysis."""
@@ -184,14 +189,15 @@ class Capture:
         interrupted = False
         while self._undo:
             what, undo = self._undo.pop()
-            for attempt in (1, 2):  # every undo step may run twice: an interrupt can cut the first run anywhere
+            for attempt in range(1, UNDO_ATTEMPTS + 1):  # an interrupt can cut a run of an undo step anywhere
                 try:
                     results[what] = undo()
                     break
                 except KeyboardInterrupt:  # keep unwinding: a half-disarmed cell is worse than a late interrupt
                     interrupted = True
-                    if attempt == 2:
-                        self.notes.append(f"Interrupted twice while stopping the {what}: its figures are missing.")
+                    if attempt == UNDO_ATTEMPTS:
+                        self.notes.append(f"Interrupted {UNDO_ATTEMPTS} times while stopping the {what}: it may "
+                                          "still run; its figures are missing.")
                 except Exception as exc:  # e.g. the trace export on a full disk
                     self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
                                       "are missing, the rest of the report stands.")
