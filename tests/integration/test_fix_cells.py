@@ -53,7 +53,7 @@ for fix in before.fixes:
         ba = after.before
         row.update(error=None if result.success else repr(result.error_in_exec), measured=after.tf_peak_bytes,
                    before=ba and [ba.number, ba.fix_id, ba.predicted_peak_bytes], band=ba and ba.error_band,
-                   held=ba is not None and ba.held is not None)
+                   held=ba is not None and ba.held is not None, kernel_changed=ba and ba.kernel_changed)
         sh.run_cell('keras.mixed_precision.set_global_policy("float32")')
 print(json.dumps(out))
 """
@@ -67,6 +67,7 @@ def test_each_fix_cell_runs_and_the_prediction_holds():
     assert "large-batch" in out["findings"], out["findings"]
     fixes = out["fixes"]
     assert {"shrink-batch", "grad-accumulation", "mixed-precision"} <= set(fixes)
+    first = next(f for f in fixes if f in ("shrink-batch", "grad-accumulation", "mixed-precision"))
     for fix_id in ("shrink-batch", "grad-accumulation", "mixed-precision"):
         fix = fixes[fix_id]
         assert fix["code"].startswith(f"%%tfmem --before {out['number']} --fix {fix_id}")
@@ -74,7 +75,9 @@ def test_each_fix_cell_runs_and_the_prediction_holds():
         assert fix["before"] == [out["number"], fix_id, fix["predicted"]]
         # the fixed cell fits, and stays within its predicted peak plus the prediction's error band
         assert fix["measured"] <= fix["predicted"] * (1 + fix["band"]), (fix_id, fix["measured"], fix["predicted"])
-        assert fix["held"]
+        # the first fix cell meets the kernel the report measured: its prediction is judged. The later ones run
+        # after another fix of the same report changed the kernel: compared (above), and not judged, with the reason
+        assert fix["held"] if fix_id == first else (fix["held"] or "ran in between" in fix["kernel_changed"])
     if "cpu-memory-limit" in fixes:  # offered with oom/near-budget; it needs a restart, so it is not run here
         assert fixes["cpu-memory-limit"]["needs_restart"] and fixes["cpu-memory-limit"]["placement"] == "top"
 

@@ -133,21 +133,27 @@ def test_before_after_checks_the_prediction():
 
 
 def test_a_fix_cell_run_after_another_fix_is_not_judged_against_a_kernel_it_no_longer_is():
-    """Fix cells tried one after another: the first one's model and optimizer slots sit in the second's baseline, so
-    its prediction (for the kernel as it was) is compared, not judged, and the report says why."""
-    from tfmem_magic.core.report import Prediction
+    """Fix cells of one report tried one after another: the first one's model and optimizer slots stay in the
+    kernel, so the second's prediction (for the kernel as it was) is compared, not judged, and the report says why.
+    Run alone, or run again, a fix is judged."""
+    from tfmem_magic.core.report import BeforeAfter, Prediction
     from tfmem_magic.show.render import before_after_rows
 
     before = report()
     before.fixes = fixes.build(before, ctx())
     before.prediction = Prediction("analytic", 0, 0, 1.0, 0.3)
     predicted = before.fixes[0].predicted_peak_bytes
+    other = report(batch=256)
+    other.number, other.before = before.number + 1, BeforeAfter(before.number, "", "ok", 0, 0, 0.0, "mixed-precision")
     after = report(batch=64)
-    after.number = before.number + 2  # the other fix's cell ran in between
+    after.number = before.number + 2
     after.tf = {"CPU:0": DeviceMemory(40 * 2**20, 40 * 2**20 + int(predicted * 0.6), 40 * 2**20)}
-    ba = fixes.before_after(before, after, "shrink-batch")
-    assert ba.held is None and "the kernel changed since report 7" in ba.kernel_changed
-    assert "1 other profiled cell ran in between" in ba.kernel_changed
+    assert fixes.before_after(before, after, "shrink-batch").held is False  # alone: judged (and missed)
+    ba = fixes.before_after(before, after, "shrink-batch", since=[before, other, after])
+    assert ba.held is None and "the kernel changed since report 7: fix mixed-precision (report 8)" in ba.kernel_changed
+    same = report(batch=64)
+    same.number, same.before = before.number + 1, BeforeAfter(before.number, "", "ok", 0, 0, 0.0, "shrink-batch")
+    assert fixes.before_after(before, after, "shrink-batch", since=[same]).kernel_changed is None  # a rerun of it
     after.before = ba
     rows = dict((k, (x, y)) for k, x, y in before_after_rows(after))
     assert rows[next(k for k in rows if k.startswith("prediction"))][1].endswith("not judged: the kernel changed")

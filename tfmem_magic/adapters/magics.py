@@ -102,7 +102,7 @@ class TfmemMagics(Magics):
                 del hook.quiet
             report = profiler.finish(error)
         if before is not None:
-            report.before = fixes.before_after(before, report, args.fix_id)
+            report.before = fixes.before_after(before, report, args.fix_id, since=SESSION.history)
         self._publish(report, args)
         if error is not None and outer is not None:
             # the traceback is already shown: mark the outer cell failed (kernel reply, nbclient) without a second one

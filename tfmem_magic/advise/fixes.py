@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from tfmem_magic.advise.prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
 from tfmem_magic.advise.rewrite import rewrite_batch
@@ -318,14 +318,16 @@ def build(report: Report, ctx: FixContext) -> list[Fix]:
     return fixes
 
 
-def before_after(before: Report, after: Report, fix_id: str | None) -> BeforeAfter:
-    """Compare a fix cell's report with the report it fixes; `held` says whether the fix's prediction held."""
+def before_after(before: Report, after: Report, fix_id: str | None,
+                 since: Iterable[Report] = ()) -> BeforeAfter:
+    """Compare a fix cell's report with the report it fixes; `held` says whether the fix's prediction held.
+    `since`: the reports published meanwhile (other fix cells of the same report change the kernel)."""
     fix = next((f for f in before.fixes if f.id == fix_id), None) if fix_id else None
     predicted = fix.predicted_peak_bytes if fix is not None else None
     band = before.prediction.error_band if before.prediction is not None else None
     measured = after.tf_peak_bytes
     held = None
-    changed = kernel_change(before, after, predicted)
+    changed = kernel_change(before, after, fix_id, since)
     if predicted is not None and band is not None and measured is not None and after.status == "ok" and not changed:
         held = abs(measured - predicted) <= band * max(predicted, 1)
     return BeforeAfter(number=before.number, label=before.label, status=before.status,
@@ -334,20 +336,20 @@ def before_after(before: Report, after: Report, fix_id: str | None) -> BeforeAft
                        kernel_changed=changed)
 
 
-def kernel_change(before: Report, after: Report, predicted: int | None) -> str | None:
-    """Why `after` does not start from the state `before` measured (None when it does, as far as the reports tell).
+def kernel_change(before: Report, after: Report, fix_id: str | None, since: Iterable[Report]) -> str | None:
+    """Why `after` does not start from the kernel `before` measured, or None.
 
-    A prediction is for the cell run again in the kernel as it was. Fix cells tried one after another change it:
-    the first one's model, weights and optimizer slots stay allocated, so the second starts from another TF baseline
-    and builds less. Judging its prediction then compares unlike things."""
+    A fix's prediction is for the report's cell changed by that one fix, in the kernel as it was. Fix cells of the
+    same report tried one after another break that: the earlier fix's models, weights and optimizer slots stay
+    allocated (TensorFlow keeps them after the names are rebound), and a fix that recompiles an existing model
+    leaves the next cell with slots already built. Judging the next prediction then compares unlike things."""
+    others = [r for r in since if r is not after and r.number > before.number and r.before is not None
+              and r.before.number == before.number and r.before.fix_id not in (None, fix_id)]
+    if not others:
+        return None
+    ran = ", ".join(dict.fromkeys(f"{r.before.fix_id} (report {r.number})" for r in others))
     old, new = before.main_device, after.main_device
-    if old is None or new is None:
-        return None
-    moved = new.baseline_bytes - old.baseline_bytes
-    if abs(moved) <= max(2**20, 0.05 * (predicted or before.tf_peak_bytes or 0)):
-        return None
-    between = after.number - before.number - 1 if after.number and before.number else 0
-    ran = f"; {between} other profiled cell{'s' if between != 1 else ''} ran in between" if between > 0 else ""
-    return (f"the kernel changed since report {before.number}: TensorFlow held {format_bytes(new.baseline_bytes)} "
-            f"at this cell's start against {format_bytes(old.baseline_bytes)} then{ran}. The prediction is for the "
-            "kernel as it was; restart the kernel and run the fix cell alone to judge it.")
+    moved = (f"; TensorFlow held {format_bytes(new.baseline_bytes)} at this cell's start against "
+             f"{format_bytes(old.baseline_bytes)} then" if old is not None and new is not None else "")
+    return (f"the kernel changed since report {before.number}: fix {ran} ran in between{moved}. The prediction "
+            "is for the kernel as it was; restart the kernel and run this fix cell alone to judge it.")

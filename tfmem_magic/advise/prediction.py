@@ -169,7 +169,7 @@ def analytic_basis(report: Report) -> Basis:
         one_point = max(0.0, (anchor - static) / knobs.batch_size - input_per_sample)
         if activations > one_point:  # the slope over-explains the peak (fused or freed ops): trust the measurement
             activations, source = one_point, "the cell's peak (layer outputs over-explain it)"
-        elif traced is None and report.trace is not None and report.trace.events:
+        elif traced is None and report.trace is not None and report.trace.events and report.trace.budget_spent:
             # traced, but the trace stopped before the peak (its budget): the layer outputs miss what a recurrent
             # layer or an attention block keeps inside; the cell's own point is an upper bound, the safe side
             activations, source = one_point, "the cell's peak (the trace stopped before it: an upper bound)"
@@ -184,8 +184,10 @@ def traced_per_sample(report: Report) -> float | None:
     trace, model = report.trace, report.model
     if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.batch_size:
         return None
-    if not _trace_saw_peak(report):
-        return None  # the peak came outside the traced window: its tensors were not seen
+    if trace.budget_spent and not _trace_saw_peak(report):
+        return None  # the budget ran out before the peak: the step that made it may not have been traced at all
+    # a peak outside a window the steps rule closed is another run of the steps traced (plus what fit copied or
+    # freed late, which the cell's own point gives the static part): their tensors are the slope
     # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
     # tensors, so it carries the batch in the proportion the traced ones do (as long as most of it was seen)
     untraced = sum(g.requested_bytes for g in trace.by_phase if g.phase == "untraced")

@@ -102,6 +102,7 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     # the recorder's and the export's high-water mark follows the largest segment (the next one reuses what an
     # export frees), plus the decoded events kept
     info.profiler_rss_bytes = int(PROFILER_RSS_PER_BYTE * tracer.largest_segment_bytes + 0.3 * info.profiler_bytes)
+    info.budget_spent = tracer.budget_spent
     reasons = tracer.paused_reasons
     if reasons:
         info.complete = False

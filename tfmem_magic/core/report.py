@@ -120,6 +120,7 @@ class TraceInfo:
     covered_s: float = 0.0  # seconds of the cell the trace covers
     windows: list[list[float]] = field(default_factory=list)  # [[start, end], ...] traced, seconds from the start
     complete: bool = True  # False when the trace was bounded (see note)
+    budget_spent: bool = False  # the trace stopped for its memory budget: later steps' insides were never seen
     # the profiler's own memory: xplane bytes it recorded, and the process memory that costs at its high-water mark
     # (TensorFlow's recorder and export hold ~22-27x the xplane: tracer.py). Never the cell's memory.
     profiler_bytes: int = 0

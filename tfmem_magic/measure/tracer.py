@@ -445,7 +445,21 @@ class Tracer:
             pending, self._raw, self._raw_bytes = self._raw, [], 0
             if self._decoded is None:
                 self._decoded = xplane.Decoded()
+            before = self._memory_now()
         while pending:
             data, offset_ps = pending.pop(0)
             self._decoded.add(data, offset_ps)
             del data
+        with self._lock:  # the decode's own memory is not the running segment's growth (see _estimate)
+            after = self._memory_now()
+            if self._session is not None:
+                self._segment_rss += after[0] - before[0]
+                self._segment_heap += after[1] - before[1]
+
+    def _memory_now(self) -> tuple[int, int]:
+        """(RSS, malloc'd bytes) of the process now, as _estimate reads them."""
+        try:
+            rss = self._process.memory_info().rss
+        except psutil.Error:  # pragma: no cover - the process always exists for itself
+            rss = self._segment_rss
+        return rss, self._heap() if self._heap is not None else 0
