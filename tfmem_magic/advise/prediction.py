@@ -125,8 +125,8 @@ def activation_bytes(model: ModelInfo) -> float:
     per_layer = [layer.activation_bytes_per_sample for layer in model.layers]
     if not per_layer:
         return 0.0
-    if model.training:
-        return TRAIN_ACTIVATION_FACTOR * sum(per_layer)
+    if model.training:  # outputs and their gradients, and what recurrent layers keep per time step (measured)
+        return TRAIN_ACTIVATION_FACTOR * sum(per_layer) + sum(layer.kept_bytes_per_sample for layer in model.layers)
     pairs = [a + b for a, b in zip(per_layer, per_layer[1:], strict=False)] or per_layer
     return INFER_ACTIVATION_FACTOR * max(pairs)
 

@@ -138,6 +138,9 @@ class LayerInfo:
     params: int = 0
     output_shape: str | None = None
     activation_bytes_per_sample: int = 0
+    # what the layer keeps per sample for its backward pass beyond its output, training only (a recurrent layer's
+    # gates and states of every time step): measured per layer kind, counted once (see analyze.modelinfo)
+    kept_bytes_per_sample: int = 0
 
 
 @dataclass
