@@ -105,7 +105,7 @@ class Capture:
                 _import_keras()  # a cell that imports Keras itself must still get the batch-end check
             # after the imports: the runtime's own memory is not the cell's growth. Closed until user_code().
             self.guard = guard.Guard(limit, source, psutil.Process().memory_info().rss)
-            self._push("guard", self.guard.disarm)
+            self._push("guard", self.guard.close)
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
         self._push("allocator stats", self.allocator.stop)
@@ -186,7 +186,7 @@ class Capture:
         """Undo everything armed, newest first, whatever each step raises (Ctrl-C included): returns each step's
         result by name, and notes what could not be undone cleanly."""
         results: dict[str, Any] = {}
-        interrupted = False
+        interrupted, abandoned = False, False
         while self._undo:
             what, undo = self._undo.pop()
             for attempt in range(1, UNDO_ATTEMPTS + 1):  # an interrupt can cut a run of an undo step anywhere
@@ -196,13 +196,14 @@ class Capture:
                 except KeyboardInterrupt:  # keep unwinding: a half-disarmed cell is worse than a late interrupt
                     interrupted = True
                     if attempt == UNDO_ATTEMPTS:
+                        abandoned = True
                         self.notes.append(f"Interrupted {UNDO_ATTEMPTS} times while stopping the {what}: it may "
                                           "still run; its figures are missing.")
                 except Exception as exc:  # e.g. the trace export on a full disk
                     self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
                                       "are missing, the rest of the report stands.")
                     break
-        if interrupted:
+        if interrupted and not abandoned:
             self.notes.append("Interrupted while tfmem stopped its instruments: they were stopped all the same, "
                               "and nothing of tfmem was left running.")
         return results
@@ -216,8 +217,8 @@ class Capture:
         rss_peak, rss_end, peak_source = results.get("sampler") or _rss_now()
         sampler = self.sampler
         limit, source = self._limit
-        if self.sampler is not None and self.sampler.errors:
-            self.notes.extend(self.sampler.errors)
+        if sampler is not None:
+            self.notes.extend(sampler.errors)
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
             rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,

@@ -76,7 +76,9 @@ def session_limit() -> SessionLimit | None:
 
 
 def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLimit, str]:
-    """`%tfmem limit SIZE`: the budget of every later cell; arms TF's allocator limit if still possible."""
+    """`%tfmem limit SIZE`: the budget of every later cell; arms TF's allocator limit if still possible. A limit the
+    process already passes is a TfmemUsageError (see check_reachable)."""
+    check_reachable(limit, "%tfmem limit", margin=0)
     rss = psutil.Process().memory_info().rss
     allocator_mb = None
     if environment.tensorflow_initialized():
@@ -203,8 +205,6 @@ class Guard:
             self._armed = False
         if threading.get_ident() == self._thread_id:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
-
-    disarm = close  # the cell's undo step
 
     def _claim(self, layer: str, rss: int) -> bool:
         with self._lock:

@@ -343,14 +343,11 @@ class Tracer:
         and costs a restart, not the trace. Each signal misses something: malloc'd bytes are net of what the cell
         frees meanwhile (a first step frees its graph compilation's temporaries), RSS does not grow while the
         recorder reuses what an earlier segment freed, and the rate changes from phase to phase."""
-        try:
-            rss = self._process.memory_info().rss
-        except psutil.Error:  # pragma: no cover - the process always exists for itself
-            rss = self._segment_rss
+        rss, heap = self._memory_now()
         growth = rss - self._segment_rss - max(self._tf_current - self._segment_tf, 0)
         estimate = growth / RSS_PER_TRACE_BYTE
         if self._heap is not None:
-            return max(estimate, (self._heap() - self._segment_heap) / HEAP_PER_TRACE_BYTE)
+            return max(estimate, (heap - self._segment_heap) / HEAP_PER_TRACE_BYTE)
         return max(estimate, self._rate * (now - self._segment_start))
 
     def _restart(self) -> None:
@@ -394,12 +391,8 @@ class Tracer:
         # device tracer (CUPTI kernels on a GPU) writes events we never read, and the GPU allocators' memory
         # events are host events, so it is turned off.
         options = {"host_tracer_level": _Int(2), "python_tracer_level": _Int(0), "device_tracer_level": _Int(0)}
-        try:
-            self._segment_rss = self._process.memory_info().rss
-        except psutil.Error:  # pragma: no cover
-            self._segment_rss = 0
+        self._segment_rss, self._segment_heap = self._memory_now()
         self._segment_tf = self._tf_current
-        self._segment_heap = self._heap() if self._heap is not None else 0
         with _profiler_logs_filtered(self._quiet):
             self._segment_start = time.perf_counter()
             try:
@@ -438,7 +431,8 @@ class Tracer:
     def _decode_raw(self, at_least: int = 0) -> None:
         """Read the raw blobs into the decoded columns and drop them, once `at_least` bytes wait. Outside the lock:
         the training thread's callbacks must not wait for a decode. The watcher thread does this while it runs (the
-        message class was built at start, so nothing is imported here), finish() after it stopped."""
+        message class was built at start, so nothing is imported here); what is left raw when the trace ends is
+        decoded by xplane.read_segments."""
         with self._lock:
             if self._raw_bytes < max(at_least, 1):
                 return
@@ -457,7 +451,8 @@ class Tracer:
                 self._segment_heap += after[1] - before[1]
 
     def _memory_now(self) -> tuple[int, int]:
-        """(RSS, malloc'd bytes) of the process now, as _estimate reads them."""
+        """(RSS, malloc'd bytes; 0 without mallinfo2) of the process now: a segment's baseline and _estimate's
+        reading."""
         try:
             rss = self._process.memory_info().rss
         except psutil.Error:  # pragma: no cover - the process always exists for itself
