@@ -103,7 +103,7 @@ class Profiler:
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:
         use = build.add_analysis(report, m)
         if report.model is not None and use is not None and self.options.publish:
-            prediction.remember_model(report, use.model_ref(), use.target)
+            prediction.remember_model(report, use.model_ref(), use.structure)
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tfmem_magic.measure import feeding
+
 pytestmark = pytest.mark.slow
 
 SETUP = """
@@ -122,8 +124,9 @@ def test_the_batch_of_a_pipeline_whose_last_step_is_not_batch(shell):
     from tfmem_magic.core.session import SESSION
 
     remembered = SESSION.models[id(shell.user_ns["r"])]
-    assert remembered[2] == ((10,), "float32")  # the targets the calibration probes will make: as the cell's
-    # a PyDataset that does not say its batch: unknown, and no what-if pretends to know it
+    # what the calibration probes will make: batches like the cell's
+    assert remembered[2]["y"] == {feeding.LEAF: [[10], "float32"]}
+    # a PyDataset that does not say its batch: its first batch (what Keras asks for first) tells
     run(shell, """%%tfmem --as r
 class Batches(keras.utils.PyDataset):
     def __len__(self):
@@ -131,11 +134,22 @@ class Batches(keras.utils.PyDataset):
     def __getitem__(self, i):
         return x[i * 60:(i + 1) * 60], y[i * 60:(i + 1) * 60]
 model.fit(Batches(), epochs=1, verbose=0)""")
+    report = shell.user_ns["r"]
+    assert (report.model.batch_size, report.model.batch_source) == (60, "the PyDataset's first batch")
+    assert report.model.feed == "pydataset"
+    # a pipeline of batches made elsewhere (from_generator, leading dimension None, no .batch()): unknown, and no
+    # what-if pretends to know it
+    run(shell, """%%tfmem --as r
+def made_elsewhere():
+    for i in range(10):
+        yield x[i * 60:(i + 1) * 60], y[i * 60:(i + 1) * 60]
+spec = (tf.TensorSpec((None, *x.shape[1:]), "float32"), tf.TensorSpec((None, *y.shape[1:]), "float32"))
+model.fit(tf.data.Dataset.from_generator(made_elsewhere, output_signature=spec), epochs=1, verbose=0)""")
     import tfmem_magic
     from tfmem_magic.core.errors import TfmemUsageError
 
     report = shell.user_ns["r"]
-    assert report.model.batch_size is None and report.model.feed == "pydataset"
+    assert report.model.batch_size is None and report.model.feed == "dataset"
     with pytest.raises(TfmemUsageError, match="batch size could not be read"):
         tfmem_magic.predict(report, batch_size=64)
     assert not any(f.id == "shrink-batch" for f in report.fixes)

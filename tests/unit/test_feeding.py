@@ -45,7 +45,10 @@ def test_dict_inputs_sample_weights_and_a_small_dataset():
                                                                          "batch_size": 64}))
     assert feed.batch_size == 20  # fewer rows than the batch: one batch of 20
     assert sorted(a.role for a in feed.arrays) == ["sample_weight", "x", "x", "y"]
-    assert feed.target == ((), "float64")
+    leaf = feeding.LEAF
+    assert feed.structure == {"x": {"age": {leaf: [[1], "float32"]}, "city": {leaf: [[1], "int64"]}},
+                              "y": {leaf: [[], "float64"]}, "sample_weight": {leaf: [[], "float64"]}}
+    assert feeding.structure_leaves(feed.structure["x"]) == [([1], "float32"), ([1], "int64")]
 
 
 def test_a_generator_is_passed_through_whole_and_its_first_batch_noted():
@@ -53,6 +56,12 @@ def test_a_generator_is_passed_through_whole_and_its_first_batch_noted():
     source = ((np.zeros((16, 3)), np.zeros((16, 2), "float32")) for _ in range(3))
     spied = feeding.spy_generator(source, seen.append)
     assert len(list(spied)) == 3 and len(seen) == 1
-    assert feeding.batch_of(seen[0]) == (16, ((2,), "float32"), (16, 3))
+    leaf = feeding.LEAF
+    assert feeding.batch_of(seen[0]) == (16, {"x": {leaf: [[3], "float64"]}, "y": {leaf: [[2], "float32"]}},
+                                         (16, 3))
+    # several outputs, and a Python list (no shape): the nesting is kept, the list has no spec
+    batch = (np.zeros((8, 5)), [np.zeros((8, 1)), [0] * 8], np.ones(8))
+    assert feeding.split_batch(batch)["y"] == [{leaf: [[1], "float64"]}, [None] * 8]
+    assert feeding.split_batch(batch)["sample_weight"] == {leaf: [[], "float64"]}
     # a failure while describing must never reach the user's training
     assert len(list(feeding.spy_generator(iter([1, 2]), lambda item: 1 / 0))) == 2

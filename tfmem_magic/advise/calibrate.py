@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.measure import feeding
 from tfmem_magic.measure.tracer import remove_leftovers
 
 TIMEOUT_S = 600
@@ -66,26 +67,60 @@ scope = keras.saving.custom_object_scope(custom)
 scope.__enter__()  # for the whole probe: compile_from_config may name custom losses and metrics too
 model = keras.models.model_from_json(spec["model"])
 
-def synthetic(shape, batch, dtype):
-    dims = [batch] + [int(d) if d is not None else 1 for d in list(shape)[1:]]
-    if "int" in str(dtype):
-        return np.zeros(dims, str(dtype))
-    return np.random.default_rng(0).random(dims, dtype="float32")
+LEAF = spec["leaf"]
+RNG = np.random.default_rng(0)
+
+def synthetic(dims, dtype, batch, known=None):
+    # unknown dims (a variable-length dataset) take the model's input dims where it has them, else 1
+    known = list(known or [])
+    dims = [batch] + [int(d) if d is not None else
+                      (int(known[i]) if i < len(known) and known[i] is not None else 1) for i, d in enumerate(dims)]
+    dtype = str(dtype)
+    if "int" in dtype or dtype == "bool":
+        return np.zeros(dims, dtype)
+    if dtype == "string":
+        return np.full(dims, "tfmem", dtype=object)
+    return RNG.random(dims, dtype="float32")  # float64 arrays become floatx in Keras; bf16/f16 cast in the model
+
+def build(node, batch, known=None):
+    if node is None:
+        return None
+    if isinstance(node, dict) and LEAF in node:
+        return synthetic(node[LEAF][0], node[LEAF][1], batch, known)
+    if isinstance(node, dict):
+        return {k: build(v, batch) for k, v in node.items()}
+    return [build(v, batch) for v in node]
+
+def complete(node):  # every leaf has a shape (a Python list of labels has none)
+    if node is None:
+        return False
+    if isinstance(node, dict) and LEAF in node:
+        return True
+    values = list(node.values()) if isinstance(node, dict) else list(node)
+    return bool(values) and all(complete(v) for v in values)
 
 if spec["train"]:
     model.compile_from_config(spec["compile"])
 STEPS = spec["steps"]
+FED = spec["structure"] or {}
 
-def data(batch):
-    inputs = [synthetic(t.shape, batch, t.dtype.name if hasattr(t.dtype, "name") else t.dtype) for t in model.inputs]
-    x = inputs[0] if len(inputs) == 1 else inputs
+def data(batch):  # x, y, sample_weight of one synthetic batch, shaped and typed as the cell's batches were
+    if complete(FED.get("x")):
+        inputs = getattr(model, "inputs", None) or []  # a subclassed model has none before it is called
+        known = list(inputs[0].shape)[1:] if len(inputs) == 1 else None
+        x = build(FED["x"], batch, known)
+    else:
+        inputs = [synthetic(list(t.shape)[1:], t.dtype.name if hasattr(t.dtype, "name") else t.dtype, batch)
+                  for t in model.inputs]
+        x = inputs[0] if len(inputs) == 1 else inputs
     if not spec["train"]:
-        return x, None
-    if spec["target"] is not None:
-        return x, np.zeros((batch, *spec["target"][0]), spec["target"][1])
-    out = model(x)  # targets shaped like the outputs (a model trained from a dataset)
-    return x, (np.zeros(tuple(out.shape), "float32") if not isinstance(out, (list, tuple)) else
-               [np.zeros(tuple(o.shape), "float32") for o in out])
+        return x, None, None
+    weights = build(FED["sample_weight"], batch) if complete(FED.get("sample_weight")) else None
+    if complete(FED.get("y")):
+        return x, build(FED["y"], batch), weights
+    out = model(x)  # no targets seen (a generator of x only, a loss added in the model): shaped like the outputs
+    y = keras.tree.map_structure(lambda o: np.zeros(tuple(o.shape), "float32"), out)
+    return x, y, weights
 
 peaks = {}
 for i, batch in enumerate(spec["batches"]):
@@ -93,14 +128,15 @@ for i, batch in enumerate(spec["batches"]):
     if spec["pipeline"]:  # the cell gave fit/predict its arrays: Keras' own input pipeline, as there
         # as tensors made before the probe: fit copies numpy arrays, and a copy of the probe's arrays would grow
         # with the probe's batch (the cell's copy is a part of its own, from the arrays' size)
-        x, y = [None if v is None else keras.tree.map_structure(tf.constant, v) for v in data(batch * STEPS)]
+        x, y, w = [None if v is None else keras.tree.map_structure(tf.constant, v) for v in data(batch * STEPS)]
         if spec["train"]:
-            step = lambda: model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+            step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False)
         else:
             step = lambda: model.predict(x, batch_size=batch, verbose=0)
     else:
-        x, y = data(batch)
-        step = (lambda: model.train_on_batch(x, y)) if spec["train"] else (lambda: model.predict_on_batch(x))
+        x, y, w = data(batch)
+        step = ((lambda: model.train_on_batch(x, y, sample_weight=w)) if spec["train"] else
+                (lambda: model.predict_on_batch(x)))
     step()  # the first run builds the optimizer's slots and traces the graph
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))
     with probe:
@@ -111,11 +147,12 @@ print("TFMEM-PROBE " + json.dumps(peaks))
 """
 
 
-def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple, str] | None,
+def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | None,
                 pipeline: bool = False, progress: Callable[[str, float], None] | None = None
                 ) -> dict[int, tuple[int, int]]:
     """Per batch size, one step of a clone of `model` (with `pipeline`, a few steps of fit/predict on arrays, as the
-    cell ran them): the allocator's peak and the peak of the bytes the step requested, both over the step's start.
+    cell ran them) on synthetic batches shaped like `structure` (feeding.spec_of: features, targets, weights): the
+    allocator's peak and the peak of the bytes the step requested, both over the step's start.
     The requested bytes grow in a straight line with the batch; the allocator's chunks add BFC's fragmentation on
     top, which varies from run to run (DESIGN.md §1). `progress(text, fraction)` hears of each stage as it starts."""
     import keras
@@ -127,7 +164,7 @@ def probe_peaks(model: Any, batches: list[int], train: bool, target: tuple[tuple
     try:
         spec = {"model": config, "batches": batches, "train": train, "pipeline": pipeline,
                 "steps": PIPELINE_STEPS,
-                "target": [list(target[0]), target[1]] if target is not None else None,
+                "structure": structure, "leaf": feeding.LEAF,
                 "compile": model.get_compile_config() if train else None,
                 "policy": keras.mixed_precision.global_policy().name,
                 "custom": _custom_objects(model), "path": [p for p in sys.path if isinstance(p, str)]}
@@ -212,8 +249,9 @@ def _not_rebuildable(model: Any, exc: BaseException) -> str:
             break
         except Exception:
             continue
+    why = " ".join(str(exc).split())[:160]  # Keras' own message spans lines: one line here
     return (f"calibration rebuilds a clone of the model from its Keras config, and {culprit} has none "
-            f"({type(exc).__name__}: {str(exc)[:160]}). Give {culprit} a get_config() that returns its constructor's "
+            f"({type(exc).__name__}: {why}). Give {culprit} a get_config() that returns its constructor's "
             "arguments (and a from_config() that rebuilds nested models), or build the model with the functional "
             "API; the analytic basis (from this cell's trace) stays in use.")
 

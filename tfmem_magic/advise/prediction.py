@@ -379,12 +379,12 @@ def summary(report: Report) -> Prediction | None:
 
 # ---- calibration: probe runs of a clone ---------------------------------------------------------------------------
 
-def remember_model(report: Report, model: Any, target: tuple[tuple, str] | None = None) -> None:
-    """Keep a weak link from a report to the live Keras model it measured (for calibrate), and the shape of the
-    targets it was trained on (the probes make synthetic ones like them)."""
+def remember_model(report: Report, model: Any, structure: dict | None = None) -> None:
+    """Keep a weak link from a report to the live Keras model it measured (for calibrate), and what one of its
+    batches held (feeding.spec_of: the probes make synthetic batches like it)."""
     _forget_dead()
     try:
-        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), target)
+        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), structure)
     except TypeError:  # not weak-referenceable
         pass
 

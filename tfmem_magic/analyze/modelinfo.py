@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from tfmem_magic.core.report import LayerInfo, ModelInfo
+from tfmem_magic.measure import feeding
 from tfmem_magic.measure.instrument import ModelUse
 
 _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
@@ -49,8 +50,9 @@ RECURRENT_KEPT_PER_STEP_UNIT = {"LSTM": 8.4, "GRU": 7.5, "SimpleRNN": 1.2}
 _RECURRENT_CELLS = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
 
 
-def _recurrent_kept_bytes(layer: Any) -> int:
-    """Per-sample bytes a recurrent layer keeps for its backward pass: every time step's gates and states."""
+def _recurrent_kept_bytes(layer: Any, input_shape: Any = None) -> int:
+    """Per-sample bytes a recurrent layer keeps for its backward pass: every time step's gates and states.
+    `input_shape`: the layer's input as the cell fed it, when the model leaves the sequence length open."""
     outer, directions = layer, 1
     if type(layer).__name__ == "Bidirectional":  # its inner layers are never called symbolically: no .input
         layer, directions = getattr(layer, "forward_layer", None), 2
@@ -60,7 +62,7 @@ def _recurrent_kept_bytes(layer: Any) -> int:
     if kind not in RECURRENT_KEPT_PER_STEP_UNIT:
         return 0
     try:
-        steps = int(outer.input.shape[1])
+        steps = int((input_shape if input_shape is not None else outer.input.shape)[1])
         units = int(getattr(layer, "units", None) or layer.cell.units)
     except (AttributeError, TypeError, ValueError, IndexError):  # variable-length sequences: the trace tells
         return 0
@@ -86,9 +88,11 @@ def _internal_bytes(layer: Any) -> int:
     return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
 
 
-def _layer_info(layer: Any) -> LayerInfo:
+def _layer_info(layer: Any, fed: tuple[Any, Any] | None = None) -> LayerInfo:
+    """`fed`: the layer's input and output shapes as the cell's batches made them (see _fed_shapes), when the model
+    left a dimension open."""
     try:
-        shape = layer.output.shape
+        shape = fed[1] if fed is not None else layer.output.shape
     except (AttributeError, ValueError):
         shape = None
     per_sample = 0
@@ -105,19 +109,68 @@ def _layer_info(layer: Any) -> LayerInfo:
         params = 0
     return LayerInfo(name=layer.name, type=type(layer).__name__, params=params,
                      output_shape=_shape_text(shape), activation_bytes_per_sample=per_sample,
-                     kept_bytes_per_sample=_recurrent_kept_bytes(layer))
+                     kept_bytes_per_sample=_recurrent_kept_bytes(layer, fed[0] if fed is not None else None))
 
 
 def _is_model(layer: Any) -> bool:
     return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(layer).__mro__)
 
 
-def _layers(model: Any) -> list[LayerInfo]:
+def _open(shape: Any) -> bool:
+    try:
+        return any(d is None for d in list(shape)[1:])
+    except TypeError:
+        return False
+
+
+def _fed_shapes(model: Any, structure: dict | None) -> dict[int, tuple[Any, Any]]:
+    """Layer id -> (input shape, output shape) as the cell's batches made them, for a model that leaves dimensions
+    open (`Input((None,))`: a text model takes any sequence length). Keras' symbolic pass of the model's graph with
+    the fed per-sample shapes (batch 1) fills them in: an Embedding's (None, None, 64) becomes (1, 80, 64) when the
+    cell fed 80 tokens. {} when nothing is open, the fed shapes are unknown, or the graph cannot be replayed
+    (a subclassed model has no graph; a shared layer has no single output)."""
+    layers = (getattr(model, "layers", []) or [])[:MAX_LAYERS]
+    fed = feeding.structure_leaves((structure or {}).get("x"))
+    try:
+        inputs = list(model.inputs)
+        if not fed or len(fed) != len(inputs) or not any(_open(layer.output.shape) for layer in layers):
+            return {}
+        x = (structure or {}).get("x")
+        if isinstance(x, dict) and feeding.LEAF not in x:  # dict inputs go to the Input of the same name
+            by_name = dict(zip(x, fed, strict=False))
+            fed = [by_name[t.name] for t in inputs]
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return {}
+    import keras
+
+    kept, ends = [], []
+    for layer in layers:
+        try:
+            ends += [layer.input, layer.output]
+            kept.append(layer)
+        except (AttributeError, ValueError):  # a shared layer, a layer never called
+            ends = ends[:2 * len(kept)]
+    try:
+        tensors = [keras.KerasTensor((1, *dims), dtype=dtype) for dims, dtype in fed]
+        graph = keras.Model(inputs, ends)
+        specs = graph.compute_output_spec(tensors[0] if len(tensors) == 1 else tensors)
+    except Exception:  # a layer whose compute_output_spec needs what a symbolic tensor does not have
+        return {}
+
+    def shape(spec: Any) -> Any:
+        return tuple(spec.shape) if hasattr(spec, "shape") else None  # a layer with several inputs: not needed
+
+    return {id(layer): (shape(specs[2 * i]), shape(specs[2 * i + 1])) for i, layer in enumerate(kept)}
+
+
+def _layers(model: Any, structure: dict | None = None) -> list[LayerInfo]:
     """The model's layers. A model used as a layer (an encoder in a VAE, the base of transfer learning, an
-    augmentation Sequential) counts the outputs of all its own layers: its output alone is only the last of them."""
+    augmentation Sequential) counts the outputs of all its own layers: its output alone is only the last of them.
+    `structure`: what the cell's batches held (feeding.spec_of), for the dimensions the model leaves open."""
     out = []
+    fed = _fed_shapes(model, structure)
     for layer in (getattr(model, "layers", []) or [])[:MAX_LAYERS]:
-        info = _layer_info(layer)
+        info = _layer_info(layer, fed.get(id(layer)))
         inner = _nested_layers(layer)
         if inner:
             info.activation_bytes_per_sample = sum(i.activation_bytes_per_sample for i in inner)
@@ -184,7 +237,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
     big_opt_vars = [v for v in opt_vars if len(getattr(v, "shape", ())) > 0]
     slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
-    layers = _layers(model)
+    layers = _layers(model, use.structure)
     training = use.training_arrays
     return ModelInfo(
         name=model.name,

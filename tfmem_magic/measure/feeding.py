@@ -9,6 +9,11 @@ Where the batch comes from, in order of trust:
 - a Python generator: the first batch it yields (recorded as Keras takes it; see `spy_generator`);
 - a PyDataset: its `batch_size` attribute when it has one.
 Unknown stays unknown (None): a prediction around "batch 1" would be wrong and look right.
+
+What one batch holds (`Feed.structure`): the per-sample shapes and dtypes of its features, targets and sample
+weights, nested as the user nested them (dict inputs, several outputs), from the arrays, the dataset's element_spec,
+a generator's first batch or a PyDataset's first item. Calibration probes build their synthetic batches from it, and
+the analytic prior reads the sequence length a variable-length model was fed.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class Feed:
     samples: int | None = None  # rows of the training (or evaluated) arrays
     input_shape: tuple | None = None  # the first input's shape, batch dimension included
     arrays: list[InputArray] = field(default_factory=list)
-    target: tuple[tuple, str] | None = None  # per-sample shape and dtype of the targets (for calibration probes)
+    structure: dict | None = None  # what one batch holds: {"x": ..., "y": ..., "sample_weight": ...} (see spec_of)
     validation: str | None = None  # what the call validated on, in words
     validation_samples: int | None = None
 
@@ -97,14 +102,6 @@ def _rows(value: Any) -> int | None:
     return dims[0] if dims else None
 
 
-def _per_sample(value: Any) -> tuple[tuple, str] | None:
-    dims = _dims(getattr(value, "shape", None))
-    dtype = getattr(value, "dtype", None)
-    if not dims or dtype is None or any(d is None for d in dims[1:]):
-        return None
-    return tuple(dims[1:]), str(getattr(dtype, "name", dtype))
-
-
 def is_dataset(value: Any) -> bool:
     return hasattr(value, "element_spec") and hasattr(value, "_variant_tensor")
 
@@ -133,22 +130,54 @@ def dataset_batch(dataset: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
-def dataset_target(dataset: Any) -> tuple[tuple, str] | None:
-    """Per-sample shape and dtype of a (features, targets[, weights]) dataset's single target."""
-    spec = getattr(dataset, "element_spec", None)
-    if not isinstance(spec, tuple) or len(spec) < 2:
+LEAF = "__tfmem_leaf__"  # marks a leaf in a structure: {LEAF: [per-sample dims (None when unknown), dtype]}
+
+
+def spec_of(value: Any, depth: int = 0) -> Any:
+    """Per-sample shapes and dtypes of a nested structure of arrays, tensors or TensorSpecs, JSON-ready: dicts and
+    lists as the user nested them, each leaf as {LEAF: [dims without the batch, dtype name]}; None where a leaf has
+    no shape (a Python list, a scalar) or the nesting is deeper than Keras goes."""
+    if depth > 8 or value is None:
         return None
-    targets = list(leaves(spec[1]))
-    return _per_sample(targets[0]) if len(targets) == 1 else None
+    if isinstance(value, dict):
+        return {str(k): spec_of(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [spec_of(v, depth + 1) for v in value]
+    dims = _dims(getattr(value, "shape", None))
+    dtype = getattr(value, "dtype", None)
+    if not dims or dtype is None:
+        return None
+    return {LEAF: [list(dims[1:]), str(getattr(dtype, "name", dtype))]}
 
 
-def batch_of(item: Any) -> tuple[int | None, tuple[tuple, str] | None, tuple | None]:
-    """Batch size, per-sample target and first input's shape of one batch as a generator yields it."""
+def split_batch(item: Any) -> dict:
+    """One batch as Keras unpacks it, (x,), (x, y) or (x, y, sample_weight), as a structure (see spec_of)."""
+    parts = item if isinstance(item, tuple) else (item,)
+    return {role: spec_of(part) for role, part in zip(_ROLES, parts[:3], strict=False)}
+
+
+def structure_leaves(node: Any) -> list[tuple[list, str]]:
+    """The (per-sample dims, dtype) leaves of a structure, in order."""
+    if isinstance(node, dict) and LEAF in node:
+        return [tuple(node[LEAF])]
+    values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+    return [leaf for value in values for leaf in structure_leaves(value)]
+
+
+def batch_of(item: Any) -> tuple[int | None, dict, tuple | None]:
+    """Batch size, structure (see split_batch) and first input's shape of one batch as a generator yields it."""
     parts = item if isinstance(item, tuple) else (item,)
     first = next(leaves(parts[0]), None)
-    targets = list(leaves(parts[1])) if len(parts) > 1 else []
-    target = _per_sample(targets[0]) if len(targets) == 1 else None
-    return _rows(first), target, _dims(getattr(first, "shape", None))
+    return _rows(first), split_batch(item), _dims(getattr(first, "shape", None))
+
+
+def pydataset_first(dataset: Any) -> Any:
+    """A PyDataset's first batch (its `__getitem__(0)`: Keras asks for it too, before the first epoch, to learn the
+    batch's structure), or None when it will not give one without error."""
+    try:
+        return dataset[0]
+    except Exception:  # an empty PyDataset, or one that needs its epoch started
+        return None
 
 
 def spy_generator(generator: Iterator, on_first: Callable[[Any], None]) -> Iterator:
@@ -174,7 +203,7 @@ def describe(call: str, named: dict[str, Any]) -> Feed:
     if is_dataset(x):
         feed.kind = "dataset"
         feed.batch_size, feed.batch_source = dataset_batch(x)
-        feed.target = dataset_target(x) if call == "fit" else None
+        feed.structure = split_batch(getattr(x, "element_spec", None))
         first = next(leaves(getattr(x, "element_spec", None)), None)
         feed.input_shape = _dims(getattr(first, "shape", None))
     elif inspect.isgenerator(x):
@@ -184,6 +213,11 @@ def describe(call: str, named: dict[str, Any]) -> Feed:
         size = getattr(x, "batch_size", None)
         if isinstance(size, int) and size > 0:
             feed.batch_size, feed.batch_source = size, "the PyDataset's batch_size"
+        first = pydataset_first(x)
+        if first is not None:
+            rows, feed.structure, feed.input_shape = batch_of(first)
+            if feed.batch_size is None and rows is not None:
+                feed.batch_size, feed.batch_source = rows, "the PyDataset's first batch"
     else:
         _describe_arrays(call, named, feed)
     _describe_validation(named, feed)
@@ -215,9 +249,7 @@ def _describe_arrays(call: str, named: dict[str, Any], feed: Feed) -> None:
         feed.samples = train_rows
         if feed.batch_size is not None:
             feed.batch_size = max(1, min(feed.batch_size, train_rows))  # fewer rows than the batch: one batch
-    if call in ("fit", "train_on_batch"):
-        targets = list(leaves(named.get("y")))
-        feed.target = _per_sample(targets[0]) if len(targets) == 1 else None
+    feed.structure = {role: spec_of(named.get(role)) for role in _ROLES}
     for role in _ROLES:
         for value in leaves(named.get(role)):
             if not _is_numpy(value):

@@ -37,7 +37,7 @@ class ModelUse:
     input_shape: tuple | None = None
     input_arrays: list[InputArray] = field(default_factory=list)  # numpy arrays passed in (Keras copies them)
     samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict (training rows only)
-    target: tuple[tuple, str] | None = None  # the targets' per-sample shape and dtype (calibration)
+    structure: dict | None = None  # what one training batch holds (feeding.spec_of): calibration's batches
     feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
     validation: str | None = None  # what fit validated on, in words
 
@@ -315,17 +315,17 @@ class Instrumentation:
             use.batch_size, use.batch_source = feed.batch_size, feed.batch_source
         use.input_shape = feed.input_shape or use.input_shape
         use.samples = feed.samples if feed.samples is not None else use.samples
-        if call in ("fit", "train_on_batch"):
-            use.target = feed.target
+        if call in ("fit", "train_on_batch") or use.structure is None:
+            use.structure = feed.structure
         self._note_arrays(use, feed.arrays)
         if feed.kind == "generator":
             def first_batch(item: Any) -> None:
-                batch, target, shape = feeding.batch_of(item)
+                batch, structure, shape = feeding.batch_of(item)
                 if batch is not None:
                     use.batch_size, use.batch_source = batch, "the generator's first batch"
                 use.input_shape = shape or use.input_shape
-                if call == "fit":
-                    use.target = target
+                if call == "fit" or use.structure is None:
+                    use.structure = structure
             return _replace_argument(original, args, kwargs, "x",
                                      feeding.spy_generator(named["x"], first_batch))
         return args, kwargs
