@@ -37,10 +37,12 @@ def check(r):
 # name -> (code that builds `model` and its data, the training call, expected (feed, batch, where the batch came from))
 CASES = {
     "numpy, one-hot labels, validation_split (Sequential)": ("""
-model = keras.Sequential([keras.Input((32,)), layers.Dense(64, activation="relu"), layers.Dense(5, activation="softmax")])
+model = keras.Sequential([keras.Input((32,)), layers.Dense(64, activation="relu"),
+                          layers.Dense(5, activation="softmax")])
 model.compile("adam", "categorical_crossentropy")
 x = rng.random((512, 32), dtype="float32"); y = keras.utils.to_categorical(rng.integers(0, 5, 512), 5)
-""", "model.fit(x, y, batch_size=32, validation_split=0.2, epochs=1, verbose=0)", ("arrays", 32, "batch_size argument")),
+""", "model.fit(x, y, batch_size=32, validation_split=0.2, epochs=1, verbose=0)",
+        ("arrays", 32, "batch_size argument")),
     "tf.data cache/batch/map/prefetch/repeat, sparse labels (batch-norm CNN)": ("""
 inp = keras.Input((32, 32, 3)); h = layers.BatchNormalization()(layers.Conv2D(16, 3)(inp))
 out = layers.Dense(10)(layers.GlobalAveragePooling2D()(layers.ReLU()(h)))
@@ -109,7 +111,8 @@ y = rng.integers(0, 2, (256, 1)).astype("float32")
 inp = keras.Input((None,), dtype="int64")
 h = layers.Bidirectional(layers.LSTM(16))(layers.Embedding(2000, 32)(inp))
 model = keras.Model(inp, layers.Dense(1, activation="sigmoid")(h)); model.compile("adam", "binary_crossentropy")
-ds = tf.data.Dataset.from_tensor_slices((rng.integers(0, 2000, (256, 80)), rng.integers(0, 2, 256))).batch(32).prefetch(2)
+ds = tf.data.Dataset.from_tensor_slices((rng.integers(0, 2000, (256, 80)), rng.integers(0, 2, 256)))
+ds = ds.batch(32).prefetch(2)
 """, "model.fit(ds, epochs=1, verbose=0)", ("dataset", 32, "the dataset's .batch()")),
     "numpy, a transformer block (attention)": ("""
 inp = keras.Input((24, 32)); h = layers.LayerNormalization()(layers.MultiHeadAttention(2, 16)(inp, inp) + inp)

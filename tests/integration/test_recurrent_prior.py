@@ -27,7 +27,8 @@ x = (np.random.randint(0, 1000, (batch * 4, 100)) if text else np.random.rand(ba
 y = np.random.randint(0, 10, batch * 4)
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 with tfmem_magic.profile(mode="quick") as p:
-    front = [keras.Input((None,), dtype="int64"), keras.layers.Embedding(1000, 16)] if text else [keras.Input((100, 16))]
+    front = ([keras.Input((None,), dtype="int64"), keras.layers.Embedding(1000, 16)] if text else
+             [keras.Input((100, 16))])
     model = keras.Sequential([*front, layer, keras.layers.Dense(10)])
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(data, epochs=1, verbose=0)
