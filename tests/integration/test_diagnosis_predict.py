@@ -195,7 +195,10 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     model.compile("adam", "mse")
     threads = threading.active_count()
     heard = []
-    peaks = calibrate.probe_peaks(model, [16, 64], True, ((4,), "float32"), True,
+    from tfmem_magic.measure.feeding import LEAF
+
+    batch = {"x": {LEAF: [[8], "float32"]}, "y": {LEAF: [[4], "float32"]}}  # what a cell's batches held
+    peaks = calibrate.probe_peaks(model, [16, 64], True, batch, True,
                                   lambda text, done: heard.append((text, done)))
     assert [text for text, _ in heard] == ["starting TensorFlow", "building the clone", "probe at batch 16",
                                            "probe at batch 64"]
@@ -203,5 +206,5 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     assert set(peaks) == {16, 64} and peaks[64][1] > peaks[16][1] > 0
     monkeypatch.setattr(calibrate, "TIMEOUT_S", 1)  # TensorFlow alone takes longer to start
     with pytest.raises(TfmemUsageError, match="took more than 1 s"):
-        calibrate.probe_peaks(model, [16, 64], True, ((4,), "float32"), True)
+        calibrate.probe_peaks(model, [16, 64], True, batch, True)
     assert threading.active_count() == threads  # the deadline's timer is gone, the probe process killed
