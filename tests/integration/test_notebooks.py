@@ -83,7 +83,10 @@ def test_batch_size_notebook(tmp_path):
     text = "".join(outputs_text(c) for c in nb.cells)
     line = next(t for t in text.splitlines() if t.startswith("predicted ") and "measured" in t)
     error = int(line.rsplit("(", 1)[1].rstrip("%)"))
-    assert abs(error) <= 30, line
+    if "an upper bound" in text:  # the trace stopped before b32's peak (seen in CI, not here): the safe side
+        assert error >= -10, line
+    else:
+        assert abs(error) <= 30, line
     assert "calibrated:" in text and "±10% (measured)" in text
     # accumulation: batch 128's effective batch with batch 32's activations
     assert acc.tf_peak_bytes < 0.7 * b128.tf_peak_bytes

@@ -120,13 +120,12 @@ def _bytes_per_element(policy: str | None) -> int:
     return POLICIES.get(policy or "float32", 4)
 
 
-VIEW_LAYERS = {"Flatten", "Reshape"}
-
-
 def activation_bytes(model: ModelInfo) -> float:
     """Activation bytes per sample the cell's step holds: all outputs when training, a neighbouring pair when not."""
-    # a Flatten or Reshape output is a view of its input's buffer (TF reshapes do not copy): no memory of its own
-    per_layer = [0 if layer.type in VIEW_LAYERS else layer.activation_bytes_per_sample for layer in model.layers]
+    # A Flatten's output is a view of its input (TF reshapes do not copy), yet counting it is what keeps the 1.6
+    # factor right: without it, a Conv+Flatten+Dense CNN's quick-mode prior at batch 512 fell 30% short (its
+    # backward makes a gradient of that size, and the factor was measured with it counted)
+    per_layer = [layer.activation_bytes_per_sample for layer in model.layers]
     if not per_layer:
         return 0.0
     if model.training:  # outputs and their gradients, and what recurrent layers keep per time step (measured)
@@ -342,6 +341,9 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         band = ANALYTIC_BAND
         notes.append("Below the cell's batch, most of the peak is what the cell's own run held apart from its "
                      "batch, which varies from run to run: the analytic error band applies.")
+    if basis.name == "analytic" and "upper bound" in basis.slope_source and knobs.batch_size > now.batch_size:
+        notes.append("The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
+                     "batch: an upper bound (calibrate to measure it).")
     if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
         notes.append(f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
                      "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
