@@ -63,5 +63,7 @@ def test_a_generator_is_passed_through_whole_and_its_first_batch_noted():
     batch = (np.zeros((8, 5)), [np.zeros((8, 1)), [0] * 8], np.ones(8))
     assert feeding.split_batch(batch)["y"] == [{leaf: [[1], "float64"]}, [None] * 8]
     assert feeding.split_batch(batch)["sample_weight"] == {leaf: [[], "float64"]}
+    # the probes can make x and the weights, not targets with a shapeless list among them
+    assert feeding.complete(feeding.split_batch(batch)["x"]) and not feeding.complete(feeding.split_batch(batch)["y"])
     # a failure while describing must never reach the user's training
     assert len(list(feeding.spy_generator(iter([1, 2]), lambda item: 1 / 0))) == 2

@@ -21,7 +21,6 @@ import threading
 from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.measure import feeding
 from tfmem_magic.measure.tracer import remove_leftovers
 
 TIMEOUT_S = 600
@@ -67,7 +66,7 @@ scope = keras.saving.custom_object_scope(custom)
 scope.__enter__()  # for the whole probe: compile_from_config may name custom losses and metrics too
 model = keras.models.model_from_json(spec["model"])
 
-LEAF = spec["leaf"]
+from tfmem_magic.measure.feeding import LEAF, complete
 RNG = np.random.default_rng(0)
 
 def synthetic(dims, dtype, batch, known=None):
@@ -90,14 +89,6 @@ def build(node, batch, known=None):
     if isinstance(node, dict):
         return {k: build(v, batch) for k, v in node.items()}
     return [build(v, batch) for v in node]
-
-def complete(node):  # every leaf has a shape (a Python list of labels has none)
-    if node is None:
-        return False
-    if isinstance(node, dict) and LEAF in node:
-        return True
-    values = list(node.values()) if isinstance(node, dict) else list(node)
-    return bool(values) and all(complete(v) for v in values)
 
 if spec["train"]:
     model.compile_from_config(spec["compile"])
@@ -164,7 +155,7 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
     try:
         spec = {"model": config, "batches": batches, "train": train, "pipeline": pipeline,
                 "steps": PIPELINE_STEPS,
-                "structure": structure, "leaf": feeding.LEAF,
+                "structure": structure,
                 "compile": model.get_compile_config() if train else None,
                 "policy": keras.mixed_precision.global_policy().name,
                 "custom": _custom_objects(model), "path": [p for p in sys.path if isinstance(p, str)]}

@@ -48,6 +48,7 @@ TRAIN_ACTIVATION_FACTOR = 1.6
 INFER_ACTIVATION_FACTOR = 1.0
 TYPICAL_FRAGMENTATION = 1.3
 ANALYTIC_BAND = 0.30
+UPPER_BOUND_SOURCE = "the cell's peak (the trace stopped before it: an upper bound)"
 MEASURED_BAND = 0.10
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
                    "adamax": 2, "lion": 1, "adafactor": 1, "ftrl": 2, "lamb": 2}
@@ -180,7 +181,7 @@ def analytic_basis(report: Report) -> Basis:
         elif traced is None and report.trace is not None and report.trace.events and report.trace.budget_spent:
             # traced, but the trace stopped before the peak (its budget): the layer outputs miss what a recurrent
             # layer or an attention block keeps inside; the cell's own point is an upper bound, the safe side
-            activations, source = one_point, "the cell's peak (the trace stopped before it: an upper bound)"
+            activations, source = one_point, UPPER_BOUND_SOURCE
         other = round(anchor - static - (activations + input_per_sample) * knobs.batch_size)
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing)
@@ -341,7 +342,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         band = ANALYTIC_BAND
         notes.append("Below the cell's batch, most of the peak is what the cell's own run held apart from its "
                      "batch, which varies from run to run: the analytic error band applies.")
-    if basis.name == "analytic" and "upper bound" in basis.slope_source and knobs.batch_size > now.batch_size:
+    if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > now.batch_size:
         notes.append("The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
                      "batch: an upper bound (calibrate to measure it).")
     if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
@@ -480,14 +481,18 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     # what the batch adds is large enough to measure its chunks (not a step's noise: temporaries that overlap or
     # not, e.g. +-4 MiB on an MLP whose step barely grows with the batch)
     measurable = grown >= 0.25 * peaks[high][1]
-    chunks = (peaks[high][0] - peaks[low][0]) / grown if measurable and column == 1 else \
-        1.0 if column == 0 else basis.fragmentation
+    if column == 0:
+        chunks = 1.0  # the line is in the allocator's chunks already
+    elif measurable:
+        chunks = (peaks[high][0] - peaks[low][0]) / grown
+    else:
+        chunks = basis.fragmentation
 
     lower = [b for b in batches if b < anchor]
     upper = [b for b in batches if b > anchor]
-    requested = [peaks[b][column] for b in batches]
-    if requested != sorted(requested):  # noise-dominated: one least-squares line through all the probes
-        above, below = max(0.0, _line_slope(batches, requested) - basis.input_per_sample), None
+    line = [peaks[b][column] for b in batches]
+    if line != sorted(line):  # noise-dominated: one least-squares line through all the probes
+        above, below = max(0.0, _line_slope(batches, line) - basis.input_per_sample), None
     elif anchor in peaks and upper:
         above = slope(anchor, upper[-1])
         below = slope(lower[0], anchor) if lower else None

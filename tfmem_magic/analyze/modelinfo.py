@@ -146,10 +146,11 @@ def _fed_shapes(model: Any, structure: dict | None) -> dict[int, tuple[Any, Any]
     kept, ends = [], []
     for layer in layers:
         try:
-            ends += [layer.input, layer.output]
-            kept.append(layer)
+            pair = [layer.input, layer.output]
         except (AttributeError, ValueError):  # a shared layer, a layer never called
-            ends = ends[:2 * len(kept)]
+            continue
+        ends += pair
+        kept.append(layer)
     try:
         tensors = [keras.KerasTensor((1, *dims), dtype=dtype) for dims, dtype in fed]
         graph = keras.Model(inputs, ends)

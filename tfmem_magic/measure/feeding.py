@@ -164,6 +164,16 @@ def structure_leaves(node: Any) -> list[tuple[list, str]]:
     return [leaf for value in values for leaf in structure_leaves(value)]
 
 
+def complete(node: Any) -> bool:
+    """Whether every leaf of a structure has a shape (a Python list of labels has none): the probes can make it."""
+    if node is None:
+        return False
+    if isinstance(node, dict) and LEAF in node:
+        return True
+    values = list(node.values()) if isinstance(node, dict) else list(node) if isinstance(node, list) else []
+    return bool(values) and all(complete(v) for v in values)
+
+
 def batch_of(item: Any) -> tuple[int | None, dict, tuple | None]:
     """Batch size, structure (see split_batch) and first input's shape of one batch as a generator yields it."""
     parts = item if isinstance(item, tuple) else (item,)
