@@ -19,3 +19,7 @@ class MemoryLimitExceeded(TfmemError, MemoryError):
 
     def __str__(self) -> str:
         return self.args[0] if self.args else self.detail
+
+
+class MemoryGrowthWarning(UserWarning):
+    """TensorFlow's peak grew run after run (epochs of a fit, repeated cells): something is kept between them."""

@@ -37,6 +37,10 @@ class Session:
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on
         self.measuring: list[Any] = []  # the measurements running now, outermost first (sampling.AllocatorStats)
+        # finish() of measurements a Keras callback started and whose call raised before it could finish them (an
+        # OOM in a traced step): the next measurement finishes them first, so no profiler session, sampler thread
+        # or nesting slot of theirs outlives the error
+        self.abandoned: list[Any] = []
 
     def publish(self, report: Any) -> None:
         self.last = report

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import psutil
 
 from tfmem_magic.core.options import Options
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import environment, guard
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
@@ -83,6 +84,8 @@ class Capture:
         """Arm every instrument. All or nothing: if arming fails or is interrupted part-way (Ctrl-C, a full disk),
         what was armed is undone in reverse before the exception leaves, so no later cell finds an instrument, patch or
         thread of this one (an allocator-stats slot left behind would make every later cell 'nested')."""
+        while SESSION.abandoned:  # a callback's measurement whose fit raised: it ends before this one starts
+            _quietly(SESSION.abandoned.pop())
         try:
             self._arm()
         except BaseException:

@@ -1,0 +1,333 @@
+"""pytest plugin: memory budgets for TensorFlow code, as markers, and a table of the tests that use the most.
+
+Registered through the `pytest11` entry point, so installing tfmem_magic makes it available; it does nothing unless
+a test carries one of its markers or pytest runs with `--tfmem`:
+
+    @pytest.mark.tfmem_limit("300MiB")            # TF's peak over the test's baseline, on the main device
+    @pytest.mark.tfmem_limit("2GiB", rss=True)    # the process's RSS peak over its baseline instead
+    @pytest.mark.tfmem_no_leak("1MiB", runs=3)    # the body runs 3 times; TF's live bytes must not keep growing
+
+    pytest --tfmem [--tfmem-top 10] [--tfmem-save DIR] [--tfmem-trace]
+
+Only the test body is measured, not its fixtures (as pytest-memray does): the body is wrapped in `tfmem_magic`'s
+Profiler at `pytest_pyfunc_call`. Under pytest-xdist each worker measures its own tests; the figures travel to the
+controller in the test reports' `user_properties`, which is where the end-of-run table reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import DeviceMemory, Report, main_device_name
+from tfmem_magic.core.sizes import format_bytes, parse_size
+
+LIMIT, NO_LEAK = "tfmem_limit", "tfmem_no_leak"
+# user_properties keys: the figures travel with the test's report (to the xdist controller, into junitxml)
+TF_PEAK, RSS_PEAK, ALLOCATOR_NOTE = "tfmem_tf_peak_bytes", "tfmem_rss_peak_bytes", "tfmem_allocator_note"
+TOP_TENSORS = 5
+
+
+@dataclass(frozen=True)
+class Limit:
+    bytes: int
+    device: str | None = None  # None: the report's main device (the first GPU, else CPU:0)
+    rss: bool = False
+
+
+@dataclass(frozen=True)
+class NoLeak:
+    bytes: int
+    runs: int = 3
+
+
+# ---- hooks ----------------------------------------------------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tfmem", "TensorFlow memory (tfmem_magic)")
+    group.addoption("--tfmem", action="store_true", default=False,
+                    help="measure every test's TensorFlow and process memory and list the largest at the end")
+    group.addoption("--tfmem-top", type=int, default=10, metavar="N",
+                    help="how many tests the --tfmem table lists (default 10)")
+    group.addoption("--tfmem-save", metavar="DIR", default=None,
+                    help="write each measured test's report as JSON in DIR (read it with `tfmem show FILE`)")
+    group.addoption("--tfmem-trace", action="store_true", default=False,
+                    help="measure with the profiler's trace (per-op/per-layer breakdown; slower) instead of quick "
+                         "mode")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{LIMIT}(size, device=None, rss=False): fail when TensorFlow's peak over the "
+                            "test's baseline (or the process's RSS peak, rss=True) exceeds size, e.g. '300MiB'")
+    config.addinivalue_line("markers", f"{NO_LEAK}(size, runs=3): run the test body `runs` times and fail when "
+                            "TensorFlow's live bytes grow by more than size after every run but the first")
+    config.pluginmanager.register(_Plugin(config), "tfmem-measure")
+
+
+class _Plugin:
+    """The session's state and the hooks that use it (one per pytest run, on each xdist worker and controller)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.trace_all = bool(config.getoption("tfmem_trace"))
+        self.top = int(config.getoption("tfmem_top"))
+        save = config.getoption("tfmem_save")
+        self.save_dir = Path(save) if save else None
+        self.measure_all = bool(config.getoption("tfmem")) or self.trace_all or self.save_dir is not None
+        self.config = config
+        self.prepared = False
+        self.rows: list[tuple[int | None, int, str]] = []  # (tf peak, rss peak, nodeid) of each measured test
+        self.incomplete_allocator: str | None = None  # why TF's small allocations were not all seen
+        if self.top < 0:
+            raise pytest.UsageError(f"--tfmem-top {self.top}: give a count of 0 or more")
+        if self.measure_all:
+            self.prepare()  # before the test modules are imported: TF's first op must find BFC set
+
+    def prepare(self) -> None:
+        if not self.prepared:
+            from tfmem_magic.measure.environment import prepare_allocator
+
+            prepare_allocator()
+            self.prepared = True
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            try:
+                wanted = _limit_of(item), _no_leak_of(item)
+            except TfmemUsageError as exc:
+                raise pytest.UsageError(f"{item.nodeid}: {exc}") from None
+            if any(wanted):
+                self.prepare()  # the test modules imported TF, but it has usually not run an op yet
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Any:
+        limit, no_leak = _limit_of(pyfuncitem), _no_leak_of(pyfuncitem)
+        if not (limit or no_leak or self.measure_all):
+            yield
+            return
+        original = pyfuncitem.obj
+        pyfuncitem.obj = _measured(original, pyfuncitem, self, limit, no_leak)
+        try:
+            yield
+        finally:
+            pyfuncitem.obj = original
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect the figures (here, or on the xdist controller from the workers' reports)."""
+        props = dict(report.user_properties)
+        if report.when == "call" and (TF_PEAK in props or RSS_PEAK in props):
+            self.rows.append((props.get(TF_PEAK), props.get(RSS_PEAK, 0), report.nodeid))
+            self.incomplete_allocator = self.incomplete_allocator or props.get(ALLOCATOR_NOTE)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.rows or not self.measure_all or self.top == 0:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", f"tfmem: the {min(self.top, len(self.rows))} tests with the highest TensorFlow peak")
+        tr.write_line(f"{'TF peak':>10}  {'RSS peak':>10}  test   (peaks over each test body's baseline)")
+        ranked = sorted(self.rows, key=lambda r: (r[0] or 0, r[1]), reverse=True)[:self.top]
+        for tf_peak, rss_peak, nodeid in ranked:
+            tf_text = format_bytes(tf_peak) if tf_peak is not None else "-"
+            tr.write_line(f"{tf_text:>10}  {format_bytes(rss_peak):>10}  {nodeid}")
+        if self.incomplete_allocator:
+            tr.write_line(f"note: {self.incomplete_allocator}")
+        if self.save_dir is not None:
+            tr.write_line(f"reports: {self.save_dir}/ (read one with `tfmem show FILE`)")
+
+
+# ---- markers --------------------------------------------------------------------------------------------------------
+
+def _limit_of(item: pytest.Item) -> Limit | None:
+    mark = item.get_closest_marker(LIMIT)
+    if mark is None:
+        return None
+    size, kwargs = _one_size(mark, {"device", "rss"})
+    device = kwargs.get("device")
+    if device is not None and not (isinstance(device, str) and re.fullmatch(r"(CPU|GPU):\d+", device)):
+        raise TfmemUsageError(f"@pytest.mark.{LIMIT}(device={device!r}): name a TensorFlow device such as 'GPU:0' "
+                              "or 'CPU:0'")
+    rss = kwargs.get("rss", False)
+    if not isinstance(rss, bool):
+        raise TfmemUsageError(f"@pytest.mark.{LIMIT}(rss={rss!r}): rss is True or False")
+    if rss and device is not None:
+        raise TfmemUsageError(f"@pytest.mark.{LIMIT}: rss=True limits the process's memory; device= does not apply")
+    return Limit(size, device, rss)
+
+
+def _no_leak_of(item: pytest.Item) -> NoLeak | None:
+    mark = item.get_closest_marker(NO_LEAK)
+    if mark is None:
+        return None
+    size, kwargs = _one_size(mark, {"runs"})
+    runs = kwargs.get("runs", 3)
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 2:
+        raise TfmemUsageError(f"@pytest.mark.{NO_LEAK}(runs={runs!r}): runs is a whole number of at least 2 (the "
+                              "first run warms up: graphs are traced and caches filled)")
+    return NoLeak(size, runs)
+
+
+def _one_size(mark: pytest.Mark, allowed: set[str]) -> tuple[int, dict[str, Any]]:
+    unknown = set(mark.kwargs) - allowed - {"size"}
+    if unknown:
+        raise TfmemUsageError(f"@pytest.mark.{mark.name}: unknown argument(s) {', '.join(sorted(unknown))}; it "
+                              f"takes a size and {', '.join(sorted(allowed))}")
+    sizes = list(mark.args) + ([mark.kwargs["size"]] if "size" in mark.kwargs else [])
+    if len(sizes) != 1:
+        raise TfmemUsageError(f"@pytest.mark.{mark.name} takes one size, e.g. @pytest.mark.{mark.name}('300MiB'); "
+                              f"got {len(sizes)}")
+    size = sizes[0]
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TfmemUsageError(f"@pytest.mark.{mark.name}({size!r}): give the size as a string such as '300MiB' or "
+                              "as bytes (an int)")
+    try:
+        value = size if isinstance(size, int) else parse_size(size)
+    except (TfmemUsageError, ValueError) as exc:
+        raise TfmemUsageError(f"@pytest.mark.{mark.name}({size!r}): {exc}") from None
+    if value < 0:
+        raise TfmemUsageError(f"@pytest.mark.{mark.name}({size!r}): a size cannot be negative")
+    return value, mark.kwargs
+
+
+# ---- measuring one test body ----------------------------------------------------------------------------------------
+
+def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, limit: Limit | None,
+              no_leak: NoLeak | None) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from tfmem_magic.core.options import Options
+        from tfmem_magic.pipeline import Profiler
+
+        # the trace names the largest tensors when a TF limit fails; an RSS limit stays in quick mode (the
+        # profiler's own memory would count in the process's RSS)
+        traced = state.trace_all or (limit is not None and not limit.rss)
+        options = Options(mode="trace" if traced else "quick", label=item.nodeid, publish=False)
+        runs = no_leak.runs if no_leak else 1
+        ends: list[int | None] = []
+        result = None
+        for _ in range(runs):
+            with Profiler(options) as profiler:
+                result = func(*args, **kwargs)  # the test's own exception propagates, unmeasured checks skipped
+            report = profiler.report
+            measured = _device_memory(report, limit.device if limit else None)
+            ends.append(None if measured is None else measured[1].end_bytes)
+        if report is None:  # pragma: no cover - finish() always sets it
+            return result
+        _record(item, state, report)
+        if limit is not None:
+            _check_limit(item, state, report, limit)
+        if no_leak is not None:
+            _check_no_leak(item, state, report, no_leak, ends)
+        return result
+
+    return wrapper
+
+
+def _record(item: pytest.Function, state: _Plugin, report: Report) -> None:
+    item.user_properties.append((TF_PEAK, report.tf_peak_bytes))
+    item.user_properties.append((RSS_PEAK, max(0, report.rss.peak_bytes - report.rss.baseline_bytes)))
+    if not report.env.allocator_complete and report.tf:
+        item.user_properties.append((ALLOCATOR_NOTE, report.env.allocator_note or "TensorFlow's allocator does not "
+                                     "see every allocation in this process"))
+    if state.save_dir is not None:
+        _save(state, item, report, state.save_dir)
+
+
+def _save(state: _Plugin, item: pytest.Function, report: Report, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:180] or "test"
+    return report.save(directory / f"{name}.json")
+
+
+def _failure_dir(state: _Plugin) -> Path:
+    if state.save_dir is not None:
+        return state.save_dir
+    cache = getattr(state.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("tfmem"))
+    return Path(tempfile.mkdtemp(prefix="tfmem-pytest-"))
+
+
+def _device_memory(report: Report | None, device: str | None) -> tuple[str, DeviceMemory] | None:
+    """The device the limit is about and its figures; None when its allocator was not measured. A body in which
+    TensorFlow never ran an op allocated nothing through it: zero."""
+    if report is None:
+        return None
+    name = device or main_device_name(report.tf)
+    if name is not None and name in report.tf:
+        return name, report.tf[name]
+    if not report.tf and report.env.allocator == "none" and device is None:
+        return "TensorFlow's allocator (no op ran)", DeviceMemory()
+    return None
+
+
+def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: Limit) -> None:
+    if limit.rss:
+        peak = max(0, report.rss.peak_bytes - report.rss.baseline_bytes)
+        what = "the process's RSS peak"
+    else:
+        measured = _device_memory(report, limit.device)
+        if measured is None:
+            pytest.fail(_unmeasured(report, limit.device), pytrace=False)
+        name, mem = measured
+        peak = mem.peak_bytes - mem.baseline_bytes
+        what = f"TensorFlow's peak on {name}"
+    if peak <= limit.bytes:
+        return
+    path = _save(state, item, report, _failure_dir(state))
+    lines = [f"{LIMIT}: {what} was {format_bytes(peak)} over the test body's baseline, over its "
+             f"{format_bytes(limit.bytes)} limit (by {format_bytes(peak - limit.bytes)})."]
+    lines += _largest_tensors(report)
+    lines.append(f"report: {path}  (read it with `tfmem show {path} --html page.html`)")
+    pytest.fail("\n".join(lines), pytrace=False)
+
+
+def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_leak: NoLeak,
+                   ends: list[int | None]) -> None:
+    if any(e is None for e in ends):
+        pytest.fail(_unmeasured(report, None), pytrace=False)
+    growth = [b - a for a, b in itertools.pairwise(ends)]  # each run's growth after the first (warm-up) run
+    if min(growth) <= no_leak.bytes:
+        return
+    path = _save(state, item, report, _failure_dir(state))
+    after = ", ".join(format_bytes(e) for e in ends)
+    lines = [f"{NO_LEAK}: TensorFlow's live bytes grew by at least {format_bytes(min(growth))} per run, more than "
+             f"the {format_bytes(no_leak.bytes)} allowed: after each of the {no_leak.runs} runs of the body: {after} "
+             "(the first run warms up and is not judged).",
+             "Tensors kept alive across runs: a list that collects outputs, a model or optimizer built per call, "
+             "a tf.function retraced for new Python values, or a tf.Variable made in a loop."]
+    lines.append(f"report of the last run: {path}")
+    pytest.fail("\n".join(lines), pytrace=False)
+
+
+def _largest_tensors(report: Report) -> list[str]:
+    if report.trace is None or not report.trace.at_peak:
+        reason = "(the test was measured in quick mode)" if report.mode == "quick" else \
+            (report.trace.note if report.trace is not None and report.trace.note else "(the trace saw no tensors)")
+        return [f"The largest tensors at the peak are not known {reason}."]
+    rows = sorted(report.trace.at_peak, key=lambda g: g.bytes, reverse=True)[:TOP_TENSORS]
+    out = ["Largest tensors live at the peak:"]
+    for g in rows:
+        where = ", ".join(x for x in (g.layer, g.phase) if x)
+        shape = f"{g.dtype or ''}{g.shape or ''}"
+        out.append(f"  {format_bytes(g.bytes):>10}  {g.op or '?'}{f' ({where})' if where else ''}"
+                   f"{f'  {shape}' if shape else ''}{f'  x{g.count}' if g.count > 1 else ''}")
+    return out
+
+
+def _unmeasured(report: Report, device: str | None) -> str:
+    have = ", ".join(sorted(report.tf)) or "none"
+    if device is not None and report.tf:
+        return f"{LIMIT}(device={device!r}): TensorFlow has no allocator statistics for {device} in this process " \
+               f"(devices with statistics: {have})"
+    why = report.env.allocator_note or "TensorFlow did not run in the test body, or its allocator keeps no " \
+                                       "statistics"
+    return (f"tfmem could not measure TensorFlow's allocator in this test ({why}). Set TF_CPU_ALLOCATOR_USE_BFC=1 "
+            "in the environment before pytest starts, or make sure no TensorFlow op runs while test modules are "
+            "imported; or limit the process memory instead with rss=True.")
