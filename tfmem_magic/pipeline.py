@@ -41,6 +41,8 @@ class Profiler:
     def __init__(self, options: Options | None = None, **kwargs: Any) -> None:
         self.options = replace(options or Options(), **kwargs)
         self.report: Report | None = None
+        # the trace's raw XSpaces, [(bytes, segment start in s)], when options.keep_xspaces (TensorBoard)
+        self.xspaces: list[tuple[bytes, float]] = []
         self._capture = Capture(self.options)
 
     @property
@@ -86,6 +88,7 @@ class Profiler:
             exc = exc or late
         exc = self.untangle(exc)  # callers that show the exception untangle it too; the report must not depend on it
         measured = self._capture.stop()
+        self.xspaces = measured.xspaces
         report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
         try:
             self._analyse_and_advise(report, measured)

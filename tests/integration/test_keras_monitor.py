@@ -151,3 +151,19 @@ def test_an_unknown_device_is_named():
     x, y = data(64)
     with pytest.raises(TfmemUsageError, match=r"device='GPU:3'.*devices with statistics: CPU:0"):
         wide_model().fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[MemoryMonitor(device="GPU:3")])
+
+
+def test_keras_tensorboard_callback_listed_after_it_records_the_peaks(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    x, y = data(256)
+    monitor = MemoryMonitor()
+    wide_model().fit(x, y, batch_size=64, epochs=2, verbose=0,
+                     callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))])
+    acc = EventAccumulator(str(tmp_path / "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert "epoch_tf_peak_bytes" in acc.Tags()["tensors"], acc.Tags()
+    logged = [float(make_ndarray(e.tensor_proto)) for e in acc.Tensors("epoch_tf_peak_bytes")]
+    assert logged == pytest.approx(monitor.epoch_peaks(), rel=1e-6)  # float32 in the summary

@@ -49,8 +49,10 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     phases = lambda r: {g.phase: g.bytes for g in r.trace.by_phase}  # noqa: E731
     # what the notebook teaches: activations scale with the batch (4x smaller batch, much smaller activations),
     # the weights and optimizer state do not
-    assert phases(small)["forward"] < phases(first)["forward"] / 2
-    assert phases(small)["backward"] < phases(first)["backward"] / 2
+    # forward and backward together: their split moves with the moment of the peak (CI: backward at 32 was 0.54x
+    # backward at 128 in one run), their sum scales
+    activations = lambda r: phases(r)["forward"] + phases(r)["backward"]  # noqa: E731
+    assert activations(small) < activations(first) / 2
     assert small.model.param_bytes == first.model.param_bytes
     assert small.model.optimizer_bytes == first.model.optimizer_bytes
     # input copies vary from run to run (README, "Facts"); the finding must match what the trace saw

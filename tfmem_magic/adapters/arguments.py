@@ -48,6 +48,9 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
                                                         "check its prediction")
     parser.add_argument("--label", metavar="TEXT", default="", help="a name for this report")
     parser.add_argument("--save", metavar="PATH", help="write the report to PATH (.json, or .html for a page)")
+    parser.add_argument("--tensorboard", metavar="LOGDIR",
+                        help="also write the report for TensorBoard: scalars over time, the text report, and the "
+                             "trace for its Profile tab (needs tensorboard; xprof for the Profile tab)")
     parser.add_argument("--interval", metavar="MS", type=float, default=50.0,
                         help="RSS and TF sampling period for the timeline (50 ms); the RSS peak is exact anyway")
     parser.add_argument("--trace-steps", metavar="N", type=int, default=10,
@@ -67,6 +70,7 @@ class CellArgs:
     panel: bool
     before: str | None = None
     fix_id: str | None = None
+    tensorboard: Path | None = None  # TensorBoard logdir to write the report (and its trace) into
 
 
 _cell_parser: argparse.ArgumentParser | None = None
@@ -95,8 +99,16 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
             raise TfmemUsageError(f"--save {ns.save!r}: end the name with .json (the report) or .html (a page)")
         if not save.parent.exists():
             raise TfmemUsageError(f"--save {ns.save!r}: the folder {str(save.parent)!r} does not exist")
+    tensorboard = Path(ns.tensorboard).expanduser() if ns.tensorboard else None
+    if tensorboard is not None:
+        from tfmem_magic.show.tensorboard import require_tensorboard
+
+        require_tensorboard()
+        if tensorboard.exists() and not tensorboard.is_dir():
+            raise TfmemUsageError(f"--tensorboard {ns.tensorboard!r} is a file: give a folder (TensorBoard's logdir)")
     options = Options(mode=ns.mode or "trace", label=ns.label, interval_ms=ns.interval, limit_bytes=limit,
-                      trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds)
+                      trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds,
+                      keep_xspaces=tensorboard is not None)
     fix_id = getattr(ns, "fix", None)
     before = getattr(ns, "before", None)
     if fix_id is not None:
@@ -107,7 +119,19 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
         if before is None:
             raise TfmemUsageError(f"--fix {fix_id} needs --before N: the report whose prediction it checks")
     return CellArgs(options=options, as_name=as_name, save=save, panel=not getattr(ns, "no_panel", False),
-                    before=before, fix_id=fix_id)
+                    before=before, fix_id=fix_id, tensorboard=tensorboard)
+
+
+def write_outputs(report, args: CellArgs, xspaces: list | None = None) -> list[str]:
+    """--save and --tensorboard: the files a measurement writes besides what it shows; lines saying where."""
+    said = []
+    if args.save is not None:
+        save_report(report, args.save)
+    if args.tensorboard is not None:
+        from tfmem_magic.show.tensorboard import summary_line, write
+
+        said.append(summary_line(write(report, args.tensorboard, xspaces)))
+    return said
 
 
 def save_report(report, path: Path) -> Path:

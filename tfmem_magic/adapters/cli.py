@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tfmem_magic import pipeline
-from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, save_report
+from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, save_report, write_outputs
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.measure import environment
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a saved report (and optionally write it as HTML)")
     show.add_argument("report", help="a report saved with --save x.json")
     show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
+    show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
+                                                              "a saved report keeps no raw trace)")
     return parser
 
 
@@ -44,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
             print(render_text(report))
             if ns.html:
                 print(f"wrote {save_report(report, Path(ns.html))}")
+            if ns.tensorboard:
+                from tfmem_magic.show.tensorboard import require_tensorboard, summary_line, write
+
+                require_tensorboard()
+                print(summary_line(write(report, ns.tensorboard)))
             return 0
         args = args_from_namespace(ns)
     except (TfmemUsageError, OSError, ValueError) as exc:
@@ -66,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in (out / "tfmem-demo.html", out / "tfmem-demo.json"):
             save_report(report, path)
             print(f"wrote {path}")
-        if args.save is not None:
-            save_report(report, args.save)
+        for line in write_outputs(report, args, profiler.xspaces):
+            print(line)
         return 0
     # run
     sys.argv = [ns.script, *ns.script_args]
@@ -85,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     report = profiler.report
     assert report is not None
     print(render_text(report), file=sys.stderr)
-    if args.save is not None:
-        save_report(report, args.save)
+    for line in write_outputs(report, args, profiler.xspaces):
+        print(line, file=sys.stderr)
     return status
 
 

@@ -13,7 +13,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from tfmem_magic import pipeline
-from tfmem_magic.adapters.arguments import build_parser, parse_cell_args, save_report
+from tfmem_magic.adapters.arguments import build_parser, parse_cell_args, write_outputs
 from tfmem_magic.advise import fixes
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
@@ -103,16 +103,16 @@ class TfmemMagics(Magics):
             report = profiler.finish(error)
         if before is not None:
             report.before = fixes.before_after(before, report, args.fix_id, since=SESSION.history)
-        self._publish(report, args)
+        self._publish(report, args, profiler.xspaces)
         if error is not None and outer is not None:
             # the traceback is already shown: mark the outer cell failed (kernel reply, nbclient) without a second one
             outer.error_in_exec = error
 
-    def _publish(self, report: Report, args: Any) -> None:
+    def _publish(self, report: Report, args: Any, xspaces: list | None = None) -> None:
         if args.as_name:
             self.shell.user_ns[args.as_name] = report
-        if args.save is not None:
-            save_report(report, args.save)
+        for line in write_outputs(report, args, xspaces):
+            print(line)
         self._show(report, panel=args.panel)
 
     def _show(self, report: Report, panel: bool = True) -> None:

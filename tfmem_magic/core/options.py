@@ -17,6 +17,7 @@ class Options:
     limit_bytes: int | None = None  # the user's budget for this block (process memory)
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
+    keep_xspaces: bool = False  # keep each trace segment's raw XSpace (for TensorBoard's profile tools)
     cell_key: str | None = None  # identifies re-runs of the same cell, for leak detection
     publish: bool = True  # False: a measurement of our own (calibration probes) stays out of history and last_report
     source: str | None = field(default=None, compare=False)  # the cell's code, for fix cells that rewrite it

@@ -58,6 +58,7 @@ class Measured:
     instrumentation: Instrumentation | None = None
     tracer: Tracer | None = None
     segments: list = field(default_factory=list)  # the trace's segments (xplane.read_segments' input)
+    xspaces: list = field(default_factory=list)  # [(XSpace bytes, start s)] when options.keep_xspaces
 
 
 class Capture:
@@ -127,7 +128,7 @@ class Capture:
 
     def _arm_tracer(self) -> None:
         try:
-            self.tracer = Tracer(self._t0, self.options.trace_seconds)
+            self.tracer = Tracer(self._t0, self.options.trace_seconds, keep_xspaces=self.options.keep_xspaces)
             self._push("profiler", self.tracer.finish)
             self.tracer.start()
         except Exception as exc:  # the profiler refused (another session), no temp folder could be made...
@@ -229,7 +230,8 @@ class Capture:
             tf_device=sampler.tf_device if sampler else None, tf_samples=sampler.tf_samples if sampler else [],
             devices=results.get("allocator stats") or {}, peak_before=dict(self.allocator.peak_before),
             limit=limit, limit_source=source, tf_running_at_start=self._tf_running_at_start, guard=self.guard,
-            instrumentation=self.instrumentation, tracer=self.tracer, segments=results.get("profiler") or [])
+            instrumentation=self.instrumentation, tracer=self.tracer, segments=results.get("profiler") or [],
+            xspaces=self.tracer.xspaces if self.tracer is not None else [])
 
 
 def _rss_now() -> tuple[int, int, str]:

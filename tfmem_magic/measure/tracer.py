@@ -170,9 +170,13 @@ def _heap_reader():
 
 
 class Tracer:
-    def __init__(self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None) -> None:
+    def __init__(self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None,
+                 keep_xspaces: bool = False) -> None:
         """`budget_bytes`: xplane bytes the trace may record (None: TRACE_BUDGET_BYTES; 0: no budget, for
-        benchmarks of full traces). `max_seconds` <= 0: no time cap."""
+        benchmarks of full traces). `max_seconds` <= 0: no time cap. `keep_xspaces`: keep every segment's exported
+        XSpace as written (`xspaces`), for TensorBoard; it costs their size (the budget bounds it)."""
+        self.keep_xspaces = keep_xspaces
+        self.xspaces: list[tuple[bytes, float]] = []  # (serialized XSpace, segment start in s from t0)
         self._t0 = t0
         self.max_seconds = max_seconds
         self.budget_bytes = TRACE_BUDGET_BYTES if budget_bytes is None else budget_bytes
@@ -416,6 +420,8 @@ class Tracer:
                 offset_ps = int((self._segment_start - self._t0) * PS_PER_S)
                 data = path.read_bytes()
                 size += len(data)
+                if self.keep_xspaces:
+                    self.xspaces.append((data, self._segment_start - self._t0))
                 self._raw.append((data, offset_ps))
                 self._raw_bytes += len(data)
         except Exception as exc:

@@ -1,0 +1,113 @@
+"""A report as TensorBoard reads it: scalars over the cell's time, the text report, and the trace's raw XSpace where
+TensorBoard's profile plugin (xprof) finds it, so its memory_profile and trace_viewer tools open our CPU trace.
+
+    LOGDIR/<run>/events.out.tfevents...                       scalars (TF live bytes, RSS) and the text report
+    LOGDIR/<run>/plugins/profile/<session>/<host>.xplane.pb   the trace, one "host" per traced segment
+
+`<run>` is the report's label (or "cell-N") and a timestamp, so re-runs sit side by side. TensorBoard and its
+summary API are imported only here, when asked.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import Report
+from tfmem_magic.core.sizes import format_bytes
+
+MiB = float(2**20)
+
+
+@dataclass
+class Written:
+    """What `write` put in the logdir."""
+
+    run_dir: Path
+    events: list[Path] = field(default_factory=list)
+    xplanes: list[Path] = field(default_factory=list)
+    note: str | None = None  # what could not be written, in plain words
+
+
+def require_tensorboard() -> None:
+    """TensorBoard's summary API is what writes scalars TensorBoard reads; without it, say how to get it."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise TfmemUsageError("--tensorboard needs TensorBoard: pip install tensorboard xprof (xprof adds the "
+                              "Profile tab that opens the trace), or pip install 'tfmem_magic[tensorboard]'") from None
+
+
+def run_name(report: Report, when: float | None = None) -> str:
+    base = report.label or (f"cell-{report.number}" if report.number else "tfmem")
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("_")[:60] or "tfmem"
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or report.started_at or time.time()))}"
+
+
+def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]] | None = None) -> Written:
+    """Write the report's timeline and text, and the trace's XSpaces (from `Profiler.xspaces`) if there are any."""
+    require_tensorboard()
+    import tensorflow as tf
+
+    run_dir = Path(logdir).expanduser() / run_name(report)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = Written(run_dir)
+    writer = tf.summary.create_file_writer(str(run_dir))
+    try:
+        with writer.as_default():
+            _scalars(report)
+            from tfmem_magic.show.render import render_text
+
+            # TensorBoard's text plugin renders markdown: a code block keeps the report's columns
+            tf.summary.text("tfmem/report", "```\n" + render_text(report) + "\n```", step=0)
+        writer.flush()
+    finally:
+        writer.close()
+    out.events = sorted(run_dir.glob("events.out.tfevents*"))
+    if xspaces:
+        session = run_dir / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
+        session.mkdir(parents=True, exist_ok=True)
+        host = re.sub(r"[^A-Za-z0-9_-]+", "_", socket.gethostname()) or "host"
+        for i, (data, _start) in enumerate(xspaces, 1):
+            # one XSpace per profiler session: each traced segment is its own "host" in the profile plugin
+            path = session / (f"{host}.xplane.pb" if len(xspaces) == 1 else f"{host}_segment{i}.xplane.pb")
+            path.write_bytes(data)
+            out.xplanes.append(path)
+    elif report.mode == "trace" and report.trace is not None:
+        out.note = ("the trace's XSpace was not kept (a saved report holds the analysis, not the raw trace): "
+                    "measure with --tensorboard to have TensorBoard's Profile tab open it")
+    else:
+        out.note = "quick mode: no trace, so TensorBoard gets the scalars and the text report only"
+    return out
+
+
+def _scalars(report: Report) -> None:
+    """Live bytes over the cell's time (step = milliseconds from its start), in MiB: TensorBoard's time series."""
+    import tensorflow as tf
+
+    device = report.main_device
+    name = next((k for k, v in report.tf.items() if v is device), None)
+    if device is not None:
+        for t, live in device.samples:
+            tf.summary.scalar(f"tfmem/tf_live_MiB/{name}", live / MiB, step=int(t * 1000))
+        tf.summary.scalar(f"tfmem/tf_peak_MiB/{name}", (device.peak_bytes - device.baseline_bytes) / MiB, step=0)
+    for t, rss in report.rss.samples:
+        tf.summary.scalar("tfmem/rss_MiB", rss / MiB, step=int(t * 1000))
+    tf.summary.scalar("tfmem/rss_peak_MiB", (report.rss.peak_bytes - report.rss.baseline_bytes) / MiB, step=0)
+    if report.trace is not None:
+        for t, live in report.trace.timeline:
+            tf.summary.scalar("tfmem/traced_live_MiB", live / MiB, step=int(t * 1000))
+
+
+def summary_line(written: Written) -> str:
+    parts = [f"TensorBoard: {written.run_dir}"]
+    if written.xplanes:
+        size = sum(p.stat().st_size for p in written.xplanes)
+        parts.append(f"trace for the Profile tab: {len(written.xplanes)} XSpace file(s), {format_bytes(size)}")
+    if written.note:
+        parts.append(written.note)
+    return " · ".join(parts) + f"  (tensorboard --logdir {written.run_dir.parent})"
