@@ -3,7 +3,6 @@ tensors and fit a small Keras model, with the plugin loaded the way users get it
 
 from __future__ import annotations
 
-import json
 import re
 from importlib.metadata import entry_points
 
@@ -107,6 +106,11 @@ def test_keeps_a_tensor_per_call():
 def test_clean():
     assert float(tf.reduce_sum(tf.ones((1024, 1024)) * 2)) > 0
 
+def test_builds_a_model_per_call_and_keeps_nothing():
+    import keras
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024)])   # 1 MiB of weights, per call
+    model(tf.ones((8, 256)))   # held by reference cycles until a full collection: the plugin collects
+
 CALLS = []
 
 @pytest.mark.tfmem_no_leak("1MiB", runs=4)
@@ -122,7 +126,7 @@ def test_a_leak_across_runs_fails_and_a_clean_body_passes(pytester, clean_env):
     pytester.makepyfile(test_leaks=LEAKS)
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
-    assert result.parseoutcomes() == {"passed": 3, "failed": 1}, out
+    assert result.parseoutcomes() == {"passed": 4, "failed": 1}, out
     grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by at least ([\d.]+) MiB per run", out)
     assert grew and 3.9 <= float(grew.group(1)) <= 4.5, out
     assert "test_keeps_a_tensor_per_call" in out and "after each of the 3 runs" in out
@@ -172,12 +176,38 @@ def test_the_table_of_the_largest_under_xdist_with_saved_reports(pytester, clean
     assert rows[0].split()[0:2] == ["64", "MiB"]
     reports = {p.name: Report.load(p) for p in saved.glob("*.json")}
     assert len(reports) == 4
-    peaks = {name: r.tf_peak_bytes for name, r in reports.items()}
+    peaks = {r.label: r.tf_peak_bytes for r in reports.values()}  # the label is the test's node id
     for mib in (8, 32, 64):
-        peak = next(v for k, v in peaks.items() if f"{mib}_" in k or k.endswith(f"{mib}.json"))
+        peak = peaks[f"test_table.py::test_allocates[{mib}]"]
         assert mib * MiB <= peak <= mib * MiB + 2 * MiB, peaks
     assert all(r.mode == "quick" for r in reports.values())
-    json.dumps(peaks)
+
+
+def test_a_limit_on_a_body_that_never_runs_tensorflow_passes(pytester, clean_env):
+    pytester.makepyfile(test_no_tf='''
+import pytest
+
+@pytest.mark.tfmem_limit("1MiB")
+def test_plain():
+    assert sum(range(10)) == 45   # TensorFlow is imported (to trace), but no op runs: its allocator never exists
+''')
+    result = pytester.runpytest_subprocess("-q", timeout=120)
+    assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
+
+
+def test_markers_on_a_unittest_method_are_refused(pytester, clean_env):
+    pytester.makepyfile(test_ut='''
+import unittest
+import pytest
+
+class T(unittest.TestCase):
+    @pytest.mark.tfmem_limit("1MiB")
+    def test_a(self):
+        pass
+''')
+    result = pytester.runpytest_subprocess("-q", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unittest.TestCase method" in result.stderr.str()
 
 
 def test_without_markers_or_options_the_plugin_changes_nothing(pytester, clean_env):
@@ -190,3 +220,21 @@ def test_env():
     result = pytester.runpytest_subprocess("-q", timeout=120)
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
     assert "tfmem" not in result.stdout.str()
+
+
+def test_trace_mode_for_every_test_saves_the_breakdown(pytester, clean_env, tmp_path):
+    pytester.makepyfile(test_traced='''
+import numpy as np
+import keras
+
+def test_fit():
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, name="dense_t")])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((128, 64), "float32"), np.ones((128, 256), "float32"), batch_size=32, verbose=0)
+''')
+    saved = tmp_path / "reports"
+    result = pytester.runpytest_subprocess("-q", "--tfmem-trace", "--tfmem-save", str(saved), timeout=300)
+    assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
+    report = Report.load(next(saved.glob("*.json")))
+    assert report.mode == "trace" and "dense_t" in {g.layer for g in report.trace.by_layer}
+    assert "tfmem: the 1 test with the highest TensorFlow peak" in result.stdout.str()

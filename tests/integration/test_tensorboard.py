@@ -105,7 +105,8 @@ def test_a_file_for_a_logdir_is_refused_before_the_cell_runs(shell, tmp_path):
     target.write_text("x")
     shell.run_cell("ran = False")
     result = shell.run_cell(f"%%tfmem --tensorboard {target}\nran = True")
-    assert result.error_in_exec is not None or result.error_before_exec is not None
+    error = result.error_in_exec or result.error_before_exec
+    assert error is not None and "is a file: give a folder" in str(error)
     assert shell.user_ns["ran"] is False
 
 

@@ -149,3 +149,23 @@ def test_a_copy_made_while_the_trace_restarted_is_not_slope():
     assert basis.copy_missing == 0
     assert basis.activations_per_sample < 1.1 * rep.trace.batch_bytes_at_peak / 32  # the copy is not per sample
     assert 289 * 0.8 <= prediction.predict(rep, batch_size=128).peak_bytes / MiB <= 357 * 1.2
+
+
+def test_a_copy_the_trace_saw_freed_stays_missing_whatever_was_untraced():
+    # the opposite case: the trace saw fit's copy and saw it freed before the peak (it happens, run to run); the
+    # untraced bytes at the peak are then the step's own tensors, not the copy
+    import json
+    from pathlib import Path
+
+    from tfmem_magic.core.report import InputCopy, Report
+
+    rep = Report.from_dict(json.loads((Path(__file__).parent / "recorded" / "copy_made_while_untraced.json")
+                                      .read_text()))
+    size = rep.model.copy_bytes
+    rep.trace.input_copies = [InputCopy(size, size, 0.01, 0.1, live_at_peak=False, role="training")]
+    basis = prediction.analytic_basis(rep)
+    assert basis.copy_missing == size
+    untraced = sum(g.requested_bytes for g in rep.trace.by_phase if g.phase == "untraced")
+    seen = rep.trace.requested_at_peak_bytes
+    expected = rep.trace.batch_bytes_at_peak * (seen + untraced) / seen / 32  # untraced scaled as batch tensors
+    assert prediction.traced_per_sample(rep) == pytest.approx(expected)

@@ -130,7 +130,10 @@ def write_outputs(report, args: CellArgs, xspaces: list | None = None) -> list[s
     if args.tensorboard is not None:
         from tfmem_magic.show.tensorboard import summary_line, write
 
-        said.append(summary_line(write(report, args.tensorboard, xspaces)))
+        try:
+            said.append(summary_line(write(report, args.tensorboard, xspaces if xspaces is not None else [])))
+        except Exception as exc:  # the cell ran and its report stands: a logdir we cannot write only says so
+            said.append(f"TensorBoard: could not write to {args.tensorboard} ({type(exc).__name__}: {exc})")
     return said
 
 

@@ -49,8 +49,10 @@ class _Window:
         self.started = time.perf_counter()
         self.rss_start = _rss()
         self.folded_tf, self.folded_rss = 0, 0  # peaks read before a measurement inside the window reset them
-        # an enclosing measurement (a %%tfmem cell) keeps its RSS peak only if we leave the high-water mark alone
+        # an enclosing measurement (a %%tfmem cell) keeps its RSS peak only if we leave the high-water mark alone;
+        # then a high-water mark that rose during the window is the window's peak
         self.hwm_reset = not SESSION.measuring and _reset_hwm()
+        self.hwm_start = None if self.hwm_reset else _read_hwm()
         if device is not None:
             info = AllocatorStats._info(device)
             if info is not None:
@@ -84,7 +86,9 @@ class _Window:
                 for outer in SESSION.measuring:
                     outer._fold(self.device, tf_peak)
         rss_end = _rss()
-        hwm = _read_hwm() if self.hwm_reset else None
+        hwm = _read_hwm()
+        if not self.hwm_reset and (hwm is None or self.hwm_start is None or hwm <= self.hwm_start):
+            hwm = None  # the process's high-water mark is older than this window: it says nothing of it
         return tf_peak, max(hwm or 0, self.rss_start, rss_end, self.folded_rss)
 
 
@@ -138,16 +142,37 @@ class MemoryMonitorMixin:
         self._profiler: Any = None
         self._steps_traced = 0
         self._warned = False
+        self._allocator_warned = False
+        self._window_first_batch = 0  # the first batch of the open batch window (steps_per_execution > 1 skips)
+        self._fit_epoch_peaks: list[int | None] = []  # this fit's epochs: growth is judged within one fit
+        environment.prepare_allocator()  # before TensorFlow's first op, every allocation becomes visible
 
     # ---- windows --------------------------------------------------------------------------------------------
     def _begin(self, call: str) -> None:
-        if self._call is not None:  # fit's validation runs evaluate's hooks inside the epoch: part of the epoch
-            return
-        self._finish_trace("the previous call ended before its traced steps did")  # it raised: nothing else did
+        if self._call == "fit" and call != "fit":
+            return  # fit's validation (evaluate's hooks), or a predict in a callback: part of the epoch
+        if self._call is not None:  # an earlier call raised: Keras calls no end hook, so its state is still here
+            self._window = None
+            self._call = None
+        self._finish_trace("the call raised before its traced steps ended")
         self._call = call
         self.device = _stats_device(self._asked_device)
+        self._check_allocator()
         self._window = _Window(self.device)
         self._epoch_peaks = (None, 0)
+        self._window_first_batch = 0
+        if call == "fit":
+            self._fit_epoch_peaks = []
+
+    def _check_allocator(self) -> None:
+        if self.device is not None and not self.device.startswith("CPU"):
+            return  # a GPU's allocator sees every allocation; the CPU allocator's set-up does not matter here
+        view = environment.allocator_view()
+        if not view.complete and not self._allocator_warned:
+            self._allocator_warned = True
+            warnings.warn(f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (Create "
+                          "the monitor, or import tfmem_magic, before TensorFlow's first op.)", RuntimeWarning,
+                          stacklevel=3)
 
     def _close(self, logs: dict | None, kind: str, epoch: int | None = None, batch: int | None = None) -> None:
         """Read and record the open window (kind: "epoch", "batches" or "call"); its figures go into `logs`."""
@@ -185,15 +210,18 @@ class MemoryMonitorMixin:
             self._window = _Window(self.device)
         self._epoch = epoch
         self._epoch_peaks = (None, 0)
+        self._window_first_batch = 0
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._profiler is not None:
             self._steps_traced += 1
             if self._steps_traced >= self.trace_steps:
                 self._finish_trace(None)
-        if self.every_batches and (batch + 1) % self.every_batches == 0:
+        # by batch index, not by calls: with steps_per_execution > 1 Keras calls this once per execution
+        if self.every_batches and batch + 1 - self._window_first_batch >= self.every_batches:
             self._close(logs, "batches", self._epoch, batch)
             self._window = _Window(self.device)
+            self._window_first_batch = batch + 1
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.every_batches:  # the last batches' window, then the epoch: the largest of its windows
@@ -202,6 +230,7 @@ class MemoryMonitorMixin:
         else:
             self._close(logs, "epoch", epoch)
         tf_peak, rss_peak = self._epoch_peaks
+        self._fit_epoch_peaks.append(tf_peak)
         if self.verbose:
             print(f"MemoryMonitor: epoch {epoch + 1}: TensorFlow peak "
                   f"{format_bytes(tf_peak) if tf_peak is not None else 'not measured'} on {self.device}, "
@@ -239,7 +268,8 @@ class MemoryMonitorMixin:
         return [r[TF_PEAK] for r in self.records if r["kind"] == "epoch"]
 
     def _check_growth(self) -> None:
-        peaks = [p for p in self.epoch_peaks()[-(GROWTH_EPOCHS + 1):] if p is not None]
+        # within this fit only: separate fits (a batch-size sweep with one monitor) may differ by design
+        peaks = [p for p in self._fit_epoch_peaks[-(GROWTH_EPOCHS + 1):] if p is not None]
         if self._warned or not self.warn_growth or len(peaks) < GROWTH_EPOCHS + 1:
             return
         steps = [b - a for a, b in itertools.pairwise(peaks)]
@@ -280,7 +310,12 @@ class MemoryMonitorMixin:
         profiler, self._profiler = self._profiler, None
         if self._abandon_trace in SESSION.abandoned:
             SESSION.abandoned.remove(self._abandon_trace)
-        report = profiler.finish(None)
+        try:
+            report = profiler.finish(None)
+        except Exception as exc:  # our failure must not break the user's fit
+            warnings.warn(f"MemoryMonitor: the traced report of the first steps failed ({type(exc).__name__}: "
+                          f"{exc}); the per-epoch figures are measured as usual.", RuntimeWarning, stacklevel=2)
+            return
         if self._window is not None:
             self._window.fold_report(report)
         if why:
@@ -291,17 +326,25 @@ class MemoryMonitorMixin:
 
             self.save_dir.mkdir(parents=True, exist_ok=True)
             stem = self.save_dir / f"tfmem-{_safe(report.label.split(':')[0])}-first-steps"
-            save_report(report, stem.with_suffix(".json"))
-            save_report(report, stem.with_suffix(".html"))
+            try:
+                save_report(report, stem.with_suffix(".json"))
+                save_report(report, stem.with_suffix(".html"))
+            except OSError as exc:
+                warnings.warn(f"MemoryMonitor: could not save the report in {self.save_dir} ({exc})", RuntimeWarning,
+                              stacklevel=2)
 
     def _save_records(self) -> None:
         if self.save_dir is None:
             return
         import json
 
-        self.save_dir.mkdir(parents=True, exist_ok=True)
-        (self.save_dir / "tfmem-epochs.json").write_text(json.dumps(
-            {"device": self.device, "records": self.records}, indent=1))
+        try:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            (self.save_dir / "tfmem-epochs.json").write_text(json.dumps(
+                {"device": self.device, "records": self.records}, indent=1))
+        except OSError as exc:
+            warnings.warn(f"MemoryMonitor: could not save the figures in {self.save_dir} ({exc})", RuntimeWarning,
+                          stacklevel=2)
 
 
 def _safe(name: str) -> str:

@@ -111,9 +111,10 @@ class TfmemMagics(Magics):
     def _publish(self, report: Report, args: Any, xspaces: list | None = None) -> None:
         if args.as_name:
             self.shell.user_ns[args.as_name] = report
-        for line in write_outputs(report, args, xspaces):
-            print(line)
+        said = write_outputs(report, args, xspaces)
         self._show(report, panel=args.panel)
+        for line in said:
+            print(line)
 
     def _show(self, report: Report, panel: bool = True) -> None:
         """The static report (kept in saved notebooks), then the live panel where a kernel serves widgets."""

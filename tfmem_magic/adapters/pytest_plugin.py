@@ -17,9 +17,12 @@ controller in the test reports' `user_properties`, which is where the end-of-run
 from __future__ import annotations
 
 import functools
+import gc
+import hashlib
 import itertools
 import re
 import tempfile
+import unittest
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -103,6 +106,12 @@ class _Plugin:
                 wanted = _limit_of(item), _no_leak_of(item)
             except TfmemUsageError as exc:
                 raise pytest.UsageError(f"{item.nodeid}: {exc}") from None
+            if any(wanted) and isinstance(getattr(item, "cls", None), type) and \
+                    issubclass(item.cls, unittest.TestCase):
+                # unittest runs the method itself: pytest's pyfunc_call, where the body is measured, never runs
+                raise pytest.UsageError(f"{item.nodeid}: tfmem markers measure pytest test functions; this is a "
+                                        "unittest.TestCase method. Write it as a plain test function, or use "
+                                        "`with tfmem_magic.profile() as p:` in the method and check p.report.")
             if any(wanted):
                 self.prepare()  # the test modules imported TF, but it has usually not run an op yet
 
@@ -130,7 +139,8 @@ class _Plugin:
         if not self.rows or not self.measure_all or self.top == 0:
             return
         tr = terminalreporter
-        tr.write_sep("=", f"tfmem: the {min(self.top, len(self.rows))} tests with the highest TensorFlow peak")
+        n = min(self.top, len(self.rows))
+        tr.write_sep("=", f"tfmem: the {n} test{'s' if n != 1 else ''} with the highest TensorFlow peak")
         tr.write_line(f"{'TF peak':>10}  {'RSS peak':>10}  test   (peaks over each test body's baseline)")
         ranked = sorted(self.rows, key=lambda r: (r[0] or 0, r[1]), reverse=True)[:self.top]
         for tf_peak, rss_peak, nodeid in ranked:
@@ -210,16 +220,22 @@ def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, l
         options = Options(mode="trace" if traced else "quick", label=item.nodeid, publish=False)
         runs = no_leak.runs if no_leak else 1
         ends: list[int | None] = []
-        result = None
-        for _ in range(runs):
-            with Profiler(options) as profiler:
-                result = func(*args, **kwargs)  # the test's own exception propagates, unmeasured checks skipped
-            report = profiler.report
-            measured = _device_memory(report, limit.device if limit else None)
-            ends.append(None if measured is None else measured[1].end_bytes)
-        if report is None:  # pragma: no cover - finish() always sets it
-            return result
-        _record(item, state, report)
+        result, profiler = None, None
+        try:
+            for _ in range(runs):
+                profiler = Profiler(options)
+                with profiler:
+                    result = func(*args, **kwargs)  # the test's own exception propagates (after the finally)
+                    if no_leak is not None:
+                        # a model or optimizer built per call is held by reference cycles until a full
+                        # collection: what a run keeps is what survives one
+                        gc.collect()
+                measured = _device_memory(profiler.report, limit.device if limit else None)
+                ends.append(None if measured is None else measured[1].end_bytes)
+        finally:  # a test that raised (an OOM) is measured too: the table and --tfmem-save show it
+            if profiler is not None and profiler.report is not None:
+                _record(item, state, profiler.report)
+        report = profiler.report
         if limit is not None:
             _check_limit(item, state, report, limit)
         if no_leak is not None:
@@ -241,8 +257,9 @@ def _record(item: pytest.Function, state: _Plugin, report: Report) -> None:
 
 def _save(state: _Plugin, item: pytest.Function, report: Report, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:180] or "test"
-    return report.save(directory / f"{name}.json")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:160] or "test"
+    digest = hashlib.sha1(item.nodeid.encode()).hexdigest()[:8]  # cleaned and cut names can collide
+    return report.save(directory / f"{name}-{digest}.json")
 
 
 def _failure_dir(state: _Plugin) -> Path:
@@ -274,7 +291,7 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
     else:
         measured = _device_memory(report, limit.device)
         if measured is None:
-            pytest.fail(_unmeasured(report, limit.device), pytrace=False)
+            pytest.fail(_unmeasured(report, limit.device, LIMIT), pytrace=False)
         name, mem = measured
         peak = mem.peak_bytes - mem.baseline_bytes
         what = f"TensorFlow's peak on {name}"
@@ -291,7 +308,7 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
 def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_leak: NoLeak,
                    ends: list[int | None]) -> None:
     if any(e is None for e in ends):
-        pytest.fail(_unmeasured(report, None), pytrace=False)
+        pytest.fail(_unmeasured(report, None, NO_LEAK), pytrace=False)
     growth = [b - a for a, b in itertools.pairwise(ends)]  # each run's growth after the first (warm-up) run
     if min(growth) <= no_leak.bytes:
         return
@@ -321,13 +338,14 @@ def _largest_tensors(report: Report) -> list[str]:
     return out
 
 
-def _unmeasured(report: Report, device: str | None) -> str:
+def _unmeasured(report: Report, device: str | None, marker: str) -> str:
     have = ", ".join(sorted(report.tf)) or "none"
     if device is not None and report.tf:
         return f"{LIMIT}(device={device!r}): TensorFlow has no allocator statistics for {device} in this process " \
                f"(devices with statistics: {have})"
     why = report.env.allocator_note or "TensorFlow did not run in the test body, or its allocator keeps no " \
                                        "statistics"
-    return (f"tfmem could not measure TensorFlow's allocator in this test ({why}). Set TF_CPU_ALLOCATOR_USE_BFC=1 "
-            "in the environment before pytest starts, or make sure no TensorFlow op runs while test modules are "
-            "imported; or limit the process memory instead with rss=True.")
+    instead = "; or limit the process memory instead with rss=True" if marker == LIMIT else ""
+    return (f"{marker}: tfmem could not measure TensorFlow's allocator in this test ({why}). Set "
+            "TF_CPU_ALLOCATOR_USE_BFC=1 in the environment before pytest starts, or make sure no TensorFlow op runs "
+            f"while test modules are imported{instead}.")

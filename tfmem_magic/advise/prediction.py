@@ -200,7 +200,7 @@ def traced_per_sample(report: Report) -> float | None:
     # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
     # tensors, so it carries the batch in the proportion the traced ones do (as long as most of it was seen)
     # ... except fit's copy of the arrays, which does not: made while a segment restarted, it is untraced too
-    untraced = max(0, _untraced_at_peak(report) - _copy_not_seen(report))
+    untraced = max(0, _untraced_at_peak(report) - _copy_in_untraced(report))
     seen = trace.requested_at_peak_bytes
     if untraced > 3 * seen:
         return None
@@ -214,19 +214,25 @@ def _input_copy(report: Report) -> tuple[int, int]:
     model = report.model
     if model is None or not model.fed_arrays:
         return 0, 0
+    trace = report.trace
+    if trace is None or not trace.events or report.status != "ok":
+        return model.copy_bytes, 0
+    seen = sum(c.requested_bytes for c in trace.input_copies if c.live_at_peak and c.role == "training")
     # a copy made while the trace was paused (a segment restarting as fit began: seen in CI) is live at the peak
     # but not seen as the copy: the untraced bytes at the peak hold it, and the peak already counts it
-    return model.copy_bytes, max(0, _copy_not_seen(report) - _untraced_at_peak(report))
+    return model.copy_bytes, max(0, model.copy_bytes - seen - _copy_in_untraced(report))
 
 
-def _copy_not_seen(report: Report) -> int:
-    """Bytes of fit's copy of the training arrays (validation copies come later) that the trace did not see live at
-    the cell's peak."""
+def _copy_in_untraced(report: Report) -> int:
+    """Bytes of fit's copy of the training arrays that were most likely allocated while the trace was paused: only
+    when the trace saw no training copy at all (a copy it saw and saw freed was freed), as much of it as the
+    untraced bytes at the peak can hold."""
     model, trace = report.model, report.trace
     if model is None or not model.fed_arrays or trace is None or not trace.events or report.status != "ok":
         return 0
-    seen = sum(c.requested_bytes for c in trace.input_copies if c.live_at_peak and c.role == "training")
-    return max(0, model.copy_bytes - seen)
+    if any(c.role == "training" for c in trace.input_copies):
+        return 0
+    return min(model.copy_bytes, _untraced_at_peak(report))
 
 
 def _untraced_at_peak(report: Report) -> int:

@@ -217,6 +217,10 @@ class Capture:
         assert not self._stopped, "stop() called twice"
         self._stopped = True
         wall = time.perf_counter() - self._t0
+        # a callback's measurement started inside this one whose fit raised is inner: it ends first, so its undo
+        # steps (Keras patches, its allocator slot) unwind before ours and fold its peak into ours
+        while SESSION.abandoned:
+            _quietly(SESSION.abandoned.pop())
         results = self._unwind()
         rss_peak, rss_end, peak_source = results.get("sampler") or _rss_now()
         sampler = self.sampler

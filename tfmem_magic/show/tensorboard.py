@@ -53,8 +53,12 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
     require_tensorboard()
     import tensorflow as tf
 
-    run_dir = Path(logdir).expanduser() / run_name(report)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    base = Path(logdir).expanduser() / run_name(report)
+    run_dir, n = base, 1
+    while run_dir.exists():  # the same label within a second, or the same saved report written twice
+        n += 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+    run_dir.mkdir(parents=True)
     out = Written(run_dir)
     writer = tf.summary.create_file_writer(str(run_dir))
     try:
@@ -77,11 +81,14 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
             path = session / (f"{host}.xplane.pb" if len(xspaces) == 1 else f"{host}_segment{i}.xplane.pb")
             path.write_bytes(data)
             out.xplanes.append(path)
-    elif report.mode == "trace" and report.trace is not None:
+    elif report.mode != "trace" or report.trace is None:
+        out.note = "quick mode: no trace, so TensorBoard gets the scalars and the text report only"
+    elif xspaces is None:
         out.note = ("the trace's XSpace was not kept (a saved report holds the analysis, not the raw trace): "
                     "measure with --tensorboard to have TensorBoard's Profile tab open it")
     else:
-        out.note = "quick mode: no trace, so TensorBoard gets the scalars and the text report only"
+        out.note = ("no trace segment was kept: measure with --tensorboard (or profile(keep_xspaces=True)) to have "
+                    "TensorBoard's Profile tab open the trace")
     return out
 
 
