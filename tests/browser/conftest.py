@@ -44,12 +44,26 @@ class Lab:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> Lab:
-    base = tmp_path_factory.mktemp("lab")
+    yield from _serve_lab(tmp_path_factory.mktemp("lab"))
+
+
+@pytest.fixture(scope="session")
+def lab_without_extension(tmp_path_factory) -> Lab:
+    """JupyterLab with tfmem's extension disabled: a front end with no `tfmem_insert` comm target, as VS Code's
+    and Colab's notebooks are."""
+    yield from _serve_lab(tmp_path_factory.mktemp("lab-bare"), disabled=["tfmem_magic"])
+
+
+def _serve_lab(base: Path, disabled: list[str] | None = None):
     root, settings = base / "root", base / "settings"
     root.mkdir()
     news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text(json.dumps({"fetchNews": "false"}))
+    if disabled:  # what `jupyter labextension disable` writes, in this server's own config folder
+        page_config = base / "config" / "labconfig" / "page_config.json"
+        page_config.parent.mkdir(parents=True)
+        page_config.write_text(json.dumps({"disabledExtensions": {name: True for name in disabled}}))
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # kernels: this venv

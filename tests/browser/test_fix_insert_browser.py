@@ -3,6 +3,9 @@ cell (or at the top for restart fixes), the fix cell runs and shows before/after
 
 from __future__ import annotations
 
+import json
+import re
+
 from .conftest import open_notebook, run_cell, wait_kernel_idle
 
 CELLS = [
@@ -80,3 +83,29 @@ def test_fix_buttons_insert_cells_that_run_with_before_after(lab, page, tmp_path
     run_cell(page, 3)  # the over-budget cell
     click_fix(page, 3, "shrink-batch")
     assert cell_sources(page)[4].startswith("%%tfmem --before ")
+
+
+def test_without_the_extension_the_button_names_the_command_that_gives_the_cell(lab_without_extension, page):
+    # VS Code's and Colab's notebooks have no tfmem_insert comm target: here, JupyterLab with the extension disabled
+    open_notebook(lab_without_extension, page, "bare.ipynb", CELLS)
+    for i in range(3):
+        run_cell(page, i)
+    panel = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".tfmem-panel")
+    panel.wait_for(state="visible", timeout=60_000)
+    panel.get_by_role("tab", name="Fixes").click()
+    fix = panel.locator(".widget-vbox", has=page.locator("code:text-is('shrink-batch')")).last
+    count = len(cell_sources(page))
+    fix.locator("button.widget-button").click()
+    fix.get_by_text("This front end has no tfmem extension").wait_for(timeout=30_000)
+    command = re.search(r"%tfmem fix \d+ --report \d+", fix.inner_text())
+    assert command, fix.inner_text()
+    assert len(cell_sources(page)) == count  # nothing was inserted, and nothing waits for an answer
+    assert fix.locator("button.widget-button").is_enabled()
+    # the command it names puts the fix in the next cell (IPython's set_next_input, which every front end knows)
+    page.evaluate(f"window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].model.sharedModel"
+                  f".setSource({json.dumps(command.group(0))})")
+    run_cell(page, count - 1)
+    page.wait_for_function(f"window.jupyterapp.shell.currentWidget.content.widgets.length > {count}",
+                           timeout=30_000)
+    assert cell_sources(page)[count].startswith("%%tfmem --before ") and "--fix shrink-batch" in \
+        cell_sources(page)[count]
