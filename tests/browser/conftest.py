@@ -29,8 +29,8 @@ def _free_port() -> int:
 
 
 class Lab:
-    def __init__(self, root: Path, url: str, token: str, process: subprocess.Popen) -> None:
-        self.root, self.url, self.token, self.process = root, url, token, process
+    def __init__(self, root: Path, url: str, token: str, process: subprocess.Popen, app: str = "lab") -> None:
+        self.root, self.url, self.token, self.process, self.app = root, url, token, process, app
 
     def api(self, path: str, method: str = "GET") -> object:
         request = urllib.request.Request(f"{self.url}{path}?token={self.token}", method=method)
@@ -39,6 +39,8 @@ class Lab:
         return json.loads(body) if body else None
 
     def notebook_url(self, name: str) -> str:
+        if self.app == "notebook":  # Jupyter Notebook 7: one notebook per page
+            return f"{self.url}/notebooks/{name}?token={self.token}"
         return f"{self.url}/lab/tree/{name}?token={self.token}&reset"
 
 
@@ -54,7 +56,14 @@ def lab_without_extension(tmp_path_factory) -> Lab:
     yield from _serve_lab(tmp_path_factory.mktemp("lab-bare"), disabled=["tfmem_magic"])
 
 
-def _serve_lab(base: Path, disabled: list[str] | None = None):
+@pytest.fixture(scope="session")
+def notebook7(tmp_path_factory) -> Lab:
+    """Jupyter Notebook 7 (built on JupyterLab's components): the same prebuilt extension."""
+    pytest.importorskip("notebook")
+    yield from _serve_lab(tmp_path_factory.mktemp("notebook7"), app="notebook")
+
+
+def _serve_lab(base: Path, disabled: list[str] | None = None, app: str = "lab"):
     root, settings = base / "root", base / "settings"
     root.mkdir()
     news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
@@ -71,12 +80,14 @@ def _serve_lab(base: Path, disabled: list[str] | None = None):
            "IPYTHONDIR": str(base / "ipython")}
     log = open(base / "lab.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+        [sys.executable, "-m", "jupyter", app, "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={base / 'workspaces'}",
-         f"--LabApp.user_settings_dir={settings}"],
+         *(["--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={base / 'workspaces'}",
+            f"--LabApp.user_settings_dir={settings}"] if app == "lab" else
+           ["--JupyterNotebookApp.expose_app_in_browser=True",
+            f"--JupyterNotebookApp.user_settings_dir={settings}"])],
         env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Lab(root, f"http://127.0.0.1:{port}", token, process)
+    server = Lab(root, f"http://127.0.0.1:{port}", token, process, app)
     deadline = time.time() + 60
     while True:
         try:

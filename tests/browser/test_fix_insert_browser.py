@@ -109,3 +109,14 @@ def test_without_the_extension_the_button_names_the_command_that_gives_the_cell(
                            timeout=30_000)
     assert cell_sources(page)[count].startswith("%%tfmem --before ") and "--fix shrink-batch" in \
         cell_sources(page)[count]
+
+
+def test_in_jupyter_notebook_7_the_panel_shows_and_the_button_inserts(notebook7, page):
+    open_notebook(notebook7, page, "nb7.ipynb", CELLS)
+    for i in range(3):
+        run_cell(page, i)
+    click_fix(page, 2, "shrink-batch")
+    inserted = cell_sources(page)[3]
+    assert inserted.startswith("%%tfmem --before ") and "--fix shrink-batch" in inserted
+    assert "/notebooks/nb7.ipynb" in page.url and page.locator("#jp-NotebookPanel, .jp-NotebookPanel").count() >= 1
+    page.screenshot(path=str(notebook7.root / "nb7.png"))
