@@ -19,7 +19,7 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
-from tfmem_magic.measure import environment, guard
+from tfmem_magic.measure import capabilities, environment, guard
 from tfmem_magic.measure.sampling import AllocatorStats
 from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
@@ -285,7 +285,20 @@ def status_text() -> str:
                      + (f"; TensorFlow's allocator capped at {format_bytes(cap)}" if cap else ""))
     if view.note:
         lines.append(f"Note         {view.note}")
+    lines += capabilities_lines()
     return "\n".join(lines)
+
+
+def capabilities_lines() -> list[str]:
+    """The private APIs tfmem relies on (measure/capabilities.py): all there, or what is missing and what degrades."""
+    if not environment.tensorflow_imported():
+        return ["Capabilities checked once TensorFlow is imported"]
+    absent = capabilities.missing()
+    if not absent:
+        return [f"Capabilities all {len(capabilities.CAPABILITIES)} available on {capabilities.versions_text()}: "
+                + ", ".join(c.name for c in capabilities.CAPABILITIES)]
+    return [f"Capability   {c.name}: unavailable on {capabilities.versions_text()} ({c.api} is missing): "
+            f"{c.degraded}" for c in absent]
 
 
 def history_text() -> str:

@@ -22,7 +22,7 @@ import psutil
 
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import environment, guard
+from tfmem_magic.measure import capabilities, environment, guard
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
@@ -227,6 +227,7 @@ class Capture:
         limit, source = self._limit
         if sampler is not None:
             self.notes.extend(sampler.errors)
+        self.notes.extend(capabilities.notes())  # a private API this TensorFlow or Keras moved: what degrades
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
             rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,

@@ -53,7 +53,7 @@ def tensorflow_initialized() -> bool:
         from tensorflow.python.eager import context
     except ImportError:  # a broken or partial install: treat as no TF
         return False
-    return context.context()._context_handle is not None
+    return getattr(context.context(), "_context_handle", None) is not None  # private: see capabilities.py
 
 
 def tensorflow_installed() -> bool:

@@ -353,7 +353,7 @@ class Instrumentation:
 
     def _learn_names(self, model: Any) -> None:
         try:
-            for layer in model._flatten_layers(include_self=True, recursive=True):
+            for layer in _all_layers(model):
                 self.layer_names.add(layer.name)
         except Exception:  # a model mid-construction; names come from spans then
             self.layer_names.add(model.name)
@@ -388,8 +388,12 @@ def _replace_argument(function: Callable, args: tuple, kwargs: dict, name: str, 
 
 
 def _trace_class() -> type:
-    from tensorflow.python.profiler.trace import Trace
+    try:
+        from tensorflow.python.profiler.trace import Trace
+    except ImportError:  # moved: the public name of the same TraceMe annotation (capabilities.py)
+        import tensorflow as tf
 
+        return tf.profiler.experimental.Trace
     return Trace
 
 
@@ -468,3 +472,11 @@ def _trace_window_callback(tracer: Tracer, steps: int) -> Any:
     if _trace_window_class is None:
         _trace_window_class = _make_trace_window_class()
     return _trace_window_class(tracer, steps)
+
+
+def _all_layers(model: Any) -> list:
+    """The model and every layer inside it (Keras' private walk; its public top-level list where that is gone)."""
+    walk = getattr(model, "_flatten_layers", None)
+    if walk is not None:
+        return list(walk(include_self=True, recursive=True))
+    return [model, *getattr(model, "layers", [])]

@@ -131,7 +131,7 @@ def user_profiler_running() -> bool:
     """True when someone else's `tf.profiler.experimental` session is active (ours never registers there)."""
     from tensorflow.python.profiler import profiler_v2
 
-    return profiler_v2._profiler is not None
+    return getattr(profiler_v2, "_profiler", None) is not None  # private: see capabilities.py
 
 
 class _Int(int):
