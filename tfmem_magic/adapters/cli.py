@@ -47,10 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             if ns.html:
                 print(f"wrote {save_report(report, Path(ns.html))}")
             if ns.tensorboard:
-                from tfmem_magic.show.tensorboard import require_tensorboard, summary_line, write
+                from tfmem_magic.show.tensorboard import summary_line, write
 
-                require_tensorboard()
-                print(summary_line(write(report, ns.tensorboard)))
+                print(summary_line(write(report, ns.tensorboard)))  # without TensorBoard: a usage error
             return 0
         args = args_from_namespace(ns)
     except (TfmemUsageError, OSError, ValueError) as exc:

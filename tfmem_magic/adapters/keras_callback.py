@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from tfmem_magic.core.errors import MemoryGrowthWarning, TfmemUsageError
-from tfmem_magic.core.report import Report, main_device_name
+from tfmem_magic.core.report import Report, file_stem, main_device_name
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment
-from tfmem_magic.measure.sampling import AllocatorStats, _read_hwm, _reset_hwm
+from tfmem_magic.measure.sampling import AllocatorStats, _read_hwm, _reset_hwm, fold_into_measuring
 
 TF_PEAK, RSS_PEAK = "tf_peak_bytes", "rss_peak_bytes"
 GROWTH_EPOCHS = 3  # epochs in a row whose peak grew before the growth is called a leak
@@ -46,7 +45,6 @@ class _Window:
 
     def __init__(self, device: str | None) -> None:
         self.device = device
-        self.started = time.perf_counter()
         self.rss_start = _rss()
         self.folded_tf, self.folded_rss = 0, 0  # peaks read before a measurement inside the window reset them
         # an enclosing measurement (a %%tfmem cell) keeps its RSS peak only if we leave the high-water mark alone;
@@ -56,8 +54,7 @@ class _Window:
         if device is not None:
             info = AllocatorStats._info(device)
             if info is not None:
-                for outer in SESSION.measuring:
-                    outer._fold(device, info["peak"])
+                fold_into_measuring(device, info["peak"])
                 import tensorflow as tf
 
                 tf.config.experimental.reset_memory_stats(device)
@@ -83,8 +80,7 @@ class _Window:
             info = AllocatorStats._info(self.device)
             if info is not None:
                 tf_peak = max(int(info["peak"]), self.folded_tf)
-                for outer in SESSION.measuring:
-                    outer._fold(self.device, tf_peak)
+                fold_into_measuring(self.device, tf_peak)
         rss_end = _rss()
         hwm = _read_hwm()
         if not self.hwm_reset and (hwm is None or self.hwm_start is None or hwm <= self.hwm_start):
@@ -325,7 +321,7 @@ class MemoryMonitorMixin:
             from tfmem_magic.adapters.arguments import save_report
 
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            stem = self.save_dir / f"tfmem-{_safe(report.label.split(':')[0])}-first-steps"
+            stem = self.save_dir / f"tfmem-{file_stem(report.label.split(':')[0], 'model')}-first-steps"
             try:
                 save_report(report, stem.with_suffix(".json"))
                 save_report(report, stem.with_suffix(".html"))
@@ -346,6 +342,3 @@ class MemoryMonitorMixin:
             warnings.warn(f"MemoryMonitor: could not save the figures in {self.save_dir} ({exc})", RuntimeWarning,
                           stacklevel=2)
 
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"

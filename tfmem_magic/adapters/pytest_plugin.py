@@ -30,7 +30,7 @@ from typing import Any, Callable
 import pytest
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import DeviceMemory, Report, main_device_name
+from tfmem_magic.core.report import DeviceMemory, Report, file_stem, main_device_name
 from tfmem_magic.core.sizes import format_bytes, parse_size
 
 LIMIT, NO_LEAK = "tfmem_limit", "tfmem_no_leak"
@@ -247,7 +247,7 @@ def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, l
 
 def _record(item: pytest.Function, state: _Plugin, report: Report) -> None:
     item.user_properties.append((TF_PEAK, report.tf_peak_bytes))
-    item.user_properties.append((RSS_PEAK, max(0, report.rss.peak_bytes - report.rss.baseline_bytes)))
+    item.user_properties.append((RSS_PEAK, _rss_growth(report)))
     if not report.env.allocator_complete and report.tf:
         item.user_properties.append((ALLOCATOR_NOTE, report.env.allocator_note or "TensorFlow's allocator does not "
                                      "see every allocation in this process"))
@@ -255,9 +255,14 @@ def _record(item: pytest.Function, state: _Plugin, report: Report) -> None:
         _save(state, item, report, state.save_dir)
 
 
+def _rss_growth(report: Report) -> int:
+    """The process's RSS peak over the test body's baseline."""
+    return max(0, report.rss.peak_bytes - report.rss.baseline_bytes)
+
+
 def _save(state: _Plugin, item: pytest.Function, report: Report, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:160] or "test"
+    name = file_stem(item.nodeid, "test")
     digest = hashlib.sha1(item.nodeid.encode()).hexdigest()[:8]  # cleaned and cut names can collide
     return report.save(directory / f"{name}-{digest}.json")
 
@@ -286,7 +291,7 @@ def _device_memory(report: Report | None, device: str | None) -> tuple[str, Devi
 
 def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: Limit) -> None:
     if limit.rss:
-        peak = max(0, report.rss.peak_bytes - report.rss.baseline_bytes)
+        peak = _rss_growth(report)
         what = "the process's RSS peak"
     else:
         measured = _device_memory(report, limit.device)

@@ -184,9 +184,8 @@ def _own_classes(model: Any) -> list[Any]:
     the probe process must be given them (the notebook's `__main__` does not exist there)."""
     objects: list[Any] = [model, getattr(model, "optimizer", None), getattr(model, "loss", None)]
     try:
-        walk = getattr(model, "_flatten_layers", None)  # private: see measure/capabilities.py
-        objects += list(walk(include_self=False, recursive=True)) if walk is not None else list(model.layers)
-    except AttributeError:
+        objects += list(model._flatten_layers(include_self=False, recursive=True))  # see measure/capabilities.py
+    except AttributeError:  # gone from Keras: the top-level layers
         objects += list(getattr(model, "layers", []))
     compiled = getattr(model, "_compile_metrics", None) or getattr(model, "compiled_metrics", None)
     objects += list(getattr(compiled, "_user_metrics", None) or []) if compiled is not None else []

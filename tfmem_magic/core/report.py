@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -309,6 +310,12 @@ class Report:
 
 
 T = TypeVar("T")
+
+
+def file_stem(text: str, fallback: str, limit: int = 160) -> str:
+    """`text` as a file or folder name that every file system and TensorBoard's run list take: letters, digits,
+    `_ . -`, the rest replaced by `_`, at most `limit` characters; `fallback` when nothing is left."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:limit] or fallback
 
 
 def main_device_name(devices: Iterable[str]) -> str | None:

@@ -85,8 +85,7 @@ class Capture:
         """Arm every instrument. All or nothing: if arming fails or is interrupted part-way (Ctrl-C, a full disk),
         what was armed is undone in reverse before the exception leaves, so no later cell finds an instrument, patch or
         thread of this one (an allocator-stats slot left behind would make every later cell 'nested')."""
-        while SESSION.abandoned:  # a callback's measurement whose fit raised: it ends before this one starts
-            _quietly(SESSION.abandoned.pop())
+        _end_abandoned()  # a callback's measurement whose fit raised: it ends before this one starts
         try:
             self._arm()
         except BaseException:
@@ -219,8 +218,7 @@ class Capture:
         wall = time.perf_counter() - self._t0
         # a callback's measurement started inside this one whose fit raised is inner: it ends first, so its undo
         # steps (Keras patches, its allocator slot) unwind before ours and fold its peak into ours
-        while SESSION.abandoned:
-            _quietly(SESSION.abandoned.pop())
+        _end_abandoned()
         results = self._unwind()
         rss_peak, rss_end, peak_source = results.get("sampler") or _rss_now()
         sampler = self.sampler
@@ -242,6 +240,12 @@ class Capture:
 def _rss_now() -> tuple[int, int, str]:
     rss = psutil.Process().memory_info().rss
     return rss, rss, "sampled"
+
+
+def _end_abandoned() -> None:
+    """Finish the measurements a Keras callback started and whose call raised (SESSION.abandoned), newest first."""
+    while SESSION.abandoned:
+        _quietly(SESSION.abandoned.pop())
 
 
 def _quietly(step: Callable[[], Any]) -> None:

@@ -130,6 +130,13 @@ class RssSampler:
         return sampled_peak, end, "sampled"
 
 
+def fold_into_measuring(device: str, peak: int) -> None:
+    """Keep `peak` in every measurement in progress before TensorFlow's process-wide peak counter is reset (or
+    when an inner measurement ends): each of them reports the largest peak it spanned."""
+    for outer in SESSION.measuring:
+        outer._fold(device, peak)
+
+
 def main_tf_device() -> str | None:
     """The device whose live bytes are sampled: the first GPU, else the CPU; None before TF runs. Main thread only."""
     if not environment.tensorflow_initialized():
@@ -177,8 +184,7 @@ class AllocatorStats:
                 self.devices.append(device)
                 self.baseline[device] = info["current"]
                 self.peak_before[device] = info["peak"]
-                for outer in SESSION.measuring:
-                    outer._fold(device, info["peak"])
+                fold_into_measuring(device, info["peak"])
                 tf.config.experimental.reset_memory_stats(device)
         SESSION.measuring.append(self)
 
@@ -200,8 +206,7 @@ class AllocatorStats:
                 continue
             peak = max(info["peak"], self._folded_peak.get(device, 0))
             out[device] = (self.baseline.get(device, 0), peak, info["current"])
-            for outer in SESSION.measuring:
-                outer._fold(device, peak)
+            fold_into_measuring(device, peak)
         return out
 
     @classmethod

@@ -10,14 +10,13 @@ summary API are imported only here, when asked.
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Report
+from tfmem_magic.core.report import Report, file_stem, main_device_name
 from tfmem_magic.core.sizes import format_bytes
 
 MiB = float(2**20)
@@ -43,8 +42,7 @@ def require_tensorboard() -> None:
 
 
 def run_name(report: Report, when: float | None = None) -> str:
-    base = report.label or (f"cell-{report.number}" if report.number else "tfmem")
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("_")[:60] or "tfmem"
+    base = file_stem(report.label or (f"cell-{report.number}" if report.number else "tfmem"), "tfmem", limit=60)
     return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or report.started_at or time.time()))}"
 
 
@@ -75,7 +73,8 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
     if xspaces:
         session = run_dir / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
         session.mkdir(parents=True, exist_ok=True)
-        host = re.sub(r"[^A-Za-z0-9_-]+", "_", socket.gethostname()) or "host"
+        # no dots: the host is the file name before ".xplane.pb"
+        host = file_stem(socket.gethostname(), "host").replace(".", "_")
         for i, (data, _start) in enumerate(xspaces, 1):
             # one XSpace per profiler session: each traced segment is its own "host" in the profile plugin
             path = session / (f"{host}.xplane.pb" if len(xspaces) == 1 else f"{host}_segment{i}.xplane.pb")
@@ -96,8 +95,8 @@ def _scalars(report: Report) -> None:
     """Live bytes over the cell's time (step = milliseconds from its start), in MiB: TensorBoard's time series."""
     import tensorflow as tf
 
-    device = report.main_device
-    name = next((k for k, v in report.tf.items() if v is device), None)
+    name = main_device_name(report.tf)
+    device = report.tf.get(name) if name is not None else None
     if device is not None:
         for t, live in device.samples:
             tf.summary.scalar(f"tfmem/tf_live_MiB/{name}", live / MiB, step=int(t * 1000))
