@@ -5,14 +5,20 @@
     history = model.fit(x, y, epochs=5, callbacks=[monitor])
     history.history["tf_peak_bytes"]              # TensorFlow's peak of each epoch; "rss_peak_bytes" too
 
-Importing this module imports Keras (the callback is a Keras Callback), not IPython.
+Importing this module imports Keras (the callback is a Keras Callback), not IPython, and, before TensorFlow's first
+op, switches TensorFlow's CPU allocator to BFC (`tfmem_magic.prepare()`), so the monitor sees every allocation.
 """
 
 from __future__ import annotations
 
 from tfmem_magic.adapters.keras_callback import MemoryMonitorMixin, callback_base
+from tfmem_magic.measure import environment
 
 __all__ = ["MemoryMonitor"]
+
+# A script typically imports the monitor at the top but creates it after building its tf.data pipeline (TensorFlow's
+# first op): switching the CPU allocator to BFC here, at import, makes every allocation visible in that case too.
+environment.prepare_allocator()
 
 
 class MemoryMonitor(MemoryMonitorMixin, callback_base()):  # type: ignore[misc]

@@ -178,6 +178,32 @@ def test_an_unknown_device_is_named():
         wide_model().fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[MemoryMonitor(device="GPU:3")])
 
 
+def test_a_script_that_builds_its_pipeline_before_creating_the_monitor_sees_every_allocation():
+    """A script imports the monitor at the top and creates it after its tf.data pipeline (TensorFlow's first op):
+    the import set BFC up, so nothing warns and the epoch's peak holds the model's small tensors too."""
+    from fresh import run_python
+
+    out = run_python("""
+        import json, warnings
+        import numpy as np
+        from tfmem_magic.keras import MemoryMonitor
+        import keras, tensorflow as tf
+        x, y = np.random.rand(256, 64).astype("float32"), np.random.randint(0, 10, 256)
+        train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)       # TensorFlow's first op
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.Dense(10)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            monitor = MemoryMonitor()
+            model.fit(train, epochs=1, verbose=0, callbacks=[monitor])
+        print(json.dumps({"warnings": [str(w.message) for w in caught if "MemoryMonitor" in str(w.message)],
+                          "peak": monitor.epoch_peaks()[0]}))
+    """)
+    assert out["warnings"] == []
+    # every tensor here is under oneDNN's 256 KiB threshold: without BFC the epoch would read 0 bytes or so
+    assert 20_000 <= out["peak"] <= 4 * 2**20, out
+
+
 def test_keras_tensorboard_callback_listed_after_it_records_the_peaks(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

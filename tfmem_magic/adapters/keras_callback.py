@@ -166,8 +166,9 @@ class MemoryMonitorMixin:
         view = environment.allocator_view()
         if not view.complete and not self._allocator_warned:
             self._allocator_warned = True
-            warnings.warn(f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (Create "
-                          "the monitor, or import tfmem_magic, before TensorFlow's first op.)", RuntimeWarning,
+            warnings.warn(f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (In a "
+                          "script: import tfmem_magic.keras, or call tfmem_magic.prepare(), before TensorFlow's first "
+                          "op.)", RuntimeWarning,
                           stacklevel=3)
 
     def _close(self, logs: dict | None, kind: str, epoch: int | None = None, batch: int | None = None) -> None:
