@@ -58,3 +58,22 @@ def test_a_moved_private_api_degrades_its_feature_with_a_note(fresh_checks, monk
     status = status_text()
     assert "Capability   retracing count: unavailable on TensorFlow" in status
     assert "tf.function retraces are not counted" in status
+
+
+def test_an_attribute_a_release_no_longer_assigns_is_reported(fresh_checks, monkeypatch):
+    """Instance attributes (a batch dataset's `_batch_size`) are judged from the names the class's code assigns:
+    a release whose `__init__` keeps the batch under another name is caught without building a dataset."""
+    import keras  # noqa: F401
+    import tensorflow.python.data.ops as data_ops
+
+    class Moved:
+        def __init__(self, input_dataset, batch_size, drop_remainder, name=None):
+            self._batch = batch_size
+
+    name = "tensorflow.python.data.ops.batch_op"
+    stub = types.ModuleType(name)
+    stub._BatchDataset = stub._ParallelBatchDataset = Moved
+    monkeypatch.setitem(sys.modules, name, stub)
+    monkeypatch.setattr(data_ops, "batch_op", stub)
+    assert [c.name for c in capabilities.missing()] == ["batch of a tf.data pipeline"]
+    assert "Capability   batch of a tf.data pipeline: unavailable on TensorFlow" in status_text()

@@ -268,9 +268,12 @@ def status_text() -> str:
     setup = environment.allocator_setup()
     view = environment.allocator_view()
     budget = environment.memory_budget()
+    found = environment.versions()
+    imported = environment.tensorflow_imported()
     lines = [
-        f"TensorFlow   {'imported' if environment.tensorflow_imported() else 'not imported yet'}"
+        f"TensorFlow   {(found['tensorflow'] or 'imported') if imported else 'not imported yet'}"
         f"{', running' if environment.tensorflow_initialized() else ''}",
+        f"Keras        {keras_line(found)}",
         f"Allocator    {view.name}{' (sees every allocation)' if view.complete else ''}"
         f"{'; BFC switched on by tfmem' if setup.bfc_set_by_us else ''}",
         f"Budget       {format_bytes(budget.budget_bytes)} ({budget.budget_source}); RAM "
@@ -287,6 +290,13 @@ def status_text() -> str:
         lines.append(f"Note         {view.note}")
     lines += capabilities_lines()
     return "\n".join(lines)
+
+
+def keras_line(found: dict) -> str:
+    """Which Keras `tf.keras` is, and its version."""
+    if found["keras_package"] == "tf_keras":
+        return f"tf_keras {found['keras'] or '(not imported yet)'}: tf.keras is Keras 2 (TF_USE_LEGACY_KERAS=1)"
+    return f"Keras 3 {found['keras'] or '(not imported yet)'}"
 
 
 def capabilities_lines() -> list[str]:

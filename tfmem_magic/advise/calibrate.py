@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import threading
 from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.measure import kerases
 from tfmem_magic.measure.tracer import remove_leftovers
 
 TIMEOUT_S = 600
@@ -28,12 +30,17 @@ TIMEOUT_S = 600
 PIPELINE_STEPS = 4
 
 _PROBE = r"""
-import base64, json, sys
+import base64, json, os, sys
 spec = json.loads(sys.stdin.read())
 sys.path[:0] = [p for p in spec["path"] if p not in sys.path]  # the kernel's: the user's own modules import here too
 import tfmem_magic
 tfmem_magic.prepare()
-import numpy as np, keras, tensorflow as tf
+if spec["keras"] == "tf_keras":  # the clone is built with the Keras that made the model (Keras 2 configs differ)
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras as keras
+else:
+    import keras
+import numpy as np, tensorflow as tf
 print("TFMEM-PROGRESS 0", flush=True)
 from tfmem_magic import Options, Profiler
 keras.mixed_precision.set_global_policy(spec["policy"])
@@ -110,7 +117,7 @@ def data(batch):  # x, y, sample_weight of one synthetic batch, shaped and typed
     if complete(FED.get("y")):
         return x, build(FED["y"], batch), weights
     out = model(x)  # no targets seen (a generator of x only, a loss added in the model): shaped like the outputs
-    y = keras.tree.map_structure(lambda o: np.zeros(tuple(o.shape), "float32"), out)
+    y = tf.nest.map_structure(lambda o: np.zeros(tuple(o.shape), "float32"), out)
     return x, y, weights
 
 peaks = {}
@@ -119,7 +126,7 @@ for i, batch in enumerate(spec["batches"]):
     if spec["pipeline"]:  # the cell gave fit/predict its arrays: Keras' own input pipeline, as there
         # as tensors made before the probe: fit copies numpy arrays, and a copy of the probe's arrays would grow
         # with the probe's batch (the cell's copy is a part of its own, from the arrays' size)
-        x, y, w = [None if v is None else keras.tree.map_structure(tf.constant, v) for v in data(batch * STEPS)]
+        x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in data(batch * STEPS)]
         if spec["train"]:
             step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False)
         else:
@@ -146,19 +153,19 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
     allocator's peak and the peak of the bytes the step requested, both over the step's start.
     The requested bytes grow in a straight line with the batch; the allocator's chunks add BFC's fragmentation on
     top, which varies from run to run (DESIGN.md §1). `progress(text, fraction)` hears of each stage as it starts."""
-    import keras
-
+    flavour = kerases.flavour_of(model)
+    keras = kerases.import_flavour(flavour)
     try:
         config = model.to_json()
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
         raise TfmemUsageError(_not_rebuildable(model, exc)) from exc
     try:
-        spec = {"model": config, "batches": batches, "train": train, "pipeline": pipeline,
+        spec = {"model": config, "keras": flavour, "batches": batches, "train": train, "pipeline": pipeline,
                 "steps": PIPELINE_STEPS,
                 "structure": structure,
                 "compile": model.get_compile_config() if train else None,
                 "policy": keras.mixed_precision.global_policy().name,
-                "custom": _custom_objects(model), "path": [p for p in sys.path if isinstance(p, str)]}
+                "custom": _custom_objects(model, keras), "path": [p for p in sys.path if isinstance(p, str)]}
         payload = json.dumps(spec)
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
         raise TfmemUsageError(f"calibration could not send the model to the probe process ({type(exc).__name__}: "
@@ -171,6 +178,9 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
         raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use")
     line = next((x for x in lines if x.startswith("TFMEM-PROBE ")), None)
     if returncode != 0 or line is None:
+        missing = _MISSING_ARGUMENT.search(last_error)
+        if missing:  # older Keras (3.3) writes a config for a class without get_config(); only rebuilding it fails
+            raise TfmemUsageError(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
         raise TfmemUsageError(f"calibration probes failed ({last_error[:300]}); the analytic basis stays in use")
     peaks = {int(k): tuple(v) for k, v in json.loads(line.split(" ", 1)[1]).items()}
     if any(None in v for v in peaks.values()):
@@ -203,7 +213,7 @@ def _own_classes(model: Any) -> list[Any]:
 _LIBRARIES = {"keras", "tensorflow", "tf_keras", "builtins", "numpy"}
 
 
-def _custom_objects(model: Any) -> str | None:
+def _custom_objects(model: Any, keras: Any) -> str | None:
     """The model's own classes (and custom loss functions), pickled by value, base64: a custom_object_scope in the
     probe process. Registered names (`register_keras_serializable`) are sent too: Keras looks those up first."""
     classes = _own_classes(model)
@@ -212,7 +222,6 @@ def _custom_objects(model: Any) -> str | None:
     import base64
 
     import cloudpickle
-    import keras
 
     custom: dict[str, Any] = {}
     for kind in classes:
@@ -228,11 +237,14 @@ def _custom_objects(model: Any) -> str | None:
         raise TypeError(f"the notebook's classes ({names}) could not be sent to the probe process: {exc}") from exc
 
 
-def _not_rebuildable(model: Any, exc: BaseException) -> str:
-    """What to do when Keras cannot write the model's config (a subclassed Model or Layer without get_config)."""
-    name = type(model).__name__
-    culprit = name
-    for layer in getattr(model, "layers", []) or []:
+_MISSING_ARGUMENT = re.compile(r"(?:[\w.]+\.)?(\w+)\.__init__\(\) missing \d+ required (?:positional |keyword-only )?"
+                               r"arguments?: [^;)]*")
+
+
+def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None) -> str:
+    """What to do when Keras cannot write the model's config (a subclassed Model or Layer without get_config), or
+    (`culprit`: the class that could not be rebuilt) wrote one that its class cannot be rebuilt from."""
+    for layer in [] if culprit else getattr(model, "layers", []) or []:
         try:
             layer.get_config()
         except NotImplementedError:
@@ -240,6 +252,7 @@ def _not_rebuildable(model: Any, exc: BaseException) -> str:
             break
         except Exception:
             continue
+    culprit = culprit or type(model).__name__
     why = " ".join(str(exc).split())[:160]  # Keras' own message spans lines: one line here
     return (f"calibration rebuilds a clone of the model from its Keras config, and {culprit} has none "
             f"({type(exc).__name__}: {why}). Give {culprit} a get_config() that returns its constructor's "

@@ -54,6 +54,14 @@ def _model(ctx: FixContext) -> str:
     return ctx.model_name or "model"
 
 
+def _keras(report: Report) -> str:
+    """The module a fix writes Keras calls with: the Keras that made the model (tf_keras' policies, optimizers and
+    session are its own, not Keras 3's), else the one `tf.keras` is."""
+    if report.model is not None:
+        return report.model.keras_package
+    return report.env.keras_package
+
+
 def _after_compile(source: str, lines: str) -> str:
     """`source` with `lines` inserted after its last `.compile(...)` statement (or before everything)."""
     try:
@@ -106,9 +114,19 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
                _header(ctx, "shrink-batch") + source, after.peak_bytes)
 
 
+NO_ACCUMULATION_IN_TF_KERAS = ("Gradient accumulation is not offered for this tf_keras (Keras 2) model: its "
+                               "optimizers have no gradient_accumulation_steps (Keras 3's have), and accumulating by "
+                               "hand needs a custom train_step. Shrinking the batch or mixed precision are the fixes "
+                               "here.")
+
+
 def grad_accumulation(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     if model is None or not model.training or not model.batch_size or model.batch_size < 4:
+        return None
+    if model.legacy_keras:
+        if NO_ACCUMULATION_IN_TF_KERAS not in report.notes:
+            report.notes.append(NO_ACCUMULATION_IN_TF_KERAS)
         return None
     steps = 4 if model.batch_size % 4 == 0 else 2
     micro = model.batch_size // steps
@@ -138,15 +156,15 @@ def mixed_precision(report: Report, ctx: FixContext) -> Fix | None:
     where = ("on a GPU, float16 runs on its tensor cores" if gpu else
              "on CPU, bfloat16: float16 runs 74-260x slower there and is never suggested; steps can take 6-55% "
              "longer on CPUs without native bfloat16")
-    set_policy = f'keras.mixed_precision.set_global_policy("{policy}")  # before the model is built\n'
+    keras = _keras(report)
+    set_policy = f'import {keras}\n{keras}.mixed_precision.set_global_policy("{policy}")  # before the model is built\n'
     why = (f"Computes activations in 16 bits while the weights stay float32 ({where}). The policy applies to "
            f"models built after it is set, so the model is rebuilt: {_saving(report, after.peak_bytes)}. It stays "
-           'set for the session: keras.mixed_precision.set_global_policy("float32") undoes it.')
+           f'set for the session: {keras}.mixed_precision.set_global_policy("float32") undoes it.')
     if model.new_weight_bytes and ctx.source is not None:  # this cell builds the model: set the policy, re-run it
-        code = _header(ctx, "mixed-precision") + "import keras\n" + set_policy + ctx.source
+        code = _header(ctx, "mixed-precision") + set_policy + ctx.source
     else:
-        code = ("import keras\n" + set_policy + f"# now re-run the cell that builds {_model(ctx)}, then the training "
-                                                "cell\n")
+        code = set_policy + f"# now re-run the cell that builds {_model(ctx)}, then the training cell\n"
     return Fix("mixed-precision", f"Mixed precision ({policy})", why, code, after.peak_bytes)
 
 
@@ -155,8 +173,9 @@ def lighter_optimizer(report: Report, ctx: FixContext) -> Fix | None:
     if model is None or not model.training or model.optimizer_slots < 2:
         return None
     after = predict(report, optimizer="sgd+momentum")
-    code = (f"import keras\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
-            'config["optimizer"] = keras.optimizers.serialize(keras.optimizers.SGD(learning_rate=0.01, '
+    keras = _keras(report)
+    code = (f"import {keras}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
+            f'config["optimizer"] = {keras}.optimizers.serialize({keras}.optimizers.SGD(learning_rate=0.01, '
             "momentum=0.9))\n"
             f"{_model(ctx)}.compile_from_config(config)\n")
     if ctx.source is not None and not model.optimizer_built_in_cell:
@@ -240,8 +259,9 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
 
 
 def clear_session(report: Report, ctx: FixContext) -> Fix | None:
-    code = ("import gc, keras\nkeras.backend.clear_session()  # forget Keras' global graph state and layer names\n"
-            "gc.collect()  # and free models nothing refers to any more\n")
+    keras = _keras(report)
+    code = (f"import gc, {keras}\n{keras}.backend.clear_session()  # forget Keras' global graph state and layer "
+            "names\ngc.collect()  # and free models nothing refers to any more\n")
     why = ("Models built again and again keep Keras' global state growing, and models still referenced (a list, "
            "Out[...], a callback) keep their weights. Clear the session before building a new model, and drop "
            "the old references; variables you still use must be rebuilt after it.")

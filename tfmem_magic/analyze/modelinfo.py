@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from tfmem_magic.core.report import LayerInfo, ModelInfo
-from tfmem_magic.measure import feeding
+from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.instrument import ModelUse
 
 _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
@@ -78,7 +78,7 @@ def _internal_bytes(layer: Any) -> int:
     try:
         heads = int(getattr(layer, "num_heads", None) or layer.num_query_heads)
         key_dim = int(getattr(layer, "key_dim", None) or layer.head_dim)
-        shapes = layer._build_shapes_dict  # Keras 3: the shapes the layer was built with
+        shapes = _attention_shapes(layer)
         query = [int(d) for d in shapes["query_shape"][1:-1]]
         key = [int(d) for d in (shapes.get("key_shape") or shapes["value_shape"])[1:-1]]
     except (AttributeError, KeyError, TypeError, ValueError):
@@ -86,6 +86,15 @@ def _internal_bytes(layer: Any) -> int:
     size = _dtype_size(getattr(layer, "compute_dtype", "float32"))
     t_q, t_k = math.prod(query), math.prod(key)
     return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
+
+
+def _attention_shapes(layer: Any) -> dict:
+    """The shapes an attention layer was built with: Keras 3 keeps its build() arguments (`_build_shapes_dict`),
+    tf_keras its own `_query_shape`, `_key_shape` and `_value_shape`."""
+    shapes = getattr(layer, "_build_shapes_dict", None)
+    if shapes:
+        return shapes
+    return {"query_shape": layer._query_shape, "key_shape": layer._key_shape, "value_shape": layer._value_shape}
 
 
 def _layer_info(layer: Any, fed: tuple[Any, Any] | None = None) -> LayerInfo:
@@ -148,6 +157,8 @@ def _fed_shapes(model: Any, structure: dict | None) -> dict[int, tuple[Any, Any]
         try:
             pair = [layer.input, layer.output]
         except (AttributeError, ValueError):  # a shared layer, a layer never called
+            continue
+        if not all(hasattr(t, "shape") for t in pair):  # an InputLayer's input is [] in Keras 3.3 (3.15 raises)
             continue
         ends += pair
         kept.append(layer)
@@ -245,7 +256,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         params=_param_count(weights),
         trainable_params=_param_count(trainable),
         param_bytes=_variable_bytes(weights),
-        optimizer=type(optimizer).__name__ if optimizer is not None else None,
+        optimizer=_optimizer_name(optimizer),
         optimizer_slots=slots,
         optimizer_bytes=_variable_bytes(opt_vars),
         batch_size=use.batch_size,
@@ -264,7 +275,17 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         input_copy_bytes=sum(a.copy_bytes for a in training),
         validation_copy_bytes=sum(a.copy_bytes for a in use.input_arrays if a.validation),
         other_models=[_in_words(o) for o in (others or []) if o is not use and o.model_ref() is not None],
+        keras_package=kerases.flavour_of(model),
     )
+
+
+def _optimizer_name(optimizer: Any) -> str | None:
+    """The class name of the optimizer that keeps the slots: mixed_float16's LossScaleOptimizer (Keras 3) or
+    LossScaleOptimizerV3 (tf_keras) wraps the one the user chose and adds only a scale and a counter."""
+    if optimizer is None:
+        return None
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return type(inner if inner is not None else optimizer).__name__
 
 
 def _param_count(variables: Any) -> int:

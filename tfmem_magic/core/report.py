@@ -41,7 +41,8 @@ class GuardInfo:
 @dataclass
 class EnvInfo:
     tensorflow: str | None = None
-    keras: str | None = None
+    keras: str | None = None  # the version of the Keras `tf.keras` is (keras_package)
+    keras_package: str = "keras"  # "keras" (Keras 3) | "tf_keras" (Keras 2, TF_USE_LEGACY_KERAS=1)
     python: str = ""
     platform: str = ""
     allocator: str = "none"
@@ -55,6 +56,13 @@ class EnvInfo:
     budget_source: str = "ram"  # "cgroup" | "ram" | "user"
     mixed_precision_policy: str | None = None
     tensorflow_started_in_cell: bool = False  # TF's runtime (~0.5 GiB of RSS) came up during this cell
+
+    @property
+    def keras_text(self) -> str:
+        """"3.15.1", "2.21.0 (tf_keras)" or "-"."""
+        if not self.keras:
+            return "-"
+        return f"{self.keras} (tf_keras)" if self.keras_package == "tf_keras" else self.keras
 
 
 @dataclass
@@ -169,6 +177,11 @@ class ModelInfo:
     input_copy_bytes: int = 0  # the tensor copy Keras makes of the training arrays (training rows only)
     validation_copy_bytes: int = 0  # the same for the validation arrays (or the validation_split rows)
     other_models: list[str] = field(default_factory=list)  # other models the cell used, in words
+    keras_package: str = "keras"  # the Keras that made the model: "keras" (Keras 3) | "tf_keras" (Keras 2)
+
+    @property
+    def legacy_keras(self) -> bool:
+        return self.keras_package == "tf_keras"
 
     @property
     def training(self) -> bool:

@@ -9,9 +9,12 @@ by the user's first op). The results are cached per process once TensorFlow is i
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+from tfmem_magic.measure import kerases
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,30 @@ def _keras_attr(*path: str) -> Callable[[], bool]:
         return True if keras is None else _has_path(keras, path)  # judged once Keras is imported
 
     return probe
+
+
+def _stores(function: Any, attribute: str) -> bool:
+    """The function's code assigns `self.<attribute>` (read from its bytecode's names: nothing is called, no op
+    runs); for attributes that exist only on instances."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return code is not None and attribute in code.co_names
+
+
+def _dataset_batch_size() -> bool:
+    from tensorflow.python.data.ops import batch_op
+
+    return _stores(batch_op._BatchDataset.__init__, "_batch_size") and \
+        _stores(batch_op._ParallelBatchDataset.__init__, "_batch_size")
+
+
+def _build_shapes() -> bool:
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return True  # judged once Keras is imported
+    from keras.src.layers import layer
+
+    return any(_stores(f, "_build_shapes_dict") for f in vars(layer).values() if inspect.isfunction(f)) or \
+        any(_stores(f, "_build_shapes_dict") for f in vars(layer.Layer).values() if inspect.isfunction(f))
 
 
 def _context_handle() -> bool:
@@ -89,6 +116,15 @@ CAPABILITIES = (
                "nested layers are not listed: model info counts top-level layers only, and calibration clones "
                "only what it can rebuild",
                _keras_attr("Layer", "_flatten_layers")),
+    Capability("batch of a tf.data pipeline", "tensorflow.python.data.ops.batch_op._BatchDataset._batch_size",
+               "a pipeline whose element_spec leaves the batch open (a final partial batch kept) gives no batch "
+               "size: the what-if and the batch fixes need one from elsewhere (fit's batch_size, a generator's "
+               "first batch)",
+               _dataset_batch_size),
+    Capability("attention's internal shapes", "keras.Layer._build_shapes_dict",
+               "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
+               "activations: the analytic what-if of a Transformer reads low (the trace still measures them)",
+               _build_shapes),
 )
 
 _results: dict[str, bool] | None = None
@@ -125,9 +161,10 @@ def missing() -> list[Capability]:
 
 def versions_text() -> str:
     tf = sys.modules.get("tensorflow")
-    keras = sys.modules.get("keras")
+    package = kerases.in_use()
+    version = kerases.version(package)
     return (f"TensorFlow {getattr(tf, '__version__', '?')}" +
-            (f", Keras {getattr(keras, '__version__', '?')}" if keras is not None else ""))
+            (f", {'tf_keras' if package == kerases.TF_KERAS else 'Keras'} {version}" if version else ""))
 
 
 def notes() -> list[str]:

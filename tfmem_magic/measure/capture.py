@@ -13,7 +13,6 @@ No IPython here, and nothing that analyses or advises: the analyze layer turns a
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -22,7 +21,7 @@ import psutil
 
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import capabilities, environment, guard
+from tfmem_magic.measure import capabilities, environment, guard, kerases
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
@@ -256,14 +255,14 @@ def _quietly(step: Callable[[], Any]) -> None:
 
 
 def _import_keras() -> None:
-    """Import TF and Keras now (not the allocator: no op runs), so that a cell which imports Keras itself still
-    gets layer spans, bounded fit traces and the guard's batch-end check."""
-    if sys.modules.get("keras") is not None or not environment.tensorflow_installed():
+    """Import TF and the Keras `tf.keras` is now (not the allocator: no op runs), so that a cell which imports Keras
+    itself still gets layer spans, bounded fit traces and the guard's batch-end check."""
+    if not environment.tensorflow_installed() or kerases.module(kerases.in_use()) is not None:
         return
     environment.note_tensorflow_import()
     try:
-        import keras  # noqa: F401
         import tensorflow  # noqa: F401
+
+        kerases.import_flavour(kerases.in_use())
     except ImportError:  # a broken install: the cell will say so itself
         pass
-

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.measure import kerases
 
 BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 # The BFC allocator's cap. Unset, TensorFlow caps the CPU BFC allocator at 1 << 16 MB (64 GiB; process_state.cc,
@@ -169,13 +170,14 @@ def versions() -> dict[str, Any]:
     out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(terse=True)}
     tf = sys.modules.get("tensorflow")
     out["tensorflow"] = getattr(tf, "__version__", None)
-    keras = sys.modules.get("keras")
-    out["keras"] = getattr(keras, "__version__", None)
+    package = kerases.in_use()
+    out["keras"], out["keras_package"] = kerases.version(package), package
     return out
 
 
-def mixed_precision_policy() -> str | None:
-    keras = sys.modules.get("keras")
+def mixed_precision_policy(package: str | None = None) -> str | None:
+    """The global dtype policy of that Keras (default: the one `tf.keras` is); None when it is not imported."""
+    keras = kerases.module(package or kerases.in_use())
     if keras is None:
         return None
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import feeding
+from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.tracer import Tracer
 
@@ -89,34 +89,40 @@ class Instrumentation:
 
     # ---- install / uninstall -------------------------------------------------------------------------------------
     def install(self) -> bool:
-        """Patch Keras if it is imported; False when there is nothing to instrument."""
+        """Patch every Keras that is imported (Keras 3 and tf_keras); False when there is nothing to instrument."""
         self._count_traces()
-        keras = sys.modules.get("keras")
-        if keras is None or not hasattr(keras, "Model"):
+        flavours = kerases.loaded()
+        if not flavours:
             return False
-        for name in _WATCHED_CALLS:
-            if hasattr(keras.Model, name):
-                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name),
-                                                                     _keras_own(keras.Model, name)))
         self.installed = self.active = True
-        layer = keras.layers.Layer
-        self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
-        opt = keras.optimizers.Optimizer
-        add_weight, build = layer.add_weight, opt.build
-        apply = self._remember_apply(opt.apply)
-        if self.spans:
-            add_weight = self._wrap_span(add_weight, lambda s, *a, **k: f"weights/{s.name}")
-            build = self._wrap_span(build, lambda s, *a, **k: "weights/optimizer")
-            apply = self._wrap_span(apply, lambda s, *a, **k: "phase/optimizer")
-        self._patch(opt, "apply", apply)
-        self._patch(layer, "add_weight", self._remember_new(add_weight, result=True))
-        self._patch(opt, "build", self._remember_new(build, result=False))
+        for flavour, keras in flavours:
+            self._install_keras(flavour, keras)
         if self.spans:
             import tensorflow as tf
 
             tape = tf.GradientTape
             self._patch(tape, "gradient", self._wrap_span(tape.gradient, lambda s, *a, **k: "phase/backward"))
         return True
+
+    def _install_keras(self, flavour: str, keras: Any) -> None:
+        for name in _WATCHED_CALLS:
+            if hasattr(keras.Model, name):
+                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name),
+                                                                     _keras_own(keras.Model, name)))
+        layer = keras.layers.Layer
+        self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
+        opt = keras.optimizers.Optimizer
+        # Keras 3 updates with apply(grads, variables); tf_keras with apply_gradients(pairs of grad and variable)
+        apply_name = "apply" if flavour == kerases.KERAS3 else "apply_gradients"
+        add_weight, build = layer.add_weight, opt.build
+        apply = self._remember_apply(getattr(opt, apply_name), pairs=apply_name == "apply_gradients")
+        if self.spans:
+            add_weight = self._wrap_span(add_weight, lambda s, *a, **k: f"weights/{s.name}")
+            build = self._wrap_span(build, lambda s, *a, **k: "weights/optimizer")
+            apply = self._wrap_span(apply, lambda s, *a, **k: "phase/optimizer")
+        self._patch(opt, apply_name, apply)
+        self._patch(layer, "add_weight", self._remember_new(add_weight, result=True))
+        self._patch(opt, "build", self._remember_new(build, result=False))
 
     def _count_traces(self) -> None:
         """Count new tf.function graphs: TF calls _create_concrete_function on every trace (cache miss)."""
@@ -205,24 +211,28 @@ class Instrumentation:
 
         return wrapper
 
-    def _remember_apply(self, original: Callable) -> Callable:
-        """Record which variables an optimizer updates outside fit (custom loops): the model they belong to trains."""
+    def _remember_apply(self, original: Callable, pairs: bool = False) -> Callable:
+        """Record which variables an optimizer updates outside fit (custom loops): the model they belong to trains.
+        `pairs`: tf_keras' apply_gradients, which takes (gradient, variable) pairs (often a one-shot `zip`)."""
         instrumentation = self
 
         @functools.wraps(original)
-        def wrapper(this, grads, trainable_variables=None, *args, **kwargs):
+        def wrapper(this, *args, **kwargs):
             if instrumentation.active and instrumentation._outer_call() is None:
                 if instrumentation.tracer is not None:
                     instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
-                variables = trainable_variables if trainable_variables is not None else \
-                    getattr(this, "_trainable_variables", None) or []
+                if pairs:
+                    args, kwargs, variables = _pairs_variables(args, kwargs)
+                else:
+                    given = args[1] if len(args) > 1 else kwargs.get("trainable_variables")
+                    variables = given if given is not None else getattr(this, "_trainable_variables", None) or []
                 try:
                     ids = {id(v) for v in variables}
                     if not any(ref() is this and ids <= seen for ref, seen in instrumentation.applied):
                         instrumentation.applied.append((weakref.ref(this), ids))
                 except TypeError:
                     pass
-            return original(this, grads, trainable_variables, *args, **kwargs)
+            return original(this, *args, **kwargs)
 
         return wrapper
 
@@ -256,21 +266,23 @@ class Instrumentation:
             try:
                 args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
                 if call in ("fit", "evaluate", "predict"):
-                    args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs)
+                    args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
+                                                                   kerases.flavour_of(model))
                 return original(model, *args, **kwargs)
             finally:
                 instrumentation._calls.current = None
 
         return wrapper
 
-    def _with_callbacks(self, call: str, original: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _with_callbacks(self, call: str, original: Callable, args: tuple, kwargs: dict, flavour: str
+                        ) -> tuple[tuple, dict]:
         """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
         list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
         theirs), and so are callbacks given positionally."""
         if self.tracer is None and self.guard is None:
             return args, kwargs
-        ours = ([_trace_window_callback(self.tracer, self.trace_steps)] if self.tracer is not None else []) + \
-            ([_guard_check_callback(self.guard, call)] if self.guard is not None else [])
+        ours = ([_callback_class("trace", flavour)(self.tracer, self.trace_steps)] if self.tracer is not None else []) \
+            + ([_callback_class("guard", flavour)(self.guard, call)] if self.guard is not None else [])
         position = _parameter_index(original, "callbacks")
         if position is not None and len(args) > position:
             return args, kwargs
@@ -362,6 +374,16 @@ class Instrumentation:
             self.optimizer_names.add(str(optimizer.name).lower())
 
 
+def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
+    """The variables of apply_gradients' (gradient, variable) pairs, and the arguments to call it with: the pairs
+    as a list, since reading a `zip` would leave nothing for the optimizer."""
+    if args:
+        given, rest = list(args[0]), args[1:]
+        return (given, *rest), kwargs, [v for _, v in given]
+    given = list(kwargs.get("grads_and_vars") or [])
+    return args, {**kwargs, "grads_and_vars": given}, [v for _, v in given]
+
+
 def _keras_own(cls: type, name: str) -> Callable | None:
     """Keras' own definition of method `name` along the class's MRO (skipping other libraries' patches)."""
     for klass in cls.__mro__:
@@ -397,10 +419,8 @@ def _trace_class() -> type:
     return Trace
 
 
-def _make_trace_window_class() -> type:
-    import keras
-
-    class TraceWindow(keras.callbacks.Callback):
+def _make_trace_window_class(base: type) -> type:
+    class TraceWindow(base):
         """Keeps the trace on for the first `steps` batches of each fit/evaluate/predict call, then pauses it."""
 
         def __init__(self, tracer: Tracer, steps: int) -> None:
@@ -441,37 +461,34 @@ def _make_trace_window_class() -> type:
     return TraceWindow
 
 
-_trace_window_class: type | None = None
-_guard_check_class: type | None = None
+def _make_guard_check_class(base: type) -> type:
+    class GuardCheck(base):
+        """Checks the process memory against the guard's limit after every batch."""
+
+        def __init__(self, guard: Any, call: str) -> None:
+            super().__init__()
+            self.guard, self.call = guard, call
+
+        def _check(self, batch, logs=None) -> None:
+            self.guard.check(f"after batch {batch + 1} of {self.call}()")
+
+        on_train_batch_end = on_test_batch_end = on_predict_batch_end = _check
+
+    return GuardCheck
 
 
-def _guard_check_callback(guard: Any, call: str) -> Any:
-    """A callback that checks the process memory against the guard's limit after every batch."""
-    global _guard_check_class
-    if _guard_check_class is None:
-        import keras
-
-        class GuardCheck(keras.callbacks.Callback):
-            def __init__(self, guard: Any, call: str) -> None:
-                super().__init__()
-                self.guard, self.call = guard, call
-
-            def _check(self, batch, logs=None) -> None:
-                self.guard.check(f"after batch {batch + 1} of {self.call}()")
-
-            on_train_batch_end = on_test_batch_end = on_predict_batch_end = _check
-
-        _guard_check_class = GuardCheck
-    return _guard_check_class(guard, call)
+_CALLBACK_MAKERS = {"trace": _make_trace_window_class, "guard": _make_guard_check_class}
+_callback_classes: dict[tuple[str, str], type] = {}
 
 
-def _trace_window_callback(tracer: Tracer, steps: int) -> Any:
-    """A callback that traces the first `steps` steps of each Keras call (its class is made, with Keras, on first
-    use and kept)."""
-    global _trace_window_class
-    if _trace_window_class is None:
-        _trace_window_class = _make_trace_window_class()
-    return _trace_window_class(tracer, steps)
+def _callback_class(kind: str, flavour: str) -> type:
+    """Our callback class ("trace": the first steps' window, "guard": the batch-end check) for the Keras the model
+    was made with (tf_keras' CallbackList calls methods a Keras 3 Callback lacks). Made on first use and kept."""
+    key = (kind, flavour)
+    if key not in _callback_classes:
+        base = kerases.import_flavour(flavour).callbacks.Callback
+        _callback_classes[key] = _CALLBACK_MAKERS[kind](base)
+    return _callback_classes[key]
 
 
 def _all_layers(model: Any) -> list:

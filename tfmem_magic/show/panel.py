@@ -174,7 +174,7 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
 
 def details_tab(report: Report, view: ReportView) -> widgets.Widget:
     env = report.env
-    rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras or "-"),
+    rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras_text),
             ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
             ("Devices", ", ".join(env.devices) or "-"),
             ("Budget", f"{format_bytes(env.budget_bytes)} "

@@ -1,0 +1,51 @@
+"""Keras 3 and tf_keras (Keras 2) loaded in one process, as TensorFlow 2.16+ does under TF_USE_LEGACY_KERAS=1
+(TensorFlow imports Keras 3 itself while `tf.keras` is tf_keras): each model is instrumented with its own Keras."""
+
+from __future__ import annotations
+
+import pytest
+
+from fresh import run_in_fresh_shell
+
+pytest.importorskip("tf_keras")
+pytestmark = pytest.mark.slow
+
+
+def test_a_keras3_model_and_a_tf_keras_model_in_one_kernel():
+    out = run_in_fresh_shell("""
+        import numpy as np, keras, tf_keras
+        x, y = np.random.rand(512, 64).astype("float32"), np.random.randint(0, 4, 512)
+        results = {}
+        for name, k in (("k3", keras), ("k2", tf_keras)):
+            model = k.Sequential([k.layers.Input((64,)), k.layers.Dense(256, activation="relu", name=f"{name}_hidden"),
+                                  k.layers.Dense(4, name=f"{name}_out")], name=f"{name}_model")
+            model.compile(k.optimizers.Adam(), "sparse_categorical_crossentropy")
+            sh.user_ns.update(model=model, x=x, y=y)
+            result = sh.run_cell("%%tfmem --as rep\\nmodel.fit(x, y, batch_size=64, epochs=1, verbose=0, "
+                                 "validation_split=0.25)")
+            rep = sh.user_ns["rep"]
+            results[name] = {"ok": result.success, "package": rep.model.keras_package, "model": rep.model.name,
+                             "optimizer": rep.model.optimizer, "slots": rep.model.optimizer_slots,
+                             "batch": rep.model.batch_size, "env": rep.env.keras_package,
+                             "layers": [g.layer for g in rep.trace.by_layer],
+                             "window": rep.trace.complete or "first" in (rep.trace.note or "")}
+        # a custom loop with tf_keras' apply_gradients(zip(...)): the zip is read once by us and still by Keras
+        import tensorflow as tf
+        opt = tf_keras.optimizers.SGD(0.01)
+        sh.user_ns.update(opt=opt, tf=tf, tf_keras=tf_keras)
+        result = sh.run_cell(
+            "%%tfmem --as loop\\nfor i in range(3):\\n    with tf.GradientTape() as tape:\\n"
+            "        loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(y[:64], model(x[:64])))\\n"
+            "    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))")
+        loop = sh.user_ns["loop"]
+        results["loop"] = {"ok": result.success, "calls": loop.model.calls, "iterations": int(opt.iterations.numpy())}
+        print(json.dumps(results))
+    """)
+    for name, package in (("k3", "keras"), ("k2", "tf_keras")):
+        got = out[name]
+        assert got["ok"] and got["package"] == package and got["model"] == f"{name}_model", got
+        assert got["optimizer"] == "Adam" and got["slots"] == 2 and got["batch"] == 64, got
+        assert f"{name}_hidden" in got["layers"], got
+    assert out["k3"]["env"] == "keras"  # tf.keras is Keras 3 here: TF_USE_LEGACY_KERAS is not set
+    assert out["loop"]["ok"] and "optimizer.apply" in out["loop"]["calls"], out["loop"]
+    assert out["loop"]["iterations"] == 3  # every pair reached the optimizer
