@@ -155,3 +155,16 @@ def test_watch_mode_reports_each_cell_and_status_lists_the_stack(shell, capsys):
     assert re.search(rf"TensorFlow {re.escape(tf.__version__)}", out), out
     assert "capabilit" in out.lower(), out
     assert os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "1"
+
+
+def test_the_keras_callback_records_each_epochs_peak():
+    from tfmem_magic.keras import MemoryMonitor
+
+    x, y = _data(512)
+    monitor = MemoryMonitor()
+    history = _wide_model("monitored_mlp").fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[monitor])
+    peaks = history.history["tf_peak_bytes"]
+    assert len(peaks) == 2 and peaks == monitor.epoch_peaks()
+    # weights, gradients and Adam's two slots of a 1 MiB model are live through each epoch
+    assert all(p >= 4 * 2**20 for p in peaks), peaks
+    assert len(history.history["rss_peak_bytes"]) == 2

@@ -18,7 +18,7 @@ from tfmem_magic.core.errors import MemoryGrowthWarning, TfmemUsageError
 from tfmem_magic.core.report import Report, file_stem, main_device_name
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.measure import environment
+from tfmem_magic.measure import environment, kerases
 from tfmem_magic.measure.sampling import AllocatorStats, _read_hwm, _reset_hwm, fold_into_measuring
 
 TF_PEAK, RSS_PEAK = "tf_peak_bytes", "rss_peak_bytes"
@@ -28,16 +28,7 @@ GROWTH_MIN = 1 << 20  # ... each by at least this (and 0.5% of the peak): alloca
 
 def callback_base() -> type:
     """The Callback class of the Keras the user's models are made with: tf_keras under TF_USE_LEGACY_KERAS=1."""
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes"):
-        try:
-            import tf_keras
-
-            return tf_keras.callbacks.Callback
-        except ImportError:
-            pass
-    import keras
-
-    return keras.callbacks.Callback
+    return kerases.import_flavour(kerases.in_use()).callbacks.Callback
 
 
 class _Window:
