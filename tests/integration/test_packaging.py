@@ -66,3 +66,11 @@ def test_it_installs_and_loads_in_a_fresh_environment_without_node(wheel, tmp_pa
         "print('RSS', r.rss.peak_bytes - r.rss.baseline_bytes, r.env.tensorflow)\n")], env)
     rss, tensorflow = out.strip().splitlines()[-1].split()[1:]
     assert int(rss) >= 60 * 2**20 and tensorflow == "None"  # no TensorFlow here: process memory is measured
+    # then the user installs their TensorFlow next to it (pip's cache has it from this suite's own install), and
+    # the demo runs from the installed package: the `tfmem` command, the report on disk
+    run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "tensorflow-cpu==2.21.0"], env)
+    out_dir = tmp_path / "demo"
+    printed = run([str(bin_dir / "tfmem"), "demo", "--out", str(out_dir), "--epochs", "1"], env)
+    assert "TF peak" in printed, printed
+    html = next(out_dir.glob("*.html")).read_text()
+    assert "conv_a" in html and "tfmem" in html
