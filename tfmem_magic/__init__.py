@@ -9,6 +9,7 @@ In Jupyter: `%load_ext tfmem_magic`, then `%%tfmem` on a cell. In a script:
     print(tfmem_magic.render_text(p.report))
     tfmem_magic.predict(p.report, batch_size=256).peak_bytes   # what-if, without running it
     tfmem_magic.to_tensorboard(p.report, "logs", p.xspaces)    # with profile(keep_xspaces=True): the trace too
+    tfmem_magic.analyze_xplane("host.xplane.pb")               # a trace recorded elsewhere (a GPU machine)
 
 Importing this package imports neither IPython nor TensorFlow.
 """
@@ -24,12 +25,13 @@ from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
-from tfmem_magic.pipeline import Options, Profiler, last_report, profile
+from tfmem_magic.pipeline import Options, Profiler, analyze_xplane, last_report, profile
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard
 
 __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryLimitExceeded", "Options", "Profiler", "Report", "SCHEMA",
+    "analyze_xplane",
     "TfmemError", "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle",
     "parse_size", "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "to_tensorboard",
     "unload_ipython_extension",

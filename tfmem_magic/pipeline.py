@@ -13,14 +13,14 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 from tfmem_magic.advise import diagnose, fixes, prediction
-from tfmem_magic.analyze import build
+from tfmem_magic.analyze import build, saved_trace
 from tfmem_magic.core.errors import MemoryLimitExceeded
 from tfmem_magic.core.options import MODES, Options
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure.capture import Capture, Measured
 
-__all__ = ["MODES", "Options", "Profiler", "last_report", "profile"]  # and `history` (below)
+__all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "last_report", "profile"]  # and `history` (below)
 
 
 def last_report() -> Report | None:
@@ -147,3 +147,13 @@ class Profiler:
 def profile(label: str = "", mode: str = "trace", **kwargs: Any) -> Profiler:
     """Measure the memory of a `with` block: `with profile() as p: ...`, then `p.report`."""
     return Profiler(Options(mode=mode, label=label, **kwargs))
+
+
+def analyze_xplane(path: Any, device: str | None = None, label: str | None = None) -> Report:
+    """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
+    `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the
+    busiest GPU's. It is not added to this session's history."""
+    report = saved_trace.analyze_xplane(path, device, label)
+    report.findings = diagnose.findings(report)
+    report.fixes = fixes.build(report, fixes.FixContext())
+    return report

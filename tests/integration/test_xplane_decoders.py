@@ -33,7 +33,7 @@ def test_fast_decoder_equals_reference_on_a_real_trace():
     (data, _), *_ = tracer.finish()
     fast, slow = decode_both(data)
     assert len(fast.events) > 100 and any(s.name.startswith("layer/") for s in fast.spans)
-    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread"):
+    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "available"):
         assert np.array_equal(getattr(fast.events, name), getattr(slow.events, name)), name
     for name in ("op", "region", "shape"):
         assert ([fast.events.string(i) for i in getattr(fast.events, name)]
@@ -89,7 +89,7 @@ def add_event(line, alloc: bool, offset_ps: int, live: int, addr: int | None, op
 
 
 def assert_same_events(a, b):
-    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread"):
+    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "available"):
         assert np.array_equal(getattr(a.events, name), getattr(b.events, name)), name
     for name in ("op", "region", "shape"):
         assert ([a.events.string(i) for i in getattr(a.events, name)]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, save_report, write_outputs
+from tfmem_magic.analyze import saved_trace
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.measure import environment
@@ -30,11 +31,36 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="the script to run")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     show = sub.add_parser("show", help="print a saved report (and optionally write it as HTML)")
-    show.add_argument("report", help="a report saved with --save x.json")
+    show.add_argument("report", help="a report saved with --save x.json, or a trace recorded elsewhere: a "
+                                     ".xplane.pb (gzipped too), or a folder of them (TensorBoard's plugins/profile)")
+    show.add_argument("--device", metavar="NAME", help="of a trace: the device whose allocator to read (GPU:1); "
+                                                      "default: the busiest GPU, else the CPU")
     show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
     show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
                                                               "a saved report keeps no raw trace)")
     return parser
+
+
+def _show(ns: argparse.Namespace) -> int:
+    """A saved report, or a saved trace (a .xplane.pb, or a folder of them: one report per file)."""
+    if saved_trace.is_xspace_path(ns.report):
+        files = saved_trace.xspace_files(ns.report)
+        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name) for f in files]
+    else:
+        if ns.device:
+            raise TfmemUsageError("--device picks the allocator of a saved trace (.xplane.pb); a saved report "
+                                  "already has its device")
+        reports = [Report.load(ns.report)]
+    for i, report in enumerate(reports):
+        print(render_text(report))
+        if ns.html:
+            html = Path(ns.html) if len(reports) == 1 else Path(ns.html).with_suffix(f".{i + 1}.html")
+            print(f"wrote {save_report(report, html)}")
+        if ns.tensorboard:
+            from tfmem_magic.show.tensorboard import summary_line, write
+
+            print(summary_line(write(report, ns.tensorboard)))  # without TensorBoard: a usage error
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,15 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     try:
         if ns.command == "show":
-            report = Report.load(ns.report)
-            print(render_text(report))
-            if ns.html:
-                print(f"wrote {save_report(report, Path(ns.html))}")
-            if ns.tensorboard:
-                from tfmem_magic.show.tensorboard import summary_line, write
-
-                print(summary_line(write(report, ns.tensorboard)))  # without TensorBoard: a usage error
-            return 0
+            return _show(ns)
         args = args_from_namespace(ns)
     except (TfmemUsageError, OSError, ValueError) as exc:
         parser.error(str(exc))

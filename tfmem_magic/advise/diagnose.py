@@ -58,19 +58,30 @@ def allocator_blind_spot(report: Report) -> Finding | None:
 
 
 def near_budget(report: Report) -> Finding | None:
-    budget = report.env.budget_bytes
-    peak = report.rss.peak_bytes
-    if budget <= 0 or peak < NEAR_BUDGET * budget or report.status == "oom":
+    """The GPU's memory (its allocator's limit) when the main device has one, then the host's budget (RSS)."""
+    if report.status == "oom":
+        return None
+    device = report.device_budget
+    if device is not None:
+        name, limit = device
+        found = _near(report.tf[name].peak_bytes, limit, f"TensorFlow used {{share}} of {name}'s memory",
+                      f"Peak on {name} {{peak}} against its allocator's limit of {{budget}}")
+        if found is not None:
+            return found
+    source = {"cgroup": "the container's memory limit", "user": "your limit", "ram": "the RAM available"}
+    return _near(report.rss.peak_bytes, report.env.budget_bytes,
+                 f"The process used {{share}} of {source.get(report.env.budget_source, 'the budget')}",
+                 f"Peak process memory {{peak}} against a budget of {{budget}} ({report.env.budget_source})")
+
+
+def _near(peak: int, budget: int, title: str, evidence: str) -> Finding | None:
+    if budget <= 0 or peak < NEAR_BUDGET * budget:
         return None
     share = peak / budget
-    source = {"cgroup": "the container's memory limit", "user": "your limit", "ram": "the RAM available"}
-    return Finding(
-        id="near-budget", severity="critical" if share >= 0.95 else "warn",
-        title=f"The process used {share:.0%} of {source.get(report.env.budget_source, 'the budget')}",
-        evidence=f"Peak process memory {format_bytes(peak)} against a budget of {format_bytes(budget)} "
-                 f"({report.env.budget_source}); {format_bytes(budget - peak)} to spare.",
-        bytes=peak,
-    )
+    values = {"share": f"{share:.0%}", "peak": format_bytes(peak), "budget": format_bytes(budget)}
+    return Finding(id="near-budget", severity="critical" if share >= 0.95 else "warn", title=title.format(**values),
+                   evidence=evidence.format(**values) + f"; {format_bytes(max(0, budget - peak))} to spare.",
+                   bytes=peak)
 
 
 def out_of_memory(report: Report) -> Finding | None:

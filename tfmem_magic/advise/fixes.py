@@ -12,7 +12,8 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from tfmem_magic.advise.prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict
+from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict,
+                                           typeable_batch)
 from tfmem_magic.advise.rewrite import rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import BeforeAfter, Fix, Report
@@ -99,14 +100,20 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
         return None
     basis = analytic_basis(report)
     fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
-    if fit is None or fit >= model.batch_size and report.status == "ok":
+    if fit is None or fit >= model.batch_size and report.status == "ok" or model.batch_size < 2:
         return None
-    new = max(1, fit)
+    if fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
+        new = typeable_batch(model.batch_size // 2)
+        chosen = (f"half the batch: the cell ran out of memory although the predicted peak fits the "
+                  f"{format_bytes(budget)} left, so the prediction is not to be trusted here")
+    else:
+        new = max(1, fit)
+        chosen = (f"the largest batch whose predicted peak (+{ANALYTIC_BAND:.0%} margin) fits the "
+                  f"{format_bytes(budget)} left")
     source, message = _with_batch(report, ctx, new)
     after = predict(report, batch_size=new)
-    why = (f"Batch {model.batch_size} → {new}, the largest batch whose predicted peak (+{ANALYTIC_BAND:.0%} margin) "
-           f"fits the {format_bytes(budget)} left: {_saving(report, after.peak_bytes)}. Smaller batches also mean "
-           "more, noisier steps: you may want a lower learning rate.")
+    why = (f"Batch {model.batch_size} → {new}, {chosen}: {_saving(report, after.peak_bytes)}. Smaller batches also "
+           "mean more, noisier steps: you may want a lower learning rate.")
     if source is None:
         return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Could not rewrite the cell: {message}.",
                    f"# {message}\n", after.peak_bytes)
@@ -296,12 +303,21 @@ def memory_growth(report: Report, ctx: FixContext) -> Fix | None:
 def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None
+    name = report.main_device_name
+    name = name if name and name.startswith("GPU:") else "GPU:0"
+    mem = report.tf.get(name)
+    index = int(name.split(":")[1])
+    if mem is not None and mem.peak_bytes > 0:  # the measured peak and a quarter more, in whole 512 MiB
+        share = -(-int(mem.peak_bytes * 1.25) // (512 * 2**20)) * 512
+        sized = f"MiB: this cell's peak on {name} ({format_bytes(mem.peak_bytes)}) and a quarter more"
+    else:
+        share, sized = 8192, "MiB: set your share"
     code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
             "import tensorflow as tf\ngpus = tf.config.list_physical_devices('GPU')\n"
             "tf.config.set_logical_device_configuration(\n"
-            "    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)])  # MiB: set your share\n")
-    why = ("Gives TensorFlow a fixed share of the GPU, so a runaway step fails inside it with a clean OOM error "
-           f"instead of starving other processes; {GPU_NOTE}.")
+            f"    gpus[{index}], [tf.config.LogicalDeviceConfiguration(memory_limit={share})])  # {sized}\n")
+    why = (f"Gives TensorFlow a fixed share of {name} ({share} MiB), so a runaway step fails inside it with a clean "
+           f"OOM error instead of starving other processes; {GPU_NOTE}.")
     return Fix("gpu-memory-limit", "Cap TensorFlow's GPU memory", why, code, None, needs_restart=True)
 
 

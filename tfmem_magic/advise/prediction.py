@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tfmem_magic.advise import calibrate
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import ModelInfo, Prediction, Report
+from tfmem_magic.core.report import ModelInfo, Prediction, Report, main_device_name
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 
@@ -324,7 +324,14 @@ def typeable_batch(n: int, step: int = 1) -> int:
 
 
 def budget_for_tf(report: Report) -> int | None:
-    """What TF's peak over the cell's baseline may reach: the budget minus what the process held at the start."""
+    """What TF's peak over the cell's baseline may reach: on a GPU with a known limit, that limit minus what the
+    GPU held at the start (the host's RAM is another budget); else the host's budget minus what the process held."""
+    device = report.device_budget
+    if device is not None:
+        name, limit = device
+        return max(0, limit - report.tf[name].baseline_bytes)
+    if (main_device_name(report.tf) or "").startswith("GPU:"):
+        return None  # a GPU whose limit was not traced (quick mode): the host's RAM is not its budget
     env = report.env
     if env.budget_bytes <= 0:
         return None

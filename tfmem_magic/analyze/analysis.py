@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from tfmem_magic.core.report import InputCopy, LiveGroup, TraceInfo
+from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
 from tfmem_magic.measure.xplane import DATA_TYPES, MemoryEvents, Span, Trace
 
 PS = 1e12
@@ -330,7 +330,9 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     """The trace part of a report: timeline, peak, and the live set at the peak broken down several ways."""
     ev = trace.events
     n = len(ev)
-    info = TraceInfo(events=n, allocator=ev.allocator)
+    info = TraceInfo(events=n, allocator=ev.allocator,
+                     allocators=[AllocatorUse(a.name, a.device, a.events, a.peak_bytes, a.limit_bytes)
+                                 for a in trace.allocators])
     if n == 0:
         return info
     t_s = ev.t_ps / PS  # segment offsets already put every event on the cell's clock

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfmem_magic.analyze import analysis, modelinfo
-from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
+from tfmem_magic.core.report import (DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo,
+                                     main_device_name)
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, xplane
 from tfmem_magic.measure.capture import Measured
@@ -64,8 +65,11 @@ def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
     if g is None:
         return None
     allocator = guard.allocator_limit_bytes()
-    layers = (["allocator"] if allocator else []) + (["batch-end check"] if m.instrumentation and
-                                                      m.instrumentation.installed else []) + ["watchdog"]
+    # TF_CPU_BFC_MEM_LIMIT_IN_MB caps the CPU's allocator: on a GPU it does not guard the GPU's memory
+    on_gpu = (main_device_name(report.tf) or "").startswith("GPU:")
+    armed = m.instrumentation is not None and m.instrumentation.installed
+    layers = ([("allocator (CPU only)" if on_gpu else "allocator")] if allocator else []) + \
+        (["batch-end check"] if armed else []) + ["watchdog"]
     tripped = g.tripped_by
     if tripped is None and report.error is not None and report.error.request is not None:
         tripped = "allocator"  # TensorFlow's own OOM error: its allocator refused the request
@@ -86,6 +90,12 @@ def _env(m: Measured) -> EnvInfo:
                    tensorflow_started_in_cell=not m.tf_running_at_start and environment.tensorflow_initialized())
 
 
+def gpu_limits(info: TraceInfo) -> dict[str, int]:
+    """Each traced GPU's allocator limit: that GPU's budget (the CPU's is the host's, see EnvInfo.budget_bytes)."""
+    return {a.device: a.limit_bytes for a in info.allocators
+            if a.device is not None and a.device.startswith("GPU:") and a.limit_bytes}
+
+
 def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     instr, tracer = m.instrumentation, m.tracer
     assert instr is not None and tracer is not None
@@ -94,7 +104,8 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
                                 batch_size=report.model.batch_size if report.model is not None else None,
                                 weight_shapes=modelinfo.weight_shapes(use))
     ctx.optimizer_scopes |= instr.optimizer_names
-    info = analysis.summarize(xplane.read_segments(m.segments), ctx)
+    info = analysis.summarize(xplane.read_segments(m.segments, main_device_name(report.tf)), ctx)
+    report.env.device_limit_bytes.update(gpu_limits(info))
     if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
         report.env.allocator = info.allocator
     info.windows = [[round(a, 4), round(b, 4)] for a, b in tracer.windows]

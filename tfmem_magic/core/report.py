@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 SCHEMA = "tfmem.report/1"
 MIME_TYPE = "application/vnd.tfmem.report+json"
@@ -55,6 +55,9 @@ class EnvInfo:
     budget_bytes: int = 0
     budget_source: str = "ram"  # "cgroup" | "ram" | "user"
     mixed_precision_policy: str | None = None
+    # the most TensorFlow's allocator of each GPU may hand out (its BFC limit, from the trace's events: in use +
+    # available): a GPU's budget, separate from the host's (budget_bytes, which process memory counts against)
+    device_limit_bytes: dict[str, int] = field(default_factory=dict)
     tensorflow_started_in_cell: bool = False  # TF's runtime (~0.5 GiB of RSS) came up during this cell
 
     @property
@@ -111,6 +114,18 @@ class InputCopy:
 
 
 @dataclass
+class AllocatorUse:
+    """One of the trace's allocators (a GPU trace has one per GPU, plus pinned host memory): the breakdown is about
+    the first, the main device's; the others are listed, never mixed in."""
+
+    name: str = ""
+    device: str | None = None  # "GPU:4" for GPU_4_bfc, "CPU:0"; None: pinned host memory (gpu_host_bfc)
+    events: int = 0
+    peak_bytes: int = 0
+    limit_bytes: int | None = None  # in use + available: the most it may hand out (a GPU's memory for TensorFlow)
+
+
+@dataclass
 class TraceInfo:
     events: int = 0  # memory events analysed
     peak_live_bytes: int = 0  # allocator bytes in use at the trace's peak (pre-existing bytes included)
@@ -126,6 +141,7 @@ class TraceInfo:
     by_phase: list[LiveGroup] = field(default_factory=list)
     input_copies: list[InputCopy] = field(default_factory=list)
     allocator: str | None = None
+    allocators: list[AllocatorUse] = field(default_factory=list)  # every allocator traced, `allocator` first
     covered_s: float = 0.0  # seconds of the cell the trace covers
     windows: list[list[float]] = field(default_factory=list)  # [[start, end], ...] traced, seconds from the start
     complete: bool = True  # False when the trace was bounded (see note)
@@ -287,6 +303,17 @@ class Report:
         return self.tf[name] if name is not None else None
 
     @property
+    def main_device_name(self) -> str | None:
+        return main_device_name(self.tf)
+
+    @property
+    def device_budget(self) -> tuple[str, int] | None:
+        """(main device, its allocator's limit) when the main device has a budget of its own (a GPU, traced)."""
+        name = main_device_name(self.tf)
+        limit = self.env.device_limit_bytes.get(name) if name is not None else None
+        return (name, limit) if limit else None
+
+    @property
     def tf_peak_bytes(self) -> int | None:
         """Peak over the cell's baseline on the main TF device, the quantity predictions target."""
         mem = self.main_device
@@ -331,12 +358,15 @@ def file_stem(text: str, fallback: str, limit: int = 160) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:limit] or fallback
 
 
-def main_device_name(devices: Iterable[str]) -> str | None:
-    """The one decision of which TF device the report is about: the first GPU (where a user who has one trains),
-    else CPU:0, else the first device named; None for none. The sampler, the headline numbers, the timeline and the
-    trace's notes all follow it."""
+def main_device_name(devices: Iterable[str] | Mapping[str, DeviceMemory]) -> str | None:
+    """The one decision of which TF device the report is about: a GPU (where a user who has one trains), else
+    CPU:0, else the first device named; None for none. Of several GPUs, the busiest (the highest peak) when their
+    figures are given, else the first (the sampler, before the cell, knows names only). The headline numbers, the
+    budget, the timeline, the trace's allocator and the trace's notes all follow it."""
     names = list(devices)
-    gpus = sorted(d for d in names if d.startswith("GPU:"))
+    gpus = sorted((d for d in names if d.startswith("GPU:")), key=lambda d: int(d.split(":")[1] or 0))
+    if gpus and isinstance(devices, Mapping) and len(gpus) > 1:
+        return max(gpus, key=lambda d: (devices[d].peak_bytes, -gpus.index(d)))
     if gpus:
         return gpus[0]
     return "CPU:0" if "CPU:0" in names else (names[0] if names else None)

@@ -7,7 +7,7 @@ round: a million memory events (114 MB of xplane) read in ~1.6 s on 2 cores (ben
 Memory. A blob is never parsed whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a lean
 class that kept each event as a bytes object, plus the joined copy we decoded, ~4): a Python walk over the wire
 format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
-from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (65 bytes each, in columns of the narrowest
+from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (73 bytes each, in columns of the narrowest
 type) and our spans are kept, so that a tracer can decode each segment as soon as it is exported and drop its bytes
 (`Decoded`); `finish` joins and sorts the blocks one column at a time. On that million events, reading grows the
 RSS high-water mark by 1.2-1.3x the blob (was 4.7x; 0.7x of it allocated by us, the rest is malloc's
@@ -18,6 +18,7 @@ A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis n
 
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +32,15 @@ CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder'
 
 # The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr (-1:
 # unknown); strings are read as indices into the string table (-1 = absent).
-_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type")
+_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type", "bytes_available")
 _STR_STATS = ("tf_op", "region_type", "shape", "allocator_name")
 _ADDR = _INT_STATS.index("addr")
 _REF_VALUE_TAG = 7 << 3  # XStat.ref_value (field 7, varint): how TF writes string stats, as ids into stat_metadata
-# A block of decoded memory events: one array per column, in this order and of these types (65 bytes per event)
+# A block of decoded memory events: one array per column, in this order and of these types (73 bytes per event)
 _FIELDS = (("t_ps", np.int64), ("is_alloc", np.bool_), ("thread", np.int32), ("live", np.int64),
            ("requested", np.int64), ("chunk", np.int64), ("addr", np.int64), ("dtype", np.int32),
-           ("op", np.int32), ("region", np.int32), ("shape", np.int32), ("allocator", np.int32))
+           ("op", np.int32), ("region", np.int32), ("shape", np.int32), ("allocator", np.int32),
+           ("available", np.int64))
 _COLUMN = {name: k for k, (name, _) in enumerate(_FIELDS)}
 DATA_TYPES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
@@ -65,6 +67,7 @@ class MemoryEvents:
     strings: list[str]
     threads: list[str]
     allocator: str | None = None
+    available: np.ndarray | None = None  # int64: bytes the allocator could still hand out; 0 = not recorded
 
     def __len__(self) -> int:
         return len(self.t_ps)
@@ -82,9 +85,71 @@ class Span:
 
 
 @dataclass
+class AllocatorSeries:
+    """One allocator's memory events in the trace, summed up. A GPU trace has several: each GPU's BFC allocator
+    (`GPU_0_bfc`), the pinned host allocator (`gpu_host_bfc`), the CPU's."""
+
+    name: str
+    device: str | None  # the TF device it serves ("GPU:4" from "GPU_4_bfc", "CPU:0"); None: pinned host memory
+    events: int
+    peak_bytes: int  # the most it had in use
+    limit_bytes: int | None  # what it may hand out in all (in use + available); None when not recorded
+    start_bytes: int = 0  # in use before its first traced event
+    end_bytes: int = 0  # in use after its last one
+
+
+@dataclass
 class Trace:
     events: MemoryEvents
     spans: list[Span] = field(default_factory=list)
+    allocators: list[AllocatorSeries] = field(default_factory=list)  # the one kept in `events` first
+
+
+_GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+
+
+def allocator_device(name: str) -> str | None:
+    """The TF device an allocator serves, from the name TensorFlow gives it: `GPU_4_bfc` -> GPU:4, a CPU
+    allocator (`bfc_cpu_allocator_for_gpu`, `mklcpu`, `cpu`) -> CPU:0; the pinned host memory a GPU copies through
+    (`gpu_host_bfc`, `cuda_host_bfc`) serves no TF device of its own: None."""
+    gpu = _GPU_ALLOCATOR.match(name)
+    if gpu:
+        return f"GPU:{int(gpu.group(1))}"
+    lowered = name.lower()
+    if "host" in lowered:
+        return None
+    return "CPU:0" if "cpu" in lowered else None
+
+
+def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[str]
+               ) -> list[tuple[int, AllocatorSeries]]:
+    """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, available."""
+    out = []
+    for index in np.unique(alloc_col[alloc_col >= 0]):
+        mine = np.nonzero(alloc_col == index)[0]
+        in_use, free = c["live"][mine], c["available"][mine]
+        recorded = free > 0
+        limit = int((in_use[recorded] + free[recorded]).max()) if recorded.any() else None
+        first, last = mine[np.argmin(c["t_ps"][mine])], mine[np.argmax(c["t_ps"][mine])]
+        change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
+        name = strings[int(index)]
+        out.append((int(index), AllocatorSeries(name, allocator_device(name), len(mine), int(in_use.max()), limit,
+                                                int(c["live"][first]) - change, int(c["live"][last]))))
+    return out
+
+
+def _choose(series: list[tuple[int, AllocatorSeries]], device: str | None) -> tuple[int, AllocatorSeries]:
+    """The allocator the report is about: the one serving `device` (the report's main device); with no device
+    named, the busiest GPU's (by its peak: a multi-GPU trace's headline); else the allocator with the most events
+    (the CPU's, on a CPU-only machine)."""
+    if device is not None:
+        serving = [s for s in series if s[1].device == device]
+        if serving:
+            return max(serving, key=lambda s: s[1].events)
+    gpus = [s for s in series if (s[1].device or "").startswith("GPU:")]
+    if device is None and gpus:
+        return max(gpus, key=lambda s: (s[1].peak_bytes, s[1].events, -s[0]))
+    return max(series, key=lambda s: (s[1].events, -s[0]))
 
 
 class _Columns:
@@ -111,7 +176,8 @@ def _block(t, is_alloc, thread, ints: np.ndarray, strs: np.ndarray) -> list[np.n
             np.broadcast_to(np.asarray(thread, dtype=np.int32), (n,)).copy(),
             *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
             np.array(ints[:, 4], dtype=np.int32),  # data type
-            *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS)))]
+            *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS))),
+            np.array(ints[:, 5], dtype=np.int64)]  # bytes the allocator could still hand out (0: not recorded)
 
 
 # ---- the wire format --------------------------------------------------------------------------------------------
@@ -524,16 +590,20 @@ def _decode_stats(buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.
 
 # ---- the trace --------------------------------------------------------------------------------------------------
 
-def finish(cols: _Columns, spans: list[Span]) -> Trace:
-    """Columns → arrays sorted by time, restricted to the allocator that did most of the work.
+def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trace:
+    """Columns → arrays sorted by time, restricted to one allocator: the one serving `device` (the report's main
+    device), else the busiest GPU's, else the busiest (see `_choose`). Every allocator's summary is kept.
 
     Takes the blocks out of `cols` (which is left empty of events) and joins, reorders and drops them one column at
     a time: the high-water mark is the blocks plus a few columns, not twice the blocks."""
     blocks = [list(block) for block in cols.blocks]
     cols.blocks = []
     n = sum(len(block[0]) for block in blocks)
+    taken: dict[str, np.ndarray] = {}
 
     def take(name: str) -> np.ndarray:
+        if name in taken:
+            return taken.pop(name)
         k = _COLUMN[name]
         out = np.empty(n, dtype=_FIELDS[k][1])
         pos = 0
@@ -547,11 +617,15 @@ def finish(cols: _Columns, spans: list[Span]) -> Trace:
     threads = list(cols.threads)
     allocator = None
     keep = None
+    allocators: list[AllocatorSeries] = []
     alloc_col = take("allocator")
-    if (alloc_col >= 0).any():  # several allocators (a GPU's, a host one): keep the busiest
-        values, counts = np.unique(alloc_col[alloc_col >= 0], return_counts=True)
-        main = int(values[np.argmax(counts)])
-        allocator = strings[main]
+    if (alloc_col >= 0).any():
+        for name in ("t_ps", "live", "chunk", "is_alloc", "available"):
+            taken[name] = take(name)
+        series = _summaries(alloc_col, taken, strings)
+        main, chosen = _choose(series, device)
+        allocator = chosen.name
+        allocators = [chosen] + [s for i, s in series if i != main]
         keep = np.nonzero((alloc_col == main) | (alloc_col < 0))[0]
     del alloc_col
     t = take("t_ps")
@@ -564,11 +638,11 @@ def finish(cols: _Columns, spans: list[Span]) -> Trace:
             columns[name] = take(name)[order]
     columns["dtype"] = columns["dtype"].astype(np.int64)
     events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
-    return Trace(events, sorted(spans, key=lambda s: s.start_ps))
+    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators)
 
 
 class Decoded:
-    """What we keep of xplane blobs once read: their memory events as columns (65 bytes each) and our spans.
+    """What we keep of xplane blobs once read: their memory events as columns (73 bytes each) and our spans.
 
     A tracer decodes each large segment as soon as it is exported, so that it never holds many raw blobs at once;
     `read_segments` merges it with any blobs still raw.
@@ -610,9 +684,10 @@ def _merge(into: _Columns, other: _Columns) -> None:
         into.blocks.append(block)
 
 
-def read_segments(segments: list[tuple[bytes | Decoded, int]]) -> Trace:
-    """Parse several xplane blobs (each with its start offset in ps) into one time-ordered trace. An item may also
-    be a `Decoded` (blobs read already, offsets applied) with offset 0. The items are not changed."""
+def read_segments(segments: list[tuple[bytes | Decoded, int]], device: str | None = None) -> Trace:
+    """Parse several xplane blobs (each with its start offset in ps) into one time-ordered trace of the allocator
+    serving `device` (see `finish`). An item may also be a `Decoded` (blobs read already, offsets applied) with
+    offset 0. The items are not changed."""
     cols, spans = _Columns(), []
     for data, offset_ps in segments:
         if isinstance(data, Decoded):
@@ -620,8 +695,8 @@ def read_segments(segments: list[tuple[bytes | Decoded, int]]) -> Trace:
             spans.extend(data.spans)
         else:
             read_xspace(data, offset_ps, cols, spans)
-    return finish(cols, spans)
+    return finish(cols, spans, device)
 
 
-def read_file(path: str | Path) -> Trace:
-    return read_segments([(Path(path).read_bytes(), 0)])
+def read_file(path: str | Path, device: str | None = None) -> Trace:
+    return read_segments([(Path(path).read_bytes(), 0)], device)

@@ -48,10 +48,16 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     tf_line = _tf_line(r)
     if tf_line:
         lines.append(f"TF        {tf_line} ({r.env.allocator})")
-    lines.append(f"RSS       peak {format_bytes(r.rss.peak_bytes)} (baseline {format_bytes(r.rss.baseline_bytes)}, "
-                 f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})")
-    lines.append(f"Budget    {format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
-                 f"RAM {format_bytes(r.env.ram_total_bytes)}")
+    device = r.device_budget
+    if device is not None:
+        lines.append(f"Budget    {device[0]}: {format_bytes(device[1])} (TensorFlow's allocator limit there)")
+    if r.rss.peak_bytes:  # a report built from a saved trace has no process memory
+        lines.append(f"RSS       peak {format_bytes(r.rss.peak_bytes)} (baseline {format_bytes(r.rss.baseline_bytes)}, "
+                     f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})")
+    if r.env.budget_bytes:
+        host = "host " if device else ""
+        lines.append(f"Budget    {host}{format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
+                     f"RAM {format_bytes(r.env.ram_total_bytes)}")
     if r.guard is not None:
         lines.append(f"Limit     {format_bytes(r.guard.limit_bytes)} {guard_detail(r)}")
     if r.error:

@@ -56,6 +56,9 @@ def verdict(report: Report) -> str:
     if report.status == "interrupted":
         return "interrupted"
     budget, peak = report.env.budget_bytes, report.rss.peak_bytes
+    device = report.device_budget
+    if device is not None and not (budget > 0 and peak > budget):  # the host's budget, when over, comes first
+        return _device_verdict(report, *device)
     if budget <= 0:
         return "measured"
     share = peak / budget
@@ -69,8 +72,22 @@ def verdict(report: Report) -> str:
     return f"{prefix}fits with {format_bytes(budget - peak)} to spare ({source})"
 
 
+def _device_verdict(report: Report, name: str, limit: int) -> str:
+    """The verdict against a GPU's own memory (its allocator's limit)."""
+    peak = report.tf[name].peak_bytes
+    if peak > limit:
+        return f"over {name}'s memory by {format_bytes(peak - limit)}"
+    if peak >= 0.8 * limit:
+        return f"used {peak / limit:.0%} of {name}'s {format_bytes(limit)}"
+    prefix = "raised an error; " if report.status == "error" else ""
+    return f"{prefix}fits {name} with {format_bytes(limit - peak)} to spare"
+
+
 def verdict_level(report: Report) -> str:
     """The verdict's colour: "bad" (out of memory, over the budget), "warn" (findings, errors), "ok"."""
+    device = report.device_budget
+    if device is not None and report.tf[device[0]].peak_bytes > device[1]:
+        return "bad"
     if report.status == "oom" or report.rss.peak_bytes > report.env.budget_bytes > 0:
         return "bad"
     if any(f.severity != "info" for f in report.findings) or report.status != "ok":
@@ -86,13 +103,21 @@ def summary_items(report: Report) -> list[tuple[str, str, str]]:
         items.append((f"TF peak ({device})", format_bytes(mem.peak_bytes),
                       f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
                       f" in the cell; {format_bytes(mem.end_bytes)} held after"))
-    items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
-                  f"baseline {format_bytes(r.rss.baseline_bytes)}, "
-                  f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
+    if r.rss.peak_bytes:  # a report built from a saved trace has no process memory
+        items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
+                      f"baseline {format_bytes(r.rss.baseline_bytes)}, "
+                      f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
+    device = r.device_budget
+    if device is not None:
+        name, limit = device
+        spare = limit - r.tf[name].peak_bytes
+        items.append((f"{name} left" if spare >= 0 else f"Over {name}", format_bytes(abs(spare)),
+                      f"of {format_bytes(limit)} (TensorFlow's allocator limit on {name})"))
     left = r.env.budget_bytes - r.rss.peak_bytes
     source = BUDGET_SOURCES.get(r.env.budget_source, r.env.budget_source)
-    items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
-                  f"of {format_bytes(r.env.budget_bytes)} ({source})"))
+    if r.env.budget_bytes:
+        items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
+                      f"of {format_bytes(r.env.budget_bytes)} ({source})"))
     items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
     if r.guard is not None:
         items.append(("Memory limit", format_bytes(r.guard.limit_bytes), guard_detail(r)))

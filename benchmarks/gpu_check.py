@@ -1,0 +1,168 @@
+"""The GPU check of tfmem_magic: what must hold on a GPU, in one run of a few minutes.
+
+    python benchmarks/gpu_check.py          # on a machine with an NVIDIA GPU and TensorFlow built for it
+
+Each scenario runs in a fresh Python process (TensorFlow reserves the GPU per process) and prints one JSON line;
+this script prints them as a table and exits 1 if a check failed. Without a GPU it says so and exits 0.
+
+Scenarios and what each checks:
+- device:   a CNN's fit under profile(): the main device is GPU:0, the report's peak equals TensorFlow's own
+            get_memory_info('GPU:0') peak, the trace kept GPU_0_bfc, the breakdown names the model's layers, and the
+            budget is GPU:0's allocator limit (not the host's RAM)
+- xla:      the same fit with jit_compile=True: the report says the step ran as XLA clusters
+- oom:      a tensor larger than the GPU: status oom, the request parsed (shape, GPU:0, GPU_0_bfc), process alive
+- whatif:   predictions from batch 32 for 64, 128 and 256 against measured fits at those batches
+- mixed:    mixed_float16 lowers the peak of the same fit; the what-if works (LossScaleOptimizer)
+- fixes:    the memory-growth and gpu-memory-limit fix cells run in a fresh process and take effect there
+- calibrate: the calibrated what-if (probes in a child process, next to this one's reservation) answers
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+SCENARIOS = ("device", "xla", "oom", "whatif", "mixed", "fixes", "calibrate")
+MiB = 2**20
+
+
+def _model(keras, jit: bool = False, name: str = "gpu_cnn"):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu", name="conv_a"),
+                              keras.layers.Conv2D(64, 3, activation="relu", name="conv_b"),
+                              keras.layers.GlobalAveragePooling2D(name="gap"), keras.layers.Dense(10, name="head")],
+                             name=name)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    return model
+
+
+def _data(n: int = 1024):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.random((n, 64, 64, 3), dtype="float32"), rng.integers(0, 10, n)
+
+
+def _fit(tfmem_magic, keras, batch: int, jit: bool = False, label: str = "fit"):
+    x, y = _data()
+    model = _model(keras, jit)
+    model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)  # build and trace outside the cell
+    with tfmem_magic.profile(label=label) as p:
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+    return p.report
+
+
+def scenario(name: str) -> dict:
+    import tfmem_magic
+
+    tfmem_magic.prepare()
+    import keras
+    import tensorflow as tf
+
+    out: dict = {"scenario": name}
+    if name == "device":
+        tf.config.experimental.reset_memory_stats("GPU:0")
+        report = _fit(tfmem_magic, keras, 64)
+        own = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+        layers = {g.layer for g in report.trace.by_layer}
+        out.update(main=report.main_device_name, allocator=report.trace.allocator, peak=report.main_device.peak_bytes,
+                   tf_peak=own, budget=report.device_budget, layers=sorted(layers - {None})[:6],
+                   ok=report.main_device_name == "GPU:0" and report.trace.allocator == "GPU_0_bfc"
+                   and abs(report.main_device.peak_bytes - own) <= 0.02 * own and {"conv_a", "conv_b"} <= layers
+                   and report.device_budget is not None and report.device_budget[0] == "GPU:0")
+    elif name == "xla":
+        report = _fit(tfmem_magic, keras, 64, jit=True)
+        xla = [n for n in report.notes if "XLA" in n]
+        out.update(main=report.main_device_name, note=xla[:1], layers=[g.layer for g in report.trace.by_layer][:6],
+                   ok=report.main_device_name == "GPU:0" and bool(xla))
+    elif name == "oom":
+        profiler = tfmem_magic.profile(label="oom")
+        try:
+            with profiler:
+                big = tf.random.normal((1 << 17, 1 << 17))  # 64 GiB: more than any single GPU here
+                float(tf.reduce_sum(big))
+        except tf.errors.ResourceExhaustedError:
+            pass  # raised through the report, as in a notebook cell
+        report = profiler.report
+        alive = float(tf.reduce_sum(tf.ones((256, 256)))) == 65536.0
+        request = report.error.request if report.error else None
+        out.update(status=report.status, request=request, alive=alive,
+                   ok=alive and report.status == "oom" and request is not None and request["device"] == "GPU:0")
+    elif name == "whatif":
+        base = _fit(tfmem_magic, keras, 32, label="b32")
+        rows, ok = [], True
+        for batch in (64, 128, 256):
+            predicted = tfmem_magic.predict(base, batch_size=batch).peak_bytes
+            measured = _fit(tfmem_magic, keras, batch, label=f"b{batch}").tf_peak_bytes
+            error = predicted / measured - 1
+            rows.append({"batch": batch, "predicted_mib": round(predicted / MiB, 1),
+                         "measured_mib": round(measured / MiB, 1), "error": round(error, 3)})
+            ok = ok and abs(error) <= 0.3
+        out.update(rows=rows, ok=ok)
+    elif name == "mixed":
+        plain = _fit(tfmem_magic, keras, 128, label="float32")
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        half = _fit(tfmem_magic, keras, 128, label="mixed_float16")
+        what_if = tfmem_magic.predict(half, batch_size=256).peak_bytes
+        out.update(float32=plain.tf_peak_bytes, mixed=half.tf_peak_bytes, optimizer=half.model.optimizer,
+                   what_if_256=what_if, ok=half.tf_peak_bytes < plain.tf_peak_bytes and half.model.optimizer == "Adam")
+    elif name == "fixes":
+        from tfmem_magic.advise import fixes
+
+        report = _fit(tfmem_magic, keras, 64)
+        context = fixes.FixContext(model_name="model")
+        checks = {}
+        for fix_id, probe in (("memory-growth", "tf.config.experimental.get_memory_growth(gpus[0])"),
+                              ("gpu-memory-limit", "len(tf.config.get_logical_device_configuration(gpus[0])) == 1")):
+            code = fixes.WRITERS[fix_id](report, context).code
+            run = subprocess.run([sys.executable, "-c", code + "\ngpus = tf.config.list_physical_devices('GPU')\n"
+                                  "tf.ones(1)\nprint(" + probe + ")"], capture_output=True, text=True, timeout=300)
+            checks[fix_id] = run.stdout.strip().splitlines()[-1:] == ["True"]
+        out.update(checks=checks, ok=all(checks.values()))
+    elif name == "calibrate":
+        base = _fit(tfmem_magic, keras, 32, label="b32")
+        try:
+            answer = tfmem_magic.predict(base, batch_size=128, calibrate=True)
+            measured = _fit(tfmem_magic, keras, 128, label="b128").tf_peak_bytes
+            out.update(basis=answer.basis, predicted=answer.peak_bytes, measured=measured,
+                       ok=answer.basis == "measured" and abs(answer.peak_bytes / measured - 1) <= 0.3)
+        except Exception as exc:  # the check reports it: a crash of the probes must not take this process down
+            out.update(error=f"{type(exc).__name__}: {exc}"[:300], ok=False)
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--scenario":
+        print(json.dumps(scenario(sys.argv[2]), default=str))
+        return 0
+    probe = subprocess.run([sys.executable, "-c", "import tensorflow as tf; "
+                            "print(len(tf.config.list_physical_devices('GPU')))"],
+                           capture_output=True, text=True, timeout=300)
+    gpus = int((probe.stdout.strip().splitlines() or ["0"])[-1]) if probe.returncode == 0 else 0
+    if not gpus:
+        print("gpu_check: TensorFlow sees no GPU on this machine; nothing to check (exit 0).")
+        return 0
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    failed = 0
+    print(f"gpu_check: {gpus} GPU(s)\n{'scenario':<10} {'ok':<5} {'s':>5}  details")
+    for name in SCENARIOS:
+        start = time.monotonic()
+        run = subprocess.run([sys.executable, __file__, "--scenario", name], capture_output=True, text=True,
+                             timeout=600, env=env)
+        took = time.monotonic() - start
+        try:
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            result = {"ok": False, "error": (run.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        ok = bool(result.pop("ok", False))
+        failed += not ok
+        result.pop("scenario", None)
+        print(f"{name:<10} {'yes' if ok else 'NO':<5} {took:5.0f}  {json.dumps(result, default=str)[:400]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""On a GPU the report talks about the GPU: its device, its budget (the allocator's limit), its verdict; after an
+out-of-memory error the batch only ever shrinks. Hand-built reports: no GPU needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfmem_magic.advise import diagnose, fixes
+from tfmem_magic.advise.prediction import budget_for_tf
+from tfmem_magic.analyze.modelinfo import _optimizer_name
+from tfmem_magic.core.report import DeviceMemory, main_device_name
+from tfmem_magic.measure.xplane import allocator_device
+from tfmem_magic.show.view import summary_items, verdict, verdict_level
+
+from test_fixes import ctx, report  # noqa: I001  (tests/unit is on sys.path for its own helpers)
+
+GiB, MiB = 2**30, 2**20
+
+
+@pytest.mark.parametrize(("name", "device"), [
+    ("GPU_0_bfc", "GPU:0"), ("GPU_12_bfc", "GPU:12"), ("bfc_cpu_allocator_for_gpu", "CPU:0"), ("mklcpu", "CPU:0"),
+    ("gpu_host_bfc", None), ("cuda_host_bfc", None), ("xla_vendor_allocator", None),
+])
+def test_an_allocators_device_comes_from_its_name(name, device):
+    assert allocator_device(name) == device
+
+
+def test_the_main_device_is_a_gpu_the_busiest_of_several():
+    assert main_device_name(["CPU:0", "GPU:2", "GPU:10"]) == "GPU:2"  # names only (the sampler): the first GPU
+    figures = {"CPU:0": DeviceMemory(0, 9 * GiB), "GPU:0": DeviceMemory(0, 1 * GiB), "GPU:1": DeviceMemory(0, 3 * GiB)}
+    assert main_device_name(figures) == "GPU:1"
+    assert main_device_name(["CPU:0"]) == "CPU:0" and main_device_name([]) is None
+
+
+def gpu_report(peak: int, limit: int | None, status: str = "ok", baseline: int = 1 * GiB):
+    rep = report(devices=("CPU:0", "GPU:0"), status=status)
+    rep.tf = {"CPU:0": DeviceMemory(0, 50 * MiB, 10 * MiB), "GPU:0": DeviceMemory(baseline, peak, baseline)}
+    rep.env.budget_bytes = 24 * GiB  # a large host: not the GPU's budget
+    if limit:
+        rep.env.device_limit_bytes = {"GPU:0": limit}
+    return rep
+
+
+def test_the_budget_is_the_gpus_own_limit():
+    rep = gpu_report(peak=13 * GiB, limit=14 * GiB)
+    assert rep.device_budget == ("GPU:0", 14 * GiB)
+    assert budget_for_tf(rep) == 13 * GiB  # the limit minus what the GPU held before the cell
+    assert verdict(rep) == "used 93% of GPU:0's 14 GiB"
+    found = {f.id: f for f in diagnose.findings(rep)}
+    assert found["near-budget"].title == "TensorFlow used 93% of GPU:0's memory"
+    assert ("GPU:0 left", "1 GiB", "of 14 GiB (TensorFlow's allocator limit on GPU:0)") in summary_items(rep)
+    assert verdict_level(gpu_report(peak=15 * GiB, limit=14 * GiB)) == "bad"
+
+
+def test_a_gpu_whose_limit_is_unknown_has_no_budget_rather_than_the_hosts():
+    rep = gpu_report(peak=13 * GiB, limit=None)
+    assert rep.device_budget is None and budget_for_tf(rep) is None
+    assert "shrink-batch" not in {f.id for f in fixes.build(rep, ctx())}  # no budget to size a batch against
+
+
+def test_after_an_oom_the_batch_only_shrinks():
+    # a GPU OOM whose budget the model thinks is ample: the old rule proposed a larger batch here
+    rep = gpu_report(peak=2 * GiB, limit=14 * GiB, status="oom")
+    found = {f.id: f for f in fixes.build(rep, ctx())}
+    fix = found["shrink-batch"]
+    assert fix.title == "Shrink the batch to 128" and "half the batch" in fix.why
+    assert "batch_size=128" in fix.code
+
+
+def test_a_loss_scale_optimizer_is_named_by_the_optimizer_it_wraps():
+    class Adam:
+        pass
+
+    class LossScaleOptimizer:
+        inner_optimizer = Adam()
+
+    assert _optimizer_name(LossScaleOptimizer()) == "Adam" and _optimizer_name(Adam()) == "Adam"
+    assert _optimizer_name(None) is None
+
+
+def test_the_gpu_cap_is_sized_from_the_measured_peak():
+    rep = gpu_report(peak=int(5.1 * GiB), limit=14 * GiB, status="oom")
+    fix = fixes.gpu_memory_limit(rep, ctx())
+    assert "memory_limit=6656" in fix.code  # 5.1 GiB x 1.25 = 6528 MiB, up to a multiple of 512
+    assert "gpus[0]" in fix.code and "6656 MiB" in fix.why

@@ -1,0 +1,79 @@
+"""A report from an XSpace recorded elsewhere: a GPU machine, TensorBoard's `plugins/profile/<run>/` folder, a remote
+capture (`tfmem show PATH.xplane.pb`, `tfmem_magic.analyze_xplane(path)`).
+
+What a saved trace holds is TensorFlow's allocator events, not the process around them: the report has the
+breakdown, the timeline and every allocator's peak and limit, and no process memory (RSS) and no model (the model
+was never in this process). Its device is the allocator's (`GPU_4_bfc` -> GPU:4), never assumed to be GPU:0."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from tfmem_magic.analyze import analysis
+from tfmem_magic.analyze.build import gpu_limits
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, Report
+from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.measure import xplane
+
+SUFFIXES = (".xplane.pb", ".xplane.pb.gz")
+
+
+def is_xspace_path(path: str | Path) -> bool:
+    """A saved trace (or a folder of them, as TensorBoard's profile plugin keeps them), not a saved report."""
+    p = Path(path)
+    return p.is_dir() or p.name.endswith(SUFFIXES)
+
+
+def xspace_files(path: str | Path) -> list[Path]:
+    """The XSpace files at `path`: the file itself, or every one under a folder (one per host and capture)."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    found = sorted(f for suffix in SUFFIXES for f in p.rglob(f"*{suffix}"))
+    if not found:
+        raise TfmemUsageError(f"{p} holds no *.xplane.pb file (TensorBoard keeps them under "
+                              "LOGDIR/plugins/profile/<run>/)")
+    return found
+
+
+def analyze_xplane(path: str | Path, device: str | None = None, label: str | None = None) -> Report:
+    """The report of one saved XSpace file (`.xplane.pb`, or gzipped). `device` picks the allocator ("GPU:1"); by
+    default the busiest GPU's, else the CPU's."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise TfmemUsageError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    try:
+        trace = xplane.read_segments([(data, 0)], device)
+    except Exception as exc:  # a file that is not an XSpace: the protobuf reader's own error says what is wrong
+        raise TfmemUsageError(f"{p} is not a TensorFlow profiler trace (XSpace): {exc}") from exc
+    if not len(trace.events):
+        raise TfmemUsageError(f"{p} has no memory events: record it with the TensorFlow profiler on a host with "
+                              "TensorFlow 2.x (tf.profiler.experimental.start or TensorBoard's capture), which "
+                              "records allocations by default")
+    if device is not None and trace.allocators and trace.allocators[0].device != device:
+        named = ", ".join(sorted(a.device for a in trace.allocators if a.device)) or "none"
+        raise TfmemUsageError(f"device={device!r}: the trace has no allocator for it (devices in it: {named})")
+    info = analysis.summarize(trace, analysis.TraceContext())
+    report = Report(label=label or p.name, mode="trace", status="ok", trace=info)
+    # the headline is the allocator the breakdown is about (the other GPUs are listed in the trace and the notes)
+    main = trace.allocators[0] if trace.allocators else None
+    if main is not None:
+        report.tf = {main.device or main.name: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
+    else:  # events without an allocator name (an older TensorFlow): one series
+        report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, info.peak_live_bytes)}
+    report.env = EnvInfo(allocator=info.allocator or "unknown", allocator_complete=True,
+                         devices=sorted({a.device for a in trace.allocators if a.device} | set(report.tf)),
+                         device_limit_bytes=gpu_limits(info))
+    report.notes.append(f"Built from a saved trace ({p.name}): TensorFlow's allocator events only; the process's "
+                        "memory (RSS) and the model were not recorded in it.")
+    if len(info.allocators) > 1:
+        report.notes.append("Other allocators in the trace: " + "; ".join(
+            f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"
+            for a in info.allocators[1:]) + f". The breakdown is about {info.allocator}.")
+    return report
