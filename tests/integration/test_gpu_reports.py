@@ -155,3 +155,22 @@ def test_mixed_float16_keeps_the_what_if_and_its_fixes(shell):
 
     lighter = fixes.lighter_optimizer(report, fixes.FixContext(model_name="model", number=report.number))
     assert lighter is not None and lighter.predicted_peak_bytes < report.tf_peak_bytes
+
+
+def test_a_trace_only_tensorflows_reader_can_read_says_what_to_install(monkeypatch):
+    """The public trace stores its strings inline (TensorFlow 2.4): our own decoder hands it to TensorFlow's
+    protobuf classes, which a machine without TensorFlow lacks. The error says so, not 'no memory events'."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorflow.tsl.profiler.protobuf.xplane_pb2", None)  # import raises
+    with pytest.raises(TfmemUsageError, match="needs TensorFlow's protobuf classes: install tensorflow"):
+        tfmem_magic.analyze_xplane(PUBLIC)
+
+
+def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
+    import numpy as np
+
+    columns = {"t_ps": np.array([5, 5, 5]), "live": np.array([10, 20, 30]), "chunk": np.array([10, 10, 10]),
+               "is_alloc": np.array([True, True, True]), "available": np.array([0, 0, 0])}
+    (_, series), = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
+    assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)

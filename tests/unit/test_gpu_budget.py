@@ -83,3 +83,29 @@ def test_the_gpu_cap_is_sized_from_the_measured_peak():
     fix = fixes.gpu_memory_limit(rep, ctx())
     assert "memory_limit=6656" in fix.code  # 5.1 GiB x 1.25 = 6528 MiB, up to a multiple of 512
     assert "gpus[0]" in fix.code and "6656 MiB" in fix.why
+
+
+def test_near_its_limit_the_gpu_cap_stays_below_what_the_gpu_has():
+    rep = gpu_report(peak=13 * GiB, limit=int(14.4 * GiB), status="oom")
+    fix = fixes.gpu_memory_limit(rep, ctx())
+    assert "memory_limit=12800" in fix.code  # 90% of 14.4 GiB (13271 MiB) down to 512s; not 16896
+
+
+def test_only_an_oom_halves_a_batch_the_model_thinks_fits():
+    rep = gpu_report(peak=2 * GiB, limit=14 * GiB, status="error")  # a cell that raised something else
+    assert "shrink-batch" not in {f.id for f in fixes.build(rep, ctx())}
+
+
+def test_the_busiest_gpu_is_the_one_that_grew_not_the_one_holding_old_memory():
+    figures = {"GPU:0": DeviceMemory(10 * GiB, 10 * GiB), "GPU:1": DeviceMemory(1 * GiB, 3 * GiB)}
+    assert main_device_name(figures) == "GPU:1"
+
+
+def test_a_gpu_oom_message_gives_its_request():
+    from tfmem_magic.measure.guard import parse_oom
+
+    message = ("OOM when allocating tensor with shape[32,512,56,56] and type half on "
+               "/job:localhost/replica:0/task:0/device:GPU:1 by allocator GPU_1_bfc\n"
+               "\t [[{{node model/conv2d/Conv2D}}]]")
+    assert parse_oom(message) == {"shape": "[32,512,56,56]", "dtype": "float16", "bytes": 32 * 512 * 56 * 56 * 2,
+                                  "device": "GPU:1", "allocator": "GPU_1_bfc", "op": "model/conv2d/Conv2D"}

@@ -100,7 +100,7 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
         return None
     basis = analytic_basis(report)
     fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
-    if fit is None or fit >= model.batch_size and report.status == "ok" or model.batch_size < 2:
+    if fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
         return None
     if fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
         new = typeable_batch(model.batch_size // 2)
@@ -307,9 +307,13 @@ def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     name = name if name and name.startswith("GPU:") else "GPU:0"
     mem = report.tf.get(name)
     index = int(name.split(":")[1])
+    limit = report.env.device_limit_bytes.get(name)
     if mem is not None and mem.peak_bytes > 0:  # the measured peak and a quarter more, in whole 512 MiB
         share = -(-int(mem.peak_bytes * 1.25) // (512 * 2**20)) * 512
         sized = f"MiB: this cell's peak on {name} ({format_bytes(mem.peak_bytes)}) and a quarter more"
+        if limit and share * 2**20 > limit:  # near the GPU's own limit: a share of what it has, not more
+            share = max(512, int(limit * 0.9) // (512 * 2**20) * 512)
+            sized = f"MiB: 90% of what TensorFlow may use on {name} ({format_bytes(limit)}); lower it to share"
     else:
         share, sized = 8192, "MiB: set your share"
     code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"

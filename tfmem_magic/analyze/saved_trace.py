@@ -50,13 +50,19 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
         data = gzip.decompress(data)
     try:
         trace = xplane.read_segments([(data, 0)], device)
+    except ImportError as exc:
+        raise TfmemUsageError(f"reading {p} needs protobuf (pip install protobuf): {exc}") from exc
     except Exception as exc:  # a file that is not an XSpace: the protobuf reader's own error says what is wrong
         raise TfmemUsageError(f"{p} is not a TensorFlow profiler trace (XSpace): {exc}") from exc
+    if not len(trace.events) and trace.unreadable_planes:
+        raise TfmemUsageError(f"{p} was written in a format our own decoder does not read (an older TensorFlow "
+                              "stores its strings inline); reading it needs TensorFlow's protobuf classes: install "
+                              "tensorflow (or tensorflow-cpu) here, or read it where TensorFlow is installed")
     if not len(trace.events):
         raise TfmemUsageError(f"{p} has no memory events: record it with the TensorFlow profiler on a host with "
                               "TensorFlow 2.x (tf.profiler.experimental.start or TensorBoard's capture), which "
                               "records allocations by default")
-    if device is not None and trace.allocators and trace.allocators[0].device != device:
+    if device is not None and (not trace.allocators or trace.allocators[0].device != device):
         named = ", ".join(sorted(a.device for a in trace.allocators if a.device)) or "none"
         raise TfmemUsageError(f"device={device!r}: the trace has no allocator for it (devices in it: {named})")
     info = analysis.summarize(trace, analysis.TraceContext())
@@ -66,7 +72,8 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
     if main is not None:
         report.tf = {main.device or main.name: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
     else:  # events without an allocator name (an older TensorFlow): one series
-        report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, info.peak_live_bytes)}
+        end = int(trace.events.live[-1])
+        report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, end)}
     report.env = EnvInfo(allocator=info.allocator or "unknown", allocator_complete=True,
                          devices=sorted({a.device for a in trace.allocators if a.device} | set(report.tf)),
                          device_limit_bytes=gpu_limits(info))

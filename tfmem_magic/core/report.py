@@ -307,6 +307,15 @@ class Report:
         return main_device_name(self.tf)
 
     @property
+    def sampled_device(self) -> tuple[str, DeviceMemory] | None:
+        """The device whose live bytes were sampled over time: the main one, else the one the sampler chose before
+        the cell (the first GPU, when another GPU turned out the busiest)."""
+        name = main_device_name(self.tf)
+        if name is not None and self.tf[name].samples:
+            return name, self.tf[name]
+        return next(((n, m) for n, m in self.tf.items() if m.samples), None)
+
+    @property
     def device_budget(self) -> tuple[str, int] | None:
         """(main device, its allocator's limit) when the main device has a budget of its own (a GPU, traced)."""
         name = main_device_name(self.tf)
@@ -360,13 +369,14 @@ def file_stem(text: str, fallback: str, limit: int = 160) -> str:
 
 def main_device_name(devices: Iterable[str] | Mapping[str, DeviceMemory]) -> str | None:
     """The one decision of which TF device the report is about: a GPU (where a user who has one trains), else
-    CPU:0, else the first device named; None for none. Of several GPUs, the busiest (the highest peak) when their
-    figures are given, else the first (the sampler, before the cell, knows names only). The headline numbers, the
-    budget, the timeline, the trace's allocator and the trace's notes all follow it."""
+    CPU:0, else the first device named; None for none. Of several GPUs, the busiest (the most grown over its
+    baseline: memory earlier cells left on another GPU is not this cell's) when their figures are given, else the
+    first (the sampler, before the cell, knows names only). The headline numbers, the budget, the timeline, the
+    trace's allocator and the trace's notes all follow it."""
     names = list(devices)
     gpus = sorted((d for d in names if d.startswith("GPU:")), key=lambda d: int(d.split(":")[1] or 0))
     if gpus and isinstance(devices, Mapping) and len(gpus) > 1:
-        return max(gpus, key=lambda d: (devices[d].peak_bytes, -gpus.index(d)))
+        return max(gpus, key=lambda d: (devices[d].peak_bytes - devices[d].baseline_bytes, -gpus.index(d)))
     if gpus:
         return gpus[0]
     return "CPU:0" if "CPU:0" in names else (names[0] if names else None)

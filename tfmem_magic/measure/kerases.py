@@ -65,7 +65,9 @@ def import_flavour(name: str) -> ModuleType:
 
 def version(name: str) -> str | None:
     mod = module(name)
-    return str(getattr(mod, "__version__", "")) or None if mod is not None else None
+    if mod is None:
+        return None
+    return str(getattr(mod, "__version__", "")) or None
 
 
 def _installed(name: str) -> bool:

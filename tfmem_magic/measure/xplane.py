@@ -103,6 +103,7 @@ class Trace:
     events: MemoryEvents
     spans: list[Span] = field(default_factory=list)
     allocators: list[AllocatorSeries] = field(default_factory=list)  # the one kept in `events` first
+    unreadable_planes: int = 0  # host planes skipped: their format needs TensorFlow's own reader, not installed
 
 
 _GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
@@ -130,7 +131,8 @@ def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[st
         in_use, free = c["live"][mine], c["available"][mine]
         recorded = free > 0
         limit = int((in_use[recorded] + free[recorded]).max()) if recorded.any() else None
-        first, last = mine[np.argmin(c["t_ps"][mine])], mine[np.argmax(c["t_ps"][mine])]
+        times = c["t_ps"][mine]
+        first, last = mine[np.argmin(times)], mine[len(mine) - 1 - np.argmax(times[::-1])]  # ties: the last one
         change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
         name = strings[int(index)]
         out.append((int(index), AllocatorSeries(name, allocator_device(name), len(mine), int(in_use.max()), limit,
@@ -139,16 +141,16 @@ def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[st
 
 
 def _choose(series: list[tuple[int, AllocatorSeries]], device: str | None) -> tuple[int, AllocatorSeries]:
-    """The allocator the report is about: the one serving `device` (the report's main device); with no device
-    named, the busiest GPU's (by its peak: a multi-GPU trace's headline); else the allocator with the most events
+    """The allocator the report is about: the one serving `device` (the report's main device); else the busiest
+    GPU's (the most grown within the trace: a multi-GPU trace's headline); else the allocator with the most events
     (the CPU's, on a CPU-only machine)."""
     if device is not None:
         serving = [s for s in series if s[1].device == device]
         if serving:
             return max(serving, key=lambda s: s[1].events)
     gpus = [s for s in series if (s[1].device or "").startswith("GPU:")]
-    if device is None and gpus:
-        return max(gpus, key=lambda s: (s[1].peak_bytes, s[1].events, -s[0]))
+    if gpus:
+        return max(gpus, key=lambda s: (s[1].peak_bytes - s[1].start_bytes, s[1].events, -s[0]))
     return max(series, key=lambda s: (s[1].events, -s[0]))
 
 
@@ -160,6 +162,7 @@ class _Columns:
         self.blocks: list[list[np.ndarray]] = []
         self.strings: dict[str, int] = {}
         self.threads: dict[str, int] = {}
+        self.unreadable = 0  # host planes neither decoder could read (the reference one needs TensorFlow)
 
     def intern(self, text: str) -> int:
         index = self.strings.get(text)
@@ -304,7 +307,8 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
                 pass
         try:
             from tensorflow.tsl.profiler.protobuf import xplane_pb2
-        except ImportError:  # moved (capabilities.py says so in the report): this plane is skipped
+        except ImportError:  # no TensorFlow, or moved (capabilities.py says so in the report): this plane is skipped
+            columns.unreadable += 1
             continue
         plane = xplane_pb2.XPlane()
         plane.ParseFromString(data[start:end])
@@ -638,7 +642,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
             columns[name] = take(name)[order]
     columns["dtype"] = columns["dtype"].astype(np.int64)
     events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
-    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators)
+    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators, cols.unreadable)
 
 
 class Decoded:
@@ -669,6 +673,7 @@ class Decoded:
 def _merge(into: _Columns, other: _Columns) -> None:
     """Append other's blocks to `into`, renumbering their thread and string indices. A column that needs no
     renumbering is shared, not copied (blocks are never written to); other is left as it was."""
+    into.unreadable += other.unreadable
     strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int32)
     threads = np.array([into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1],
                        dtype=np.int32)

@@ -92,9 +92,9 @@ def timeline_png(report: Report) -> bytes | None:
     tf_points = report.trace.timeline if report.trace is not None and report.trace.timeline else []
     tf_label = "TF live bytes (trace)"
     if not tf_points:
-        device = report.main_device
-        tf_points = device.samples if device is not None else []
-        tf_label = "TF live bytes (sampled)"
+        sampled = report.sampled_device
+        tf_points = sampled[1].samples if sampled is not None else []
+        tf_label = f"TF live bytes (sampled, {sampled[0]})" if sampled is not None else "TF live bytes (sampled)"
     rss_points = report.rss.samples
     if len(tf_points) < 2 and len(rss_points) < 2:
         return None

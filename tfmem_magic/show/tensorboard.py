@@ -97,9 +97,11 @@ def _scalars(report: Report) -> None:
 
     name = main_device_name(report.tf)
     device = report.tf.get(name) if name is not None else None
+    sampled = report.sampled_device
+    if sampled is not None:
+        for t, live in sampled[1].samples:
+            tf.summary.scalar(f"tfmem/tf_live_MiB/{sampled[0]}", live / MiB, step=int(t * 1000))
     if device is not None:
-        for t, live in device.samples:
-            tf.summary.scalar(f"tfmem/tf_live_MiB/{name}", live / MiB, step=int(t * 1000))
         tf.summary.scalar(f"tfmem/tf_peak_MiB/{name}", (device.peak_bytes - device.baseline_bytes) / MiB, step=0)
     for t, rss in report.rss.samples:
         tf.summary.scalar("tfmem/rss_MiB", rss / MiB, step=int(t * 1000))
