@@ -162,6 +162,9 @@ def test_a_trace_only_tensorflows_reader_can_read_says_what_to_install(monkeypat
     protobuf classes, which a machine without TensorFlow lacks. The error says so, not 'no memory events'."""
     import sys
 
+    import tensorflow.tsl.profiler.protobuf as protobuf_package
+
+    monkeypatch.delattr(protobuf_package, "xplane_pb2", raising=False)
     monkeypatch.setitem(sys.modules, "tensorflow.tsl.profiler.protobuf.xplane_pb2", None)  # import raises
     with pytest.raises(TfmemUsageError, match="needs TensorFlow's protobuf classes: install tensorflow"):
         tfmem_magic.analyze_xplane(PUBLIC)
@@ -174,3 +177,35 @@ def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
                "is_alloc": np.array([True, True, True]), "available": np.array([0, 0, 0])}
     (_, series), = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
     assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)
+
+
+@pytest.mark.slow
+def test_an_xla_compiled_fit_says_why_its_breakdown_has_no_layers():
+    """jit_compile (Keras 3's default with a GPU: "auto") runs the step as one XLA computation, whose buffers carry
+    no op names; on CPU the same holds, so it is tested here."""
+    import keras
+    import numpy as np
+
+    x, y = np.random.rand(256, 128).astype("float32"), np.random.randint(0, 10, 256)
+    reports = {}
+    for jit in (True, False):
+        model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(512, activation="relu", name="wide"),
+                                  keras.layers.Dense(10, name="head")], name=f"xla_{jit}")
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+        with tfmem_magic.profile(label=f"jit={jit}") as p:
+            model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        reports[jit] = p.report
+    compiled, plain = reports[True], reports[False]
+    assert compiled.model.jit_compile and not plain.model.jit_compile
+    note = next(n for n in compiled.notes if "XLA" in n)
+    assert "xla_True's steps ran as XLA computations" in note and "jit_compile=False" in note
+
+    def share(report, phases) -> float:  # of the cell's own bytes at the peak
+        own = {g.phase: g.bytes for g in report.trace.by_phase if g.phase != "pre-existing"}
+        return sum(own.get(p, 0) for p in phases) / max(1, sum(own.values()))
+
+    # what the note explains: the XLA computation's buffers are nameless ("other"); the plain fit's are named
+    assert not {g.layer for g in compiled.trace.by_layer} - {"(no layer)"}
+    assert share(compiled, {"other"}) >= 0.5, compiled.trace.by_phase
+    assert not any("XLA" in n for n in plain.notes)
+    assert share(plain, {"forward", "backward", "optimizer"}) >= 0.5, plain.trace.by_phase

@@ -57,7 +57,22 @@ def add_analysis(report: Report, m: Measured) -> Any:
         report.notes.extend(instr.notes)
     if m.mode == "trace" and m.tracer is not None and instr is not None:
         report.trace = trace_info(m, report, use)
+        xla = xla_note(report)
+        if xla:
+            report.notes.append(xla)
     return use
+
+
+def xla_note(report: Report) -> str | None:
+    """Why an XLA-compiled step's breakdown has no layers: XLA allocates its buffers without TensorFlow op names."""
+    model, trace = report.model, report.trace
+    if model is None or not model.jit_compile or trace is None or not trace.events:
+        return None
+    nameless = sum(g.bytes for g in trace.at_peak if g.op == "(untagged)")
+    return (f"{model.name}'s steps ran as XLA computations (jit_compile=True; Keras 3 turns it on by itself when a "
+            f"GPU is present, jit_compile=\"auto\"). XLA allocates its buffers without op or layer names, so "
+            f"{format_bytes(nameless)} at the peak is in no layer ('other'). Compile with jit_compile=False for a "
+            "per-layer breakdown; the peak itself differs without XLA, which fuses ops and reuses buffers.")
 
 
 def _guard_info(m: Measured, report: Report) -> GuardInfo | None:

@@ -276,6 +276,8 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         validation_copy_bytes=sum(a.copy_bytes for a in use.input_arrays if a.validation),
         other_models=[_in_words(o) for o in (others or []) if o is not use and o.model_ref() is not None],
         keras_package=kerases.flavour_of(model),
+        # Keras 3 resolves jit_compile="auto" at compile (True with a GPU); tf_keras keeps a bool or None
+        jit_compile=getattr(model, "jit_compile", False) is True,
     )
 
 

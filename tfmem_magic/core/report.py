@@ -194,6 +194,7 @@ class ModelInfo:
     validation_copy_bytes: int = 0  # the same for the validation arrays (or the validation_split rows)
     other_models: list[str] = field(default_factory=list)  # other models the cell used, in words
     keras_package: str = "keras"  # the Keras that made the model: "keras" (Keras 3) | "tf_keras" (Keras 2)
+    jit_compile: bool = False  # its train/test/predict steps run as XLA computations (Keras' jit_compile)
 
     @property
     def legacy_keras(self) -> bool:
