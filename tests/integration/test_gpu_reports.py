@@ -209,3 +209,23 @@ def test_an_xla_compiled_fit_says_why_its_breakdown_has_no_layers():
     assert share(compiled, {"other"}) >= 0.5, compiled.trace.by_phase
     assert not any("XLA" in n for n in plain.notes)
     assert share(plain, {"forward", "backward", "optimizer"}) >= 0.5, plain.trace.by_phase
+
+
+def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_nothing_is(monkeypatch):
+    """The probe process runs with memory growth (it takes what its steps use, next to the kernel's reservation);
+    when the kernel reserved the whole GPU, the probe's OOM becomes a message naming the memory-growth fix."""
+    import keras
+
+    from tfmem_magic.advise import calibrate
+
+    monkeypatch.delenv(calibrate.GPU_GROWTH_ENV, raising=False)
+    assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "true"
+    monkeypatch.setenv(calibrate.GPU_GROWTH_ENV, "false")  # the user's choice is kept
+    assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "false"
+    oom = ("tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+           "shape[64,1024] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+    monkeypatch.setattr(calibrate, "_run_probe", lambda payload, stage: (1, [], oom))
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile("sgd", "mse")
+    with pytest.raises(TfmemUsageError, match="memory growth is off|unless memory growth is on"):
+        calibrate.probe_peaks(model, [8, 16], True, None)

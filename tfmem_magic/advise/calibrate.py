@@ -178,6 +178,8 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
         raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use")
     line = next((x for x in lines if x.startswith("TFMEM-PROBE ")), None)
     if returncode != 0 or line is None:
+        if "OOM" in last_error and "GPU" in last_error or "CUDA_ERROR_OUT_OF_MEMORY" in last_error:
+            raise TfmemUsageError(f"calibration: {GPU_BUSY} ({last_error[:200]})")
         missing = _MISSING_ARGUMENT.search(last_error)
         if missing:  # older Keras (3.3) writes a config for a class without get_config(); only rebuilding it fails
             raise TfmemUsageError(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
@@ -260,11 +262,26 @@ def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None)
             "API; the analytic basis (from this cell's trace) stays in use.")
 
 
+def probe_environment() -> dict[str, str]:
+    """The probe process's environment: the kernel's, quieter, and on a GPU with memory growth, so that the probe
+    takes from the GPU only what its steps use instead of reserving all of what is left (the kernel keeps its own
+    reservation; a user's own TF_FORCE_GPU_ALLOW_GROWTH is kept)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.setdefault(GPU_GROWTH_ENV, "true")
+    return env
+
+
+GPU_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
+GPU_BUSY = ("the probe process found no room on the GPU: the kernel's TensorFlow reserves nearly all of a GPU's "
+            "memory unless memory growth is on. Turn it on at the top of the notebook (the memory-growth fix, then "
+            "restart) to calibrate on the GPU; the analytic basis stays in use")
+
+
 def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
     """Run the probe script, calling `stage(k)` as it announces stage k on stdout. Returns the exit code (None if
     it ran past TIMEOUT_S and was killed), its stdout lines and the last line of its stderr. stderr goes to a file:
     a pipe nobody reads could fill up with TensorFlow's warnings and stall the probe."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = probe_environment()
     timed_out = threading.Event()
     lines: list[str] = []
     with tempfile.TemporaryFile("w+") as err, \
