@@ -20,7 +20,7 @@ from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure.capture import Capture, Measured
 
-__all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "last_report", "profile"]  # and `history` (below)
+__all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "capture", "last_report", "profile"]  # + `history`
 
 
 def last_report() -> Report | None:
@@ -147,6 +147,26 @@ class Profiler:
 def profile(label: str = "", mode: str = "trace", **kwargs: Any) -> Profiler:
     """Measure the memory of a `with` block: `with profile() as p: ...`, then `p.report`."""
     return Profiler(Options(mode=mode, label=label, **kwargs))
+
+
+def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) -> Any:
+    """Trace every worker of a training job (each started with `tfmem_magic.serve(PORT)`) for `seconds`, all at
+    once, and return the cluster view: one report per worker, side by side (`tfmem_magic.analyze.cluster`)."""
+    from tfmem_magic.analyze import cluster
+    from tfmem_magic.core.errors import TfmemUsageError
+    from tfmem_magic.measure import remote
+
+    rows = []
+    for part in remote.capture(remote.parse_workers(workers), seconds, logdir):
+        if part.path is None:
+            rows.append(cluster.WorkerRow(part.worker, None, part.error))
+            continue
+        try:
+            rows.append(cluster.WorkerRow(part.worker, analyze_xplane(part.path, label=part.worker)))
+        except TfmemUsageError as exc:  # a trace without memory events: the worker's allocator was not set up
+            rows.append(cluster.WorkerRow(part.worker, None, f"{exc} (start the worker with "
+                                                             "tfmem_magic.serve(PORT) before TensorFlow's first op)"))
+    return cluster.cluster_view(rows)
 
 
 def analyze_xplane(path: Any, device: str | None = None, label: str | None = None) -> Report:

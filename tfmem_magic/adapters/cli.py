@@ -6,6 +6,7 @@ The measurement options are the very ones `%%tfmem` takes (one parser, options.b
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import runpy
 import sys
 from pathlib import Path
@@ -28,8 +29,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=128, help="batch size of the demo fit (128)")
     demo.add_argument("--epochs", type=int, default=1, help="epochs of the demo fit (1)")
     run = sub.add_parser("run", parents=[measure], help="profile a Python script: tfmem run train.py [args]")
+    run.add_argument("--serve", metavar="PORT", type=int, help="also start TensorFlow's profiler server on PORT, so "
+                                                                "that `tfmem capture HOST:PORT` can trace this worker")
     run.add_argument("script", help="the script to run")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    capture = sub.add_parser("capture", help="trace every worker of a training job at once, side by side")
+    capture.add_argument("workers", help="HOST:PORT[,HOST:PORT...]: workers started with tfmem_magic.serve(PORT)")
+    capture.add_argument("--seconds", type=float, default=2.0, help="how long to trace (2)")
+    capture.add_argument("--logdir", help="where the workers write their traces (a folder all can reach)")
+    capture.add_argument("--html", metavar="PATH", help="also write the side-by-side table as HTML")
+    cluster = sub.add_parser("cluster", help="the side-by-side view of the reports workers saved in a folder")
+    cluster.add_argument("folder", help="a folder of *.json reports and *.xplane.pb traces, one per worker")
+    cluster.add_argument("--html", metavar="PATH", help="also write the side-by-side table as HTML")
     show = sub.add_parser("show", help="print a saved report (and optionally write it as HTML)")
     show.add_argument("report", help="a report saved with --save x.json, or a trace recorded elsewhere: a "
                                      ".xplane.pb (gzipped too), or a folder of them (TensorBoard's plugins/profile)")
@@ -39,6 +50,19 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
                                                               "a saved report keeps no raw trace)")
     return parser
+
+
+def _cluster(ns: argparse.Namespace) -> int:
+    from tfmem_magic.analyze import cluster
+    from tfmem_magic.show.cluster_render import cluster_html, cluster_text
+
+    view = (pipeline.capture(ns.workers, ns.seconds, ns.logdir) if ns.command == "capture"
+            else cluster.from_directory(ns.folder))
+    print(cluster_text(view))
+    if ns.html:
+        Path(ns.html).write_text("<!doctype html><meta charset='utf-8'>" + cluster_html(view))
+        print(f"wrote {ns.html}")
+    return 0 if view.measured else 1
 
 
 def _show(ns: argparse.Namespace) -> int:
@@ -69,11 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "show":
             return _show(ns)
+        if ns.command in ("capture", "cluster"):
+            return _cluster(ns)
         args = args_from_namespace(ns)
     except (TfmemUsageError, OSError, ValueError) as exc:
         parser.error(str(exc))
     environment.prepare_allocator()  # before any TF op: every allocation visible
-    profiler = pipeline.Profiler(args.options)
+    options = args.options
+    if getattr(ns, "serve", None) is not None and options.mode == "trace":
+        # TensorFlow runs one profiler session per process: a local trace would refuse the remote capture
+        options = replace(options, mode="quick")
+        print("tfmem run --serve: the script is measured in quick mode here; `tfmem capture` traces it",
+              file=sys.stderr)
+    profiler = pipeline.Profiler(options)
     if ns.command == "demo":
         from tfmem_magic.adapters.demo import run_demo
 
@@ -94,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
     # run
+    if ns.serve is not None:
+        from tfmem_magic.measure import remote
+
+        try:
+            remote.serve(ns.serve)
+        except TfmemUsageError as exc:
+            parser.error(str(exc))
     sys.argv = [ns.script, *ns.script_args]
     status = 0
     try:

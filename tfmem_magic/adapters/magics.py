@@ -37,6 +37,9 @@ LINE_COMMANDS = {
     "fix": "fix [K|ID] [--report N]: put fix K (or the fix with that id) of the last report (or report N) into "
            "the next cell; no argument lists the fixes",
     "last": "show the last report again",
+    "capture": "capture HOST:PORT[,HOST:PORT...] [--seconds S] [--logdir DIR] [--as NAME]: trace every worker of a "
+               "training job at once (each started with tfmem_magic.serve(PORT)) and show them side by side",
+    "cluster": "cluster DIR [--as NAME]: the same side-by-side view from the reports the workers saved in DIR",
     "help": "this list and the %%tfmem options",
 }
 
@@ -156,6 +159,24 @@ class TfmemMagics(Magics):
         where = "Put it at the top of the notebook and restart the kernel." if fix.needs_restart else ""
         print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
 
+    def _cluster(self, word: str, words: list[str]) -> None:
+        from tfmem_magic.analyze import cluster
+        from tfmem_magic.show.cluster_render import cluster_html, cluster_text
+
+        args = cluster_arguments(word, words)
+        try:
+            view = (pipeline.capture(args.target, args.seconds, args.logdir) if word == "capture"
+                    else cluster.from_directory(args.target))
+        except TfmemUsageError as exc:
+            raise UsageError(f"%tfmem {word}: {exc}") from None
+        if args.name:
+            self.shell.user_ns[args.name] = view
+        display({"text/plain": cluster_text(view), "text/html": cluster_html(view)}, raw=True)
+        if getattr(self.shell, "kernel", None) is not None:  # the live panel: a worker selector over full panels
+            from tfmem_magic.show.panel import cluster_panel
+
+            display(cluster_panel(view))
+
     def _watch(self, words: list[str]) -> str:
         if words[:1] == ["on"]:
             interval = 50.0
@@ -202,11 +223,32 @@ class TfmemMagics(Magics):
             if report is None:
                 raise UsageError("%tfmem last: no cell has been profiled yet; put %%tfmem on the first line of a cell")
             self._show(report)
+        elif word in ("capture", "cluster"):
+            self._cluster(word, command.split()[1:])
         elif word in ("help", "-h", "--help"):
             print(help_text())
         else:
             choices = ", ".join(LINE_COMMANDS)
             raise UsageError(f"%tfmem {word}: unknown command; use one of {choices}, or %%tfmem on a cell")
+
+
+def cluster_arguments(word: str, words: list[str]) -> Any:
+    """The arguments of %tfmem capture / %tfmem cluster; a UsageError that names the fix for anything else."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"%tfmem {word}", add_help=False, exit_on_error=False)
+    parser.add_argument("target")
+    parser.add_argument("--as", dest="name")
+    if word == "capture":
+        parser.add_argument("--seconds", type=float, default=2.0)
+        parser.add_argument("--logdir")
+    try:
+        args, extra = parser.parse_known_args(words)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise UsageError(f"%tfmem {LINE_COMMANDS[word]} ({exc})") from None
+    if extra:
+        raise UsageError(f"%tfmem {word}: unknown {' '.join(extra)}; usage: %tfmem {LINE_COMMANDS[word]}")
+    return args
 
 
 def _two(words: list[str]) -> list[str]:

@@ -219,3 +219,26 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")
     return panel
+
+
+def cluster_panel(view: Any) -> widgets.VBox:
+    """The workers side by side (the static table), and below it one worker's full panel, chosen in a selector
+    (the worst worker first)."""
+    from tfmem_magic.show.cluster_render import cluster_html
+
+    measured = sorted(view.measured, key=lambda row: row is not view.worst)
+    table = widgets.HTML(PANEL_CSS + cluster_html(view))
+    if not measured:
+        return widgets.VBox([table])
+    choice = widgets.Dropdown(options=[(f"{row.worker} ({row.device})", i) for i, row in enumerate(measured)],
+                              value=0, description="Worker")
+    shown = widgets.VBox([build_panel(measured[0].report, figures.timeline_png(measured[0].report))])
+
+    def pick(change: dict) -> None:
+        report = measured[change["new"]].report
+        shown.children = [build_panel(report, figures.timeline_png(report))]
+
+    choice.observe(pick, names="value")
+    panel = widgets.VBox([table, choice, shown])
+    panel.add_class("tfmem-cluster-panel")
+    return panel

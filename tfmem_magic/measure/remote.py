@@ -1,0 +1,133 @@
+"""Profiling TensorFlow processes from outside, with TensorFlow's own machinery (no protocol of ours): a worker
+starts TensorFlow's profiler server (`serve`), and a notebook or a shell asks each worker for a trace with
+TensorFlow's profiler client (`capture`). The worker writes the trace itself, under the log directory it is given
+(`<logdir>/plugins/profile/<run>/<host>_<port>.xplane.pb`), so that directory must be one both can reach (a shared
+path; on one machine, any path)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.measure import environment
+
+DEFAULT_PORT = 6009
+_ADDRESS = re.compile(r"^(?:grpc://)?(?P<host>[^:/\s]+):(?P<port>\d{1,5})$")
+_serving: int | None = None
+
+
+def serve(port: int = DEFAULT_PORT) -> int:
+    """Make this process capturable: call it at the top of a training script, before TensorFlow's first op. It
+    switches the CPU allocator to BFC (without it a CPU worker's trace holds no memory events) and starts TensorFlow's
+    profiler server on `port`. Returns the port. Calling it again with the same port does nothing."""
+    global _serving
+    if not 0 < int(port) < 65536:
+        raise TfmemUsageError(f"serve(port={port}): give a TCP port, 1 to 65535 (6009 is usual)")
+    if _serving is not None:
+        if _serving != port:
+            raise TfmemUsageError(f"this process already serves its traces on port {_serving}; TensorFlow starts one "
+                                  "profiler server per process")
+        return port
+    setup = environment.prepare_allocator()
+    import tensorflow as tf
+
+    if setup.loaded_after_first_op and not environment.allocator_view().complete:
+        warnings.warn("tfmem_magic.serve() ran after TensorFlow's first op: the CPU allocator is not BFC, so a capture "
+                      "of this worker holds few or no memory events. Call it first thing in the script.",
+                      RuntimeWarning, stacklevel=2)
+    tf.profiler.experimental.server.start(int(port))
+    _serving = int(port)
+    return _serving
+
+
+def serving_port() -> int | None:
+    return _serving
+
+
+def parse_workers(text: str | list[str]) -> list[str]:
+    """'host:port,host:port' (or a list) -> ['host:port', ...]; a clear error for anything else."""
+    items = text if isinstance(text, list) else [w for w in re.split(r"[,\s]+", text) if w]
+    if not items:
+        raise TfmemUsageError("name the workers to capture: HOST:PORT[,HOST:PORT...] (each started with "
+                              "tfmem_magic.serve(PORT) or `tfmem run --serve PORT train.py`)")
+    out = []
+    for item in items:
+        match = _ADDRESS.match(item.strip())
+        if match is None or not 0 < int(match.group("port")) < 65536:
+            raise TfmemUsageError(f"{item!r} is not a worker address: write HOST:PORT, e.g. 10.0.0.2:6009")
+        out.append(f"{match.group('host')}:{int(match.group('port'))}")
+    if len(set(out)) != len(out):
+        raise TfmemUsageError("a worker is named twice: " + ", ".join(out))
+    return out
+
+
+@dataclass
+class Captured:
+    """One worker's part of a capture: the trace file it wrote, or why there is none."""
+
+    worker: str
+    path: Path | None = None
+    error: str | None = None
+
+
+def capture(workers: list[str], seconds: float, logdir: str | Path | None = None) -> list[Captured]:
+    """Trace every worker for `seconds`, all at once (one client call per worker, started together, so that one
+    unreachable worker fails alone), and return where each worker wrote its trace. The traces land under
+    `logdir/<host>_<port>/plugins/profile/<run>/` (a temporary folder by default: fine on one machine)."""
+    if not 0.05 <= seconds <= 600:
+        raise TfmemUsageError(f"--seconds {seconds}: capture for 0.05 to 600 seconds")
+    import tensorflow as tf
+
+    base = Path(logdir) if logdir is not None else Path(tempfile.mkdtemp(prefix="tfmem-capture-"))
+    results = [Captured(w) for w in workers]
+
+    def one(result: Captured) -> None:
+        host, port = result.worker.rsplit(":", 1)
+        try:  # TensorFlow's client says "no trace event" for a refused connection too: ask the port first
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            result.error = f"unreachable: no profiler server answered there ({exc.strerror or exc}); start the " \
+                           "worker with tfmem_magic.serve(PORT) or `tfmem run --serve PORT`"
+            return
+        folder = base / result.worker.replace(":", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            tf.profiler.experimental.client.trace(f"grpc://{result.worker}", str(folder), int(seconds * 1000),
+                                                  num_tracing_attempts=2)
+        except Exception as exc:  # unreachable, idle, refused: said per worker, the others still count
+            result.error = _why(exc)
+            return
+        found = sorted(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+        if found:
+            result.path = found[-1]
+        else:
+            result.error = (f"the worker answered but no trace appeared under {folder}: a worker on another machine "
+                            "writes it on its own disk, so give --logdir a folder both can reach")
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"tfmem-capture-{r.worker}", daemon=True)
+               for r in results]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds + 120  # the client retries an unreachable worker for a while
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for thread, result in zip(threads, results, strict=True):
+        if thread.is_alive() and result.path is None and result.error is None:
+            result.error = "no answer within the capture's time and two minutes more"
+    return results
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if "No trace event" in text or "no trace event" in text.lower():
+        return "the worker recorded nothing while it was traced (idle? capture while it trains)"
+    if "UNAVAILABLE" in text.upper() or "failed to connect" in text.lower() or "Connection refused" in text:
+        return "unreachable: no profiler server answered there (start it with tfmem_magic.serve(PORT))"
+    return f"{type(exc).__name__}: {text[:200]}"
