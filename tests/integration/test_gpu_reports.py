@@ -56,6 +56,9 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     listed = {a.name: a for a in report.trace.allocators}
     assert set(listed) == {"GPU_6_bfc", "GPU_4_bfc", "GPU_1_bfc", "gpu_host_bfc"}
     assert listed["gpu_host_bfc"].device is None and listed["gpu_host_bfc"].events == 536
+    host = listed["gpu_host_bfc"].timeline  # the host's own series, on the main timeline's clock
+    assert 2 <= len(host) <= 301 and max(b for _, b in host) == listed["gpu_host_bfc"].peak_bytes
+    assert report.trace.timeline[0][0] <= host[-1][0] and listed["GPU_6_bfc"].timeline == []
     text = tfmem_magic.render_text(report)
     assert "fits GPU:6 with" in text and "GPU:6: 14.4 GiB" in text and "\nRSS " not in text
 

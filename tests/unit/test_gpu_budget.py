@@ -109,3 +109,16 @@ def test_a_gpu_oom_message_gives_its_request():
                "\t [[{{node model/conv2d/Conv2D}}]]")
     assert parse_oom(message) == {"shape": "[32,512,56,56]", "dtype": "float16", "bytes": 32 * 512 * 56 * 56 * 2,
                                   "device": "GPU:1", "allocator": "GPU_1_bfc", "op": "model/conv2d/Conv2D"}
+
+
+def test_an_allocators_series_is_downsampled_with_its_peak_kept():
+    import numpy as np
+
+    from tfmem_magic.measure.xplane import _points
+
+    t = np.arange(1000, dtype=np.int64)[::-1] * 10**9  # out of order, as several lines' events are
+    live = np.arange(1000, dtype=np.int64) % 97 * 1000
+    live[423] = 10**9
+    points = _points(t, live, most=50)
+    assert len(points) <= 51 and [p[0] for p in points] == sorted(p[0] for p in points)
+    assert max(p[1] for p in points) == 10**9 and [0.576, 10**9] in points  # t of event 423: (999 - 423) ms

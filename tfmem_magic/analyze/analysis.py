@@ -331,8 +331,9 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     ev = trace.events
     n = len(ev)
     info = TraceInfo(events=n, allocator=ev.allocator,
-                     allocators=[AllocatorUse(a.name, a.device, a.events, a.peak_bytes, a.limit_bytes)
-                                 for a in trace.allocators])
+                     allocators=[AllocatorUse(a.name, a.device, a.events, a.peak_bytes, a.limit_bytes,
+                                              [] if i == 0 else a.timeline)  # the first is the main timeline
+                                 for i, a in enumerate(trace.allocators)])
     if n == 0:
         return info
     t_s = ev.t_ps / PS  # segment offsets already put every event on the cell's clock

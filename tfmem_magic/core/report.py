@@ -123,6 +123,7 @@ class AllocatorUse:
     events: int = 0
     peak_bytes: int = 0
     limit_bytes: int | None = None  # in use + available: the most it may hand out (a GPU's memory for TensorFlow)
+    timeline: list[list[float]] = field(default_factory=list)  # [[t, in use], ...]: a second series, downsampled
 
 
 @dataclass

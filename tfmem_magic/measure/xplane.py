@@ -96,6 +96,7 @@ class AllocatorSeries:
     limit_bytes: int | None  # what it may hand out in all (in use + available); None when not recorded
     start_bytes: int = 0  # in use before its first traced event
     end_bytes: int = 0  # in use after its last one
+    timeline: list[list[float]] = field(default_factory=list)  # [[t seconds, in use], ...], downsampled, peak kept
 
 
 @dataclass
@@ -136,8 +137,18 @@ def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[st
         change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
         name = strings[int(index)]
         out.append((int(index), AllocatorSeries(name, allocator_device(name), len(mine), int(in_use.max()), limit,
-                                                int(c["live"][first]) - change, int(c["live"][last]))))
+                                                int(c["live"][first]) - change, int(c["live"][last]),
+                                                _points(times, in_use))))
     return out
+
+
+def _points(t_ps: np.ndarray, live: np.ndarray, most: int = 300) -> list[list[float]]:
+    """An allocator's in-use bytes over time, at most `most` points, its peak among them (seconds on the trace's
+    clock, as the main timeline's)."""
+    order = np.argsort(t_ps, kind="stable")
+    picks = np.unique(np.concatenate([np.linspace(0, len(order) - 1, min(most, len(order))).astype(np.int64),
+                                      [int(np.argmax(live[order]))]]))
+    return [[round(float(t_ps[order[i]]) / 1e12, 6), int(live[order[i]])] for i in picks]
 
 
 def _choose(series: list[tuple[int, AllocatorSeries]], device: str | None) -> tuple[int, AllocatorSeries]:
