@@ -111,6 +111,10 @@ def test_whatif_sliders_repredict_and_calibrate(fit_report):
     at_512 = prediction.predict(fit_report, batch_size=512)
     assert format_bytes(at_512.peak_bytes) in result.value and "batch 512" in result.value
     assert "mixed_float16" not in str(controls["Precision"].options)  # never offered on CPU
+    controls["Replicas"].value = 4  # one of 4 data-parallel replicas sharing the batch of 512
+    per_replica = prediction.predict(fit_report, batch_size=512, replicas=4)
+    assert format_bytes(per_replica.peak_bytes) in result.value and "per replica of 4" in result.value
+    controls["Replicas"].value = 1
     controls["Precision"].value = "mixed_bfloat16"
     assert "mixed_bfloat16" in result.value
     controls["Calibrate (probe runs)"].click()  # a clone of the model trains at three batch sizes

@@ -169,3 +169,23 @@ def test_a_copy_the_trace_saw_freed_stays_missing_whatever_was_untraced():
     seen = rep.trace.requested_at_peak_bytes
     expected = rep.trace.batch_bytes_at_peak * (seen + untraced) / seen / 32  # untraced scaled as batch tensors
     assert prediction.traced_per_sample(rep) == pytest.approx(expected)
+
+
+def test_one_replica_of_a_data_parallel_job_holds_its_share_of_the_batch_and_all_the_state():
+    rep = report(batch=256)
+    alone = prediction.predict(rep, batch_size=512)
+    quarter = prediction.predict(rep, batch_size=512, replicas=4)
+    as_128 = prediction.predict(rep, batch_size=128)
+    # each of 4 replicas runs 128 samples of the global 512: as one process at 128, plus all-reduce buffers the size
+    # of the gradients (an estimate; the note says so)
+    assert quarter.split["activations"] == as_128.split["activations"] < alone.split["activations"]
+    assert quarter.split["gradients"] == 2 * as_128.split["gradients"]
+    for part in ("weights", "optimizer", "input"):
+        assert quarter.split[part] == as_128.split[part], part
+    assert quarter.peak_bytes < alone.peak_bytes and quarter.knobs["replicas"] == 4
+    assert any(n.startswith("One replica of 4: each holds the weights") for n in quarter.notes)
+    assert "per replica of 4" in prediction.fmt_knobs(quarter.knobs)
+    with pytest.raises(prediction.TfmemUsageError, match="replicas=0"):
+        prediction.predict(rep, replicas=0)
+    with pytest.raises(prediction.TfmemUsageError, match="replicas=300"):
+        prediction.predict(rep, batch_size=256, replicas=300)

@@ -63,6 +63,13 @@ class Knobs:
     optimizer: str | None = None  # lowercase name in OPTIMIZER_SLOTS
     accumulation_steps: int = 1
     input_scale: float = 1.0  # times the input elements per sample (2 = twice the pixels)
+    # data-parallel replicas (tf.distribute: GPUs or workers) sharing the batch: the prediction is one replica's
+    replicas: int = 1
+
+    @property
+    def split(self) -> int:
+        """How many parts one batch is cut into: accumulation steps times replicas."""
+        return max(1, self.accumulation_steps) * max(1, self.replicas)
 
 
 @dataclass
@@ -261,7 +268,7 @@ def _trace_saw_peak(report: Report) -> bool:
 def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
     """The requested-bytes parts of the peak at `knobs`."""
     now = basis.knobs
-    micro = knobs.batch_size / max(1, knobs.accumulation_steps)
+    micro = knobs.batch_size / knobs.split
     dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
     below = basis.activations_per_sample_below
     if below is None or micro >= now.batch_size:
@@ -280,7 +287,10 @@ def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
     if dtype_ratio < 1 and basis.gradients:
         # mixed precision keeps float32 variables and casts them to the compute dtype for each step
         weights += basis.weights * dtype_ratio if basis.weights else 0.0
-    return {"weights": weights, "gradients": float(basis.gradients), "optimizer": optimizer,
+    # each replica holds all of the weights, gradients and slots; the all-reduce of the gradients needs buffers of
+    # their size (counted as one more copy: an estimate, not measured)
+    gradients = float(basis.gradients) * (2 if knobs.replicas > 1 else 1)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
             "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
             "other": float(basis.other)}
 
@@ -300,7 +310,7 @@ def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int |
     def fits(batch: int) -> bool:
         return peak_at(basis, replace(knobs, batch_size=batch)) * (1 + band) <= budget
 
-    step = max(1, knobs.accumulation_steps)
+    step = knobs.split
     if not fits(step):
         return None
     low, high = step, step * 2
@@ -339,26 +349,35 @@ def budget_for_tf(report: Report) -> int | None:
 
 
 def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
-            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False) -> WhatIf:
+            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
+            replicas: int = 1) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
-    samples. `calibrate=True` trains a clone of the model at three batch sizes (seconds) unless the report has it.
+    samples. With `replicas=n` (a data-parallel tf.distribute strategy over n GPUs or workers) it is the global
+    batch, and the answer is one replica's peak: all the weights, gradients and slots, the activations of
+    batch_size / n samples, and all-reduce buffers. `calibrate=True` trains a clone of the model at three batch
+    sizes (seconds) unless the report has it.
     """
     basis = measured_basis(report) if calibrate else (_cached_basis(report) or analytic_basis(report))
     now = basis.knobs
     knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
                   optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
-                  input_scale=float(input_scale))
+                  input_scale=float(input_scale), replicas=int(replicas))
     _check(knobs)
     notes = []
+    if knobs.replicas > 1:
+        notes.append(f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
+                     f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
+                     f"{knobs.batch_size} shared); the all-reduce buffers are counted as one more copy of the "
+                     "gradients, an estimate not yet measured.")
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
     if basis.name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
         band = ANALYTIC_BAND
         notes.append("The probes ran at the cell's precision and input size: for another, the slope is scaled "
                      "from the model, so the analytic error band applies.")
     probed = basis.calibration.get("batches") or []
-    micro = knobs.batch_size / max(1, knobs.accumulation_steps)
+    micro = knobs.batch_size / knobs.split
     if basis.name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
         band = ANALYTIC_BAND  # a band is earned where the probes ran, not far outside it
         notes.append(f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
@@ -405,6 +424,9 @@ def _check(knobs: Knobs) -> None:
         raise TfmemUsageError(f"optimizer={knobs.optimizer!r}: use one of {', '.join(OPTIMIZER_SLOTS)}")
     if knobs.accumulation_steps < 1 or knobs.accumulation_steps > knobs.batch_size:
         raise TfmemUsageError(f"accumulation_steps={knobs.accumulation_steps}: give 1 to the batch size")
+    if knobs.replicas < 1 or knobs.split > knobs.batch_size:
+        raise TfmemUsageError(f"replicas={knobs.replicas}: give 1 to the batch size (with accumulation_steps="
+                              f"{knobs.accumulation_steps}, at most {knobs.batch_size // knobs.accumulation_steps})")
     if not 0.05 <= knobs.input_scale <= 64:
         raise TfmemUsageError(f"input_scale={knobs.input_scale:g}: give a factor between 0.05 and 64")
 
@@ -551,6 +573,8 @@ def fmt_knobs(knobs: dict[str, Any]) -> str:
         parts.append(knobs["optimizer"])
     if knobs.get("accumulation_steps", 1) > 1:
         parts.append(f"{knobs['accumulation_steps']} accumulation steps")
+    if knobs.get("replicas", 1) > 1:
+        parts.append(f"per replica of {knobs['replicas']}")
     if not math.isclose(knobs.get("input_scale", 1.0), 1.0):
         parts.append(f"input x{knobs['input_scale']:g}")
     return ", ".join(parts)

@@ -52,6 +52,9 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
                                        layout=wide, disabled=not report.model.training)
     scale_w = widgets.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="Input size ×",
                                      style=style, layout=wide)
+    replicas_w = widgets.IntSlider(value=1, min=1, max=16, description="Replicas", style=style, layout=wide,
+                                   tooltip="data-parallel GPUs or workers sharing the batch (tf.distribute): the "
+                                           "prediction is one replica's")
     result = widgets.HTML()
     calibrate_w = widgets.Button(description="Calibrate (probe runs)", icon="flask",
                                  tooltip="Train a clone of the model at three batch sizes in a fresh process (5-30 s) "
@@ -65,7 +68,7 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
             w = prediction.predict(report, batch_size=batch_w.value, policy=policy_w.value,
                                 optimizer=optimizer_w.value if report.model.training else None,
                                 accumulation_steps=min(accumulation_w.value, batch_w.value),
-                                input_scale=scale_w.value, calibrate=use_measured["on"])
+                                input_scale=scale_w.value, calibrate=use_measured["on"], replicas=replicas_w.value)
         except TfmemUsageError as exc:
             result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
             return
@@ -91,7 +94,7 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
             progress.layout.visibility = "hidden"
         show()
 
-    for control in (batch_w, policy_w, optimizer_w, accumulation_w, scale_w):
+    for control in (batch_w, policy_w, optimizer_w, accumulation_w, scale_w, replicas_w):
         control.observe(show, names="value")
     calibrate_w.on_click(calibrate)
     if view.calibrated:
@@ -99,9 +102,10 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
         calibrate_w.description, calibrate_w.disabled = "Calibrated", True
     show()
     note = widgets.HTML("<div class='tfmem-empty'>Batch size is the batch the model learns from; with accumulation "
-                        "steps k each step runs batch/k samples. The prediction is anchored on this cell's measured "
-                        "peak and moves only the parts a knob changes.</div>")
-    controls = widgets.VBox([batch_w, policy_w, optimizer_w, accumulation_w, scale_w,
+                        "steps k each step runs batch/k samples; with n replicas (tf.distribute over n GPUs or "
+                        "workers) it is the global batch and the peak is one replica's. The prediction is anchored on "
+                        "this cell's measured peak and moves only the parts a knob changes.</div>")
+    controls = widgets.VBox([batch_w, policy_w, optimizer_w, accumulation_w, scale_w, replicas_w,
                              widgets.HBox([calibrate_w, progress])])
     box = widgets.VBox([controls, result, note])
     box.add_class("tfmem-whatif")
