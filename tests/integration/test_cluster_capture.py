@@ -134,38 +134,63 @@ MWMS_WORKER = textwrap.dedent("""
 """)
 
 
-def test_multi_worker_mirrored_workers_are_captured_together_and_the_heavier_one_is_named(tmp_path):
-    """Two MultiWorkerMirroredStrategy workers on loopback (a custom loop: Keras 3's fit fails under that strategy
-    on TensorFlow 2.21, see the README). Each worker is traced by its own client call, started together: both
-    traces hold the workers' memory events."""
-    script = tmp_path / "mwms_worker.py"
+def mwms_pair(folder):
+    """Two MultiWorkerMirroredStrategy workers on loopback, ready and training; (profiler addresses, processes,
+    stderr logs)."""
+    script = folder / "mwms_worker.py"
     script.write_text(MWMS_WORKER)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     ports, profilers = [free_port(), free_port()], [free_port(), free_port()]
+    logs = [folder / f"worker{i}.err" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, str(script), str(i), ",".join(map(str, ports)), str(profilers[i]),
                                str(4096 if i == 1 else 0)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for i in range(2)]
-    try:
-        deadline = time.monotonic() + 180
-        for proc in procs:
-            while time.monotonic() < deadline and proc.poll() is None:
-                if proc.stdout.readline().strip() == "READY":
-                    break
-            assert proc.poll() is None, "a worker died before it was ready"
-        addresses = [f"127.0.0.1:{p}" for p in profilers]
-        view = pipeline.capture(addresses, seconds=2.0, logdir=tmp_path / "logs")
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=30)
-    for row in view.rows:
-        assert row.report is not None, row.error
-        assert row.report.trace.events > 1000 and row.report.main_device_name == "CPU:0"
-    heavy = view.rows[1]
-    assert view.worst is heavy  # 16 MiB more, held before the capture
-    assert (heavy.peak_bytes or 0) - (view.rows[0].peak_bytes or 0) >= 12 * MiB
-    assert any(f.startswith(f"Imbalance: {heavy.worker} peaked at") for f in view.findings), view.findings
+                              stderr=logs[i].open("w"), text=True) for i in range(2)]
+    deadline = time.monotonic() + 180
+    for proc in procs:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if proc.stdout.readline().strip() == "READY":
+                break
+    return [f"127.0.0.1:{p}" for p in profilers], procs, logs
+
+
+def test_multi_worker_mirrored_workers_are_captured_together_and_the_heavier_one_is_named(tmp_path):
+    """Two MultiWorkerMirroredStrategy workers on loopback (a custom loop: Keras 3's fit fails under that strategy
+    on TensorFlow 2.21, see the README). Each worker is traced by its own client call, started together: both
+    traces hold the workers' memory events.
+
+    TensorFlow 2.21 itself sometimes crashes a MWMS worker while it is traced (a segmentation fault in the step,
+    seen in 2 of 9 loopback runs on two busy cores; never with plain workers). The capture then names the worker
+    that stopped answering, which is checked here; a fresh pair is tried again, up to three pairs."""
+    crashes = []
+    for attempt in range(3):
+        folder = tmp_path / f"pair{attempt}"
+        folder.mkdir()
+        addresses, procs, logs = mwms_pair(folder)
+        try:
+            assert all(p.poll() is None for p in procs), "a worker died before it was ready"
+            view = pipeline.capture(addresses, seconds=2.0, logdir=folder / "logs")
+            time.sleep(0.5)
+            died = [p.poll() for p in procs]
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait(timeout=30)
+        stopped = [r for r in view.rows if r.report is None]
+        if stopped and any(code is not None for code in died):  # TensorFlow crashed a worker: the view says so
+            crashes.append(died)
+            assert all("stopped answering during the capture" in r.error for r in stopped), [r.error for r in stopped]
+            continue
+        for row, log in zip(view.rows, logs, strict=True):
+            assert row.report is not None, f"{row.error}\n{log.read_text()[-3000:]}"
+            assert row.report.trace.events > 1000 and row.report.main_device_name == "CPU:0"
+        heavy = view.rows[1]
+        assert view.worst is heavy  # 16 MiB more, held before the capture
+        assert (heavy.peak_bytes or 0) - (view.rows[0].peak_bytes or 0) >= 12 * MiB
+        assert any(f.startswith(f"Imbalance: {heavy.worker} peaked at") for f in view.findings), view.findings
+        print(f"MWMS capture: workers crashed by TensorFlow in {len(crashes)} earlier pair(s): {crashes}")
+        return
+    pytest.fail(f"TensorFlow crashed a traced MWMS worker in each of 3 pairs: {crashes}")
 
 
 def test_the_magic_captures_and_names_bad_addresses(workers, shell, displayed, tmp_path):

@@ -90,11 +90,9 @@ def capture(workers: list[str], seconds: float, logdir: str | Path | None = None
 
     def one(result: Captured) -> None:
         host, port = result.worker.rsplit(":", 1)
-        try:  # TensorFlow's client says "no trace event" for a refused connection too: ask the port first
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as exc:
-            result.error = f"unreachable: no profiler server answered there ({exc.strerror or exc}); start the " \
-                           "worker with tfmem_magic.serve(PORT) or `tfmem run --serve PORT`"
+        if not _answers(host, int(port)):  # TF's client says "no trace event" for a refused connection too
+            result.error = ("unreachable: no profiler server answered there; start the worker with "
+                            "tfmem_magic.serve(PORT) or `tfmem run --serve PORT`")
             return
         folder = base / result.worker.replace(":", "_")
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +100,9 @@ def capture(workers: list[str], seconds: float, logdir: str | Path | None = None
             tf.profiler.experimental.client.trace(f"grpc://{result.worker}", str(folder), int(seconds * 1000),
                                                   num_tracing_attempts=2)
         except Exception as exc:  # unreachable, idle, refused: said per worker, the others still count
-            result.error = _why(exc)
+            result.error = _why(exc) if _answers(host, int(port)) else (
+                "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 has crashed "
+                "MultiWorkerMirroredStrategy workers while they were traced: see the README)")
             return
         found = sorted(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
         if found:
@@ -122,6 +122,14 @@ def capture(workers: list[str], seconds: float, logdir: str | Path | None = None
         if thread.is_alive() and result.path is None and result.error is None:
             result.error = "no answer within the capture's time and two minutes more"
     return results
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
 
 
 def _why(exc: BaseException) -> str:
