@@ -45,7 +45,9 @@ def test_a_keras3_model_and_a_tf_keras_model_in_one_kernel():
         got = out[name]
         assert got["ok"] and got["package"] == package and got["model"] == f"{name}_model", got
         assert got["optimizer"] == "Adam" and got["slots"] == 2 and got["batch"] == 64, got
-        assert f"{name}_hidden" in got["layers"], got
+        # which of the model's layers hold bytes at the peak depends on where it falls (tf_keras: often in Adam's
+        # update, where only the last layer's gradient is live): one of them is named
+        assert {f"{name}_hidden", f"{name}_out"} & set(got["layers"]), got
     assert out["k3"]["env"] == "keras"  # tf.keras is Keras 3 here: TF_USE_LEGACY_KERAS is not set
     assert out["loop"]["ok"] and "optimizer.apply" in out["loop"]["calls"], out["loop"]
     assert out["loop"]["iterations"] == 3  # every pair reached the optimizer
