@@ -303,8 +303,7 @@ def memory_growth(report: Report, ctx: FixContext) -> Fix | None:
 def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None
-    name = report.main_device_name
-    name = name if name and name.startswith("GPU:") else "GPU:0"
+    name = report.main_device_name if report.on_gpu else "GPU:0"
     mem = report.tf.get(name)
     index = int(name.split(":")[1])
     limit = report.env.device_limit_bytes.get(name)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tfmem_magic.advise import calibrate
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import ModelInfo, Prediction, Report, main_device_name
+from tfmem_magic.core.report import ModelInfo, Prediction, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 
@@ -340,7 +340,7 @@ def budget_for_tf(report: Report) -> int | None:
     if device is not None:
         name, limit = device
         return max(0, limit - report.tf[name].baseline_bytes)
-    if (main_device_name(report.tf) or "").startswith("GPU:"):
+    if report.on_gpu:
         return None  # a GPU whose limit was not traced (quick mode): the host's RAM is not its budget
     env = report.env
     if env.budget_bytes <= 0:

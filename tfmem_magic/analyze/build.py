@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfmem_magic.analyze import analysis, modelinfo
-from tfmem_magic.core.report import (DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo,
-                                     main_device_name)
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, xplane
 from tfmem_magic.measure.capture import Measured
@@ -80,10 +79,9 @@ def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
     if g is None:
         return None
     allocator = guard.allocator_limit_bytes()
-    # TF_CPU_BFC_MEM_LIMIT_IN_MB caps the CPU's allocator: on a GPU it does not guard the GPU's memory
-    on_gpu = (main_device_name(report.tf) or "").startswith("GPU:")
     armed = m.instrumentation is not None and m.instrumentation.installed
-    layers = ([("allocator (CPU only)" if on_gpu else "allocator")] if allocator else []) + \
+    # TF_CPU_BFC_MEM_LIMIT_IN_MB caps the CPU's allocator: on a GPU it does not guard the GPU's memory
+    layers = ([("allocator (CPU only)" if report.on_gpu else "allocator")] if allocator else []) + \
         (["batch-end check"] if armed else []) + ["watchdog"]
     tripped = g.tripped_by
     if tripped is None and report.error is not None and report.error.request is not None:
@@ -119,7 +117,7 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
                                 batch_size=report.model.batch_size if report.model is not None else None,
                                 weight_shapes=modelinfo.weight_shapes(use))
     ctx.optimizer_scopes |= instr.optimizer_names
-    info = analysis.summarize(xplane.read_segments(m.segments, main_device_name(report.tf)), ctx)
+    info = analysis.summarize(xplane.read_segments(m.segments, report.main_device_name), ctx)
     report.env.device_limit_bytes.update(gpu_limits(info))
     if info.allocator and info.allocator != report.env.allocator and report.env.allocator != "none":
         report.env.allocator = info.allocator

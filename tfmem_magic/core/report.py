@@ -309,10 +309,15 @@ class Report:
         return main_device_name(self.tf)
 
     @property
+    def on_gpu(self) -> bool:
+        """The report is about a GPU (its budget, the guard's layers and the fixes differ from a CPU's)."""
+        return (self.main_device_name or "").startswith("GPU:")
+
+    @property
     def sampled_device(self) -> tuple[str, DeviceMemory] | None:
         """The device whose live bytes were sampled over time: the main one, else the one the sampler chose before
         the cell (the first GPU, when another GPU turned out the busiest)."""
-        name = main_device_name(self.tf)
+        name = self.main_device_name
         if name is not None and self.tf[name].samples:
             return name, self.tf[name]
         return next(((n, m) for n, m in self.tf.items() if m.samples), None)
@@ -320,7 +325,7 @@ class Report:
     @property
     def device_budget(self) -> tuple[str, int] | None:
         """(main device, its allocator's limit) when the main device has a budget of its own (a GPU, traced)."""
-        name = main_device_name(self.tf)
+        name = self.main_device_name
         limit = self.env.device_limit_bytes.get(name) if name is not None else None
         return (name, limit) if limit else None
 
