@@ -169,6 +169,14 @@ def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) 
     return cluster.cluster_view(rows)
 
 
+def cluster_from(folder: Any) -> Any:
+    """The cluster view of the reports and traces the workers saved in one folder (`%tfmem cluster DIR`); their
+    traces get findings and fixes as `analyze_xplane` gives them."""
+    from tfmem_magic.analyze import cluster
+
+    return cluster.from_directory(folder, read_trace=analyze_xplane)
+
+
 def analyze_xplane(path: Any, device: str | None = None, label: str | None = None) -> Report:
     """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
     `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the

@@ -5,10 +5,12 @@ both at once with TensorFlow's profiler client; a third address has no worker be
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -97,6 +99,14 @@ def test_the_cli_captures_and_writes_the_table(workers, tmp_path, capsys):
     assert "<table>" in (tmp_path / "cluster.html").read_text()
 
 
+# one replica's training step, in both strategies' scripts (a custom loop: Keras 3's fit fails under MWMS)
+REPLICA_STEP = """def replica(b):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(b[1], model(b[0], training=True)) / 128
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss"""
+
 MWMS_WORKER = textwrap.dedent("""
     import json, os, sys, time
     index, ports, profiler_port, hold = int(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
@@ -116,14 +126,10 @@ MWMS_WORKER = textwrap.dedent("""
     batches = iter(strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(128).repeat()))
 
+    REPLICA_STEP
+
     @tf.function
     def step(batch):
-        def replica(b):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(b[1], model(b[0], training=True)) / 128
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
         return strategy.run(replica, args=(batch,))
 
     step(next(batches))
@@ -131,7 +137,7 @@ MWMS_WORKER = textwrap.dedent("""
     end = time.time() + 90
     while time.time() < end:
         step(next(batches))
-""")
+""").replace("REPLICA_STEP", REPLICA_STEP)
 
 
 def mwms_pair(folder):
@@ -206,3 +212,208 @@ def test_the_magic_captures_and_names_bad_addresses(workers, shell, displayed, t
         shell.run_line_magic("tfmem", "capture localhost --seconds 1")
     with pytest.raises(UsageError, match="capture for 0.05 to 600 seconds"):
         shell.run_line_magic("tfmem", f"capture {addresses} --seconds 0")
+
+
+SET_UP_WRONG = textwrap.dedent("""
+    import os, sys, time
+    port, how = int(sys.argv[1]), sys.argv[2]
+    import tfmem_magic, tensorflow as tf
+    if how == "no-bfc":                           # the server by hand, TensorFlow's default CPU allocator
+        tf.profiler.experimental.server.start(port)
+    else:
+        tfmem_magic.serve(port)
+    import numpy as np, keras
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu", name="wide"),
+                              keras.layers.Dense(10, name="head")])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    x, y = np.random.rand(1024, 256).astype("float32"), np.random.randint(0, 10, 1024)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    if how == "self-profiled":                    # a profiler session of its own, all along
+        tf.profiler.experimental.start(sys.argv[3])
+    print("READY", flush=True)
+    end = time.time() + 60
+    flag = sys.argv[3] + ".go"
+    while time.time() < end:
+        if how == "profiles-cells" and os.path.exists(flag):  # short traced cells of its own, from when told
+            with tfmem_magic.profile() as p:
+                model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+            print("CELL", p.report.mode, " ".join(p.report.notes), flush=True)
+        else:
+            model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+""")
+
+
+def test_workers_set_up_wrong_are_named_with_the_fix(tmp_path):
+    """A worker whose allocator is not BFC gives a partial trace (oneDNN's allocator traces only large requests):
+    its report and the cluster view say so and name the fix. A worker profiling itself all along answers with
+    nothing, and the error names that cause; a worker whose own traced cells meet the capture measures those cells
+    in quick mode and says why."""
+    script = tmp_path / "wrong.py"
+    script.write_text(SET_UP_WRONG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    hows = ("no-bfc", "self-profiled", "profiles-cells")
+    ports = {how: free_port() for how in hows}
+    procs = {how: subprocess.Popen([sys.executable, str(script), str(ports[how]), how, str(tmp_path / "own")],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for how in hows}
+    try:
+        deadline = time.monotonic() + 120
+        for proc in procs.values():
+            while time.monotonic() < deadline and proc.poll() is None:
+                if proc.stdout.readline().strip() == "READY":
+                    break
+            assert proc.poll() is None, "a worker died before it was ready"
+        address = {how: f"127.0.0.1:{ports[how]}" for how in hows}
+        # the worker's own cells begin while the capture traces it (its session starts as the request arrives)
+        result = {}
+        capturing = threading.Thread(target=lambda: result.update(view=pipeline.capture(
+            list(address.values()), seconds=5.0, logdir=tmp_path / "logs")))
+        capturing.start()
+        time.sleep(2.0)  # a request that reaches the worker after its cells began is refused: a wide margin
+        (tmp_path / "own.go").touch()
+        capturing.join(timeout=180)
+        view = result["view"]
+        time.sleep(1.0)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+        cells = procs["profiles-cells"].communicate(timeout=30)[0]
+        for proc in procs.values():
+            proc.wait(timeout=30)
+    rows = {r.worker: r for r in view.rows}
+    partial = rows[address["no-bfc"]].report
+    assert partial is not None and partial.trace.allocator == "mklcpu" and not partial.env.allocator_complete
+    blind = [f for f in partial.findings if f.id == "allocator-blind-spot"]
+    assert blind and "tfmem_magic.serve(PORT)" in blind[0].evidence and "lower bound" in blind[0].evidence
+    assert any(f.startswith(f"{address['no-bfc']}: a partial trace") for f in view.findings), view.findings
+    assert "profiling itself already" in (rows[address["self-profiled"]].error or ""), rows[address["self-profiled"]]
+    # the worker's own cells and the capture: whichever got TensorFlow's one profiler session first, the other
+    # says why it has none. (Which one wins varies: under load a traced cell's start can wait until the capture's
+    # session ends, and the capture then saw the worker idle.)
+    met = [line for line in cells.splitlines() if line.startswith("CELL quick")]
+    assert all(f"serves captures on port {ports['profiles-cells']}" in line for line in met), cells[-2000:]
+    own = rows[address["profiles-cells"]]
+    assert met or "profiling itself already" in (own.error or ""), (own, cells[-2000:])
+    assert any(line.startswith("CELL trace") for line in cells.splitlines())  # after the capture: traced
+    # the same trace saved in a folder (`%tfmem cluster DIR`): the report is the full one, with the finding
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (trace,) = (tmp_path / "logs").glob(f"127.0.0.1_{ports['no-bfc']}/plugins/profile/*/*.xplane.pb")
+    shutil.copy(trace, saved / "worker-no-bfc.xplane.pb")
+    (row,) = pipeline.cluster_from(saved).rows
+    assert row.worker == "worker-no-bfc" and "allocator-blind-spot" in [f.id for f in row.report.findings]
+
+
+def test_a_served_process_whose_cell_meets_a_capture_says_why_it_is_measured_quick(tmp_path, monkeypatch):
+    """In a worker that serves captures, a traced cell that starts while a profiler session is active (a capture
+    from outside) is measured in quick mode, and the note names the likely capture (deterministic, in-process: a
+    session started here stands for the remote one)."""
+    import tensorflow as tf
+
+    import tfmem_magic
+    from tfmem_magic.measure import remote
+
+    monkeypatch.setattr(remote, "_serving", 6123)
+    from tensorflow.python.profiler.internal import _pywrap_profiler
+
+    other = _pywrap_profiler.ProfilerSession()  # bypasses tf.profiler's registry, as the server's session does
+    other.start(str(tmp_path / "remote"), {})
+    try:
+        with tfmem_magic.profile() as p:
+            tf.ones((256, 256))
+    finally:
+        other.export_to_tb()
+        del other
+    assert p.report.mode == "quick"
+    assert any("could not start" in n and "serves captures on port 6123" in n for n in p.report.notes), p.report.notes
+
+
+PS_JOB = textwrap.dedent("""
+    import json, sys, time
+    role, index, cluster, profiler_port = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+    import tfmem_magic
+    if profiler_port:
+        tfmem_magic.serve(profiler_port)
+    import tensorflow as tf
+    spec = tf.train.ClusterSpec(cluster)
+    if role in ("ps", "worker"):                  # a server that runs what the coordinator sends it
+        server = tf.distribute.Server(spec, job_name=role, task_index=index, protocol="grpc", start=True)
+        print("READY", flush=True)
+        server.join()
+    import numpy as np, keras
+    strategy = tf.distribute.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc"))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu", name="wide"),
+                                  keras.layers.Dense(10, name="head")])
+        optimizer = keras.optimizers.Adam()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    def dataset_fn():
+        x, y = np.random.rand(2048, 256).astype("float32"), np.random.randint(0, 10, 2048)
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(128).repeat()
+
+    batches = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    REPLICA_STEP
+
+    @tf.function
+    def step(iterator):
+        return strategy.run(replica, args=(next(iterator),))
+
+    for _ in range(5):
+        coordinator.schedule(step, args=(batches,))
+    coordinator.join()
+    print("READY", flush=True)
+    end = time.time() + 90
+    while time.time() < end:
+        for _ in range(10):
+            coordinator.schedule(step, args=(batches,))
+        coordinator.join()
+""").replace("REPLICA_STEP", REPLICA_STEP)
+
+
+def test_a_parameter_server_job_is_captured_server_by_server(tmp_path):
+    """ParameterServerStrategy on loopback (one parameter server, two workers, a coordinator running a custom loop
+    with ClusterCoordinator; Keras 3 model and optimizer): every server is captured, the workers' peaks are their
+    training steps, the parameter server's its variables and their updates."""
+    import json
+
+    script = tmp_path / "ps_job.py"
+    script.write_text(PS_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    servers, procs = {}, []
+    try:
+        for role in ("ps", "worker"):
+            for index in range(len(cluster[role])):
+                port = free_port()
+                servers[f"127.0.0.1:{port}"] = f"{role}{index}"
+                procs.append(subprocess.Popen([sys.executable, str(script), role, str(index), json.dumps(cluster),
+                                               str(port)], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, text=True))
+        procs.append(subprocess.Popen([sys.executable, str(script), "coordinator", "0", json.dumps(cluster), "0"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        deadline = time.monotonic() + 180
+        for proc in procs:  # the servers, then the coordinator once its first steps ran
+            while time.monotonic() < deadline and proc.poll() is None:
+                if proc.stdout.readline().strip() == "READY":
+                    break
+            assert proc.poll() is None, "a process of the job died before it was ready"
+        view = pipeline.capture(list(servers), seconds=2.0, logdir=tmp_path / "logs")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+    rows = {servers[r.worker]: r for r in view.rows}
+    for name, row in rows.items():
+        assert row.report is not None, (name, row.error)
+        assert row.report.trace.events > 1000 and row.report.main_device_name == "CPU:0", name
+    for worker in ("worker0", "worker1"):  # a worker's memory is its training step: the model's layers and ops
+        ops = {g.op for g in rows[worker].report.trace.by_op}
+        assert {"MatMul", "Relu", "BiasAdd"} & ops, (worker, sorted(ops)[:20])
+    # the parameter server holds the variables (3 MiB of them: weights, Adam's two slots) and applies updates
+    assert (rows["ps0"].peak_bytes or 0) >= 3 * MiB

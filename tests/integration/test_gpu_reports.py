@@ -232,3 +232,4 @@ def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_n
     model.compile("sgd", "mse")
     with pytest.raises(TfmemUsageError, match="memory growth is off|unless memory growth is on"):
         calibrate.probe_peaks(model, [8, 16], True, None)
+

@@ -9,6 +9,7 @@ from tfmem_magic.advise import diagnose, fixes
 from tfmem_magic.advise.prediction import budget_for_tf
 from tfmem_magic.analyze.modelinfo import _optimizer_name
 from tfmem_magic.core.report import DeviceMemory, main_device_name
+from tfmem_magic.measure.environment import local_device_name
 from tfmem_magic.measure.xplane import allocator_device
 from tfmem_magic.show.view import summary_items, verdict, verdict_level
 
@@ -23,6 +24,13 @@ GiB, MiB = 2**30, 2**20
 ])
 def test_an_allocators_device_comes_from_its_name(name, device):
     assert allocator_device(name) == device
+
+
+@pytest.mark.parametrize(("name", "local"), [
+    ("/device:CPU:0", "CPU:0"), ("/job:worker/replica:0/task:1/device:GPU:3", "GPU:3"), ("CPU:0", "CPU:0"),
+])
+def test_a_distributed_workers_device_names_are_its_local_ones(name, local):
+    assert local_device_name(name) == local  # MultiWorkerMirroredStrategy names devices with the task
 
 
 def test_the_main_device_is_a_gpu_the_busiest_of_several():

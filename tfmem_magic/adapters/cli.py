@@ -53,11 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cluster(ns: argparse.Namespace) -> int:
-    from tfmem_magic.analyze import cluster
     from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
     view = (pipeline.capture(ns.workers, ns.seconds, ns.logdir) if ns.command == "capture"
-            else cluster.from_directory(ns.folder))
+            else pipeline.cluster_from(ns.folder))
     print(cluster_text(view))
     if ns.html:
         Path(ns.html).write_text("<!doctype html><meta charset='utf-8'>" + cluster_html(view))

@@ -160,13 +160,12 @@ class TfmemMagics(Magics):
         print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
 
     def _cluster(self, word: str, words: list[str]) -> None:
-        from tfmem_magic.analyze import cluster
         from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
         args = cluster_arguments(word, words)
         try:
             view = (pipeline.capture(args.target, args.seconds, args.logdir) if word == "capture"
-                    else cluster.from_directory(args.target))
+                    else pipeline.cluster_from(args.target))
         except TfmemUsageError as exc:
             raise UsageError(f"%tfmem {word}: {exc}") from None
         if args.name:

@@ -42,19 +42,23 @@ def run_summary(report: Report, new_models: int) -> RunSummary:
 
 def allocator_blind_spot(report: Report) -> Finding | None:
     env = report.env
-    if env.tensorflow is None or env.allocator_complete or env.allocator == "none":
+    if env.allocator_complete or env.allocator in ("none", "unknown"):
         return None
     if env.allocator == "cpu":
         what = "keeps no statistics at all: TF memory is not measured, only process RSS"
     else:
         what = f"{env.allocator} tracks only allocations of 256 KiB or more, so smaller tensors are invisible"
-    return Finding(
-        id="allocator-blind-spot", severity="warn",
-        title="TensorFlow's allocator hides part of the memory",
-        evidence=f"TensorFlow started before the extension was loaded, and its CPU allocator {what}. Restart the "
-                 "kernel and run `%load_ext tfmem_magic` (or `import tfmem_magic; tfmem_magic.prepare()`) before "
-                 "any TensorFlow code: it switches on the BFC allocator, which sees every allocation.",
-    )
+    if env.tensorflow is None:  # a trace recorded in another process: a worker, a saved file
+        evidence = (f"The process that recorded this trace did not switch TensorFlow's CPU allocator to BFC before "
+                    f"its first op, and its allocator {what}: the peak and the breakdown are a lower bound. Start "
+                    "that process with `tfmem_magic.serve(PORT)` (a worker) or `tfmem_magic.prepare()` first "
+                    "thing, before any TensorFlow code, and record it again.")
+    else:
+        evidence = (f"TensorFlow started before the extension was loaded, and its CPU allocator {what}. Restart the "
+                    "kernel and run `%load_ext tfmem_magic` (or `import tfmem_magic; tfmem_magic.prepare()`) "
+                    "before any TensorFlow code: it switches on the BFC allocator, which sees every allocation.")
+    return Finding(id="allocator-blind-spot", severity="warn",
+                   title="TensorFlow's allocator hides part of the memory", evidence=evidence)
 
 
 def near_budget(report: Report) -> Finding | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,13 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
     for row in failed:
         view.findings.append(f"{row.worker}: no report ({row.error or 'nothing captured'}); the others are shown.")
     measured = view.measured
+    for row in measured:
+        env = row.report.env if row.report is not None else None
+        if env is not None and not env.allocator_complete and env.allocator not in ("none", "unknown"):
+            view.findings.append(
+                f"{row.worker}: a partial trace: its CPU allocator ({env.allocator}) sees only allocations of 256 "
+                "KiB or more, so its peak is a lower bound and comparisons with the other workers are unfair. "
+                "Start it with tfmem_magic.serve(PORT) before TensorFlow's first op (it switches to BFC).")
     if len(measured) >= 2:
         # by the peak (what runs out), which counts what a worker held before the capture too: the chief's
         # checkpoint buffers or a parameter server's variables are an imbalance as much as a larger batch shard
@@ -80,9 +88,10 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
                 f"Imbalance: {worst.worker} peaked at {format_bytes(worst.peak_bytes or 0)}, "
                 f"{(worst.peak_bytes or 0) / middle:.1f}x the median worker ({format_bytes(int(middle))}): "
                 f"{format_bytes(grown)} made while it was traced, {format_bytes((worst.peak_bytes or 0) - grown)} "
-                f"held before; at its peak: {worst.dominant or 'see its report'}. A larger shard of the batch, the "
-                "chief's checkpoints and summaries, or a parameter server's variables make one worker heavier; the "
-                "job's batch must fit that worker.")
+                f"held before; at its peak: {worst.dominant or 'see its report'}. A larger shard of the batch or "
+                "the chief's checkpoints and summaries make one worker heavier, and the job's batch must fit that "
+                "worker; a parameter server holds its share of the variables and their optimizer updates, which "
+                "the batch size does not change.")
     for row in measured:
         budget = row.report.device_budget if row.report is not None else None
         if budget is not None and (row.peak_bytes or 0) >= 0.9 * budget[1]:
@@ -90,12 +99,14 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
     return view
 
 
-def from_directory(folder: str | Path) -> ClusterView:
+def from_directory(folder: str | Path, read_trace: Callable[[Path], Report] | None = None) -> ClusterView:
     """The cluster view of the reports the workers saved in one (shared) folder: `*.json` reports (one per worker,
     e.g. `tfmem run --save DIR/worker0.json`, MemoryMonitor(save=...)) and `*.xplane.pb` traces; the worker is the
-    file's name."""
+    file's name. `read_trace` makes a trace's report (the pipeline's adds findings and fixes, which this layer
+    cannot); by default the bare report of `saved_trace.analyze_xplane`."""
     from tfmem_magic.analyze import saved_trace
 
+    read = read_trace or saved_trace.analyze_xplane
     path = Path(folder)
     if not path.is_dir():
         raise TfmemUsageError(f"{path} is not a folder of worker reports")
@@ -113,7 +124,7 @@ def from_directory(folder: str | Path) -> ClusterView:
         elif name.endswith(saved_trace.SUFFIXES):
             worker = name.split(".xplane.pb")[0]
             try:
-                rows.append(WorkerRow(worker, saved_trace.analyze_xplane(file)))
+                rows.append(WorkerRow(worker, read(file)))
             except TfmemUsageError as exc:
                 rows.append(WorkerRow(worker, None, str(exc)))
     if not rows:

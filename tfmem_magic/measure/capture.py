@@ -21,7 +21,7 @@ import psutil
 
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import capabilities, environment, guard, kerases
+from tfmem_magic.measure import capabilities, environment, guard, kerases, remote
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
@@ -130,8 +130,11 @@ class Capture:
             self._push("profiler", self.tracer.finish)
             self.tracer.start()
         except Exception as exc:  # the profiler refused (another session), no temp folder could be made...
+            served = remote.serving_port()
+            why = (f" This process serves captures on port {served} (tfmem_magic.serve): a capture from outside was "
+                   "probably tracing it; TensorFlow allows one profiler session per process." if served else "")
             self.notes.append(f"The TensorFlow profiler could not start ({type(exc).__name__}: {exc}); "
-                              "measured in quick mode.")
+                              f"measured in quick mode.{why}")
             if self.tracer is not None:
                 self._undo.pop()
                 _quietly(self.tracer.finish)

@@ -163,7 +163,14 @@ def tf_devices() -> list[str]:
         return []
     import tensorflow as tf
 
-    return [d.name.replace("/device:", "") for d in tf.config.list_logical_devices()]
+    # "/device:CPU:0" -> "CPU:0"; in a tf.distribute worker the names carry the task too
+    # ("/job:worker/replica:0/task:0/device:CPU:0"), and its allocators are still asked for as "CPU:0"
+    return list(dict.fromkeys(local_device_name(d.name) for d in tf.config.list_logical_devices()))
+
+
+def local_device_name(name: str) -> str:
+    """'CPU:0' for '/device:CPU:0', '/job:worker/replica:0/task:1/device:CPU:0' or 'CPU:0'."""
+    return name.rsplit("device:", 1)[-1]
 
 
 def versions() -> dict[str, Any]:

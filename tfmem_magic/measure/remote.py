@@ -135,7 +135,10 @@ def _answers(host: str, port: int) -> bool:
 def _why(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     if "No trace event" in text or "no trace event" in text.lower():
-        return "the worker recorded nothing while it was traced (idle? capture while it trains)"
+        # TensorFlow's answer is the same for a worker that profiles itself (one profiler session per process)
+        return ("the worker recorded nothing while it was traced: it was idle (capture while it trains), or it is "
+                "profiling itself already (a %%tfmem trace, tfmem_magic.profile() or tf.profiler.experimental.start "
+                "in it: TensorFlow allows one profiler session per process, so capture outside those)")
     if "UNAVAILABLE" in text.upper() or "failed to connect" in text.lower() or "Connection refused" in text:
         return "unreachable: no profiler server answered there (start it with tfmem_magic.serve(PORT))"
     return f"{type(exc).__name__}: {text[:200]}"

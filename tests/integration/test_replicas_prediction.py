@@ -1,0 +1,35 @@
+"""The what-if's `replicas` knob against real MultiWorkerMirroredStrategy workers on loopback: a `fit` cell at a
+global batch of 256 in one process predicts one replica of two; two workers then run the same `fit` (tf_keras:
+Keras 3's fit fails under that strategy on TensorFlow 2.21), each measuring itself with tfmem's quick mode.
+benchmarks/replicas_check.py holds the runner and prints the full comparison (two models, 2 and 3 workers)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tfmem_magic.advise.prediction import ANALYTIC_BAND
+
+pytestmark = pytest.mark.slow
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "replicas_check.py"
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("replicas_check", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_replica_of_two_is_predicted_within_the_band_of_each_workers_measured_peak():
+    pytest.importorskip("tf_keras")
+    bench = load_benchmark()
+    (row,) = bench.check("mlp", 256, [2], calibrate=False, say=lambda _line: None)
+    predicted, measured = row["predicted"], row["measured"]
+    # each worker measured its own allocator (the devices of a tf.distribute worker carry the task in their names)
+    assert len(measured) == 2 and all(m > 8 * 2**20 for m in measured), measured
+    # the prediction's own stated band holds for both workers: what a user reads is true of each
+    for peak in measured:
+        assert predicted * (1 - ANALYTIC_BAND) <= peak <= predicted * (1 + ANALYTIC_BAND), (predicted, measured)
