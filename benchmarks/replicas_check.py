@@ -60,6 +60,11 @@ RUNNER = textwrap.dedent("""
     with tfmem_magic.profile(mode="quick" if spec["mode"] == "mwms" else "trace") as p:
         model.fit(data, epochs=1, verbose=0)
     out = {"peak": p.report.tf_peak_bytes, "devices": list(p.report.tf)}
+    if spec["mode"] == "mwms":  # the worker's own report: its replicas, and what it predicts for one process
+        m = p.report.model
+        out.update(replicas=m.replicas if m else None, model_batch=m.batch_size if m else None,
+                   own=tfmem_magic.predict(p.report).peak_bytes,
+                   as_one=tfmem_magic.predict(p.report, replicas=1).peak_bytes)
     if spec["mode"] == "fit":
         out["predicted"] = {n: tfmem_magic.predict(p.report, batch_size=B, replicas=n).peak_bytes
                             for n in spec["replicas"]}
@@ -117,12 +122,15 @@ def check(model: str, batch: int, replicas: list[int], calibrate: bool = True, s
             peaks = [w["peak"] for w in workers]
             if None in peaks:
                 raise SystemExit(f"a worker measured no TensorFlow peak: {workers}")
-            say(f"  {n} workers: measured " + ", ".join(f"{p / MiB:.1f}" for p in peaks) + " MiB each")
+            say(f"  {n} workers: measured " + ", ".join(f"{p / MiB:.1f}" for p in peaks) + " MiB each; each "
+                "worker's own report, asked for one process at the global batch: " + ", ".join(
+                    f"{w['as_one'] / MiB:.1f} ({w['as_one'] / fit['peak'] - 1:+.0%})" for w in workers)
+                + f" MiB against the cell's {fit['peak'] / MiB:.1f}")
             for basis in ("predicted", "calibrated") if calibrate else ("predicted",):
                 predicted = fit[basis][str(n)]
                 errors = [predicted / p - 1 for p in peaks]
                 rows.append({"model": model, "replicas": n, "basis": basis, "predicted": predicted,
-                             "measured": peaks, "errors": errors, "cell": fit["peak"]})
+                             "measured": peaks, "errors": errors, "cell": fit["peak"], "workers": workers})
                 say(f"    {'analytic' if basis == 'predicted' else 'calibrated':>10}: predicted "
                     f"{predicted / MiB:6.1f} MiB per replica; error " + ", ".join(f"{e:+.0%}" for e in errors))
     return rows

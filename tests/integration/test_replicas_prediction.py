@@ -33,3 +33,9 @@ def test_one_replica_of_two_is_predicted_within_the_band_of_each_workers_measure
     # the prediction's own stated band holds for both workers: what a user reads is true of each
     for peak in measured:
         assert predicted * (1 - ANALYTIC_BAND) <= peak <= predicted * (1 + ANALYTIC_BAND), (predicted, measured)
+    # each worker's own report knows it is one replica of two: its global batch, its what-if at its own settings
+    # gives back what it measured, and asked for one process at the global batch it predicts the cell's peak
+    for worker in row["workers"]:
+        assert worker["replicas"] == 2 and worker["model_batch"] == 256, worker
+        assert abs(worker["own"] - worker["peak"]) <= 0.02 * worker["peak"], worker
+        assert abs(worker["as_one"] - row["cell"]) <= ANALYTIC_BAND * row["cell"], (worker, row["cell"])

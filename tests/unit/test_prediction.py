@@ -177,7 +177,7 @@ def test_one_replica_of_a_data_parallel_job_holds_its_share_of_the_batch_and_all
     quarter = prediction.predict(rep, batch_size=512, replicas=4)
     as_128 = prediction.predict(rep, batch_size=128)
     # each of 4 replicas runs 128 samples of the global 512: as one process at 128, plus all-reduce buffers the size
-    # of the gradients (an estimate; the note says so)
+    # of the gradients (checked against real workers: benchmarks/replicas_check.py)
     assert quarter.split["activations"] == as_128.split["activations"] < alone.split["activations"]
     assert quarter.split["gradients"] == 2 * as_128.split["gradients"]
     for part in ("weights", "optimizer", "input"):
@@ -189,3 +189,22 @@ def test_one_replica_of_a_data_parallel_job_holds_its_share_of_the_batch_and_all
         prediction.predict(rep, replicas=0)
     with pytest.raises(prediction.TfmemUsageError, match="replicas=300"):
         prediction.predict(rep, batch_size=256, replicas=300)
+
+
+def test_a_report_from_one_replica_knows_it_and_predicts_one_process_from_it():
+    """A worker of a MultiWorkerMirroredStrategy job (or one of several GPUs) measured itself: the model's batch is
+    the global one, its tensors carry a replica's share. Its what-if starts from there."""
+    rep = report(batch=256)
+    single = prediction.predict(rep)
+    rep.model.replicas = 2
+    own = prediction.predict(rep)
+    assert own.knobs["replicas"] == 2 and own.knobs["batch_size"] == 256
+    assert rep.model.batch_text == "256 (128 per replica of 2)"
+    assert own.peak_bytes == pytest.approx(rep.tf_peak_bytes, rel=1e-3)  # its own settings give back its peak
+    basis = prediction.analytic_basis(rep)
+    alone = prediction.predict(rep, replicas=1)  # one process at the global batch: twice the activations
+    assert alone.split["activations"] == pytest.approx(2 * own.split["activations"])
+    assert alone.split["gradients"] == own.split["gradients"] / 2 == basis.gradients  # no all-reduce copy alone
+    assert alone.peak_bytes > own.peak_bytes and single.peak_bytes == pytest.approx(rep.tf_peak_bytes, rel=1e-3)
+    with pytest.raises(prediction.TfmemUsageError, match="one of 2 replicas"):
+        prediction.measured_basis(rep)

@@ -145,7 +145,8 @@ def activation_bytes(model: ModelInfo) -> float:
 def current_knobs(model: ModelInfo) -> Knobs:
     return Knobs(batch_size=model.batch_size or 1, policy=model.dtype_policy or "float32",
                  optimizer=optimizer_key(model.optimizer, model.optimizer_slots == 1 and
-                                         (model.optimizer or "").lower() == "sgd"))
+                                         (model.optimizer or "").lower() == "sgd"),
+                 replicas=max(1, model.replicas))
 
 
 def analytic_basis(report: Report) -> Basis:
@@ -163,13 +164,15 @@ def analytic_basis(report: Report) -> Basis:
     weights = model.new_weight_bytes
     gradients = model.trainable_bytes if training else 0
     optimizer = model.optimizer_bytes if training and model.optimizer_built_in_cell else 0
+    allreduce = gradients if knobs.replicas > 1 else 0  # see parts_at
+    per_replica = knobs.batch_size / knobs.split  # the samples this process's tensors carry
     input_copy, missing = _input_copy(report)
     samples = model.samples or 0
     input_per_sample = model.copy_bytes / samples if samples else 0.0
     fragmentation = _fragmentation(report)
     measured = report.tf_peak_bytes if report.tf_peak_bytes and report.status == "ok" else None
     prior = activation_bytes(model)
-    static = weights + gradients + optimizer + input_copy
+    static = weights + gradients + allreduce + optimizer + input_copy
     activations, other, source = prior, 0, "layer outputs"
     traced = traced_per_sample(report)
     if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
@@ -177,19 +180,19 @@ def analytic_basis(report: Report) -> Basis:
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
-        one_point = max(0.0, (anchor - static) / knobs.batch_size - input_per_sample)
+        one_point = max(0.0, (anchor - static) / per_replica - input_per_sample)
         # ... and at most, when the gradients are not there yet: the peak of a training step comes during the
         # backward pass, while gradients are being made and activations freed (ResNet50 at batch 8/32/256 peaks at
         # 292/472/2013 MiB: a line whose intercept, 232 MiB, is below its Adam slots and gradients, 294 MiB)
         unborn = gradients if training else 0
-        most = max(0.0, (anchor - static + unborn) / knobs.batch_size - input_per_sample)
+        most = max(0.0, (anchor - static + unborn) / per_replica - input_per_sample)
         if activations > most:  # the slope over-explains the peak (fused or freed ops): trust the measurement
             activations, source = most, "the cell's peak (layer outputs over-explain it)"
         elif traced is None and report.trace is not None and report.trace.events and report.trace.budget_spent:
             # traced, but the trace stopped before the peak (its budget): the layer outputs miss what a recurrent
             # layer or an attention block keeps inside; the cell's own point is an upper bound, the safe side
             activations, source = one_point, UPPER_BOUND_SOURCE
-        other = round(anchor - static - (activations + input_per_sample) * knobs.batch_size)
+        other = round(anchor - static - (activations + input_per_sample) * per_replica)
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing)
 
@@ -198,7 +201,7 @@ def traced_per_sample(report: Report) -> float | None:
     """Bytes per sample of the tensors that carried the batch dimension at the traced peak (requested bytes), when
     the trace saw the cell's batch and its peak; None otherwise."""
     trace, model = report.trace, report.model
-    if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.batch_size:
+    if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.replica_batch:
         return None
     if trace.budget_spent and not _trace_saw_peak(report):
         return None  # the budget ran out before the peak: the step that made it may not have been traced at all
@@ -271,10 +274,11 @@ def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
     micro = knobs.batch_size / knobs.split
     dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
     below = basis.activations_per_sample_below
-    if below is None or micro >= now.batch_size:
+    now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
+    if below is None or micro >= now_micro:
         per_batch = basis.activations_per_sample * micro
     else:  # piecewise: fragmentation makes the slope smaller at small batches
-        per_batch = max(0.0, basis.activations_per_sample * now.batch_size - below * (now.batch_size - micro))
+        per_batch = max(0.0, basis.activations_per_sample * now_micro - below * (now_micro - micro))
     activations = per_batch * dtype_ratio * knobs.input_scale / now.input_scale
     batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
     optimizer = float(basis.optimizer)
@@ -351,7 +355,7 @@ def budget_for_tf(report: Report) -> int | None:
 
 def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
             accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
-            replicas: int = 1) -> WhatIf:
+            replicas: int | None = None) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
@@ -364,7 +368,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     now = basis.knobs
     knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
                   optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
-                  input_scale=float(input_scale), replicas=int(replicas))
+                  input_scale=float(input_scale), replicas=int(now.replicas if replicas is None else replicas))
     _check(knobs)
     notes = []
     if knobs.replicas > 1:
@@ -372,7 +376,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
                      f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
                      "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
-                     "prediction was 1% below to 29% above each worker's peak.")
+                     "prediction was 1% below to 30% above each worker's peak.")
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
     if basis.name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
         band = ANALYTIC_BAND
@@ -499,6 +503,10 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     if cached is not None:
         return cached
     basis = analytic_basis(report)
+    if basis.knobs.replicas > 1:
+        raise TfmemUsageError(f"calibration trains a clone of the model in one process; this cell ran it as one of "
+                              f"{basis.knobs.replicas} replicas of a tf.distribute strategy, which the probes cannot "
+                              "replay: the analytic basis stays")
     entry = SESSION.models.get(id(report))
     model = entry[1]() if entry is not None and entry[0]() is report else None
     if model is None:

@@ -114,7 +114,7 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     assert instr is not None and tracer is not None
     ctx = analysis.TraceContext(layer_names=set(instr.layer_names), input_array_bytes=set(instr.copy_roles),
                                 copy_roles=dict(instr.copy_roles), windows=list(tracer.windows),
-                                batch_size=report.model.batch_size if report.model is not None else None,
+                                batch_size=report.model.replica_batch if report.model is not None else None,
                                 weight_shapes=modelinfo.weight_shapes(use))
     ctx.optimizer_scopes |= instr.optimizer_names
     info = analysis.summarize(xplane.read_segments(m.segments, report.main_device_name), ctx)

@@ -278,7 +278,18 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         keras_package=kerases.flavour_of(model),
         # Keras 3 resolves jit_compile="auto" at compile (True with a GPU); tf_keras keeps a bool or None
         jit_compile=getattr(model, "jit_compile", False) is True,
+        replicas=_replicas_of(model),
     )
+
+
+def _replicas_of(model: Any) -> int:
+    """How many replicas the model's tf.distribute strategy runs in sync (1 without one): MultiWorkerMirrored
+    counts every worker's, so one worker's tensors carry the global batch / this."""
+    try:
+        n = int(getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1) or 1)
+    except Exception:  # a strategy not yet built, or a model without one
+        return 1
+    return max(1, n)
 
 
 def _optimizer_name(optimizer: Any) -> str | None:

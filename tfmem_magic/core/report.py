@@ -196,10 +196,28 @@ class ModelInfo:
     other_models: list[str] = field(default_factory=list)  # other models the cell used, in words
     keras_package: str = "keras"  # the Keras that made the model: "keras" (Keras 3) | "tf_keras" (Keras 2)
     jit_compile: bool = False  # its train/test/predict steps run as XLA computations (Keras' jit_compile)
+    # replicas of a tf.distribute strategy the model trained under (this process runs one of them, or several
+    # GPUs' worth): `batch_size` is the global batch, each replica runs batch_size / replicas
+    replicas: int = 1
 
     @property
     def legacy_keras(self) -> bool:
         return self.keras_package == "tf_keras"
+
+    @property
+    def batch_text(self) -> str:
+        """'256', or '256 (128 per replica of 2)' under a tf.distribute strategy; '?' when unknown."""
+        if not self.batch_size:
+            return "?"
+        return f"{self.batch_size}" + (f" ({self.replica_batch} per replica of {self.replicas})"
+                                       if self.replicas > 1 else "")
+
+    @property
+    def replica_batch(self) -> int | None:
+        """The samples one replica runs per step: the batch its tensors carry."""
+        if not self.batch_size:
+            return self.batch_size
+        return max(1, self.batch_size // max(1, self.replicas))
 
     @property
     def training(self) -> bool:

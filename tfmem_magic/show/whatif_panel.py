@@ -52,7 +52,8 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
                                        layout=wide, disabled=not report.model.training)
     scale_w = widgets.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="Input size ×",
                                      style=style, layout=wide)
-    replicas_w = widgets.IntSlider(value=1, min=1, max=16, description="Replicas", style=style, layout=wide,
+    replicas_w = widgets.IntSlider(value=knobs.get("replicas", 1), min=1, max=max(16, knobs.get("replicas", 1)),
+                                   description="Replicas", style=style, layout=wide,
                                    tooltip="data-parallel GPUs or workers sharing the batch (tf.distribute): the "
                                            "prediction is one replica's")
     result = widgets.HTML()
