@@ -6,7 +6,7 @@ import pytest
 
 from tfmem_magic.analyze.cluster import WorkerRow, cluster_view, from_directory
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import DeviceMemory, LiveGroup, Report, TraceInfo
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, LiveGroup, Report, TraceInfo
 from tfmem_magic.measure.remote import parse_workers
 from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
@@ -80,3 +80,30 @@ def test_the_cluster_panel_shows_the_worst_worker_first_and_switches():
     first = shown.children[0]
     choice.value = 1
     assert shown.children[0] is not first and "w0" in shown.children[0].children[0].value
+
+
+def test_a_worker_whose_allocator_saw_part_of_its_memory_is_named_with_the_fix():
+    """A trace from a process that did not switch to BFC (oneDNN's allocator traces only large requests): its
+    report's finding speaks of the process that recorded it, and the cluster view names the worker."""
+    from tfmem_magic.advise import diagnose
+
+    partial, whole = worker("w0", 40), worker("w1", 42)
+    partial.env = EnvInfo(allocator="mklcpu", allocator_complete=False)  # as saved_trace reads a non-BFC trace
+    whole.env = EnvInfo(allocator="bfc_cpu_allocator_for_gpu", allocator_complete=True)
+    found = diagnose.allocator_blind_spot(partial)
+    assert found is not None and "The process that recorded this trace" in found.evidence
+    assert "tfmem_magic.serve(PORT)" in found.evidence and "only process RSS" not in found.evidence
+    assert diagnose.allocator_blind_spot(whole) is None
+    view = cluster_view([WorkerRow("w0", partial), WorkerRow("w1", whole)])
+    said = [f for f in view.findings if "partial view" in f]
+    assert len(said) == 1 and said[0].startswith("w0: a partial view") and "256 KiB" in said[0]
+
+
+def test_a_folders_traces_are_read_by_the_reader_given(tmp_path):
+    """The pipeline hands its own reader (findings and fixes added) to the analysis layer's folder walk."""
+    (tmp_path / "w0.xplane.pb").write_bytes(b"not read here")
+    worker("w1", 30).save(tmp_path / "w1.json")
+    read = []
+    view = from_directory(tmp_path, read_trace=lambda path: read.append(path.name) or worker("w0", 60))
+    assert read == ["w0.xplane.pb"] and [r.worker for r in view.rows] == ["w0", "w1"]
+    assert view.worst.worker == "w0"

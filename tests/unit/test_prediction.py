@@ -208,3 +208,34 @@ def test_a_report_from_one_replica_knows_it_and_predicts_one_process_from_it():
     assert alone.peak_bytes > own.peak_bytes and single.peak_bytes == pytest.approx(rep.tf_peak_bytes, rel=1e-3)
     with pytest.raises(prediction.TfmemUsageError, match="one of 2 replicas"):
         prediction.measured_basis(rep)
+
+
+class _Strategy:
+    num_replicas_in_sync = 2
+
+
+class _ReplicatedModel:
+    """Stands for a Keras model built under a two-replica strategy (only what describe() reads)."""
+
+    name = "m"
+    weights: list = []
+    trainable_weights: list = []
+    layers: list = []
+    distribute_strategy = _Strategy()
+
+
+def test_a_custom_loop_under_a_strategy_reads_one_replicas_batch_and_names_the_global_one():
+    """Inside strategy.run the model is called on one replica's share; fit reads the global batch from its data."""
+    import weakref
+
+    from tfmem_magic.analyze.modelinfo import describe
+    from tfmem_magic.measure import feeding
+    from tfmem_magic.measure.instrument import ModelUse
+
+    model = _ReplicatedModel()
+    called = describe(ModelUse(weakref.ref(model), calls=["__call__"], batch_size=64,
+                               batch_source=feeding.DIRECT_CALL_BATCH))
+    assert called.replicas == 2 and called.batch_size == 128 and called.replica_batch == 64
+    assert called.batch_source == f"{feeding.DIRECT_CALL_BATCH}, times 2 replicas"
+    fitted = describe(ModelUse(weakref.ref(model), calls=["fit"], batch_size=128, batch_source="batch_size argument"))
+    assert fitted.batch_size == 128 and fitted.replica_batch == 64

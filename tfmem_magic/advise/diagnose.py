@@ -44,11 +44,12 @@ def allocator_blind_spot(report: Report) -> Finding | None:
     env = report.env
     if env.allocator_complete or env.allocator in ("none", "unknown"):
         return None
+    saved = env.tensorflow is None  # a trace recorded in another process: a worker, a saved file
     if env.allocator == "cpu":
-        what = "keeps no statistics at all: TF memory is not measured, only process RSS"
+        what = "keeps no statistics at all" + ("" if saved else ": TF memory is not measured, only process RSS")
     else:
         what = f"{env.allocator} tracks only allocations of 256 KiB or more, so smaller tensors are invisible"
-    if env.tensorflow is None:  # a trace recorded in another process: a worker, a saved file
+    if saved:
         evidence = (f"The process that recorded this trace did not switch TensorFlow's CPU allocator to BFC before "
                     f"its first op, and its allocator {what}: the peak and the breakdown are a lower bound. Start "
                     "that process with `tfmem_magic.serve(PORT)` (a worker) or `tfmem_magic.prepare()` first "

@@ -59,7 +59,7 @@ def large_batch(report: Report) -> Finding | None:
     return Finding(
         id="large-batch", severity="critical" if report.status == "oom" else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
-        evidence=f"Activations for a batch of {model.batch_size} take ~{format_bytes(activations)}, "
+        evidence=f"Activations for a batch of {model.batch_text} take ~{format_bytes(activations)}, "
                  f"{activations / peak:.0%} of the cell's peak ({format_bytes(peak)}), and they grow with the batch "
                  f"(~{format_bytes(round(basis.activations_per_sample * basis.fragmentation))} per sample).{advice}",
         bytes=round(activations), fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],

@@ -103,7 +103,7 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     if fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
         return None
     if fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
-        new = typeable_batch(model.batch_size // 2)
+        new = typeable_batch(model.batch_size // 2, max(1, model.replicas))  # a batch the replicas can share
         chosen = (f"half the batch: the cell ran out of memory although the predicted peak fits the "
                   f"{format_bytes(budget)} left, so the prediction is not to be trusted here")
     else:

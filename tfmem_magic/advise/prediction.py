@@ -444,9 +444,11 @@ def summary(report: Report) -> Prediction | None:
     except TfmemUsageError:
         return None
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
-    fixed = basis.weights + basis.gradients + basis.optimizer + basis.input_copy + max(0, basis.other)
+    parts = parts_at(basis, basis.knobs)  # with a replica's all-reduce copy of the gradients
+    fixed = parts["weights"] + parts["gradients"] + parts["optimizer"] + basis.input_copy + max(0, basis.other)
+    # per sample of the batch the model line names (the global one: a replica runs 1/replicas of it)
     per_sample = (basis.activations_per_sample + basis.input_per_sample) * (basis.increment_fragmentation
-                                                                            or basis.fragmentation)
+                                                                            or basis.fragmentation) / basis.knobs.split
     return Prediction(basis=basis.name, static_bytes=round(fixed * basis.fragmentation),
                       per_sample_bytes=round(per_sample), fragmentation_ratio=round(basis.fragmentation, 3),
                       error_band=band)
@@ -600,13 +602,20 @@ def scenarios(report: Report) -> list[tuple[str, WhatIf]]:
         return []
     batch = base.knobs["batch_size"]
     out = [(f"as run (batch {batch})", base)]
+
+    def add(label: str, **knobs: Any) -> None:  # one the knobs do not allow (a batch below the replicas): left out
+        try:
+            out.append((label, predict(report, **knobs)))
+        except TfmemUsageError:
+            pass
+
     for factor in (0.5, 2, 4):
         if int(batch * factor) >= 1 and int(batch * factor) != batch:
-            out.append((f"batch {int(batch * factor)}", predict(report, batch_size=int(batch * factor))))
+            add(f"batch {int(batch * factor)}", batch_size=int(batch * factor))
     gpu = any("GPU" in d for d in report.env.devices)
     if report.model.training and base.knobs["policy"] == "float32":
         policy = "mixed_float16" if gpu else "mixed_bfloat16"
-        out.append((f"{policy} policy", predict(report, policy=policy)))
+        add(f"{policy} policy", policy=policy)
     if report.model.training and OPTIMIZER_SLOTS.get(base.knobs["optimizer"] or "", 0) >= 2:
-        out.append(("SGD with momentum", predict(report, optimizer="sgd+momentum")))
+        add("SGD with momentum", optimizer="sgd+momentum")
     return out

@@ -251,6 +251,12 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
     policy = getattr(getattr(model, "dtype_policy", None), "name", None)
     layers = _layers(model, use.structure)
     training = use.training_arrays
+    replicas = _replicas_of(model)
+    batch_size, batch_source = use.batch_size, use.batch_source
+    if replicas > 1 and batch_size and batch_source == feeding.DIRECT_CALL_BATCH:
+        # a custom loop under a strategy calls the model inside strategy.run, on one replica's share: the batch
+        # the model line and the what-if speak of is the global one (fit reads the global one from its data)
+        batch_size, batch_source = batch_size * replicas, f"{batch_source}, times {replicas} replicas"
     return ModelInfo(
         name=model.name,
         params=_param_count(weights),
@@ -259,7 +265,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         optimizer=_optimizer_name(optimizer),
         optimizer_slots=slots,
         optimizer_bytes=_variable_bytes(opt_vars),
-        batch_size=use.batch_size,
+        batch_size=batch_size,
         input_shape=_shape_text(use.input_shape),
         dtype_policy=str(policy) if policy else None,
         calls=calls,
@@ -269,7 +275,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         input_array_bytes=sum(a.nbytes for a in training),
         new_weight_bytes=_variable_bytes(w for w in weights if w in new_variables),
         optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
-        batch_source=use.batch_source,
+        batch_source=batch_source,
         feed=use.feed,
         validation=use.validation,
         input_copy_bytes=sum(a.copy_bytes for a in training),
@@ -278,7 +284,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         keras_package=kerases.flavour_of(model),
         # Keras 3 resolves jit_compile="auto" at compile (True with a GPU); tf_keras keeps a bool or None
         jit_compile=getattr(model, "jit_compile", False) is True,
-        replicas=_replicas_of(model),
+        replicas=replicas,
     )
 
 

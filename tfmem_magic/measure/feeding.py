@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 KERAS_DEFAULT_BATCH = 32
+# how a custom loop's batch is read: under a tf.distribute strategy it is one replica's share (see modelinfo)
+DIRECT_CALL_BATCH = "the largest batch the model was called on"
 _ROLES = ("x", "y", "sample_weight")
 
 

@@ -361,7 +361,7 @@ class Instrumentation:
         dims = feeding._dims(getattr(first, "shape", None))
         if dims and dims[0] is not None and (use.batch_size is None or dims[0] > use.batch_size):
             use.batch_size, use.input_shape = dims[0], dims
-            use.batch_source = "the largest batch the model was called on"
+            use.batch_source = feeding.DIRECT_CALL_BATCH
 
     def _learn_names(self, model: Any) -> None:
         try:

@@ -25,8 +25,9 @@ _serving: int | None = None
 
 def serve(port: int = DEFAULT_PORT) -> int:
     """Make this process capturable: call it at the top of a training script, before TensorFlow's first op. It
-    switches the CPU allocator to BFC (without it a CPU worker's trace holds no memory events) and starts TensorFlow's
-    profiler server on `port`. Returns the port. Calling it again with the same port does nothing."""
+    switches the CPU allocator to BFC (without it a CPU worker's trace holds only oneDNN's allocations of 256 KiB or
+    more) and starts TensorFlow's profiler server on `port`. Returns the port. Calling it again with the same port
+    does nothing."""
     global _serving
     if not 0 < int(port) < 65536:
         raise TfmemUsageError(f"serve(port={port}): give a TCP port, 1 to 65535 (6009 is usual)")
