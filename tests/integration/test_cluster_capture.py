@@ -45,12 +45,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_env() -> dict[str, str]:
+    """This environment without the allocator and oneDNN settings a worker makes itself (serve() does)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def wait_ready(procs, seconds: float) -> bool:
+    """Wait, at most `seconds` in all, until each process printed READY; True when all of them still run."""
+    deadline = time.monotonic() + seconds
+    for proc in procs:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if proc.stdout.readline().strip() == "READY":
+                break
+    return all(proc.poll() is None for proc in procs)
+
+
 @pytest.fixture
 def workers(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = worker_env()
     started = []
     try:
         for batch in (64, 256):
@@ -58,12 +74,7 @@ def workers(tmp_path):
             proc = subprocess.Popen([sys.executable, str(script), str(port), str(batch), "90"], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             started.append((f"127.0.0.1:{port}", batch, proc))
-        deadline = time.monotonic() + 120
-        for _, _, proc in started:
-            while time.monotonic() < deadline and proc.poll() is None:
-                if proc.stdout.readline().strip() == "READY":
-                    break
-            assert proc.poll() is None, "a worker died before it was ready"
+        assert wait_ready([proc for _, _, proc in started], 120), "a worker died before it was ready"
         yield started
     finally:
         for _, _, proc in started:
@@ -145,18 +156,13 @@ def mwms_pair(folder):
     stderr logs)."""
     script = folder / "mwms_worker.py"
     script.write_text(MWMS_WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = worker_env()
     ports, profilers = [free_port(), free_port()], [free_port(), free_port()]
     logs = [folder / f"worker{i}.err" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, str(script), str(i), ",".join(map(str, ports)), str(profilers[i]),
                                str(4096 if i == 1 else 0)], env=env, stdout=subprocess.PIPE,
                               stderr=logs[i].open("w"), text=True) for i in range(2)]
-    deadline = time.monotonic() + 180
-    for proc in procs:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if proc.stdout.readline().strip() == "READY":
-                break
+    wait_ready(procs, 180)  # the test says which worker died, with its log
     return [f"127.0.0.1:{p}" for p in profilers], procs, logs
 
 
@@ -250,20 +256,14 @@ def test_workers_set_up_wrong_are_named_with_the_fix(tmp_path):
     in quick mode and says why."""
     script = tmp_path / "wrong.py"
     script.write_text(SET_UP_WRONG)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = worker_env()
     hows = ("no-bfc", "self-profiled", "profiles-cells")
     ports = {how: free_port() for how in hows}
     procs = {how: subprocess.Popen([sys.executable, str(script), str(ports[how]), how, str(tmp_path / "own")],
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for how in hows}
     try:
-        deadline = time.monotonic() + 120
-        for proc in procs.values():
-            while time.monotonic() < deadline and proc.poll() is None:
-                if proc.stdout.readline().strip() == "READY":
-                    break
-            assert proc.poll() is None, "a worker died before it was ready"
+        assert wait_ready(list(procs.values()), 120), "a worker died before it was ready"
         address = {how: f"127.0.0.1:{ports[how]}" for how in hows}
         # the worker's own cells begin while the capture traces it (its session starts as the request arrives)
         result = {}
@@ -384,8 +384,7 @@ def test_a_parameter_server_job_is_captured_server_by_server(tmp_path):
 
     script = tmp_path / "ps_job.py"
     script.write_text(PS_JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = worker_env()
     cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
     servers, procs = {}, []
     try:
@@ -398,12 +397,8 @@ def test_a_parameter_server_job_is_captured_server_by_server(tmp_path):
                                               stderr=subprocess.DEVNULL, text=True))
         procs.append(subprocess.Popen([sys.executable, str(script), "coordinator", "0", json.dumps(cluster), "0"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-        deadline = time.monotonic() + 180
-        for proc in procs:  # the servers, then the coordinator once its first steps ran
-            while time.monotonic() < deadline and proc.poll() is None:
-                if proc.stdout.readline().strip() == "READY":
-                    break
-            assert proc.poll() is None, "a process of the job died before it was ready"
+        # the servers, then the coordinator once its first steps ran
+        assert wait_ready(procs, 180), "a process of the job died before it was ready"
         view = pipeline.capture(list(servers), seconds=2.0, logdir=tmp_path / "logs")
     finally:
         for proc in procs:

@@ -42,13 +42,13 @@ def run_summary(report: Report, new_models: int) -> RunSummary:
 
 def allocator_blind_spot(report: Report) -> Finding | None:
     env = report.env
-    if env.allocator_complete or env.allocator in ("none", "unknown"):
+    if not env.partial_allocator:
         return None
     saved = env.tensorflow is None  # a trace recorded in another process: a worker, a saved file
     if env.allocator == "cpu":
-        what = "keeps no statistics at all" + ("" if saved else ": TF memory is not measured, only process RSS")
+        what = env.allocator_misses + ("" if saved else ": TF memory is not measured, only process RSS")
     else:
-        what = f"{env.allocator} tracks only allocations of 256 KiB or more, so smaller tensors are invisible"
+        what = f"{env.allocator} {env.allocator_misses}, so smaller tensors are invisible"
     if saved:
         evidence = (f"The process that recorded this trace did not switch TensorFlow's CPU allocator to BFC before "
                     f"its first op, and its allocator {what}: the peak and the breakdown are a lower bound. Start "

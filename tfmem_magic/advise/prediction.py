@@ -164,7 +164,6 @@ def analytic_basis(report: Report) -> Basis:
     weights = model.new_weight_bytes
     gradients = model.trainable_bytes if training else 0
     optimizer = model.optimizer_bytes if training and model.optimizer_built_in_cell else 0
-    allreduce = gradients if knobs.replicas > 1 else 0  # see parts_at
     per_replica = knobs.batch_size / knobs.split  # the samples this process's tensors carry
     input_copy, missing = _input_copy(report)
     samples = model.samples or 0
@@ -172,7 +171,7 @@ def analytic_basis(report: Report) -> Basis:
     fragmentation = _fragmentation(report)
     measured = report.tf_peak_bytes if report.tf_peak_bytes and report.status == "ok" else None
     prior = activation_bytes(model)
-    static = weights + gradients + allreduce + optimizer + input_copy
+    static = weights + gradients * gradient_copies(knobs) + optimizer + input_copy
     activations, other, source = prior, 0, "layer outputs"
     traced = traced_per_sample(report)
     if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
@@ -291,13 +290,17 @@ def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
     if dtype_ratio < 1 and basis.gradients:
         # mixed precision keeps float32 variables and casts them to the compute dtype for each step
         weights += basis.weights * dtype_ratio if basis.weights else 0.0
-    # each replica holds all of the weights, gradients and slots; the all-reduce of the gradients needs buffers of
-    # their size, counted as one more copy (without it an MLP's workers, whose memory is mostly gradients and
-    # slots, were under-predicted by 5-15%: benchmarks/replicas_check.py)
-    gradients = float(basis.gradients) * (2 if knobs.replicas > 1 else 1)
+    gradients = float(basis.gradients) * gradient_copies(knobs)
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
             "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
             "other": float(basis.other)}
+
+
+def gradient_copies(knobs: Knobs) -> int:
+    """Sets of gradients a step holds: each replica holds all of the weights, gradients and slots, and the
+    all-reduce of the gradients needs buffers of their size, counted as one more copy (without it an MLP's workers,
+    whose memory is mostly gradients and slots, were under-predicted by 5-15%: benchmarks/replicas_check.py)."""
+    return 2 if knobs.replicas > 1 else 1
 
 
 def peak_at(basis: Basis, knobs: Knobs) -> int:

@@ -71,14 +71,12 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
     measured = view.measured
     for row in measured:
         env = row.report.env if row.report is not None else None
-        if env is not None and not env.allocator_complete and env.allocator not in ("none", "unknown"):
-            sees = ("keeps no statistics" if env.allocator == "cpu"
-                    else "sees only allocations of 256 KiB or more")
+        if env is not None and env.partial_allocator:
             view.findings.append(
-                f"{row.worker}: a partial view: its CPU allocator ({env.allocator}) {sees}, so its peak is a lower "
-                "bound and comparisons with the other workers are unfair. Start it with tfmem_magic.serve(PORT) "
-                "(or tfmem_magic.prepare() where it saves its own reports) before TensorFlow's first op: both "
-                "switch to BFC.")
+                f"{row.worker}: a partial view: its CPU allocator ({env.allocator}) {env.allocator_misses}, so its "
+                "peak is a lower bound and comparisons with the other workers are unfair. Start it with "
+                "tfmem_magic.serve(PORT) (or tfmem_magic.prepare() where it saves its own reports) before "
+                "TensorFlow's first op: both switch to BFC.")
     if len(measured) >= 2:
         # by the peak (what runs out), which counts what a worker held before the capture too: the chief's
         # checkpoint buffers or a parameter server's variables are an imbalance as much as a larger batch shard

@@ -67,6 +67,18 @@ class EnvInfo:
             return "-"
         return f"{self.keras} (tf_keras)" if self.keras_package == "tf_keras" else self.keras
 
+    @property
+    def partial_allocator(self) -> bool:
+        """TensorFlow's CPU allocator was not BFC: part of its memory is invisible ("none"/"unknown": no
+        allocator to speak of)."""
+        return not self.allocator_complete and self.allocator not in ("none", "unknown")
+
+    @property
+    def allocator_misses(self) -> str:
+        """What a partial allocator does not show, in words."""
+        return ("keeps no statistics at all" if self.allocator == "cpu"
+                else "tracks only allocations of 256 KiB or more")
+
 
 @dataclass
 class RssInfo:
