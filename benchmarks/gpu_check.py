@@ -3,13 +3,17 @@
     python benchmarks/gpu_check.py          # on a machine with an NVIDIA GPU and TensorFlow built for it
 
 Each scenario runs in a fresh Python process (TensorFlow reserves the GPU per process) and prints one JSON line;
-this script prints them as a table and exits 1 if a check failed. Without a GPU it says so and exits 0.
+this script prints them as a table and exits 1 if a check failed. Without a GPU it says so and exits 0. The whole run
+keeps within --budget seconds (480 by default: a lent GPU machine's few minutes); a scenario the budget cuts short is
+reported as timed out. `--scenario NAME` runs one scenario in this process and prints its JSON line (on a CPU too:
+its checks then fail, which is how the script's own code is tested without a GPU).
 
 Scenarios and what each checks:
 - device:   a CNN's fit under profile(): the main device is GPU:0, the report's peak equals TensorFlow's own
             get_memory_info('GPU:0') peak, the trace kept GPU_0_bfc, the breakdown names the model's layers, and the
             budget is GPU:0's allocator limit (not the host's RAM)
-- xla:      the same fit with jit_compile=True: the report says the step ran as XLA clusters
+- xla:      the same fit with jit_compile=True, and with Keras 3's default jit_compile="auto" (XLA on a GPU): the
+            report says the step ran as XLA clusters, each time
 - oom:      a tensor larger than the GPU: status oom, the request parsed (shape, GPU:0, GPU_0_bfc), process alive
 - whatif:   predictions from batch 32 for 64, 128 and 256 against measured fits at those batches
 - mixed:    mixed_float16 lowers the peak of the same fit; the what-if works (LossScaleOptimizer)
@@ -29,7 +33,7 @@ SCENARIOS = ("device", "xla", "oom", "whatif", "mixed", "fixes", "calibrate")
 MiB = 2**20
 
 
-def _model(keras, jit: bool = False, name: str = "gpu_cnn"):
+def _model(keras, jit: bool | str = False, name: str = "gpu_cnn"):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu", name="conv_a"),
                               keras.layers.Conv2D(64, 3, activation="relu", name="conv_b"),
@@ -46,7 +50,7 @@ def _data(n: int = 1024):
     return rng.random((n, 64, 64, 3), dtype="float32"), rng.integers(0, 10, n)
 
 
-def _fit(tfmem_magic, keras, batch: int, jit: bool = False, label: str = "fit"):
+def _fit(tfmem_magic, keras, batch: int, jit: bool | str = False, label: str = "fit"):
     x, y = _data()
     model = _model(keras, jit)
     model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)  # build and trace outside the cell
@@ -74,10 +78,15 @@ def scenario(name: str) -> dict:
                    and abs(report.main_device.peak_bytes - own) <= 0.02 * own and {"conv_a", "conv_b"} <= layers
                    and report.device_budget is not None and report.device_budget[0] == "GPU:0")
     elif name == "xla":
-        report = _fit(tfmem_magic, keras, 64, jit=True)
-        xla = [n for n in report.notes if "XLA" in n]
-        out.update(main=report.main_device_name, note=xla[:1], layers=[g.layer for g in report.trace.by_layer][:6],
-                   ok=report.main_device_name == "GPU:0" and bool(xla))
+        noted = {}
+        for jit in (True, "auto"):  # "auto" is Keras 3's default: XLA whenever a GPU is present
+            report = _fit(tfmem_magic, keras, 64, jit=jit, label=f"jit_compile={jit}")
+            xla = [n for n in report.notes if "XLA" in n]
+            noted[str(jit)] = bool(xla)
+            out.setdefault("note", xla[:1])
+            out[f"layers_{jit}"] = [g.layer for g in report.trace.by_layer][:6]
+        out.update(main=report.main_device_name, noted=noted,
+                   ok=report.main_device_name == "GPU:0" and all(noted.values()))
     elif name == "oom":
         profiler = tfmem_magic.profile(label="oom")
         try:
@@ -134,6 +143,16 @@ def scenario(name: str) -> dict:
     return out
 
 
+def _budget(args: list[str]) -> float:
+    """Seconds the whole check may take (--budget S), so that it fits a lent GPU machine's time."""
+    if "--budget" not in args:
+        return 480.0
+    try:
+        return float(args[args.index("--budget") + 1])
+    except (IndexError, ValueError):
+        raise SystemExit("gpu_check: --budget takes a number of seconds, e.g. --budget 420") from None
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--scenario":
         print(json.dumps(scenario(sys.argv[2]), default=str))
@@ -147,15 +166,19 @@ def main() -> int:
         return 0
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     failed = 0
+    deadline = time.monotonic() + _budget(sys.argv[1:])
     print(f"gpu_check: {gpus} GPU(s)\n{'scenario':<10} {'ok':<5} {'s':>5}  details")
     for name in SCENARIOS:
         start = time.monotonic()
+        left = deadline - start
         try:
+            if left < 20:
+                raise subprocess.TimeoutExpired(name, 0)
             run = subprocess.run([sys.executable, __file__, "--scenario", name], capture_output=True, text=True,
-                                 timeout=900, env=env)
+                                 timeout=left, env=env)
             result = json.loads(run.stdout.strip().splitlines()[-1])
         except subprocess.TimeoutExpired:
-            result = {"ok": False, "error": "timed out after 900 s"}
+            result = {"ok": False, "error": f"timed out: the run's budget had {max(0, left):.0f} s left"}
         except (IndexError, ValueError):
             result = {"ok": False, "error": (run.stderr.strip().splitlines() or ["no output"])[-1][:300]}
         took = time.monotonic() - start

@@ -25,5 +25,6 @@ class MemoryMonitor(MemoryMonitorMixin, callback_base()):  # type: ignore[misc]
     """TensorFlow's and the process's memory peak per epoch (or per N batches), put into the logs as
     `tf_peak_bytes` and `rss_peak_bytes` (put it before a TensorBoard callback in `callbacks` so that one records
     them too). `trace_steps=N` traces the first N steps of the first fit into a full report (`monitor.report`);
-    `save=DIR` writes that report (JSON and HTML) and the per-epoch figures there. Warns once
-    (`MemoryGrowthWarning`) when the peak grows epoch after epoch."""
+    `save=DIR` writes that report (JSON and HTML) there, and every window's figures (`tfmem-epochs.json`) at the
+    end of each `fit`, `evaluate` and `predict`. Warns once (`MemoryGrowthWarning`) when the peak grows epoch after
+    epoch."""

@@ -126,6 +126,16 @@ export function timelineSvg(report: Json): string {
   }).join('');
 }
 
+/** '256', or '256 (128 per replica of 2)' under a tf.distribute strategy (as ModelInfo.batch_text says it). */
+export function batchText(model: Json): string {
+  const batch = model.batch_size;
+  if (!batch) {
+    return '?';
+  }
+  const replicas = Number(model.replicas || 1);
+  return replicas > 1 ? `${batch} (${Math.floor(batch / replicas)} per replica of ${replicas})` : `${batch}`;
+}
+
 /** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped. */
 export function renderReportHtml(report: Json): string {
   if (!report || typeof report !== 'object' || String(report.schema || '').indexOf('tfmem.report/') !== 0) {
@@ -141,12 +151,17 @@ export function renderReportHtml(report: Json): string {
   const rss = report.rss || {};
   rows.push(['Process RSS peak', `${formatBytes(rss.peak_bytes)} (+${formatBytes(rss.peak_bytes - rss.baseline_bytes)})`]);
   const env = report.env || {};
-  rows.push(['Budget', `${formatBytes(env.budget_bytes)} (${env.budget_source || '?'})`]);
+  // a GPU's budget is its allocator's limit (traced); the host's (RAM, container, --limit) is the process's
+  const deviceLimit = dev && view.main_device ? (env.device_limit_bytes || {})[view.main_device] : undefined;
+  if (deviceLimit) {
+    rows.push([`${view.main_device} budget`, `${formatBytes(deviceLimit)} (TensorFlow's allocator limit)`]);
+  }
+  rows.push([deviceLimit ? 'Host budget' : 'Budget', `${formatBytes(env.budget_bytes)} (${env.budget_source || '?'})`]);
   rows.push(['Time', `${Number(report.wall_s || 0).toFixed(2)} s, ${report.mode} mode`]);
   if (report.model) {
     const m = report.model;
     rows.push(['Model', `${m.name}: ${Number(m.params).toLocaleString('en')} params, optimizer ${m.optimizer || 'none'}, ` +
-      `batch ${m.batch_size ?? '?'}`]);
+      `batch ${batchText(m)}`]);
   }
   if (report.error) {
     rows.push(['Error', `${report.error.type}: ${String(report.error.message || '').slice(0, 300)}`]);

@@ -1,4 +1,4 @@
-import { escapeHtml, formatBytes, insertionTarget, parseInsertRequest, renderReportHtml, timelineSvg } from '../src/logic';
+import { batchText, escapeHtml, formatBytes, insertionTarget, parseInsertRequest, renderReportHtml, timelineSvg } from '../src/logic';
 
 describe('parseInsertRequest', () => {
   it('reads code, cell id and placement', () => {
@@ -84,6 +84,22 @@ describe('renderReportHtml', () => {
     const gpu = { ...REPORT, view: { ...REPORT.view, main_device: 'GPU:0' },
                   tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } } };
     expect(renderReportHtml(gpu)).toContain('3 GiB (0 B before + 3 GiB in the cell)');
+  });
+  it('shows a GPU\'s own budget beside the host\'s when the trace gave its limit', () => {
+    const gpu = { ...REPORT, view: { ...REPORT.view, main_device: 'GPU:0' },
+                  env: { ...REPORT.env, device_limit_bytes: { 'GPU:0': 14 * 1024 ** 3 } },
+                  tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } } };
+    const html = renderReportHtml(gpu);
+    expect(html).toContain('<th>GPU:0 budget</th><td>14 GiB (TensorFlow&#39;s allocator limit)</td>');
+    expect(html).toContain('<th>Host budget</th><td>24 GiB (ram)</td>');
+    expect(renderReportHtml(REPORT)).toContain('<th>Budget</th><td>24 GiB (ram)</td>');
+  });
+  it('names the global batch and each replica\'s share, as the kernel does', () => {
+    expect(batchText({ batch_size: 256, replicas: 2 })).toBe('256 (128 per replica of 2)');
+    expect(batchText({ batch_size: 64 })).toBe('64');
+    expect(batchText({})).toBe('?');
+    const model = { name: 'm', params: 10, optimizer: 'Adam', batch_size: 256, replicas: 2 };
+    expect(renderReportHtml({ ...REPORT, model })).toContain('batch 256 (128 per replica of 2)');
   });
   it('draws no timeline without samples', () => {
     expect(timelineSvg({ rss: { samples: [] } })).toBe('');

@@ -18,11 +18,18 @@ from tfmem_magic.measure import xplane
 # (removed from the tree in 2025), gzipped: a BERT span labeler trained with 8 replicas on V100s. Its memory events
 # (GPU_1_bfc, GPU_4_bfc, GPU_6_bfc, gpu_host_bfc) sit on /host:CPU; /device:GPU:0 has no lines. tests/data/NOTICE.
 PUBLIC = Path(__file__).parent.parent / "data" / "gpu_multi_worker_bert.xplane.pb.gz"
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
+# what TensorFlow's BFC allocator writes on each MemoryAllocation / MemoryDeallocation event, in its order
+# (BFCAllocator::AddTraceMe, xla/tsl/framework/bfc_allocator.cc; tensorflow/core/common_runtime/bfc_allocator.cc
+# before the move). bytes_available is memory_limit_ - bytes_reserved - bytes_in_use there; fragmentation a double.
+BFC_STATS = ("allocator_name", "bytes_reserved", "bytes_allocated", "bytes_available", "fragmentation",
+             "peak_bytes_in_use", "requested_bytes", "allocation_bytes", "addr", "tf_op", "id", "region_type",
+             "data_type", "shape")
 
 
-def allocator_events(name: str) -> list[dict]:
-    """The trace's memory events of one allocator, read with TensorFlow's own protobuf (not our decoder)."""
+def allocator_timeline(name: str) -> list[tuple[int, bool, dict]]:
+    """The trace's memory events of one allocator as (time ps, is an allocation, stats), in time order, read with
+    TensorFlow's own protobuf (not our decoder)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
@@ -33,12 +40,17 @@ def allocator_events(name: str) -> list[dict]:
     out = []
     for line in host.lines:
         for event in line.events:
-            if kinds.get(event.metadata_id) not in ("MemoryAllocation", "MemoryDeallocation"):
+            kind = kinds.get(event.metadata_id)
+            if kind not in ("MemoryAllocation", "MemoryDeallocation"):
                 continue
             stats = {stat_names[s.metadata_id]: getattr(s, s.WhichOneof("value")) for s in event.stats}
             if stats.get("allocator_name") == name:
-                out.append(stats)
-    return out
+                out.append((line.timestamp_ns * 1000 + event.offset_ps, kind == "MemoryAllocation", stats))
+    return sorted(out, key=lambda e: e[0])  # stable: events of one time keep the trace's order, as our reader's
+
+
+def allocator_events(name: str) -> list[dict]:
+    return [stats for _, _, stats in allocator_timeline(name)]
 
 
 def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
@@ -48,9 +60,9 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert report.env.devices == ["GPU:1", "GPU:4", "GPU:6"]
     assert report.trace.allocator == "GPU_6_bfc"
     assert report.main_device.peak_bytes == max(e["bytes_allocated"] for e in events)
-    limit = max(e["bytes_allocated"] + e["bytes_available"] for e in events)
+    limit = max(e["bytes_allocated"] + e["bytes_available"] + e["bytes_reserved"] for e in events)
     assert report.device_budget == ("GPU:6", limit) and 14 * GiB < limit < 15 * GiB  # a 16 GB V100, for TF
-    # the largest tensors at the peak are that allocator's own
+    # the largest tensors at the peak are that allocator's own (checked against an independent live set below)
     shapes = {e.get("shape") for e in events}
     assert report.trace.at_peak and all(g.shape in shapes for g in report.trace.at_peak if g.shape)
     listed = {a.name: a for a in report.trace.allocators}
@@ -61,6 +73,62 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert report.trace.timeline[0][0] <= host[-1][0] and listed["GPU_6_bfc"].timeline == []
     text = tfmem_magic.render_text(report)
     assert "fits GPU:6 with" in text and "GPU:6: 14.4 GiB" in text and "\nRSS " not in text
+
+
+def test_the_live_set_at_the_public_traces_peak_is_that_allocators_recomputed_independently():
+    """GPU_6_bfc's tensors live at its peak, recomputed from TensorFlow's own protobuf reader with a plain walk (an
+    allocation is live from its event until the next event at its address), against our decoder's and the report's:
+    the same addresses and sizes, the same bytes and counts, the same largest groups. The replicas allocate tensors
+    of identical shapes, so shapes alone would not tell GPU_6's from GPU_4's."""
+    import numpy as np
+
+    from tfmem_magic.analyze import analysis
+
+    timeline = allocator_timeline("GPU_6_bfc")
+    peak = max(range(len(timeline)), key=lambda i: (timeline[i][2]["bytes_allocated"], -i))  # the first highest
+    live: dict[int, dict] = {}
+    for _, is_alloc, stats in timeline[:peak + 1]:
+        if is_alloc:
+            live[stats["addr"]] = stats  # a second allocation at an address: the first was freed unseen
+        else:
+            live.pop(stats["addr"], None)  # a free of a tensor allocated before the trace: none of the cell's
+    assert all(addr > 0 for addr in live) and len(live) > 100
+    expected = {(addr, stats["allocation_bytes"]) for addr, stats in live.items()}
+
+    # our decoder and free matching, on the same trace: the same tensors, by address and size
+    trace = xplane.read_segments([(gzip.decompress(PUBLIC.read_bytes()), 0)], device="GPU:6")
+    ev = trace.events
+    freed_at, _ = analysis.match_frees(ev)
+    at = int(np.argmax(ev.live))
+    ours = np.nonzero(ev.is_alloc & (np.arange(len(ev)) <= at) & (freed_at > at))[0]
+    assert {(int(ev.addr[i]), int(ev.chunk[i])) for i in ours} == expected
+
+    # the report's figures of that live set
+    report = tfmem_magic.analyze_xplane(PUBLIC)
+    info = report.trace
+    assert info.peak_live_bytes == timeline[peak][2]["bytes_allocated"]
+    assert info.peak_time_s == pytest.approx(timeline[peak][0] / 1e12, abs=1e-6)  # on the trace's own clock
+    assert info.allocated_at_peak_bytes == sum(s["allocation_bytes"] for s in live.values())
+    assert info.requested_at_peak_bytes == sum(s["requested_bytes"] for s in live.values())
+    own = [g for g in info.by_phase if g.phase not in ("pre-existing", "untraced")]
+    assert sum(g.count for g in own) == len(live)
+    # its largest groups of tensors, grouped as the report groups them (by the names its tf_op gives), with their
+    # sizes and counts: the largest is the largest of the independent live set
+    groups: dict[tuple, list[int]] = {}
+    for stats in live.values():
+        named = analysis.attribute_path(stats["tf_op"], analysis.TraceContext()) if stats.get("tf_op") else \
+            analysis.Attribution("(untagged)", None, "other")
+        dtype = xplane.DATA_TYPES.get(stats.get("data_type", 0))
+        acc = groups.setdefault((named.op, named.layer, named.phase, dtype, stats.get("shape") or None), [0, 0])
+        acc[0] += stats["allocation_bytes"]
+        acc[1] += 1
+    shown = [g for g in info.at_peak if g.phase not in ("pre-existing", "untraced")]
+    assert len(shown) >= 10
+    for g in shown:
+        assert groups[(g.op, g.layer, g.phase, g.dtype, g.shape)] == [g.bytes, g.count], g
+    assert shown[0].bytes == max(b for b, _ in groups.values())
+    largest = sorted(live.values(), key=lambda s: -s["allocation_bytes"])[:5]
+    assert {s.get("shape") for s in largest} <= {g.shape for g in shown}
 
 
 def test_a_device_can_be_asked_for_and_a_missing_one_is_named():
@@ -82,40 +150,61 @@ def test_tfmem_show_reads_a_folder_of_traces(tmp_path, capsys):
         cli.main(["show", str(tmp_path / "empty")])
 
 
-def gpu_space() -> bytes:
-    """A host plane as TensorFlow 2.21 writes it (strings as refs, numbers as varints), with a GPU allocator and
-    a host allocator that has more events: the old rule (the busiest allocator) would have picked the host's."""
+GPU_RESERVED = 256 * MiB  # the GPU allocator's bytes_reserved: part of its limit, not of bytes_available
+
+
+def gpu_space(gpu: bool = True, xla: str | None = None, launch_op: str = "model/dense/MatMul",
+              xla_after: bool = False) -> bytes:
+    """A host plane as TensorFlow 2.21 writes it (strings as refs, numbers as varints, fragmentation a double), with
+    every stat BFC's AddTraceMe writes (BFC_STATS), for a GPU allocator and a host allocator that has more events:
+    the old rule (the busiest allocator) would have picked the host's. `gpu=False`: the host allocator's events only.
+    `xla`: an event of that name around the GPU's two allocations (after them with `xla_after`, as a GPU
+    executable's module event is), which are tagged `launch_op`."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     plane = space.planes.add(id=0, name="/host:CPU")
-    for mid, name in ((1, "MemoryAllocation"), (2, "MemoryDeallocation")):
-        plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, name
-    names = ("bytes_allocated", "bytes_available", "requested_bytes", "allocation_bytes", "addr", "tf_op",
-             "allocator_name", "shape", "data_type", "GPU_0_bfc", "gpu_host_bfc", "model/dense/MatMul", "[1024,1024]")
-    sid = {name: i for i, name in enumerate(names, start=1)}
+    for mid, name in ((1, "MemoryAllocation"), (2, "MemoryDeallocation"), (3, xla)):
+        if name:
+            plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, name
+    names = BFC_STATS + ("GPU_0_bfc", "gpu_host_bfc", "output", "[1024,1024]", "model/dense/MatMul", launch_op)
+    sid = {name: i for i, name in enumerate(dict.fromkeys(names), start=1)}
     for name, i in sid.items():
         plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
     line = plane.lines.add(id=1, name="tf_gpu", timestamp_ns=1000)
     live = {"GPU_0_bfc": 0, "gpu_host_bfc": 0}
+    peak = dict(live)
     limit = {"GPU_0_bfc": 15 * GiB, "gpu_host_bfc": 64 * GiB}
+    reserved = {"GPU_0_bfc": GPU_RESERVED, "gpu_host_bfc": 0}
 
     def event(t: int, allocator: str, size: int, alloc: bool, addr: int) -> None:
         live[allocator] += size if alloc else -size
+        peak[allocator] = max(peak[allocator], live[allocator])
         e = line.events.add(metadata_id=1 if alloc else 2, offset_ps=t * 1000)
-        for name, value in (("bytes_allocated", live[allocator]), ("bytes_available", limit[allocator] -
-                            live[allocator]), ("requested_bytes", size), ("allocation_bytes", size), ("addr", addr),
-                            ("data_type", 1)):
-            e.stats.add(metadata_id=sid[name], int64_value=value)
-        for name, ref in (("allocator_name", allocator), ("tf_op", "model/dense/MatMul"), ("shape", "[1024,1024]")):
-            e.stats.add(metadata_id=sid[name], ref_value=sid[ref])
+        ints = {"bytes_reserved": reserved[allocator], "bytes_allocated": live[allocator],
+                "bytes_available": limit[allocator] - reserved[allocator] - live[allocator],
+                "peak_bytes_in_use": peak[allocator], "requested_bytes": size if alloc else 0,
+                "allocation_bytes": size, "addr": addr, "id": 7, "data_type": 1}
+        refs = {"allocator_name": allocator, "tf_op": launch_op if allocator == "GPU_0_bfc" else "model/dense/MatMul",
+                "region_type": "output", "shape": "[1024,1024]"}
+        for name in BFC_STATS:
+            if name == "fragmentation":
+                e.stats.add(metadata_id=sid[name], double_value=0.25)
+            elif name in refs:
+                e.stats.add(metadata_id=sid[name], ref_value=sid[refs[name]])
+            else:
+                e.stats.add(metadata_id=sid[name], int64_value=ints[name])
 
-    event(1, "GPU_0_bfc", 4 * 2**20, True, 0x1000)
-    event(2, "GPU_0_bfc", 4 * 2**20, True, 0x9000)
+    if xla:
+        line.events.add(metadata_id=3, offset_ps=5000 if xla_after else 500, duration_ps=2000)
+    if gpu:
+        event(1, "GPU_0_bfc", 4 * MiB, True, 0x1000)
+        event(2, "GPU_0_bfc", 4 * MiB, True, 0x9000)
     for k in range(6):  # pinned host staging: many small events
         event(3 + 2 * k, "gpu_host_bfc", 4096, True, 0x50000)
         event(4 + 2 * k, "gpu_host_bfc", 4096, False, 0x50000)
-    event(20, "GPU_0_bfc", 4 * 2**20, False, 0x9000)
+    if gpu:
+        event(20, "GPU_0_bfc", 4 * MiB, False, 0x9000)
     return space.SerializeToString()
 
 
@@ -125,10 +214,115 @@ def test_the_gpu_allocator_is_kept_even_when_the_host_one_is_busier():
     for trace in (fast, slow):
         assert trace.events.allocator == "GPU_0_bfc" and len(trace.events) == 3
         gpu, host = trace.allocators
+        # the limit is in use + available + reserved: BFC's bytes_available leaves the reserved bytes out
         assert (gpu.device, gpu.peak_bytes, gpu.limit_bytes, gpu.start_bytes, gpu.end_bytes) == \
             ("GPU:0", 8 * 2**20, 15 * GiB, 0, 4 * 2**20)
         assert (host.name, host.device, host.events, host.limit_bytes) == ("gpu_host_bfc", None, 12, 64 * GiB)
     assert xplane.read_segments([(data, 0)], device="GPU:0").events.allocator == "GPU_0_bfc"
+    assert all(not s.name.startswith(xplane.XLA_SPAN) for s in fast.spans)
+
+
+def test_a_gpu_xspace_with_every_bfc_stat_is_a_report(tmp_path):
+    """The hand-made GPU XSpace, saved and read as a user's would be (tfmem_magic.analyze_xplane): every stat TF's
+    BFC allocator writes is in it, and the report is about GPU:0 with that allocator's peak, limit and tensors."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    data = gpu_space()
+    space = xplane_pb2.XSpace.FromString(data)
+    (plane,) = space.planes
+    names = {k: v.name for k, v in plane.stat_metadata.items()}
+    for event in plane.lines[0].events:
+        stats = {names[s.metadata_id]: s.WhichOneof("value") for s in event.stats}
+        assert tuple(stats) == BFC_STATS and stats["fragmentation"] == "double_value"
+    path = tmp_path / "worker.xplane.pb"
+    path.write_bytes(data)
+    report = tfmem_magic.analyze_xplane(path)
+    assert list(report.tf) == ["GPU:0"] and report.env.devices == ["GPU:0"]
+    assert (report.main_device.baseline_bytes, report.main_device.peak_bytes, report.main_device.end_bytes) == \
+        (0, 8 * MiB, 4 * MiB)
+    assert report.trace.allocator == "GPU_0_bfc" and report.trace.events == 3
+    # the limit counts what BFC reserved: bytes_allocated + bytes_available alone would be 256 MiB short
+    assert report.device_budget == ("GPU:0", 15 * GiB) and report.env.device_limit_bytes == {"GPU:0": 15 * GiB}
+    (group,) = report.trace.at_peak
+    assert (group.op, group.layer, group.dtype, group.shape, group.bytes, group.count) == \
+        ("MatMul", "dense", "float32", "[1024,1024]", 8 * MiB, 2)
+    host = report.trace.allocators[1]
+    assert (host.name, host.device, host.events, host.limit_bytes) == ("gpu_host_bfc", None, 12, 64 * GiB)
+    assert "gpu_host_bfc (pinned host memory): peak 4 KiB in 12 events" in " ".join(report.notes)
+    assert not report.trace.xla_runs and not any("XLA" in n for n in report.notes)
+    assert "fits GPU:0 with" in tfmem_magic.render_text(report)
+
+
+def test_a_trace_of_pinned_host_memory_only_is_listed_as_the_hosts(tmp_path):
+    """A trace whose only allocator is gpu_host_bfc (it serves no TF device): its figures are the host's (CPU:0),
+    not keyed by the allocator's name, and a note says whose they are."""
+    path = tmp_path / "host_only.xplane.pb"
+    path.write_bytes(gpu_space(gpu=False))
+    report = tfmem_magic.analyze_xplane(path)
+    assert list(report.tf) == ["CPU:0"] and report.main_device_name == "CPU:0"
+    assert report.main_device.peak_bytes == 4096 and report.trace.allocator == "gpu_host_bfc"
+    assert report.env.devices == ["CPU:0"] and report.device_budget is None
+    assert any("gpu_host_bfc's only (the pinned host memory" in n for n in report.notes)
+    assert "CPU:0" in tfmem_magic.render_text(report)
+
+
+def test_a_cuda_malloc_async_allocator_serves_its_gpu():
+    """TF_GPU_ALLOCATOR=cuda_malloc_async names a GPU's allocator gpu_async_<id> (gpu_cudamallocasync_allocator.cc)."""
+    assert [xplane.allocator_device(n) for n in ("gpu_async_0", "gpu_async_3", "gpu_async_host")] == \
+        ["GPU:0", "GPU:3", None]
+
+
+def test_tfmem_show_reads_a_single_plain_xplane_file(tmp_path, capsys):
+    path = tmp_path / "host.xplane.pb"
+    path.write_bytes(gzip.decompress(PUBLIC.read_bytes()))
+    assert cli.main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "host.xplane.pb" in out and "Verdict   fits GPU:6" in out and "GPU_6_bfc" in out
+
+
+@pytest.mark.parametrize("name, launch_op, after", [
+    ("XlaLaunch", "cluster_1", False),  # an event named as the op type only
+    ("cluster_1/xla_run:_XlaRun", "cluster_1/xla_run", False),  # auto-clustering's launch op, "<node>:<type>"
+    ("StatefulPartitionedCall/cluster_0:XlaLaunch", "StatefulPartitionedCall/cluster_0", False),
+    # a GPU executable's run of a jit_compile function: its buffers are allocated before its own event, tagged with
+    # the function's op name
+    ("a_inference_train_step_812__XlaMustCompile_true_config_proto_1_executor_type_2_.3:XLA GPU module",
+     "__inference_train_step_812", True),
+])
+def test_xla_runs_in_a_saved_trace_get_the_note_and_their_bytes(tmp_path, name, launch_op, after):
+    path = tmp_path / "xla.xplane.pb"
+    path.write_bytes(gpu_space(xla=name, launch_op=launch_op, xla_after=after))
+    report = tfmem_magic.analyze_xplane(path)
+    info = report.trace
+    assert info.xla_runs == 1 and info.xla_at_peak_bytes == 8 * MiB
+    (group,) = info.at_peak
+    assert (group.op, group.layer, group.phase, group.bytes) == ("XLA computation", None, "other", 8 * MiB)
+    note = next(n for n in report.notes if "XLA" in n)
+    assert "ran as XLA computations (1 XLA run traced)" in note and "8 MiB at the peak is in no layer" in note
+    assert "jit_compile=False" in note
+
+
+def test_the_timeline_draws_the_other_allocators_and_the_gpus_limit():
+    """The public trace's figure: GPU_6_bfc's series, the other allocators' (pinned host memory, the other GPUs) as
+    thinner lines named after them, and GPU:6's limit as a dashed line at 14.4 GiB."""
+    from tfmem_magic.show import figures
+
+    report = tfmem_magic.analyze_xplane(PUBLIC)
+    fig = figures.timeline_figure(report)
+    (ax,) = fig.axes  # no process memory in a saved trace: no RSS row
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    limit_label = f"GPU:6 limit {tfmem_magic.format_bytes(report.device_budget[1])}"
+    assert set(lines) == {"GPU_6_bfc", "gpu_host_bfc", "GPU_4_bfc", "GPU_1_bfc", limit_label}
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0] == "GPU_6_bfc" and sorted(legend) == sorted(lines)
+    main, host = lines["GPU_6_bfc"], lines["gpu_host_bfc"]
+    assert host.get_linewidth() < main.get_linewidth()
+    listed = {a.name: a for a in report.trace.allocators}
+    assert max(host.get_ydata()) * GiB == pytest.approx(listed["gpu_host_bfc"].peak_bytes)  # plotted in GiB
+    assert max(main.get_ydata()) * GiB == pytest.approx(report.main_device.peak_bytes)
+    assert lines[limit_label].get_linestyle() == "--"
+    assert lines[limit_label].get_ydata()[0] * GiB == pytest.approx(report.device_budget[1])
+    assert figures.timeline_png(report).startswith(b"\x89PNG")
 
 
 @pytest.mark.slow
@@ -177,7 +371,7 @@ def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
     import numpy as np
 
     columns = {"t_ps": np.array([5, 5, 5]), "live": np.array([10, 20, 30]), "chunk": np.array([10, 10, 10]),
-               "is_alloc": np.array([True, True, True]), "available": np.array([0, 0, 0])}
+               "is_alloc": np.array([True, True, True]), "limit": np.array([0, 0, 0])}
     (_, series), = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
     assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)
 

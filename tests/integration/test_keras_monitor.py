@@ -65,6 +65,51 @@ def test_evaluate_and_predict_report_their_own_peak():
     assert all(r["tf_peak_bytes"] > 512 * 1024 * 4 for r in monitor.records)
 
 
+def test_a_standalone_evaluate_and_predict_save_their_figures(tmp_path):
+    """No fit: the figures are saved at the end of evaluate and of predict, not only at the end of training."""
+    x, y = data()
+    model = wide_model()
+    monitor = MemoryMonitor(save=tmp_path / "out")
+    model.evaluate(x, y, batch_size=512, verbose=0, callbacks=[monitor])
+    saved = json.loads((tmp_path / "out" / "tfmem-epochs.json").read_text())
+    assert saved["device"] == "CPU:0"
+    assert [(r["call"], r["kind"]) for r in saved["records"]] == [("evaluate", "call")]
+    assert saved["records"][0]["tf_peak_bytes"] == monitor.last["tf_peak_bytes"] > 512 * 1024 * 4
+    model.predict(x, batch_size=512, verbose=0, callbacks=[monitor])
+    saved = json.loads((tmp_path / "out" / "tfmem-epochs.json").read_text())
+    assert [(r["call"], r["kind"]) for r in saved["records"]] == [("evaluate", "call"), ("predict", "call")]
+    assert saved["records"] == monitor.records
+
+
+class BatchLogs(keras.callbacks.Callback):
+    """What a callback listed after the monitor finds in each batch's logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((batch, (logs or {}).get("tf_peak_bytes")))
+
+
+def test_every_batch_is_a_window_of_its_own():
+    x, y = data()
+    monitor, after = MemoryMonitor(every="batch"), BatchLogs()
+    history = wide_model().fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[monitor, after])  # 8 steps each
+    for epoch in (0, 1):
+        windows = [r for r in monitor.records if r["kind"] == "batches" and r["epoch"] == epoch]
+        # one window per batch, then what followed the last batch up to the epoch's end
+        assert [r["batch"] for r in windows] == [*range(8), None]
+        # each step holds the first layer's activations and their gradient for 64 samples (256 KiB each) at least
+        assert all(r["tf_peak_bytes"] > 2 * 64 * 1024 * 4 for r in windows[:-1]), windows
+        epoch_record = [r for r in monitor.records if r["kind"] == "epoch" and r["epoch"] == epoch]
+        assert epoch_record[0]["tf_peak_bytes"] == max(r["tf_peak_bytes"] for r in windows)
+    # each batch's logs carry its own window's peak, for the callbacks listed after the monitor
+    batch_windows = [r for r in monitor.records if r["kind"] == "batches" and r["batch"] is not None]
+    assert after.seen == [(r["batch"], r["tf_peak_bytes"]) for r in batch_windows]
+    assert history.history["tf_peak_bytes"] == monitor.epoch_peaks()
+
+
 def test_windows_of_n_batches_and_the_epoch_as_their_largest():
     x, y = data()
     monitor = MemoryMonitor(every=2)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -23,13 +24,38 @@ def run(args: list[str], env: dict[str, str], timeout: int = 600) -> str:
     return out.stdout + out.stderr
 
 
+def without_node() -> dict[str, str]:
+    """This environment with only the Python's own bin folder on PATH: no node, no npm (as on a user's machine)."""
+    env = {k: v for k, v in os.environ.items() if k != "PATH"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    assert shutil.which("node", path=env["PATH"]) is None and shutil.which("npm", path=env["PATH"]) is None
+    return env
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def dists(tmp_path_factory) -> dict[str, Path]:
+    """`python -m build` as a release is made: an sdist from the checkout, then the wheel built from that sdist (as
+    pip builds one on a machine with no wheel for it), with no node on PATH: the sdist carries the built extension."""
     if not (ROOT / "tfmem_magic" / "labextension" / "static" / "style.js").exists():
+        if os.environ.get("CI"):
+            pytest.fail("the lab extension is not built: CI must build it (./dev) before the tests")
         pytest.skip("the lab extension is not built in this checkout (./dev builds it)")
     dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], dict(os.environ))
-    return next(dist.glob("tfmem_magic-*.whl"))
+    run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)], without_node(), timeout=900)
+    return {"sdist": next(dist.glob("tfmem_magic-*.tar.gz")), "wheel": next(dist.glob("tfmem_magic-*.whl"))}
+
+
+@pytest.fixture(scope="module")
+def wheel(dists) -> Path:
+    return dists["wheel"]
+
+
+def test_the_sdist_carries_the_built_extension_and_its_sources(dists):
+    with tarfile.open(dists["sdist"]) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    assert "tfmem_magic/labextension/static/style.js" in names and "tfmem_magic/labextension/package.json" in names
+    assert "labextension/src/index.ts" in names and "labextension/package.json" in names  # to rebuild it
+    assert not any(name.startswith(("labextension/node_modules/", ".venv/")) for name in names)
 
 
 def test_the_wheel_carries_the_prebuilt_extension(wheel):

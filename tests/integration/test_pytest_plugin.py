@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from tfmem_magic.core.report import Report
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
 MiB = 2**20
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -21,6 +23,14 @@ def clean_env(monkeypatch):
     for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB", "TF_ENABLE_ONEDNN_OPTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def failure(out: str, test: str) -> str:
+    """The section pytest prints for one failed test (its name between underscores, up to the next section)."""
+    start = re.search(rf"^_+ {re.escape(test)} _+$", out, re.M)
+    assert start, f"no failure section for {test}:\n{out}"
+    end = re.search(r"^(_+ \S+ _+|=+ .* =+)$", out[start.end():], re.M)
+    return out[start.end():start.end() + end.start()] if end else out[start.end():]
 
 
 def test_the_plugin_is_registered_for_pytest():
@@ -66,6 +76,18 @@ def test_no_tensorflow():
 def test_own_failure():
     tf.ones((4, 4))
     assert False, "the test's own failure"
+
+@pytest.mark.tfmem_limit("64MiB", device="CPU:0")
+def test_device_within():
+    assert float(tf.reduce_sum(tf.ones((1024, 1024)) * 2)) > 0     # 8 MiB at most
+
+@pytest.mark.tfmem_limit("40MiB", device="CPU:0")
+def test_device_over():
+    assert float(tf.reduce_sum(tf.ones((2048, 4096)) * 2)) > 0     # 64 MiB
+
+@pytest.mark.tfmem_limit("1GiB", device="GPU:0")
+def test_device_absent():
+    tf.ones((4, 4))                              # this machine has no GPU: nothing to judge the limit on
 '''
 
 
@@ -74,13 +96,17 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 4, out
+    assert outcomes.get("passed") == 3 and outcomes.get("failed") == 6, out
     # the plugin set TensorFlow's allocator up (BFC) before the first op: every allocation is counted
     assert "oneDNN CPU allocator tracks only" not in out
     over = re.search(r"tfmem_limit: TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, "
                      r"over its 16 MiB limit", out)
     assert over and 60 <= float(over.group(1)) <= 70, out  # 32 MiB for x and 32 MiB for x * 2, both live
-    assert "Largest tensors live at the peak:" in out and "32 MiB" in out
+    # the largest tensors are named by op, dtype and shape: the two 32 MiB ones, x and x * 2
+    largest = failure(out, "test_over")
+    assert "Largest tensors live at the peak:" in largest
+    assert re.search(r"^ +32 MiB  [A-Za-z]\w*.*  float32\[2048,4096\]", largest, re.M), largest
+    assert re.search(r"^ +32 MiB  Mul\b.*float32\[2048,4096\]", largest, re.M), largest  # x * 2
     fit = out[out.index("test_fit_over"):]
     assert re.search(r"over its 8 MiB limit", fit) and "wide" in fit  # the layer that holds the most is named
     rss = re.search(r"tfmem_limit: the process's RSS peak was ([\d.]+) MiB", out)
@@ -88,9 +114,20 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert "the test's own failure" in out  # the test's own exception, not a limit message
     # dict.fromkeys: pytest repeats each failure's whole message in its short summary when it runs on CI
     paths = list(dict.fromkeys(re.findall(r"report: (\S+\.json)", out)))
-    assert len(paths) == 3
+    assert len(paths) == 4
+    # where _save writes a failure's report (the README shows this path): the cache folder, the node id, a digest
+    assert re.search(r"\.pytest_cache/d/tfmem/test_limits\.py_test_over-[0-9a-f]{8}\.json$", paths[0]), paths
     report = Report.load(paths[0])
     assert report.label.endswith("test_over") and report.tf_peak_bytes > 16 * MiB
+    # device=: the limit is judged on that device's allocator, over and under it
+    device_over = re.search(r"TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, over its "
+                            r"40 MiB limit", failure(out, "test_device_over"))
+    assert device_over and 60 <= float(device_over.group(1)) <= 70, out
+    assert "test_limits.py::test_device_within" not in out  # passed: listed only if it failed
+    absent = failure(out, "test_device_absent")
+    assert "tfmem_limit(device='GPU:0'): TensorFlow has no allocator statistics for GPU:0 in this process " \
+           "(its devices: CPU:0; with statistics: CPU:0)" in absent, absent
+    assert "@pytest.mark.skipif(not tf.config.list_physical_devices('GPU')" in absent
 
 
 LEAKS = '''
@@ -128,21 +165,136 @@ def test_a_leak_across_runs_fails_and_a_clean_body_passes(pytester, clean_env):
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     assert result.parseoutcomes() == {"passed": 4, "failed": 1}, out
-    grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by at least ([\d.]+) MiB per run", out)
+    leak = failure(out, "test_keeps_a_tensor_per_call")
+    grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per run on average, more than "
+                     r"the 1 MiB allowed\. After each of the 3 runs of the body: ", leak)
     assert grew and 3.9 <= float(grew.group(1)) <= 4.5, out
-    assert "test_keeps_a_tensor_per_call" in out and "after each of the 3 runs" in out
+    # the report of the failing test's last run, where _save writes it
+    path = re.search(r"^report of the last run: (\S+\.json)$", leak, re.M)
+    assert path and re.search(r"\.pytest_cache/d/tfmem/test_leaks\.py_test_keeps_a_tensor_per_call-[0-9a-f]{8}"
+                              r"\.json$", path.group(1)), leak
+    assert Report.load(path.group(1)).label == "test_leaks.py::test_keeps_a_tensor_per_call"
 
 
-@pytest.mark.parametrize("marker, expected", [
-    ('tfmem_limit("lots")', "tfmem_limit('lots')"),
-    ('tfmem_limit("1MiB", "2MiB")', "takes one size"),
-    ('tfmem_limit("1MiB", device="gpu")', "name a TensorFlow device such as 'GPU:0'"),
-    ('tfmem_limit("1MiB", rss="yes")', "rss is True or False"),
-    ('tfmem_no_leak("1MiB", runs=1)', "at least 2"),
-    ('tfmem_no_leak("1MiB", repeat=3)', "unknown argument(s) repeat"),
+UNEVEN = '''
+import pytest
+import tensorflow as tf
+
+KEPT = []
+CALLS = {"once": 0, "every_second": 0}
+
+@pytest.mark.tfmem_no_leak("1MiB", runs=3)
+def test_one_run_fills_a_cache():
+    CALLS["once"] += 1
+    if CALLS["once"] == 2:                        # 4 MiB kept by the second run only: a one-off, not a leak
+        KEPT.append(tf.ones((1024, 1024)) * 2)
+    assert float(tf.reduce_sum(tf.ones((256, 1024)))) > 0
+
+@pytest.mark.tfmem_no_leak("1MiB", runs=5)
+def test_every_second_run_keeps_a_tensor():
+    CALLS["every_second"] += 1
+    if CALLS["every_second"] % 2 == 0:            # 4 MiB kept by runs 2 and 4: 2 MiB per run on the whole
+        KEPT.append(tf.ones((1024, 1024)) * 2)
+
+@pytest.mark.tfmem_no_leak("1MiB", runs=3)
+def test_every_run_keeps_a_tensor():
+    KEPT.append(tf.ones((1024, 1024)) * 2)
+'''
+
+
+def test_a_one_off_growth_passes_and_a_growth_in_most_runs_fails(pytester, clean_env):
+    pytester.makepyfile(test_uneven=UNEVEN)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 1, "failed": 2}, out
+    assert "test_uneven.py::test_one_run_fills_a_cache" not in out  # it passed
+    every_second = failure(out, "test_every_second_run_keeps_a_tensor")
+    # growths 4, 0, 4, 0 MiB; the largest left out: (0 + 4 + 0) / 3
+    grew = re.search(r"grew by ([\d.]+) MiB per run on average.*the largest single growth, ([\d.]+) MiB, is left "
+                     r"out as a one-off", every_second, re.S)
+    assert grew and 1.2 <= float(grew.group(1)) <= 1.6 and 3.9 <= float(grew.group(2)) <= 4.5, every_second
+    assert "After each of the 5 runs of the body" in every_second
+    steady = failure(out, "test_every_run_keeps_a_tensor")
+    grew = re.search(r"grew by ([\d.]+) MiB per run on average", steady)
+    assert grew and 3.9 <= float(grew.group(1)) <= 4.5, steady
+
+
+LOOPS = '''
+import pytest
+import tensorflow as tf
+
+@pytest.mark.tfmem_no_leak("1MiB")
+def test_loop_keeps_a_tensor_per_iteration(tfmem_leak_check):
+    kept = []
+    for _ in range(4):
+        kept.append(tf.ones((1024, 1024)) * 2)   # 4 MiB kept by every iteration
+        tfmem_leak_check.step()
+
+@pytest.mark.tfmem_no_leak("1MiB")
+def test_clean_loop(tfmem_leak_check):
+    for _ in range(4):
+        assert float(tf.reduce_sum(tf.ones((1024, 1024)) * 2)) > 0
+        tfmem_leak_check.step()
+
+@pytest.mark.tfmem_no_leak("1MiB")
+def test_loop_that_fills_a_cache_once(tfmem_leak_check):
+    cache = {}
+    for i in range(5):
+        if i == 2:
+            cache["table"] = tf.ones((1024, 1024))   # 4 MiB once, kept to the end
+        assert float(tf.reduce_sum(tf.ones((512, 1024)))) > 0
+        tfmem_leak_check.step()
+
+BODIES = []
+
+@pytest.mark.tfmem_no_leak("1MiB")
+def test_loop_body_runs_once(tfmem_leak_check):
+    BODIES.append(1)
+    for _ in range(3):
+        tfmem_leak_check.step()
+
+def test_the_body_ran_once():
+    assert len(BODIES) == 1
+
+@pytest.mark.tfmem_no_leak("1MiB")
+def test_one_step_only(tfmem_leak_check):
+    tf.ones((4, 4))
+    tfmem_leak_check.step()
+'''
+
+
+def test_the_no_leak_rule_over_the_tests_own_loop(pytester, clean_env):
+    pytester.makepyfile(test_loops=LOOPS)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 4, "failed": 2}, out
+    leak = failure(out, "test_loop_keeps_a_tensor_per_iteration")
+    grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per step on average, more than "
+                     r"the 1 MiB allowed\. After each of the 4 steps of the test's loop \(tfmem_leak_check\.step\(\)\)",
+                     leak)
+    assert grew and 3.9 <= float(grew.group(1)) <= 4.5, leak
+    path = re.search(r"^report: (\S+\.json)$", leak, re.M)
+    assert path and Report.load(path.group(1)).label == "test_loops.py::test_loop_keeps_a_tensor_per_iteration"
+    assert "called tfmem_leak_check.step() 1 time(s); call it once per iteration of its loop, at least twice" in \
+        failure(out, "test_one_step_only")
+
+
+@pytest.mark.parametrize("marker, expected, fixtures", [
+    ('tfmem_limit("lots")', "tfmem_limit('lots')", ""),
+    ('tfmem_limit("1MiB", "2MiB")', "takes one size", ""),
+    ('tfmem_limit("1MiB", device="gpu")', "name a TensorFlow device such as 'GPU:0'", ""),
+    ('tfmem_limit("1MiB", rss="yes")', "rss is True or False", ""),
+    ('tfmem_limit("1MiB", rss=True, device="CPU:0")', "rss=True limits the process's memory; device= does not apply",
+     ""),
+    ('tfmem_no_leak("1MiB", runs=1)', "at least 2", ""),
+    ('tfmem_no_leak("1MiB", repeat=3)', "unknown argument(s) repeat", ""),
+    ('tfmem_no_leak("1MiB", runs=3)', "with the tfmem_leak_check fixture the body runs once", "tfmem_leak_check"),
+    (None, "the tfmem_leak_check fixture judges the test's loop by its @pytest.mark.tfmem_no_leak(size) marker",
+     "tfmem_leak_check"),
 ])
-def test_bad_marker_arguments_fail_at_collection(pytester, clean_env, marker, expected):
-    pytester.makepyfile(test_bad=f"import pytest\n\n@pytest.mark.{marker}\ndef test_a():\n    pass\n")
+def test_bad_marker_arguments_fail_at_collection(pytester, clean_env, marker, expected, fixtures):
+    decorator = f"@pytest.mark.{marker}\n" if marker else ""
+    pytester.makepyfile(test_bad=f"import pytest\n\n{decorator}def test_a({fixtures}):\n    pass\n")
     result = pytester.runpytest_subprocess("-q", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
@@ -239,3 +391,109 @@ def test_fit():
     report = Report.load(next(saved.glob("*.json")))
     assert report.mode == "trace" and "dense_t" in {g.layer for g in report.trace.by_layer}
     assert "tfmem: the 1 test with the highest TensorFlow peak" in result.stdout.str()
+
+
+FIXTURES = '''
+import pytest
+import tensorflow as tf
+
+@pytest.fixture
+def big():
+    return tf.ones((4096, 4096))                 # 64 MiB, made (and kept alive) before the body
+
+@pytest.fixture
+def warmed_up():
+    assert float(tf.reduce_sum(tf.ones((4096, 4096)) * 2)) > 0   # a 128 MiB peak during set-up, then freed
+
+@pytest.mark.tfmem_limit("8MiB")
+def test_small_body_with_big_fixtures(big, warmed_up):
+    assert float(tf.reduce_sum(big[:16])) == 16 * 4096   # 256 KiB in the body
+
+@pytest.mark.tfmem_limit("8MiB")
+def test_the_same_in_the_body():
+    big = tf.ones((4096, 4096))
+    assert float(tf.reduce_sum(big[:16])) == 16 * 4096
+'''
+
+
+def test_only_the_test_body_is_measured_not_its_fixtures(pytester, clean_env):
+    pytester.makepyfile(test_fixtures=FIXTURES)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out
+    assert "test_fixtures.py::test_small_body_with_big_fixtures" not in out  # it passed
+    assert re.search(r"TensorFlow's peak on CPU:0 was 6\d(\.\d+)? MiB over the test body's baseline, over its 8 MiB",
+                     failure(out, "test_the_same_in_the_body"))
+
+
+IMPORT_OP = '''
+import pytest
+import tensorflow as tf
+
+SCALE = tf.constant(2.0)   # an op at import: TensorFlow chooses its CPU allocator before the plugin can set BFC
+
+@pytest.mark.tfmem_limit("64MiB")
+def test_within():
+    assert float(tf.reduce_sum(tf.ones((1024, 1024)) * SCALE)) > 0     # 8 MiB at most
+
+@pytest.mark.tfmem_limit("16MiB")
+def test_over():
+    assert float(tf.reduce_sum(tf.ones((2048, 4096)) * SCALE)) > 0     # 64 MiB
+'''
+LATE = ("a TensorFlow op ran before the plugin could switch it to BFC (when a test module or conftest.py was "
+        "imported). Run pytest with TF_CPU_ALLOCATOR_USE_BFC=1 in the environment, or run no TensorFlow op at import "
+        "(make tensors in fixtures or tests).")
+
+
+def test_an_op_at_import_is_reported_with_what_to_do(pytester, clean_env):
+    """oneDNN's allocator (TensorFlow's default on x86 Linux) sees allocations of 256 KiB or more: the limits are
+    judged on what it sees, and the user is told what is missed, why and what to do, in the failure and at the end."""
+    pytester.makepyfile(test_import_op=IMPORT_OP)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out
+    note = ("note: TensorFlow's CPU allocator (mklcpu) tracks only allocations of 256 KiB or more: " + LATE)
+    over = failure(out, "test_over")
+    assert "over its 16 MiB limit" in over and note in over, over
+    summary = out[out.index("=== tfmem ==="):]
+    assert summary.splitlines()[1] == note, summary
+
+
+def test_an_op_at_import_without_allocator_statistics_fails_clearly(pytester, clean_env, monkeypatch):
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow's plain CPU allocator: no statistics at all
+    pytester.makepyfile(test_import_op=IMPORT_OP)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"failed": 2}, out
+    message = ("tfmem_limit: tfmem could not measure TensorFlow's allocator in this test: TensorFlow's CPU allocator "
+               "(cpu) keeps no statistics at all: " + LATE[:-1] + "; or limit the process memory instead with "
+               "rss=True.")
+    assert message in failure(out, "test_within"), out
+
+
+def test_the_advice_for_an_op_at_import_works(pytester, clean_env, monkeypatch):
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "1")  # what the note says to do
+    pytester.makepyfile(test_import_op=IMPORT_OP)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out
+    assert "note:" not in out and "=== tfmem ===" not in out, out
+
+
+def readme_pytest_example() -> str:
+    """The first Python block of the README's pytest section, as a user would paste it."""
+    text = README.read_text()
+    section = text[text.index("### In your tests: memory budgets with pytest"):]
+    section = section[:section.index("\n### ", 1)]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_example_runs_as_pasted(pytester, clean_env):
+    code = readme_pytest_example()
+    assert "tfmem_limit" in code and "tfmem_leak_check" in code
+    pytester.makepyfile(test_readme=code)
+    result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 5 and set(outcomes) <= {"passed", "warnings"}, out
+    assert "note:" not in out, out  # no TensorFlow op at import: the plugin sets BFC before the first

@@ -3,7 +3,12 @@ the text, and xprof's converter (what the Profile tab runs) for the trace's memo
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +20,9 @@ from tfmem_magic.adapters import cli
 pytest.importorskip("tensorboard")
 pytestmark = pytest.mark.slow
 MiB = 2**20
+ROOT = Path(__file__).parent.parent.parent
+# a multi-worker BERT training trace recorded on V100s (tests/data/NOTICE)
+PUBLIC = ROOT / "tests" / "data" / "gpu_multi_worker_bert.xplane.pb.gz"
 
 
 def fit_small(batch: int = 64) -> None:
@@ -119,3 +127,91 @@ def test_a_saved_report_gets_scalars_and_says_the_trace_is_not_kept(traced, tmp_
     run = next((tmp_path / "logs").iterdir())
     scalars, _ = scalars_and_text(run)
     assert "tfmem/rss_MiB" in scalars and not list(run.glob("plugins/profile/*/*.xplane.pb"))
+
+
+def test_a_saved_trace_shown_with_tensorboard_goes_along_for_the_profile_tab(tmp_path, capsys):
+    """`tfmem show X.xplane.pb.gz --tensorboard LOGDIR` writes the trace it read, ungzipped, where the Profile tab
+    looks (named after the file, the host it came from), and xprof reads the same GPU peak from it."""
+    original = tfmem_magic.analyze_xplane(PUBLIC)
+    assert cli.main(["show", str(PUBLIC), "--tensorboard", str(tmp_path / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert "trace for the Profile tab: 1 XSpace file(s)" in out and "was not kept" not in out
+    (run,) = (tmp_path / "logs").iterdir()
+    (written,) = run.glob("plugins/profile/*/*.xplane.pb")
+    assert written.name == "gpu_multi_worker_bert.xplane.pb"
+    assert written.read_bytes() == gzip.decompress(PUBLIC.read_bytes())
+    scalars, texts = scalars_and_text(run)
+    assert max(v for _, v in scalars["tfmem/traced_live_MiB"]) == pytest.approx(
+        original.trace.peak_live_bytes / MiB, rel=1e-6)
+    assert "GPU:6" in texts["tfmem/report"]
+    xprof = pytest.importorskip("xprof.convert.raw_to_tool_data")
+    data, _ = xprof.xspace_to_tool_data([str(written)], "memory_profile", {})
+    summary = json.loads(data)["memoryProfilePerAllocator"]["GPU_6_bfc"]["profileSummary"]
+    assert int(summary["peakStats"]["peakBytesInUse"]) == original.main_device.peak_bytes
+
+
+def test_a_logdir_tfmem_wrote_reads_back_with_the_same_peak(tmp_path, capsys):
+    """The reverse direction on our own output: `tfmem show LOGDIR/<run>/plugins/profile/<session>` of a logdir that
+    `tfmem show --tensorboard` wrote gives the report of the trace it started from."""
+    original = tfmem_magic.analyze_xplane(PUBLIC)
+    assert cli.main(["show", str(PUBLIC), "--tensorboard", str(tmp_path / "logs")]) == 0
+    (session,) = (tmp_path / "logs").glob("*/plugins/profile/*")
+    capsys.readouterr()
+    assert cli.main(["show", str(session)]) == 0
+    out = capsys.readouterr().out
+    assert "gpu_multi_worker_bert.xplane.pb" in out and "fits GPU:6" in out
+    (file,) = session.glob("*.xplane.pb")
+    again = tfmem_magic.analyze_xplane(file)  # what `tfmem show` printed, as an object
+    assert again.main_device_name == original.main_device_name == "GPU:6"
+    assert again.tf_peak_bytes == original.tf_peak_bytes and again.main_device.peak_bytes == \
+        original.main_device.peak_bytes
+    assert again.trace.peak_live_bytes == original.trace.peak_live_bytes
+    assert [(g.op, g.bytes) for g in again.trace.at_peak] == [(g.op, g.bytes) for g in original.trace.at_peak]
+
+
+def test_our_own_cpu_trace_reads_back_from_the_logdir_with_the_traced_peak(traced, capsys):
+    """A traced fit written with to_tensorboard, read back with `tfmem show` from its Profile folder: its segments'
+    peak is the report's traced peak, to the byte."""
+    report, xspaces, written = traced
+    (session,) = written.run_dir.glob("plugins/profile/*")
+    assert cli.main(["show", str(session)]) == 0
+    out = capsys.readouterr().out
+    back = [tfmem_magic.analyze_xplane(path) for path in written.xplanes]  # one report per segment, as printed
+    assert all(path.name in out for path in written.xplanes)
+    assert {r.trace.allocator for r in back} == {report.trace.allocator}
+    assert max(r.trace.peak_live_bytes for r in back) == report.trace.peak_live_bytes
+    assert max(r.main_device.peak_bytes for r in back) == report.trace.peak_live_bytes
+
+
+def test_to_tensorboard_is_a_function_over_the_report_not_a_method(traced, tmp_path):
+    """The README says why: the Report is the core's plain data (no method of it may reach the show layer) and it
+    keeps no raw trace. Given only the report, the trace is not written and the note says how to pass it."""
+    report, _, _ = traced
+    assert not hasattr(report, "to_tensorboard")
+    written = tfmem_magic.to_tensorboard(report, tmp_path)
+    assert written.events and written.xplanes == []
+    assert "to_tensorboard(p.report, LOGDIR, p.xspaces)" in written.note
+
+
+def readme_section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    end = re.search(r"\n#{1,3} ", text[start + len(heading) + 2:])
+    return text[start:start + len(heading) + 2 + (end.start() if end else len(text))]
+
+
+@pytest.mark.parametrize("heading", ["### TensorBoard", "### In scripts and long training: the Keras callback"])
+def test_the_readme_examples_run_as_pasted(heading, tmp_path):
+    """Every plain Python block of the README's section runs as pasted, in a fresh interpreter (notebook cells, the
+    ones starting with `%%`, are the magic's: the magic's own tests run them)."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme_section(heading), re.S)
+              if not b.lstrip().startswith("%")]
+    assert blocks, heading
+    # as a user's script starts: none of this process's allocator settings (conftest's prepare())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    for block in blocks:
+        out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert out.returncode == 0, f"{heading}:\n{block}\n{out.stderr[-3000:]}"
+        assert "MemoryMonitor:" not in out.stderr, out.stderr[-3000:]  # e.g. "statistics are incomplete"
+    assert list(tmp_path.glob("logs/**/events.out.tfevents*"))  # both examples write a TensorBoard logdir

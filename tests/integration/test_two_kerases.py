@@ -27,6 +27,7 @@ def test_a_keras3_model_and_a_tf_keras_model_in_one_kernel():
             results[name] = {"ok": result.success, "package": rep.model.keras_package, "model": rep.model.name,
                              "optimizer": rep.model.optimizer, "slots": rep.model.optimizer_slots,
                              "batch": rep.model.batch_size, "env": rep.env.keras_package,
+                             "env_version": rep.env.keras, "version": k.__version__,
                              "layers": [g.layer for g in rep.trace.by_layer],
                              "window": rep.trace.complete or "first" in (rep.trace.note or "")}
         # a custom loop with tf_keras' apply_gradients(zip(...)): the zip is read once by us and still by Keras
@@ -49,5 +50,7 @@ def test_a_keras3_model_and_a_tf_keras_model_in_one_kernel():
         # update, where only the last layer's gradient is live): one of them is named
         assert {f"{name}_hidden", f"{name}_out"} & set(got["layers"]), got
     assert out["k3"]["env"] == "keras"  # tf.keras is Keras 3 here: TF_USE_LEGACY_KERAS is not set
+    # the tf_keras model's report names the Keras that made it, though tf.keras is Keras 3 in this process
+    assert out["k2"]["env"] == "tf_keras" and out["k2"]["env_version"] == out["k2"]["version"], out["k2"]
     assert out["loop"]["ok"] and "optimizer.apply" in out["loop"]["calls"], out["loop"]
     assert out["loop"]["iterations"] == 3  # every pair reached the optimizer

@@ -33,7 +33,7 @@ def test_fast_decoder_equals_reference_on_a_real_trace():
     (data, _), *_ = tracer.finish()
     fast, slow = decode_both(data)
     assert len(fast.events) > 100 and any(s.name.startswith("layer/") for s in fast.spans)
-    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "available"):
+    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "limit"):
         assert np.array_equal(getattr(fast.events, name), getattr(slow.events, name)), name
     for name in ("op", "region", "shape"):
         assert ([fast.events.string(i) for i in getattr(fast.events, name)]
@@ -89,7 +89,7 @@ def add_event(line, alloc: bool, offset_ps: int, live: int, addr: int | None, op
 
 
 def assert_same_events(a, b):
-    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "available"):
+    for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "limit"):
         assert np.array_equal(getattr(a.events, name), getattr(b.events, name)), name
     for name in ("op", "region", "shape"):
         assert ([a.events.string(i) for i in getattr(a.events, name)]
@@ -151,3 +151,28 @@ def test_decoded_segments_read_as_the_raw_blobs(monkeypatch):
     assert [raw.events.string(i) for i in raw.events.op] == ["MatMul", "Relu"] * 2 + ["MatMul"] + [
         "Relu", "Conv2D"] * 2 + ["Relu"]
     assert [s.start_ps for s in raw.spans] == [5010, 10**6 + 5010]
+
+
+def test_the_allocators_limit_and_xlas_runs_read_alike_by_both_decoders():
+    """bytes_available (BFC: its limit - bytes_reserved - bytes in use) and bytes_reserved add up to the limit on
+    each event; an event without bytes_available records none (0), one whose bytes_available is 0 (a full
+    allocator; proto3 leaves the value out) still does. An XLA launch event becomes a span ("xla/<name>")."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane, line = memory_plane(space)
+    for sid, stat in ((20, "bytes_available"), (21, "bytes_reserved")):
+        plane.stat_metadata[sid].id, plane.stat_metadata[sid].name = sid, stat
+    plane.event_metadata[4].id, plane.event_metadata[4].name = 4, "cluster_3/xla_run:_XlaRun"
+    line.events.add(metadata_id=4, offset_ps=50, duration_ps=400)
+    add_event(line, True, 100, 256, 0x1000)  # no bytes_available: no limit recorded
+    add_event(line, True, 200, 512, 0x2000)
+    line.events[-1].stats.add(metadata_id=20, int64_value=1000)
+    line.events[-1].stats.add(metadata_id=21, int64_value=64)
+    add_event(line, True, 300, 768, 0x3000)
+    line.events[-1].stats.add(metadata_id=20)  # bytes_available present, 0
+    line.events[-1].stats.add(metadata_id=21, int64_value=64)
+    fast, slow = decode_both(space.SerializeToString())
+    assert_same_events(fast, slow)
+    assert list(fast.events.limit) == [0, 512 + 1000 + 64, 768 + 0 + 64]
+    assert [(s.name, s.start_ps, s.end_ps) for s in fast.spans] == [("xla/cluster_3/xla_run:_XlaRun", 5050, 5450)]

@@ -24,12 +24,39 @@ EXPECTED_KERAS = "tf_keras" if LEGACY else "keras"
 keras = tf.keras  # what a user's `tf.keras` code gets on this stack
 
 
+# Capabilities (measure/capabilities.py) a stack is known to lack, by stack, each with the reason: none today. A
+# stack whose TensorFlow or Keras moves a private API gets an entry here, and a line in the README's "Supported
+# versions" table, rather than a silent pass.
+EXPECTED_MISSING: dict[str, dict[str, str]] = {}
+
+
+def _stack() -> str:
+    """The stack's name as ./dev's header says it: 'tf_keras' under TF_USE_LEGACY_KERAS, else 'tf2.16'... (the
+    main stack, .venv, is 'tf2.21')."""
+    return "tf_keras" if LEGACY else "tf" + ".".join(tf.__version__.split(".")[:2])
+
+
 def test_the_stack_is_the_one_asked_for():
-    """Each stack's run says what it ran on (visible in CI's output), and the Keras is the one tf.keras gives."""
+    """Each stack's run says what it ran on (./dev's header line shows it and the capability summary in CI's
+    output), and the Keras is the one tf.keras gives."""
     made = type(keras.layers.Dense(1)).__module__.split(".")[0]
     assert made == EXPECTED_KERAS
     print(f"\nstack: TensorFlow {tf.__version__}, {EXPECTED_KERAS} {kerases.version(EXPECTED_KERAS)}; "
-          f"capabilities missing: {[c.name for c in capabilities.missing()] or 'none'}")
+          f"{capabilities.summary()}")
+
+
+def test_no_capability_is_missing_on_this_stack():
+    """Every private API tfmem reads is there for TensorFlow and for the Keras that tf.keras is on this stack (or
+    exactly those EXPECTED_MISSING names, for its reason)."""
+    assert keras.layers.Layer is not None  # the stack's Keras is imported: its capabilities are judged
+    capabilities.forget()  # this stack's answers, not what an earlier test of the run left (a module it stubbed)
+    expected = EXPECTED_MISSING.get(_stack(), {})
+    missing = {c.name: c.api for c in capabilities.missing()}
+    assert set(missing) == set(expected), (f"{_stack()}: {capabilities.summary()}; missing {missing}, expected "
+                                           f"{expected or 'none'}")
+    needed = {"tensorflow", EXPECTED_KERAS}
+    judged = {c.name for c in capabilities.judged()}
+    assert {c.name for c in capabilities.CAPABILITIES if c.needs in needed} <= judged, capabilities.summary()
 
 
 def test_a_known_allocation_is_measured():
@@ -77,6 +104,11 @@ def test_a_fit_with_validation_is_broken_down_by_layer_and_phase(shell):
     assert model.optimizer_slots == 2 and [layer.name for layer in model.layers] == ["wide", "head"]
     assert model.params == 256 * 1024 + 1024 + 1024 * 10 + 10
     assert model.validation and "fit" in model.calls
+    # per-layer outputs: a Dense layer's output is (batch, units) float32, so units x 4 bytes per sample, exactly
+    for layer, units, inputs in zip(model.layers, (1024, 10), (256, 1024), strict=True):
+        assert layer.type == "Dense" and layer.params == inputs * units + units, layer
+        assert layer.output_shape == f"(None, {units})", layer
+        assert layer.activation_bytes_per_sample == units * 4, layer
     layers = {g.layer: g.bytes for g in report.trace.by_layer}
     phases = {g.phase: g.bytes for g in report.trace.by_phase}
     assert layers.get("wide", 0) > 0, layers
@@ -86,7 +118,39 @@ def test_a_fit_with_validation_is_broken_down_by_layer_and_phase(shell):
     assert phases.get("other", 0) <= 0.25 * sum(phases.values()), phases
 
 
-def test_the_what_if_answers_analytically_and_from_probes(shell):
+def test_the_trace_window_covers_the_first_steps(shell):
+    """`--trace-steps N`: the trace pauses after the first N steps of the fit (32 steps here), and the report says
+    so: a bounded trace, its windows, and a note naming the first steps."""
+    x, y = _data()
+    shell.user_ns.update(model=_wide_model("window_mlp"), x=x, y=y)
+    result = shell.run_cell("%%tfmem --as rep --trace-steps 3\nmodel.fit(x, y, batch_size=64, epochs=2, verbose=0)")
+    assert result.success, result.error_in_exec
+    report = shell.user_ns["rep"]
+    trace = report.trace
+    assert trace is not None and trace.events > 0
+    assert report.model is not None and report.model.keras_package == EXPECTED_KERAS and "fit" in report.model.calls
+    assert not trace.complete and "traced the first 3 steps of each fit/evaluate/predict call" in (trace.note or ""), \
+        trace.note
+    assert trace.windows, trace
+    # (a window's end is the tracer's clock, read a moment after the cell's: up to a few ms past wall_s)
+    assert all(0 <= start < end <= report.wall_s + 0.05 for start, end in trace.windows), (trace.windows,
+                                                                                          report.wall_s)
+    # 29 of the 32 steps ran untraced: the windows leave a gap in the cell
+    assert sum(end - start for start, end in trace.windows) < report.wall_s, (trace.windows, report.wall_s)
+
+
+def test_the_what_if_answers_analytically_and_from_probes(shell, monkeypatch):
+    from tfmem_magic.advise import calibrate
+
+    probe_lines: list[str] = []
+
+    def run_probe(payload, stage):  # calibrate's own probe process, its stdout kept for the clone's Keras
+        returncode, lines, last_error = real_run_probe(payload, stage)
+        probe_lines.extend(lines)
+        return returncode, lines, last_error
+
+    real_run_probe = calibrate._run_probe
+    monkeypatch.setattr(calibrate, "_run_probe", run_probe)
     x, y = _data()
     shell.user_ns.update(model=_wide_model("whatif_mlp"), x=x, y=y)
     shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=64, epochs=1, verbose=0)")
@@ -96,6 +160,9 @@ def test_the_what_if_answers_analytically_and_from_probes(shell):
     assert predict(report, optimizer="sgd").peak_bytes < predict(report).peak_bytes  # no Adam slots
     measured = predict(report, batch_size=512, calibrate=True)  # a clone, built with this stack's Keras
     assert measured.basis == "measured"
+    # the probe process says which Keras built the clone: the model's own (calibrate.probe_peaks refuses another)
+    clones = [line.split(" ", 1)[1] for line in probe_lines if line.startswith("TFMEM-CLONE ")]
+    assert clones == [report.model.keras_package] == [EXPECTED_KERAS], probe_lines
     # the 512-batch step holds its activations (2 MiB per 1024 units and 512 rows, a few times over) and the
     # model's weights, gradients and slots (~4 MiB); the probes' answer lies in between those bounds
     assert 4 * MiB < measured.peak_bytes < 64 * MiB, measured
@@ -116,6 +183,19 @@ def test_fix_cells_are_written_in_the_models_keras_and_run(shell):
     assert after.model.optimizer == "SGD" and after.model.optimizer_slots == 1
     policy = fixes.mixed_precision(report, ctx)
     assert f'{EXPECTED_KERAS}.mixed_precision.set_global_policy("mixed_bfloat16")' in policy.code
+    # run: the policy of the model's Keras changes, and only that one (the other Keras, when loaded, keeps its own)
+    own = kerases.import_flavour(EXPECTED_KERAS).mixed_precision
+    other_name = "keras" if LEGACY else "tf_keras"
+    other = kerases.module(other_name).mixed_precision if kerases.module(other_name) is not None else None
+    before, other_before = own.global_policy().name, other.global_policy().name if other is not None else None
+    assert before == "float32"
+    try:
+        ran = shell.run_cell(policy.code)
+        assert ran.success, ran.error_in_exec
+        assert own.global_policy().name == "mixed_bfloat16"
+        assert other is None or other.global_policy().name == other_before
+    finally:
+        own.set_global_policy(before)  # later tests build float32 models
     accumulate = fixes.grad_accumulation(report, ctx)
     if LEGACY:
         assert accumulate is None and any("gradient_accumulation_steps" in n for n in report.notes)

@@ -144,3 +144,28 @@ def test_bytes_allocated_during_a_pause_are_untraced_not_preexisting():
     info = analysis.summarize(trace, analysis.TraceContext())
     phases = {g.phase: g.bytes for g in info.by_phase}
     assert phases["pre-existing"] == 1000 and phases["untraced"] == 300 and phases["other"] == 150
+
+
+def test_a_tensor_carries_the_batch_first_second_or_folded_with_a_sequences_steps():
+    from tfmem_magic.analyze.analysis import batch_dimension
+
+    assert batch_dimension("[32,64,64]", 32) and batch_dimension("[100,32,64]", 32)  # [B, ...], time-major [T, B]
+    assert not batch_dimension("[64,256]", 32)
+    # a Dense on [B, T, D] multiplies [B*T, D]: the batch folded with the sequence's 64 steps
+    assert batch_dimension("[2048,256]", 32, {64}) and not batch_dimension("[2048,256]", 32, {100})
+    assert not batch_dimension("[2048]", 32, {64})  # a vector (channels, moments) is not a folded batch
+    assert not batch_dimension("[2048,8,8]", 32, {64})  # nor a higher-rank tensor: a Dense folds into a matrix
+    assert not batch_dimension(None, 32, {64}) and not batch_dimension("scalar", 32, {64})
+
+
+def test_the_steps_come_from_the_models_sequence_outputs_only():
+    from tfmem_magic.analyze.build import step_dims
+    from tfmem_magic.core.report import LayerInfo, ModelInfo, Report
+
+    layers = [LayerInfo("attn", "MultiHeadAttention", 1, "(None, 64, 64)", 1),
+              LayerInfo("conv", "Conv2D", 1, "(None, 62, 62, 32)", 1),  # an image: rows are not folded
+              LayerInfo("tokens", "Embedding", 1, "(None, None, 64)", 1),  # open length: no steps known
+              LayerInfo("head", "Dense", 1, "(None, 10)", 1)]
+    report = Report(model=ModelInfo(name="m", params=4, layers=layers))
+    assert step_dims(report) == {64}
+    assert step_dims(Report()) == set()

@@ -130,3 +130,62 @@ def test_an_allocators_series_is_downsampled_with_its_peak_kept():
     points = _points(t, live, most=50)
     assert len(points) <= 51 and [p[0] for p in points] == sorted(p[0] for p in points)
     assert max(p[1] for p in points) == 10**9 and [0.576, 10**9] in points  # t of event 423: (999 - 423) ms
+
+
+def test_in_quick_mode_a_gpu_reports_verdict_says_which_memory_it_is_about():
+    rep = gpu_report(peak=13 * GiB, limit=None)  # quick mode: TensorFlow told no GPU limit
+    rep.rss.peak_bytes = 2 * GiB
+    assert verdict(rep) == ("process memory fits with 22 GiB to spare (available RAM); GPU:0's limit was not "
+                            "recorded (a trace records it)")
+    rep.status = "error"
+    assert verdict(rep).startswith("raised an error; process memory fits with")
+    assert verdict(gpu_report(peak=13 * GiB, limit=14 * GiB)) == "used 93% of GPU:0's 14 GiB"  # traced: the GPU's
+
+
+def test_on_a_gpu_the_guards_layers_say_they_watch_host_memory():
+    from tfmem_magic.analyze.build import guard_layers, oom_tripped_by
+
+    assert guard_layers(False, allocator_capped=True, batch_end_armed=True) == [
+        "allocator", "batch-end check", "watchdog"]
+    assert guard_layers(True, allocator_capped=True, batch_end_armed=True) == [
+        "allocator (CPU only)", "batch-end check (host memory)", "watchdog (host memory)"]
+    request = {"shape": "[32,512,56,56]", "dtype": "float16", "bytes": 1, "device": "GPU:1", "allocator": "GPU_1_bfc"}
+    assert oom_tripped_by(request) == "GPU_1_bfc allocator (the GPU's own memory)"
+    assert oom_tripped_by({**request, "device": "CPU:0", "allocator": "mklcpu"}) == "allocator"
+
+
+def test_a_gpu_oom_is_not_blamed_on_tfmems_guard():
+    from tfmem_magic.core.report import ErrorInfo, GuardInfo
+
+    rep = gpu_report(peak=14 * GiB, limit=14 * GiB, status="oom")
+    rep.error = ErrorInfo(type="ResourceExhaustedError", message="OOM", request={
+        "shape": "[32,512,56,56]", "dtype": "float16", "bytes": 32 * 512 * 56 * 56 * 2, "device": "GPU:0",
+        "allocator": "GPU_0_bfc", "op": None})
+    rep.guard = GuardInfo(20 * GiB, "--limit", ["watchdog (host memory)"], None,
+                          "GPU_0_bfc allocator (the GPU's own memory)", None)
+    text = " ".join(f.evidence for f in diagnose.findings(rep))
+    assert "on GPU:0" in text and "tfmem's" not in text
+
+
+def test_the_what_if_and_large_batch_judge_against_the_gpus_budget():
+    from tfmem_magic.advise.prediction import predict
+
+    rep = gpu_report(peak=13 * GiB, limit=14 * GiB)
+    what = predict(rep, batch_size=512)
+    assert what.budget_bytes == 13 * GiB  # the GPU's limit less what it held before: not the 24 GiB host
+    assert what.fits is False  # its upper estimate (peak plus the band) is over the GPU's 13 GiB
+    small = gpu_report(peak=int(1.1 * GiB), limit=14 * GiB, baseline=1 * GiB)  # 100 MiB on a 14 GiB GPU
+    assert predict(small, batch_size=512).fits is True
+
+
+def test_the_panels_details_show_the_gpus_budget_beside_the_hosts():
+    pytest.importorskip("ipywidgets")
+    from tfmem_magic.show.panel import details_tab
+    from tfmem_magic.show.view import view_of
+
+    rep = gpu_report(peak=13 * GiB, limit=14 * GiB)
+    html = details_tab(rep, view_of(rep, whatifs=[])).value
+    assert "<th>GPU:0 budget</th><td>14 GiB (TensorFlow&#x27;s allocator limit)</td>" in html, html[:600]
+    assert "<th>Host budget</th><td>24 GiB" in html
+    cpu = report()
+    assert "<th>Budget</th><td>500 MiB" in details_tab(cpu, view_of(cpu, whatifs=[])).value

@@ -1,5 +1,9 @@
+import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ("IPython", "ipywidgets", "tensorflow", "keras", "matplotlib")
 
@@ -16,6 +20,67 @@ def test_core_import_pulls_no_ipython_widgets_or_tensorflow():
     assert set(loaded_after("import tfmem_magic, tfmem_magic.pipeline, tfmem_magic.show.render, "
                             "tfmem_magic.adapters.arguments")) & {"IPython", "ipywidgets", "tensorflow", "keras"} \
         == set()
+
+
+def test_the_tensorboard_writer_and_the_command_line_pull_nothing_heavy_at_import():
+    # TensorBoard's summary API (and so TensorFlow) is imported only when a logdir is written
+    assert loaded_after("import tfmem_magic.show.tensorboard") == []
+    assert loaded_after("import tfmem_magic.adapters.cli") == []
+
+
+# Keras 3 tries `import IPython` itself (keras/src/saving/file_editor.py, in a try/except ImportError), so the child
+# refuses IPython and ipywidgets and records every attempt with the stack that made it: any attempt with tfmem_magic's
+# code on the stack fails the test (the script imports Keras first, so Keras' own attempt has none of ours).
+RECORD_NOTEBOOK_IMPORTS = """
+import importlib.abc, json, sys, traceback
+NOTEBOOK = ("IPython", "ipywidgets")
+attempts = []
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in NOTEBOOK:
+            ours = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if f.filename.startswith(PACKAGE)]
+            attempts.append({"name": name, "ours": ours})
+            raise ModuleNotFoundError(f"refused for the test: {name}", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+@pytest.mark.slow
+def test_a_monitored_fit_and_a_tensorboard_logdir_import_no_notebook_package(tmp_path):
+    """At run time, not only at import: a MemoryMonitor fit (every batch, a traced first step, saved), an evaluate,
+    and to_tensorboard of a traced block, in a fresh interpreter, leave IPython and ipywidgets out of sys.modules,
+    and no tfmem_magic code asked for them."""
+    import tfmem_magic
+
+    pytest.importorskip("keras")
+    pytest.importorskip("tensorboard")
+    package = os.path.dirname(tfmem_magic.__file__) + os.sep
+    script = f"PACKAGE = {package!r}\n" + RECORD_NOTEBOOK_IMPORTS + f"""
+import numpy as np, keras
+import tfmem_magic
+from tfmem_magic.keras import MemoryMonitor
+x, y = np.random.rand(128, 16).astype("float32"), np.random.randint(0, 10, 128)
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32), keras.layers.Dense(10)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+monitor = MemoryMonitor(every="batch", trace_steps=1, save={str(tmp_path / "out")!r})
+model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[monitor])
+model.evaluate(x, y, verbose=0, callbacks=[monitor])
+with tfmem_magic.profile(label="block", keep_xspaces=True) as p:
+    model.predict(x, verbose=0)
+written = tfmem_magic.to_tensorboard(p.report, {str(tmp_path / "logs")!r}, p.xspaces)
+assert written.events and written.xplanes and monitor.report is not None
+print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in NOTEBOOK), "attempts": attempts}}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] == []  # neither "IPython" nor "ipywidgets" (nor a submodule) is in sys.modules
+    assert [a for a in seen["attempts"] if a["ours"]] == [], seen["attempts"]
 
 
 def test_the_pytest_plugin_pulls_nothing_heavy_until_asked():

@@ -6,6 +6,7 @@ The measurement options are the very ones `%%tfmem` takes (one parser, options.b
 from __future__ import annotations
 
 import argparse
+import gzip
 from dataclasses import replace
 import runpy
 import sys
@@ -48,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                                                       "default: the busiest GPU, else the CPU")
     show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
     show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
-                                                              "a saved report keeps no raw trace)")
+                                                              "a trace goes along for the Profile tab, a saved "
+                                                              "report keeps none)")
     return parser
 
 
@@ -67,14 +69,16 @@ def _cluster(ns: argparse.Namespace) -> int:
 def _show(ns: argparse.Namespace) -> int:
     """A saved report, or a saved trace (a .xplane.pb, or a folder of them: one report per file)."""
     if saved_trace.is_xspace_path(ns.report):
-        files = saved_trace.xspace_files(ns.report)
-        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name) for f in files]
+        traces = saved_trace.xspace_files(ns.report)
+        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name) for f in traces]
+        files: list[Path | None] = list(traces)
     else:
         if ns.device:
             raise TfmemUsageError("--device picks the allocator of a saved trace (.xplane.pb); a saved report "
                                   "already has its device")
+        files = [None]
         reports = [Report.load(ns.report)]
-    for i, report in enumerate(reports):
+    for i, (report, file) in enumerate(zip(reports, files, strict=True)):
         print(render_text(report))
         if ns.html:
             html = Path(ns.html) if len(reports) == 1 else Path(ns.html).with_suffix(f".{i + 1}.html")
@@ -82,8 +86,18 @@ def _show(ns: argparse.Namespace) -> int:
         if ns.tensorboard:
             from tfmem_magic.show.tensorboard import summary_line, write
 
-            print(summary_line(write(report, ns.tensorboard)))  # without TensorBoard: a usage error
+            # a trace goes along as read, for the Profile tab (a saved report keeps none); without TensorBoard: a
+            # usage error
+            xspaces = [(_raw_xspace(file), 0.0)] if file is not None else None
+            host = file.name.split(".xplane.pb")[0] if file is not None else None
+            print(summary_line(write(report, ns.tensorboard, xspaces, host=host)))
     return 0
+
+
+def _raw_xspace(path: Path) -> bytes:
+    """A saved trace's XSpace as TensorBoard's profile plugin reads it: `<host>.xplane.pb`, never gzipped."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
 
 
 def main(argv: list[str] | None = None) -> int:

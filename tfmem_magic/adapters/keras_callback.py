@@ -186,6 +186,7 @@ class MemoryMonitorMixin:
         self._close(logs, "call")
         self._finish_trace("the call ended before its traced steps did")
         self._call = None
+        self._save_records()  # a standalone evaluate or predict (no fit) is saved too
 
     # ---- fit --------------------------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -322,6 +323,7 @@ class MemoryMonitorMixin:
                               stacklevel=2)
 
     def _save_records(self) -> None:
+        """`save=DIR`: every window so far into DIR/tfmem-epochs.json, at the end of each fit, evaluate and predict."""
         if self.save_dir is None:
             return
         import json

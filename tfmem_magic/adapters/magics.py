@@ -341,15 +341,22 @@ def keras_line(found: dict) -> str:
 
 
 def capabilities_lines() -> list[str]:
-    """The private APIs tfmem relies on (measure/capabilities.py): all there, or what is missing and what degrades."""
+    """The private APIs tfmem relies on (measure/capabilities.py): how many are there, each one missing with what
+    degrades, and those not checked yet (the Keras they belong to is not imported)."""
     if not environment.tensorflow_imported():
         return ["Capabilities checked once TensorFlow is imported"]
-    absent = capabilities.missing()
+    absent, done, waiting = capabilities.missing(), capabilities.judged(), capabilities.pending()
+    names = ", ".join(c.name for c in done if c not in absent)
     if not absent:
-        return [f"Capabilities all {len(capabilities.CAPABILITIES)} available on {capabilities.versions_text()}: "
-                + ", ".join(c.name for c in capabilities.CAPABILITIES)]
-    return [f"Capability   {c.name}: unavailable on {capabilities.versions_text()} ({c.api} is missing): "
-            f"{c.degraded}" for c in absent]
+        lines = [f"Capabilities all {len(done)} available on {capabilities.versions_text()}: {names}"]
+    else:
+        lines = [f"Capabilities {len(done) - len(absent)} of {len(done)} available on "
+                 f"{capabilities.versions_text()}: {names or 'none'}"]
+        lines += [f"Capability   {c.name}: {capabilities.unavailable_text(c)}: {c.degraded}" for c in absent]
+    if waiting:
+        needs = " or ".join(sorted({c.needs for c in waiting}))
+        lines.append(f"Capabilities checked when {needs} is imported: " + ", ".join(c.name for c in waiting))
+    return lines
 
 
 def history_text() -> str:
@@ -421,7 +428,13 @@ class Watcher:
 def load(ipython: Any) -> None:
     setup = environment.prepare_allocator()
     remove_leftovers()  # trace folders of kernels that were killed
+    # the private APIs, probed once: those of what is imported now (nothing is imported for it), the rest when
+    # TensorFlow or a Keras is (capabilities.check, at the first report or %tfmem status after); answers are kept
+    absent = capabilities.missing()
     ipython.register_magics(TfmemMagics)
+    if absent:
+        print(f"tfmem_magic: {len(absent)} of the private APIs it reads are missing here "
+              f"({', '.join(c.name for c in absent)}): what each costs is in %tfmem status and in every report.")
     if setup.loaded_after_first_op:
         note = environment.allocator_view().note
         if note:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.measure import kerases
+from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.tracer import remove_leftovers
 
 TIMEOUT_S = 600
@@ -72,6 +73,8 @@ if spec["custom"]:  # classes defined in the notebook, sent by value (cloudpickl
 scope = keras.saving.custom_object_scope(custom)
 scope.__enter__()  # for the whole probe: compile_from_config may name custom losses and metrics too
 model = keras.models.model_from_json(spec["model"])
+from tfmem_magic.measure.kerases import flavour_of
+print("TFMEM-CLONE " + flavour_of(model), flush=True)  # the Keras whose classes built the clone (its MRO's)
 
 from tfmem_magic.measure.feeding import LEAF, complete
 RNG = np.random.default_rng(0)
@@ -184,6 +187,10 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
         if missing:  # older Keras (3.3) writes a config for a class without get_config(); only rebuilding it fails
             raise TfmemUsageError(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
         raise TfmemUsageError(f"calibration probes failed ({last_error[:300]}); the analytic basis stays in use")
+    clone = next((x.split(" ", 1)[1] for x in lines if x.startswith("TFMEM-CLONE ")), None)
+    if clone != flavour:  # another Keras' clone measures another implementation: no number rather than a wrong one
+        raise TfmemUsageError(f"calibration: the probe process built the clone with {clone or 'no Keras'}, not with "
+                              f"the model's {flavour}; the analytic basis stays in use")
     peaks = {int(k): tuple(v) for k, v in json.loads(line.split(" ", 1)[1]).items()}
     if any(None in v for v in peaks.values()):
         raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
@@ -195,10 +202,9 @@ def _own_classes(model: Any) -> list[Any]:
     """Classes of the model, its layers (nested too), loss, metrics and optimizer that are not Keras' or TF's own:
     the probe process must be given them (the notebook's `__main__` does not exist there)."""
     objects: list[Any] = [model, getattr(model, "optimizer", None), getattr(model, "loss", None)]
-    try:
-        objects += list(model._flatten_layers(include_self=False, recursive=True))  # see measure/capabilities.py
-    except AttributeError:  # gone from Keras: the top-level layers
-        objects += list(getattr(model, "layers", []))
+    objects += all_layers(model, include_self=False)
+    # the metrics compile() was given: Keras 3's _compile_metrics, tf_keras' compiled_metrics, each keeps them in
+    # _user_metrics (private: see measure/capabilities.py; without them a notebook's metric class is not sent)
     compiled = getattr(model, "_compile_metrics", None) or getattr(model, "compiled_metrics", None)
     objects += list(getattr(compiled, "_user_metrics", None) or []) if compiled is not None else []
     seen: dict[str, Any] = {}

@@ -99,7 +99,7 @@ def out_of_memory(report: Report) -> Finding | None:
         parts.append(f"TensorFlow could not allocate a {request['dtype']} tensor of shape {request['shape']} "
                      f"({format_bytes(request['bytes'])}){op} on {request['device']}.")
     g = report.guard
-    if g is not None and g.tripped_by and g.tripped_by != "allocator":
+    if g is not None and g.tripped_by in ("batch-end check", "watchdog"):  # tfmem's layers, not TF's allocator
         parts.append(f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
                      f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source}).")
     elif g is not None and g.allocator_limit_bytes:

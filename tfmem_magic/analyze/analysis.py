@@ -7,6 +7,9 @@ Attribution of one allocation, in order of trust:
    forward of that layer, `weights/<name>` → weight creation, `phase/<phase>` → backward or optimizer;
 3. what is known of the op type: iterator and tf.data ops → input; an untagged allocation whose size equals an
    array handed to `fit` → the input copy.
+An allocation made inside an XLA run (on its thread), or tagged with the name of a function that ran as an XLA
+module, is the XLA computation's (op "XLA computation", no layer, phase "other"): XLA allocates its buffers itself,
+untagged or tagged with the launching op only, whatever its rules above would say.
 Everything live before the trace began is "pre-existing" (weights and slots of earlier cells, earlier tensors);
 what the cell allocated while the trace was paused and still held at the peak is "untraced".
 """
@@ -21,7 +24,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
-from tfmem_magic.measure.xplane import DATA_TYPES, MemoryEvents, Span, Trace
+from tfmem_magic.measure.xplane import DATA_TYPES, XLA_SPAN, MemoryEvents, Span, Trace, xla_function
 
 PS = 1e12
 MAX_TIMELINE_POINTS = 2000
@@ -34,6 +37,7 @@ _INPUT_OPS = {"MakeIterator", "IteratorGetNext", "OptionalHasValue", "OptionalGe
 _OPTIMIZER_SCOPES = {"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "ftrl", "lion",
                      "lamb", "loss_scale_optimizer", "optimizer"}
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
+XLA_OP = "XLA computation"
 
 
 @dataclass
@@ -48,6 +52,9 @@ class TraceContext:
     # them hide frees
     batch_size: int | None = None  # the batch the cell's model ran (to find the tensors that grow with it)
     weight_shapes: set[str] = field(default_factory=set)  # "[a,b]" shapes of the model's variables
+    # the steps of the model's sequence outputs ((None, T, D) layers): a Dense on [B, T, D] multiplies [B*T, D], so
+    # a matrix whose first dimension is the batch times one of these carries the batch
+    step_dims: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -182,7 +189,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     ev, spans = trace.events, trace.spans
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
     ctx = replace(ctx, layer_names=ctx.layer_names | span_layers)
-    ops: list[str] = ["(untagged)", "input copy (numpy → tensor)"]
+    ops: list[str] = ["(untagged)", "input copy (numpy → tensor)", XLA_OP]
     layers: list[str] = []
     op_index = {name: i for i, name in enumerate(ops)}
     layer_index: dict[str, int] = {}
@@ -237,7 +244,32 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     if ctx.input_array_bytes:
         copy = untagged & np.isin(ev.requested, list(ctx.input_array_bytes))
         op[copy], phase[copy] = op_index["input copy (numpy → tensor)"], phase_of["input"]
+
+    xla = _innermost_spans(ev, spans, XLA_SPAN) >= 0
+    functions = {f for f in map(xla_function, trace.xla_modules) if f}
+    if functions:
+        tagged = np.array([text in functions for text in ev.strings] + [False], dtype=bool)
+        xla |= tagged[np.where(ev.op >= 0, ev.op, len(ev.strings))]
+    op[xla], layer[xla], phase[xla] = op_index[XLA_OP], -1, phase_of["other"]
     return Attributed(op, layer, phase, ops, layers)
+
+
+def xla_runs(spans: list[Span]) -> int:
+    """XLA runs in the trace: its XLA spans, counting each nest (a launch op around the executable's run) once."""
+    runs = 0
+    by_thread: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.name.startswith(XLA_SPAN):
+            by_thread[s.thread].append(s)
+    for mine in by_thread.values():
+        end = None
+        for s in sorted(mine, key=lambda s: (s.start_ps, -s.end_ps)):
+            if end is None or s.start_ps > end:
+                runs += 1
+                end = s.end_ps
+            else:
+                end = max(end, s.end_ps)
+    return runs
 
 
 # ---- the summary --------------------------------------------------------------------------------------------
@@ -306,12 +338,17 @@ def _drop_freed_in_gaps(live: np.ndarray, ev: MemoryEvents, t_s: np.ndarray, pea
         excess -= int(ev.chunk[i])
 
 
-def batch_dimension(shape: str | None, batch: int) -> bool:
-    """The tensor has the batch as its first or second dimension ([B, ...]; time-major RNN states [T, B, ...])."""
+def batch_dimension(shape: str | None, batch: int, step_dims: set[int] | frozenset[int] = frozenset()) -> bool:
+    """The tensor has the batch as its first or second dimension ([B, ...]; time-major RNN states [T, B, ...]), or
+    the batch folded with a layer's steps ([B*T, D]: a Dense or attention projection on a sequence)."""
     if not shape or not shape.startswith("["):
         return False
-    dims = shape.strip("[]").split(",")[:2]
-    return str(batch) in dims
+    dims = [d.strip() for d in shape.strip("[]").split(",")]
+    if str(batch) in dims[:2]:
+        return True
+    first = dims[0]
+    return (len(dims) == 2 and first.isdigit() and int(first) % batch == 0  # a matrix, as a Dense makes it
+            and int(first) // batch in step_dims)
 
 
 def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
@@ -323,7 +360,7 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
         return None
     skip = {"weights", "optimizer", "pre-existing", "untraced"}
     return sum(r.requested for r in rows if r.phase not in skip and not r.op.startswith("input copy")
-               and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch))
+               and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
 
 
 def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
@@ -334,6 +371,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
                      allocators=[AllocatorUse(a.name, a.device, a.events, a.peak_bytes, a.limit_bytes,
                                               [] if i == 0 else a.timeline)  # the first is the main timeline
                                  for i, a in enumerate(trace.allocators)])
+    info.xla_runs = xla_runs(trace.spans)
     if n == 0:
         return info
     t_s = ev.t_ps / PS  # segment offsets already put every event on the cell's clock
@@ -391,4 +429,5 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.by_layer = _groups([((r.layer or "(no layer)",), r.chunk, r.requested) for r in traced], ("layer",), top)
     info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
+    info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
     return info

@@ -8,7 +8,7 @@ from typing import Any
 from tfmem_magic.analyze import analysis, modelinfo
 from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.measure import environment, guard, xplane
+from tfmem_magic.measure import environment, guard, kerases, xplane
 from tfmem_magic.measure.capture import Measured
 
 # process memory the profiler itself takes per xplane byte it records, at its high-water mark (recorder + export;
@@ -54,6 +54,8 @@ def add_analysis(report: Report, m: Measured) -> Any:
                         if use is not None else None)
         report.tf_function_traces = instr.function_traces()
         report.notes.extend(instr.notes)
+        if report.model is not None:
+            name_the_models_keras(report)
     if m.mode == "trace" and m.tracer is not None and instr is not None:
         report.trace = trace_info(m, report, use)
         xla = xla_note(report)
@@ -62,16 +64,44 @@ def add_analysis(report: Report, m: Measured) -> Any:
     return use
 
 
+def name_the_models_keras(report: Report) -> None:
+    """The environment names the Keras the model was made with: `import tf_keras` without TF_USE_LEGACY_KERAS
+    leaves `tf.keras` Keras 3, and its version and global policy would describe a Keras the model does not use."""
+    package = report.model.keras_package if report.model is not None else None
+    if package is None or package == report.env.keras_package:
+        return
+    report.env.keras_package, report.env.keras = package, kerases.version(package)
+    report.env.mixed_precision_policy = environment.mixed_precision_policy(package)
+
+
 def xla_note(report: Report) -> str | None:
-    """Why an XLA-compiled step's breakdown has no layers: XLA allocates its buffers without TensorFlow op names."""
+    """Why an XLA-compiled step's breakdown has no layers: XLA allocates its buffers itself, without TensorFlow op or
+    layer names. Said when the trace holds XLA runs (a Keras model's jit_compile step, a tf.function(jit_compile=True)
+    of the user's, an auto-clustered launch, a saved trace's), or the cell's model was compiled with XLA."""
     model, trace = report.model, report.trace
-    if model is None or not model.jit_compile or trace is None or not trace.events:
+    if trace is None or not trace.events:
         return None
-    nameless = sum(g.bytes for g in trace.at_peak if g.op == "(untagged)")
-    return (f"{model.name}'s steps ran as XLA computations (jit_compile=True; Keras 3 turns it on by itself when a "
-            f"GPU is present, jit_compile=\"auto\"). XLA allocates its buffers without op or layer names, so "
-            f"{format_bytes(nameless)} at the peak is in no layer ('other'). Compile with jit_compile=False for a "
-            "per-layer breakdown; the peak itself differs without XLA, which fuses ops and reuses buffers.")
+    keras_jit = model is not None and bool(model.jit_compile)
+    # runs that fell between the trace's segments are not counted, but their bytes are still XLA's (tagged with the
+    # compiled function's name): those bytes alone are evidence too
+    if not trace.xla_runs and not trace.xla_at_peak_bytes and not keras_jit:
+        return None
+    # what the trace attributed to XLA; in a Keras jit step whose runs the trace did not see, the untagged bytes are
+    # XLA's too (measured: its buffers are untagged, and a run whose own event a pause cut off has nothing around
+    # them). With runs seen, the untagged bytes inside them are already counted, and the others are not XLA's.
+    untagged = sum(g.bytes for g in trace.at_peak if g.op == "(untagged)")
+    xla_bytes = trace.xla_at_peak_bytes + (untagged if keras_jit and not trace.xla_runs else 0)
+    who = f"{model.name}'s steps" if keras_jit else "Code in this trace"
+    runs = f" ({trace.xla_runs} XLA run{'s' if trace.xla_runs != 1 else ''} traced)" if trace.xla_runs else ""
+    switch = ("model.compile(..., jit_compile=False)" if keras_jit else
+              "jit_compile=False (tf.function(jit_compile=False), model.compile(..., jit_compile=False))")
+    # HLO metadata names the Keras layers of each XLA op, but the buffers XLA allocates (one temporary block for many
+    # ops' values, measured on TF 2.21) map to no single op: the bytes stay unattributed rather than guessed
+    return (f"{who} ran as XLA computations{runs}: jit_compile=True, or Keras 3's jit_compile=\"auto\", which turns "
+            "it on when a GPU is present. XLA allocates its buffers itself, without op or layer names, so "
+            f"{format_bytes(xla_bytes)} at the peak is in no layer (op '{analysis.XLA_OP}', phase 'other'). Run "
+            f"with {switch} for a per-layer breakdown; the peak itself differs without XLA, which fuses ops and "
+            "reuses buffers.")
 
 
 def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
@@ -80,13 +110,28 @@ def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
         return None
     allocator = guard.allocator_limit_bytes()
     armed = m.instrumentation is not None and m.instrumentation.installed
-    # TF_CPU_BFC_MEM_LIMIT_IN_MB caps the CPU's allocator: on a GPU it does not guard the GPU's memory
-    layers = ([("allocator (CPU only)" if report.on_gpu else "allocator")] if allocator else []) + \
-        (["batch-end check"] if armed else []) + ["watchdog"]
+    layers = guard_layers(report.on_gpu, allocator_capped=bool(allocator), batch_end_armed=armed)
     tripped = g.tripped_by
     if tripped is None and report.error is not None and report.error.request is not None:
-        tripped = "allocator"  # TensorFlow's own OOM error: its allocator refused the request
+        tripped = oom_tripped_by(report.error.request)
     return GuardInfo(g.limit, g.source, layers, allocator, tripped, g.tripped_rss or None)
+
+
+def guard_layers(on_gpu: bool, allocator_capped: bool, batch_end_armed: bool) -> list[str]:
+    """The guard's layers as the report lists them, each saying which memory it watches on a GPU: the allocator cap
+    (TF_CPU_BFC_MEM_LIMIT_IN_MB) is the CPU allocator's only, and the batch-end check and the watchdog read the
+    process's RSS, which is host memory; none of them watches the GPU's memory (TensorFlow's own OOM error does)."""
+    host = " (host memory)" if on_gpu else ""
+    return ([("allocator (CPU only)" if on_gpu else "allocator")] if allocator_capped else []) + \
+        ([f"batch-end check{host}"] if batch_end_armed else []) + [f"watchdog{host}"]
+
+
+def oom_tripped_by(request: dict) -> str:
+    """What stopped a cell that TensorFlow's own OOM error ended: its allocator, named when it is a GPU's."""
+    device, allocator = str(request.get("device") or ""), request.get("allocator")
+    if "GPU" in device.upper() and allocator:
+        return f"{allocator} allocator (the GPU's own memory)"
+    return "allocator"
 
 
 def _env(m: Measured) -> EnvInfo:
@@ -109,13 +154,27 @@ def gpu_limits(info: TraceInfo) -> dict[str, int]:
             if a.device is not None and a.device.startswith("GPU:") and a.limit_bytes}
 
 
+def step_dims(report: Report) -> set[int]:
+    """The steps of each sequence-shaped layer output ((None, 64, 32) -> 64): what a Dense on a sequence folds into
+    its matmul's first dimension ([B*T, D]). Images ((None, H, W, C)) are not folded that way."""
+    model = report.model
+    if model is None:
+        return set()
+    dims = set()
+    for layer in model.layers:
+        parts = [p.strip() for p in (layer.output_shape or "").strip("()[]").split(",") if p.strip()]
+        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) > 1:
+            dims.add(int(parts[1]))
+    return dims
+
+
 def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     instr, tracer = m.instrumentation, m.tracer
     assert instr is not None and tracer is not None
     ctx = analysis.TraceContext(layer_names=set(instr.layer_names), input_array_bytes=set(instr.copy_roles),
                                 copy_roles=dict(instr.copy_roles), windows=list(tracer.windows),
                                 batch_size=report.model.replica_batch if report.model is not None else None,
-                                weight_shapes=modelinfo.weight_shapes(use))
+                                weight_shapes=modelinfo.weight_shapes(use), step_dims=step_dims(report))
     ctx.optimizer_scopes |= instr.optimizer_names
     info = analysis.summarize(xplane.read_segments(m.segments, report.main_device_name), ctx)
     report.env.device_limit_bytes.update(gpu_limits(info))

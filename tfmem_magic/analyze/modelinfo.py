@@ -76,8 +76,10 @@ def _internal_bytes(layer: Any) -> int:
     if type(layer).__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
         return 0
     try:
-        heads = int(getattr(layer, "num_heads", None) or layer.num_query_heads)
-        key_dim = int(getattr(layer, "key_dim", None) or layer.head_dim)
+        # Keras 3's properties, else the layer's config (public in both Kerases: tf_keras has no such properties)
+        config = {} if getattr(layer, "num_heads", None) and getattr(layer, "key_dim", None) else layer.get_config()
+        heads = int(getattr(layer, "num_heads", None) or config.get("num_heads") or layer.num_query_heads)
+        key_dim = int(getattr(layer, "key_dim", None) or config.get("key_dim") or layer.head_dim)
         shapes = _attention_shapes(layer)
         query = [int(d) for d in shapes["query_shape"][1:-1]]
         key = [int(d) for d in (shapes.get("key_shape") or shapes["value_shape"])[1:-1]]

@@ -11,7 +11,7 @@ import gzip
 from pathlib import Path
 
 from tfmem_magic.analyze import analysis
-from tfmem_magic.analyze.build import gpu_limits
+from tfmem_magic.analyze.build import gpu_limits, xla_note
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import DeviceMemory, EnvInfo, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -21,6 +21,7 @@ SUFFIXES = (".xplane.pb", ".xplane.pb.gz")
 # TensorFlow's CPU allocators other than BFC: oneDNN's traces only requests of 256 KiB or more (measured: 5,162
 # events where BFC gave 68,623 for the same 2 s of training), the plain one nothing
 PARTIAL_CPU_ALLOCATORS = ("mklcpu", "cpu")
+HOST_DEVICE = "CPU:0"  # the device a host allocator's figures are listed under
 
 
 def is_xspace_path(path: str | Path) -> bool:
@@ -73,7 +74,8 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
     # the headline is the allocator the breakdown is about (the other GPUs are listed in the trace and the notes)
     main = trace.allocators[0] if trace.allocators else None
     if main is not None:
-        report.tf = {main.device or main.name: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
+        # an allocator that serves no TF device of its own (`gpu_host_bfc`: pinned host memory) is the host's
+        report.tf = {main.device or HOST_DEVICE: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
     else:  # events without an allocator name (an older TensorFlow): one series
         end = int(trace.events.live[-1])
         report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, end)}
@@ -84,6 +86,14 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
                          device_limit_bytes=gpu_limits(info))
     report.notes.append(f"Built from a saved trace ({p.name}): TensorFlow's allocator events only; the process's "
                         "memory (RSS) and the model were not recorded in it.")
+    if main is not None and main.device is None:
+        what = ("the pinned host memory that copies to and from a GPU go through" if "host" in main.name.lower()
+                else "an allocator whose name ties it to no device")
+        report.notes.append(f"The trace's memory events are {main.name}'s only ({what}), listed as {HOST_DEVICE} "
+                            "(host memory). No GPU's own allocator (GPU_<n>_bfc) recorded events in it.")
+    xla = xla_note(report)
+    if xla:
+        report.notes.append(xla)
     if len(info.allocators) > 1:
         report.notes.append("Other allocators in the trace: " + "; ".join(
             f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"

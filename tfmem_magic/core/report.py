@@ -34,7 +34,9 @@ class GuardInfo:
     source: str  # "--limit" | "%tfmem limit"
     layers: list[str] = field(default_factory=list)  # "allocator", "batch-end check", "watchdog"
     allocator_limit_bytes: int | None = None
-    tripped_by: str | None = None  # the layer that stopped the cell; "allocator" for TF's own OOM error
+    # the layer that stopped the cell; "allocator" for TF's own OOM error ("GPU_0_bfc allocator (the GPU's own
+    # memory)" when a GPU's allocator refused)
+    tripped_by: str | None = None
     tripped_rss_bytes: int | None = None
 
 
@@ -134,7 +136,9 @@ class AllocatorUse:
     device: str | None = None  # "GPU:4" for GPU_4_bfc, "CPU:0"; None: pinned host memory (gpu_host_bfc)
     events: int = 0
     peak_bytes: int = 0
-    limit_bytes: int | None = None  # in use + available: the most it may hand out (a GPU's memory for TensorFlow)
+    # in use + available + reserved (BFC's bytes_available leaves its reserved bytes out): the most it may hand out
+    # (a GPU's memory for TensorFlow)
+    limit_bytes: int | None = None
     timeline: list[list[float]] = field(default_factory=list)  # [[t, in use], ...]: a second series, downsampled
 
 
@@ -166,6 +170,10 @@ class TraceInfo:
     # requested bytes live at the peak in tensors with the batch dimension (what grows with the batch), and that batch
     batch_bytes_at_peak: int | None = None
     batch_size: int | None = None
+    # XLA: runs of compiled computations in the trace (a jit_compile step, an auto-clustered launch; 0: none seen),
+    # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
+    xla_runs: int = 0
+    xla_at_peak_bytes: int = 0
     note: str | None = None
 
 

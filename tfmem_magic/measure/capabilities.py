@@ -2,8 +2,11 @@
 moves one degrades the feature it serves with a note (in every report and in `%tfmem status`), never with an
 exception and never with a silently wrong number.
 
-Each check only imports modules and reads attributes: it runs no op (TensorFlow's allocator must still be chosen
-by the user's first op). The results are cached per process once TensorFlow is imported.
+Each check only imports modules and reads attributes (or the names a class's code uses): it runs no op
+(TensorFlow's allocator must still be chosen by the user's first op), and it never imports TensorFlow or a Keras by
+itself. A capability is judged once what it needs is imported (TensorFlow, Keras 3 or tf_keras): at
+`%load_ext tfmem_magic` for what is imported by then, else at the first report or `%tfmem status` after. Each
+answer is kept for the life of the process: later cells read it, they do not probe again.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tfmem_magic.measure import kerases
+
+TENSORFLOW = "tensorflow"
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,7 @@ class Capability:
     api: str  # the private API it needs
     degraded: str  # what happens without it
     probe: Callable[[], bool]
+    needs: str = TENSORFLOW  # judged once this is imported: TENSORFLOW, kerases.KERAS3 or kerases.TF_KERAS
 
 
 def _has_path(obj: object, path: tuple[str, ...]) -> bool:
@@ -43,19 +50,46 @@ def _attr(module: str, *path: str) -> Callable[[], bool]:
     return probe
 
 
-def _keras_attr(*path: str) -> Callable[[], bool]:
+def _keras_attr(flavour: str, *path: str) -> Callable[[], bool]:
+    """`path` on that Keras (KERAS3 or TF_KERAS), judged once it is imported (see Capability.needs)."""
     def probe() -> bool:
-        keras = sys.modules.get("keras")
-        return True if keras is None else _has_path(keras, path)  # judged once Keras is imported
+        keras = kerases.module(flavour)
+        return keras is not None and _has_path(keras, path)
 
     return probe
 
 
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    """The names a code object and the functions defined inside it use (`self.x = ...` puts `x` there)."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
 def _stores(function: Any, attribute: str) -> bool:
-    """The function's code assigns `self.<attribute>` (read from its bytecode's names: nothing is called, no op
+    """The function's code uses `self.<attribute>` (read from its bytecode's names: nothing is called, no op
     runs); for attributes that exist only on instances."""
     code = getattr(inspect.unwrap(function), "__code__", None)
-    return code is not None and attribute in code.co_names
+    return code is not None and attribute in set(_code_names(code))
+
+
+def _class_uses(cls: Any, *attributes: str, root: str | None = None) -> bool:
+    """Every attribute is used by the code of a function of `cls` or a class it derives from (only classes of the
+    package `root`, when given: a TensorFlow base class's own `_trainable_variables` is not Keras')."""
+    names: set[str] = set()
+    for klass in getattr(cls, "__mro__", ()):
+        if root is not None and (getattr(klass, "__module__", "") or "").split(".")[0] != root:
+            continue
+        for value in vars(klass).values():
+            for function in (value, getattr(value, "__func__", None), getattr(value, "fget", None)):
+                try:
+                    code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
+                except ValueError:  # a wrapper chain that loops: not code we can read
+                    code = None
+                if isinstance(code, types.CodeType):
+                    names.update(_code_names(code))
+    return all(a in names for a in attributes)
 
 
 def _dataset_batch_size() -> bool:
@@ -65,20 +99,50 @@ def _dataset_batch_size() -> bool:
         _stores(batch_op._ParallelBatchDataset.__init__, "_batch_size")
 
 
-def _build_shapes() -> bool:
-    keras = sys.modules.get("keras")
-    if keras is None:
-        return True  # judged once Keras is imported
-    from keras.src.layers import layer
+def _dataset_input() -> bool:
+    from tensorflow.python.data.ops import dataset_ops
 
-    return any(_stores(f, "_build_shapes_dict") for f in vars(layer).values() if inspect.isfunction(f)) or \
-        any(_stores(f, "_build_shapes_dict") for f in vars(layer.Layer).values() if inspect.isfunction(f))
+    return _stores(dataset_ops.UnaryDataset.__init__, "_input_dataset")
 
 
 def _context_handle() -> bool:
     from tensorflow.python.eager import context
 
     return hasattr(context.context(), "_context_handle")  # the Python object only: no op runs
+
+
+def _keras_build_shapes() -> bool:
+    keras = kerases.module(kerases.KERAS3)
+    return keras is not None and _class_uses(keras.Layer, "_build_shapes_dict", root=kerases.KERAS3)
+
+
+def _keras_optimizer_variables() -> bool:
+    keras = kerases.module(kerases.KERAS3)
+    return keras is not None and _class_uses(keras.optimizers.Optimizer, "_trainable_variables", root=kerases.KERAS3)
+
+
+def _keras_compiled_metrics() -> bool:
+    keras = kerases.module(kerases.KERAS3)
+    if keras is None or not _class_uses(keras.Model, "_compile_metrics", root=kerases.KERAS3):
+        return False
+    from keras.src.trainers import compile_utils
+
+    return _class_uses(compile_utils.CompileMetrics, "_user_metrics", root=kerases.KERAS3)
+
+
+def _tf_keras_attention_shapes() -> bool:
+    keras = kerases.module(kerases.TF_KERAS)
+    return keras is not None and _class_uses(keras.layers.MultiHeadAttention, "_query_shape", "_key_shape",
+                                             "_value_shape", root=kerases.TF_KERAS)
+
+
+def _tf_keras_compiled_metrics() -> bool:
+    keras = kerases.module(kerases.TF_KERAS)
+    if keras is None or not _class_uses(keras.Model, "compiled_metrics", root=kerases.TF_KERAS):
+        return False
+    from tf_keras.src.engine import compile_utils
+
+    return _class_uses(compile_utils.MetricsContainer, "_user_metrics", root=kerases.TF_KERAS)
 
 
 def _tf(name: str, api: str, degraded: str) -> Capability:
@@ -97,6 +161,12 @@ def _split(api: str) -> tuple[str, tuple[str, ...]]:
     return ".".join(parts[:-1]), (parts[-1],)
 
 
+_WALK = ("nested layers are found through the public `.layers` of nested models only: a layer that a custom layer "
+         "keeps inside itself is not known by name (the trace books its memory to the enclosing layer), and "
+         "calibration does not send its class to the probe process")
+_METRICS = ("a metric class defined in the notebook is not sent to calibration's probe process: calibrating a "
+            "model compiled with one fails with a note (the analytic what-if is unaffected)")
+
 CAPABILITIES = (
     _tf("per-op trace", "tensorflow.python.profiler.internal._pywrap_profiler.ProfilerSession",
         "cells are measured in quick mode: allocator statistics and RSS, no breakdown or timeline"),
@@ -112,61 +182,117 @@ CAPABILITIES = (
     Capability("TensorFlow started?", "tensorflow.python.eager.context.context()._context_handle",
                "whether TensorFlow has run its first op is read as 'not yet': allocator figures may be missing",
                _context_handle),
-    Capability("Keras model walk", "keras.Layer._flatten_layers",
-               "nested layers are not listed: model info counts top-level layers only, and calibration clones "
-               "only what it can rebuild",
-               _keras_attr("Layer", "_flatten_layers")),
     Capability("batch of a tf.data pipeline", "tensorflow.python.data.ops.batch_op._BatchDataset._batch_size",
                "a pipeline whose element_spec leaves the batch open (a final partial batch kept) gives no batch "
                "size: the what-if and the batch fixes need one from elsewhere (fit's batch_size, a generator's "
                "first batch)",
                _dataset_batch_size),
+    Capability("steps of a tf.data pipeline", "tensorflow.python.data.ops.dataset_ops.UnaryDataset._input_dataset",
+               "a .batch() followed by other steps (map, prefetch, ...) is not found when the element_spec leaves "
+               "the batch open: such a pipeline gives no batch size, as above",
+               _dataset_input),
+    Capability("Keras model walk", "keras.Layer._flatten_layers", _WALK,
+               _keras_attr(kerases.KERAS3, "Layer", "_flatten_layers"), kerases.KERAS3),
     Capability("attention's internal shapes", "keras.Layer._build_shapes_dict",
                "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
                "activations: the analytic what-if of a Transformer reads low (the trace still measures them)",
-               _build_shapes),
+               _keras_build_shapes, kerases.KERAS3),
+    Capability("custom loop's optimizer", "keras.optimizers.Optimizer._trainable_variables",
+               "an `optimizer.apply(grads)` that leaves out the variables (Keras then updates those it was built "
+               "with) is not tied to its model: the model is described without that optimizer and its slots "
+               "(`apply(grads, variables)` and `apply_gradients` are unaffected)",
+               _keras_optimizer_variables, kerases.KERAS3),
+    Capability("custom metrics in calibration", "keras.Model._compile_metrics._user_metrics", _METRICS,
+               _keras_compiled_metrics, kerases.KERAS3),
+    Capability("tf_keras model walk", "tf_keras.layers.Layer._flatten_layers", _WALK,
+               _keras_attr(kerases.TF_KERAS, "layers", "Layer", "_flatten_layers"), kerases.TF_KERAS),
+    Capability("tf_keras attention's internal shapes",
+               "tf_keras.layers.MultiHeadAttention._query_shape/_key_shape/_value_shape",
+               "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
+               "activations: the analytic what-if of a Transformer reads low (the trace still measures them)",
+               _tf_keras_attention_shapes, kerases.TF_KERAS),
+    Capability("tf_keras custom metrics in calibration", "tf_keras.Model.compiled_metrics._user_metrics", _METRICS,
+               _tf_keras_compiled_metrics, kerases.TF_KERAS),
 )
 
-_results: dict[str, bool] | None = None
+_results: dict[str, bool] = {}  # name -> available, for every capability judged so far (kept: see the docstring)
+
+
+def _ready(needs: str) -> bool:
+    """What the capability needs is imported (never imported here)."""
+    if needs == TENSORFLOW:
+        return sys.modules.get(TENSORFLOW) is not None
+    return kerases.module(needs) is not None
 
 
 def check() -> dict[str, bool]:
-    """{capability name: available}, probed once TensorFlow is imported (before that, all count as available)."""
-    global _results
-    if _results is not None:
-        return _results
-    if "tensorflow" not in sys.modules:
-        return {c.name: True for c in CAPABILITIES}
-    results = {}
+    """{capability name: available} for every capability judged so far. Those whose TensorFlow or Keras has been
+    imported since the last call are probed now, once; the rest wait (see `pending`)."""
     for cap in CAPABILITIES:
+        if cap.name in _results or not _ready(cap.needs):
+            continue
         try:
-            results[cap.name] = bool(cap.probe())
+            _results[cap.name] = bool(cap.probe())
         except Exception:  # a probe that breaks is a capability we cannot rely on
-            results[cap.name] = False
-    if "keras" in sys.modules:  # Keras' answers are final only once it is imported
-        _results = results
-    return results
+            _results[cap.name] = False
+    return dict(_results)
 
 
 def forget() -> None:
-    """Probe again at the next check (tests; a Keras imported after the first check is picked up by itself)."""
-    global _results
-    _results = None
+    """Probe again at the next check (tests)."""
+    _results.clear()
+
+
+def available(name: str) -> bool:
+    """The capability is there, or not judged yet (what it needs is not imported, so nothing uses it yet)."""
+    return check().get(name, True)
 
 
 def missing() -> list[Capability]:
     found = check()
-    return [c for c in CAPABILITIES if not found.get(c.name, True)]
+    return [c for c in CAPABILITIES if found.get(c.name) is False]
 
 
-def versions_text() -> str:
-    tf = sys.modules.get("tensorflow")
-    package = kerases.in_use()
+def judged() -> list[Capability]:
+    found = check()
+    return [c for c in CAPABILITIES if c.name in found]
+
+
+def pending() -> list[Capability]:
+    """Capabilities not judged yet: what they need (TensorFlow, Keras 3, tf_keras) is not imported."""
+    found = check()
+    return [c for c in CAPABILITIES if c.name not in found]
+
+
+def summary() -> str:
+    """One line for a test run's header: 'capabilities 15/15', the missing ones by name, and what was not
+    checked."""
+    absent, done, waiting = missing(), judged(), pending()
+    text = f"capabilities {len(done) - len(absent)}/{len(done)}"
+    if absent:
+        text += " (missing: " + ", ".join(c.name for c in absent) + ")"
+    if waiting:
+        needs = sorted({c.needs for c in waiting})
+        text += f"; {len(waiting)} not checked ({', '.join(needs)} not imported)"
+    return text
+
+
+def versions_text(needs: str | None = None) -> str:
+    """'TensorFlow 2.21.0, Keras 3.15.1': TensorFlow and the Keras a capability needs (by default the Keras that
+    `tf.keras` code gets)."""
+    tf = sys.modules.get(TENSORFLOW)
+    package = needs if needs in (kerases.KERAS3, kerases.TF_KERAS) else kerases.in_use()
     version = kerases.version(package)
     return (f"TensorFlow {getattr(tf, '__version__', '?')}" +
             (f", {'tf_keras' if package == kerases.TF_KERAS else 'Keras'} {version}" if version else ""))
 
 
+def unavailable_text(cap: Capability) -> str:
+    """'unavailable on TensorFlow 2.16.2, Keras 3.3.3 (the.api is missing)'."""
+    return f"unavailable on {versions_text(cap.needs)} ({cap.api} is missing)"
+
+
 def notes() -> list[str]:
     """One sentence per missing capability, for the report."""
-    return [f"On {versions_text()}, {c.name} is unavailable ({c.api} is missing): {c.degraded}." for c in missing()]
+    return [f"On {versions_text(c.needs)}, {c.name} is unavailable ({c.api} is missing): {c.degraded}."
+            for c in missing()]

@@ -119,7 +119,7 @@ def dataset_batch(dataset: Any) -> tuple[int | None, str | None]:
     if dims and dims[0] is not None:
         return dims[0], "the dataset's element_spec"
     node = dataset
-    for _ in range(64):  # batch → map → prefetch → ...: walk up to the batch
+    for _ in range(64):  # batch → map → prefetch → ...: walk up to the batch (private: see capabilities.py)
         size = getattr(node, "_batch_size", None)
         if size is not None:
             try:

@@ -225,6 +225,7 @@ class Instrumentation:
                     args, kwargs, variables = _pairs_variables(args, kwargs)
                 else:
                     given = args[1] if len(args) > 1 else kwargs.get("trainable_variables")
+                    # Keras 3 updates the variables it was built with (private: see capabilities.py)
                     variables = given if given is not None else getattr(this, "_trainable_variables", None) or []
                 try:
                     ids = {id(v) for v in variables}
@@ -492,8 +493,22 @@ def _callback_class(kind: str, flavour: str) -> type:
 
 
 def _all_layers(model: Any) -> list:
-    """The model and every layer inside it (Keras' private walk; its public top-level list where that is gone)."""
+    return all_layers(model, include_self=True)
+
+
+def all_layers(model: Any, include_self: bool = True) -> list:
+    """The model (with `include_self`) and every layer inside it, nested ones too: Keras' own walk
+    (`_flatten_layers`, private: see capabilities.py), else the public `.layers` of the model and of the models
+    nested in it (a layer that a custom layer keeps inside itself is then missed)."""
     walk = getattr(model, "_flatten_layers", None)
     if walk is not None:
-        return list(walk(include_self=True, recursive=True))
-    return [model, *getattr(model, "layers", [])]
+        return list(walk(include_self=include_self, recursive=True))
+    found, seen, todo = [], {id(model)}, list(getattr(model, "layers", None) or [])
+    while todo:
+        layer = todo.pop(0)
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        found.append(layer)
+        todo.extend(getattr(layer, "layers", None) or [])  # a nested model's own layers
+    return [model, *found] if include_self else found

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import re
 import shutil
@@ -128,10 +129,14 @@ def remove_leftovers(directory: str | None = None) -> int:
 
 
 def user_profiler_running() -> bool:
-    """True when someone else's `tf.profiler.experimental` session is active (ours never registers there)."""
-    from tensorflow.python.profiler import profiler_v2
-
-    return getattr(profiler_v2, "_profiler", None) is not None  # private: see capabilities.py
+    """True when someone else's `tf.profiler.experimental` session is active (ours never registers there). A
+    TensorFlow that moved the module or its `_profiler` reads as "not running" (capabilities.py says so in the
+    report): TensorFlow then refuses our session if one runs, and the cell falls back to quick mode with a note."""
+    try:  # by name, as sys.modules has it (a package attribute left behind is not the module TensorFlow uses)
+        profiler_v2 = importlib.import_module("tensorflow.python.profiler.profiler_v2")
+        return getattr(profiler_v2, "_profiler", None) is not None  # private: see capabilities.py
+    except (ImportError, AttributeError):
+        return False
 
 
 class _Int(int):
@@ -388,7 +393,10 @@ class Tracer:
 
         self._count += 1
         logdir = self._dir / f"s{self._count}"
-        session = _pywrap_profiler.ProfilerSession()
+        session_class = getattr(_pywrap_profiler, "ProfilerSession", None)  # private: see capabilities.py
+        if session_class is None:  # the cell is measured in quick mode (capture.py), the report says why
+            raise RuntimeError("this TensorFlow has no _pywrap_profiler.ProfilerSession (see %tfmem status)")
+        session = session_class()
         # The defaults, said explicitly (see _Int for why a plain int would be ignored). Host level 2 is the lowest
         # that records memory events: the allocators emit them at TraceMeLevel::kInfo (2), and level 1 keeps only
         # thread-pool and tf.data events (checked on TF 2.21: 0 memory events). Python tracing stays off; the

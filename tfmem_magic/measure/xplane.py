@@ -1,4 +1,4 @@
-"""Read TensorFlow profiler XSpace files into columns of memory events and our own trace spans.
+"""Read TensorFlow profiler XSpace files into columns of memory events, our own trace spans and XLA's runs.
 
 We parse the xplane ourselves instead of TF's `memory_profile` tool: that tool keeps only the peak step and lumps
 everything else together. The memory events of a line are decoded together with numpy, one protobuf field per
@@ -8,12 +8,13 @@ Memory. A blob is never parsed whole by a message class (TF's XSpace class holds
 class that kept each event as a bytes object, plus the joined copy we decoded, ~4): a Python walk over the wire
 format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
 from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (73 bytes each, in columns of the narrowest
-type) and our spans are kept, so that a tracer can decode each segment as soon as it is exported and drop its bytes
-(`Decoded`); `finish` joins and sorts the blocks one column at a time. On that million events, reading grows the
-RSS high-water mark by 1.2-1.3x the blob (was 4.7x; 0.7x of it allocated by us, the rest is malloc's
-fragmentation), and the trace it returns keeps 0.55x.
+type), our spans and XLA's runs are kept, so that a tracer can decode each segment as soon as it is exported and
+drop its bytes (`Decoded`); `finish` joins and sorts the blocks one column at a time. On that million events,
+reading grows the RSS high-water mark by 1.2-1.3x the blob (was 4.7x; 0.7x of it allocated by us, the rest is
+malloc's fragmentation), and the trace it returns keeps 0.55x.
 
-A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis never pairs events on it.
+A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis never pairs events on it; an event
+without `bytes_available` records no allocator limit (its `limit` column reads 0).
 """
 
 from __future__ import annotations
@@ -28,19 +29,35 @@ import numpy as np
 ALLOC, FREE = "MemoryAllocation", "MemoryDeallocation"
 _INT64_MASK = 2**63 - 1
 SPAN_PREFIX = "tfmem:"  # TraceMe names we emit around Keras layer calls and weight creation
+# XLA's runs, kept as spans named XLA_SPAN + the event's name. Measured on TF 2.21's CPU: a jit_compile=True step
+# (Keras' or a tf.function's) runs in a "CpuExecutable::ExecuteAsyncOnStream" event, and the buffers XLA allocates
+# are allocated inside it on the same thread (untagged, or tagged with the function's name); a GPU's executable
+# records "<HLO module>:XLA GPU module" (xla/service/gpu/gpu_executable.cc), and TensorFlow's launch ops record
+# "<node>:XlaLaunch" / "<node>:_XlaRun" (auto-clustering), around the allocations their kernel makes.
+XLA_SPAN = "xla/"
+XLA_GPU_MODULE = ":XLA GPU module"
+_XLA_LAUNCH_OPS = frozenset({"XlaLaunch", "XlaLaunchV2", "_XlaRun"})
+# an HLO module TensorFlow compiled from a function: "a_inference_step_878__XlaMustCompile_true_config_proto_...",
+# "a_inference_one_step_on_data_803__.7" (measured); its function's op name is "__inference_step_878"
+_HLO_MODULE = re.compile(r"^a(_inference_.+?_\d+)__")
 CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder's temporaries (~3 MB)
 
-# The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr (-1:
-# unknown); strings are read as indices into the string table (-1 = absent).
-_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type", "bytes_available")
+# The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr and
+# bytes_available (-1: unknown); strings are read as indices into the string table (-1 = absent). TensorFlow's BFC
+# allocator writes bytes_available as its limit minus bytes_reserved minus bytes in use (AddTraceMe in
+# xla/tsl/framework/bfc_allocator.cc): the three together are its limit, kept as one column.
+_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type", "bytes_available",
+              "bytes_reserved")
 _STR_STATS = ("tf_op", "region_type", "shape", "allocator_name")
 _ADDR = _INT_STATS.index("addr")
+_AVAILABLE, _RESERVED = _INT_STATS.index("bytes_available"), _INT_STATS.index("bytes_reserved")
+_UNKNOWN_WHEN_ABSENT = (_ADDR, _AVAILABLE)
 _REF_VALUE_TAG = 7 << 3  # XStat.ref_value (field 7, varint): how TF writes string stats, as ids into stat_metadata
 # A block of decoded memory events: one array per column, in this order and of these types (73 bytes per event)
 _FIELDS = (("t_ps", np.int64), ("is_alloc", np.bool_), ("thread", np.int32), ("live", np.int64),
            ("requested", np.int64), ("chunk", np.int64), ("addr", np.int64), ("dtype", np.int32),
            ("op", np.int32), ("region", np.int32), ("shape", np.int32), ("allocator", np.int32),
-           ("available", np.int64))
+           ("limit", np.int64))
 _COLUMN = {name: k for k, (name, _) in enumerate(_FIELDS)}
 DATA_TYPES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
@@ -67,7 +84,9 @@ class MemoryEvents:
     strings: list[str]
     threads: list[str]
     allocator: str | None = None
-    available: np.ndarray | None = None  # int64: bytes the allocator could still hand out; 0 = not recorded
+    # int64: the allocator's limit as the event states it (bytes_allocated + bytes_available + bytes_reserved);
+    # 0 = not recorded
+    limit: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t_ps)
@@ -78,7 +97,7 @@ class MemoryEvents:
 
 @dataclass
 class Span:
-    name: str  # without the "tfmem:" prefix, e.g. "layer/dense" or "weights/dense"
+    name: str  # ours without the "tfmem:" prefix ("layer/dense", "weights/dense"); XLA's runs "xla/<event name>"
     start_ps: int
     end_ps: int
     thread: str
@@ -93,7 +112,7 @@ class AllocatorSeries:
     device: str | None  # the TF device it serves ("GPU:4" from "GPU_4_bfc", "CPU:0"); None: pinned host memory
     events: int
     peak_bytes: int  # the most it had in use
-    limit_bytes: int | None  # what it may hand out in all (in use + available); None when not recorded
+    limit_bytes: int | None  # what it may hand out in all (in use + available + reserved); None: not recorded
     start_bytes: int = 0  # in use before its first traced event
     end_bytes: int = 0  # in use after its last one
     timeline: list[list[float]] = field(default_factory=list)  # [[t seconds, in use], ...], downsampled, peak kept
@@ -105,18 +124,20 @@ class Trace:
     spans: list[Span] = field(default_factory=list)
     allocators: list[AllocatorSeries] = field(default_factory=list)  # the one kept in `events` first
     unreadable_planes: int = 0  # host planes skipped: their format needs TensorFlow's own reader, not installed
+    xla_modules: list[str] = field(default_factory=list)  # HLO modules that ran in the trace (see _xla_modules)
 
 
-_GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+# a GPU's BFC allocator, or its cudaMallocAsync one (TF_GPU_ALLOCATOR=cuda_malloc_async: "gpu_async_<id>")
+_GPU_ALLOCATOR = re.compile(r"^(?:GPU_(\d+)_bfc|gpu_async_(\d+))$")
 
 
 def allocator_device(name: str) -> str | None:
-    """The TF device an allocator serves, from the name TensorFlow gives it: `GPU_4_bfc` -> GPU:4, a CPU
-    allocator (`bfc_cpu_allocator_for_gpu`, `mklcpu`, `cpu`) -> CPU:0; the pinned host memory a GPU copies through
-    (`gpu_host_bfc`, `cuda_host_bfc`) serves no TF device of its own: None."""
+    """The TF device an allocator serves, from the name TensorFlow gives it: `GPU_4_bfc` (or `gpu_async_4`) ->
+    GPU:4, a CPU allocator (`bfc_cpu_allocator_for_gpu`, `mklcpu`, `cpu`) -> CPU:0; the pinned host memory a GPU
+    copies through (`gpu_host_bfc`, `cuda_host_bfc`) serves no TF device of its own: None."""
     gpu = _GPU_ALLOCATOR.match(name)
     if gpu:
-        return f"GPU:{int(gpu.group(1))}"
+        return f"GPU:{int(gpu.group(1) or gpu.group(2))}"
     lowered = name.lower()
     if "host" in lowered:
         return None
@@ -125,13 +146,12 @@ def allocator_device(name: str) -> str | None:
 
 def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[str]
                ) -> list[tuple[int, AllocatorSeries]]:
-    """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, available."""
+    """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, limit."""
     out = []
     for index in np.unique(alloc_col[alloc_col >= 0]):
         mine = np.nonzero(alloc_col == index)[0]
-        in_use, free = c["live"][mine], c["available"][mine]
-        recorded = free > 0
-        limit = int((in_use[recorded] + free[recorded]).max()) if recorded.any() else None
+        in_use, limits = c["live"][mine], c["limit"][mine]
+        limit = int(limits.max()) if (limits > 0).any() else None
         times = c["t_ps"][mine]
         first, last = mine[np.argmin(times)], mine[len(mine) - 1 - np.argmax(times[::-1])]  # ties: the last one
         change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
@@ -174,6 +194,7 @@ class _Columns:
         self.strings: dict[str, int] = {}
         self.threads: dict[str, int] = {}
         self.unreadable = 0  # host planes neither decoder could read (the reference one needs TensorFlow)
+        self.xla_modules: set[str] = set()
 
     def intern(self, text: str) -> int:
         index = self.strings.get(text)
@@ -186,12 +207,14 @@ def _block(t, is_alloc, thread, ints: np.ndarray, strs: np.ndarray) -> list[np.n
     """One block of memory events as contiguous columns of their own (copies, never views of a decoder's matrix,
     which would keep all of it alive). ints: _INT_STATS columns; strs: string indices, _STR_STATS columns."""
     n = len(t)
+    available = ints[:, _AVAILABLE]
+    limit = np.where(available >= 0, ints[:, 0] + available + ints[:, _RESERVED], 0)
     return [np.array(t, dtype=np.int64), np.array(is_alloc, dtype=np.bool_),
             np.broadcast_to(np.asarray(thread, dtype=np.int32), (n,)).copy(),
             *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
             np.array(ints[:, 4], dtype=np.int32),  # data type
             *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS))),
-            np.array(ints[:, 5], dtype=np.int64)]  # bytes the allocator could still hand out (0: not recorded)
+            limit.astype(np.int64, copy=False)]  # the allocator's limit as the event states it (0: not recorded)
 
 
 # ---- the wire format --------------------------------------------------------------------------------------------
@@ -310,6 +333,7 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
     for (start, end), (meta, lines) in zip(planes, parts, strict=True):
         if not meta.name.startswith("/host:"):
             continue
+        columns.xla_modules |= _xla_modules(meta)
         if not reference:
             try:
                 _read_plane_fast(data, buf, meta, lines, offset_ps, columns, spans)
@@ -318,10 +342,11 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
                 pass
         try:
             from tensorflow.tsl.profiler.protobuf import xplane_pb2
-        except ImportError:  # no TensorFlow, or moved (capabilities.py says so in the report): this plane is skipped
-            columns.unreadable += 1
+
+            plane = xplane_pb2.XPlane()
+        except (ImportError, AttributeError):  # no TensorFlow, or moved (capabilities.py says so in the report):
+            columns.unreadable += 1  # this plane is skipped
             continue
-        plane = xplane_pb2.XPlane()
         plane.ParseFromString(data[start:end])
         _read_plane_slow(plane, offset_ps, columns, spans)
     return columns, spans
@@ -372,8 +397,35 @@ def _lazy_plane_class() -> type:
     return _lazy_plane
 
 
+def is_xla_run(name: str) -> bool:
+    """An event of an XLA computation's run (see XLA_SPAN), by its TraceMe name."""
+    return (name.startswith("CpuExecutable::Execute") or name.endswith(XLA_GPU_MODULE)
+            or name.rpartition(":")[2].strip() in _XLA_LAUNCH_OPS)
+
+
+def xla_function(module: str) -> str | None:
+    """The op name of the function an HLO module was compiled from ("a_inference_step_878__XlaMustCompile_..." ->
+    "__inference_step_878"), None for another module: allocations tagged with it are XLA's (a GPU executable's are
+    made before its module's event begins; a run whose event the trace lost has none around them)."""
+    match = _HLO_MODULE.match(module)
+    return "_" + match.group(1) if match else None
+
+
+def _xla_modules(plane) -> set[str]:
+    """Names of the HLO modules that ran in a host plane, from its metadata alone: a GPU executable's run event
+    ("<module>:XLA GPU module"); on a CPU, the values of the `hlo_module` stat XLA's ops carry (measured on TF 2.21:
+    "a_inference_step_878__XlaMustCompile_true_config_proto_..."), which the plane declares as stat metadata names
+    next to `hlo_module` itself. A run whose own event the trace lost (cut by a pause of the trace) is named here."""
+    modules = {m.name[:-len(XLA_GPU_MODULE)] for m in plane.event_metadata.values() if m.name.endswith(XLA_GPU_MODULE)}
+    names = [m.name for m in plane.stat_metadata.values()]
+    if "hlo_module" in names:
+        modules.update(name for name in names if _HLO_MODULE.match(name))
+    return modules
+
+
 def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
-    """Event metadata ids of allocations, frees, and our spans (id -> span name without the prefix)."""
+    """Event metadata ids of allocations, frees, and the spans we keep (id -> span name): ours without their prefix,
+    XLA's runs as XLA_SPAN + their name. One look at each name of the plane's metadata, none at its events."""
     alloc_ids, free_ids, span_ids = set(), set(), {}
     for k, meta in plane.event_metadata.items():
         if meta.name == ALLOC:
@@ -382,6 +434,8 @@ def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
             free_ids.add(k)
         elif meta.name.startswith(SPAN_PREFIX):
             span_ids[k] = meta.name[len(SPAN_PREFIX):]
+        elif is_xla_run(meta.name):
+            span_ids[k] = XLA_SPAN + meta.name
     return alloc_ids, free_ids, span_ids
 
 
@@ -412,7 +466,8 @@ def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -
                     spans.append(Span(name, start, start + event.duration_ps, line.name))
                 continue
             row = [0] * width
-            row[_ADDR] = -1  # addr unknown
+            for k in _UNKNOWN_WHEN_ABSENT:
+                row[k] = -1  # addr, bytes available: unknown
             for i in range(len(_INT_STATS), width):
                 row[i] = -1
             for stat in event.stats:
@@ -535,8 +590,8 @@ def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column
     """XEvent fields of many events at once, one field per round: (offset_ps, duration_ps, stat columns)."""
     n = len(starts)
     width = len(_INT_STATS) + len(_STR_STATS)
-    values = np.full((n, width), -1, dtype=np.int64)  # strings absent, addr unknown
-    values[:, [k for k in range(len(_INT_STATS)) if k != _ADDR]] = 0
+    values = np.full((n, width), -1, dtype=np.int64)  # strings absent, addr and bytes available unknown
+    values[:, [k for k in range(len(_INT_STATS)) if k not in _UNKNOWN_WHEN_ABSENT]] = 0
     offsets = np.zeros(n, dtype=np.int64)
     durations = np.zeros(n, dtype=np.int64)
     p = starts.copy()
@@ -635,7 +690,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
     allocators: list[AllocatorSeries] = []
     alloc_col = take("allocator")
     if (alloc_col >= 0).any():
-        for name in ("t_ps", "live", "chunk", "is_alloc", "available"):
+        for name in ("t_ps", "live", "chunk", "is_alloc", "limit"):
             taken[name] = take(name)
         series = _summaries(alloc_col, taken, strings)
         main, chosen = _choose(series, device)
@@ -653,7 +708,8 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
             columns[name] = take(name)[order]
     columns["dtype"] = columns["dtype"].astype(np.int64)
     events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
-    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators, cols.unreadable)
+    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators, cols.unreadable,
+                 sorted(cols.xla_modules))
 
 
 class Decoded:
@@ -685,6 +741,7 @@ def _merge(into: _Columns, other: _Columns) -> None:
     """Append other's blocks to `into`, renumbering their thread and string indices. A column that needs no
     renumbering is shared, not copied (blocks are never written to); other is left as it was."""
     into.unreadable += other.unreadable
+    into.xla_modules |= other.xla_modules
     strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int32)
     threads = np.array([into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1],
                        dtype=np.int32)

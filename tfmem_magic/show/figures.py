@@ -17,6 +17,8 @@ INK = "#8a8a8a"  # text and axes: legible on white and on dark grey
 TF_COLOR = "#3d7be0"
 RSS_COLOR = "#e0833d"
 BUDGET_COLOR = "#d64545"
+# the trace's other allocators (a GPU trace's pinned host memory, the other GPUs), drawn thinner next to the main one
+ALLOCATOR_COLORS = ("#2ea67a", "#8e5bd8", "#c9a227", "#6d8fb3", "#9e9e9e")
 PHASE_COLORS = {
     "forward": "#3d7be0", "backward": "#8e5bd8", "optimizer": "#e0833d", "input": "#2ea67a",
     "weights": "#c9a227", "pre-existing": "#9e9e9e", "untraced": "#bdbdbd", "other": "#6d8fb3",
@@ -74,39 +76,68 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _shade_untraced(ax, report: Report) -> None:
-    """Grey bands where the trace was paused (bounded trace): the line there joins what was recorded around it."""
+def _shade_untraced(ax, report: Report) -> bool:
+    """Grey bands where the trace was paused (bounded trace): the line there joins what was recorded around it.
+    True when it drew any (they carry a legend label)."""
     trace = report.trace
     if trace is None or trace.complete or not trace.windows:
-        return
+        return False
     edges = [0.0] + [x for window in trace.windows for x in window] + [report.wall_s]
     gaps = [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a > 0.01 * max(report.wall_s, 1e-9)]
     for i, (a, b) in enumerate(gaps):
         ax.axvspan(a, b, color=INK, alpha=0.12, linewidth=0, label="not traced" if i == 0 else None)
-    if gaps:
-        ax.legend(loc="upper left", fontsize=7, frameon=False, labelcolor=INK)
+    return bool(gaps)
+
+
+def _other_allocators(report: Report) -> list[tuple[str, list[list[float]]]]:
+    """The trace's allocators other than the main one that have a series of their own: (name, [[t, bytes], ...])."""
+    if report.trace is None or not report.trace.timeline:
+        return []
+    return [(a.name, a.timeline) for a in report.trace.allocators[1:] if len(a.timeline) >= 2]
 
 
 def timeline_png(report: Report) -> bytes | None:
     """TF live bytes (top) and process RSS with the budget (bottom) over the cell's time; None without data."""
+    fig = timeline_figure(report)
+    return None if fig is None else _png(fig)
+
+
+def timeline_figure(report: Report):
+    """The timeline as a matplotlib Figure (see timeline_png); None without data. A trace's other allocators are
+    thinner lines labelled with their names, and the main device's allocator limit (a GPU's budget) a dashed line.
+    Without process memory samples (a saved trace) there is only the TF row."""
     tf_points = report.trace.timeline if report.trace is not None and report.trace.timeline else []
     tf_label = "TF live bytes (trace)"
+    series_device = report.main_device_name
     if not tf_points:
         sampled = report.sampled_device
         tf_points = sampled[1].samples if sampled is not None else []
         tf_label = f"TF live bytes (sampled, {sampled[0]})" if sampled is not None else "TF live bytes (sampled)"
+        series_device = sampled[0] if sampled is not None else None
     rss_points = report.rss.samples
     if len(tf_points) < 2 and len(rss_points) < 2:
         return None
-    rows = 2 if len(tf_points) >= 2 else 1
+    has_tf, has_rss = len(tf_points) >= 2, len(rss_points) >= 2
+    rows = int(has_tf) + int(has_rss)
     fig, axes = _figure(8.6, 1.9 * rows + 0.4, rows)
-    if rows == 2:
+    if has_tf:
         ax = axes[0]
+        others = _other_allocators(report)
+        limit = report.device_budget  # (device, its allocator's limit): drawn when the series is that device's
+        limit = limit if limit is not None and limit[0] == series_device else None
         t = [p[0] for p in tf_points]
-        scale, unit = _unit(max(p[1] for p in tf_points))
+        scale, unit = _unit(max([p[1] for p in tf_points] + [p[1] for _, series in others for p in series]
+                                + ([limit[1]] if limit else [])))
         y = [p[1] / scale for p in tf_points]
         ax.fill_between(t, y, step="post", color=TF_COLOR, alpha=0.18, linewidth=0)
-        ax.step(t, y, where="post", color=TF_COLOR, linewidth=1.3)
+        main_label = (report.trace.allocator or report.main_device_name) if others else None
+        ax.step(t, y, where="post", color=TF_COLOR, linewidth=1.3, label=main_label)
+        for k, (name, series) in enumerate(others):
+            ax.step([p[0] for p in series], [p[1] / scale for p in series], where="post", linewidth=0.8,
+                    color=ALLOCATOR_COLORS[k % len(ALLOCATOR_COLORS)], label=name)
+        if limit:
+            ax.axhline(limit[1] / scale, color=BUDGET_COLOR, linestyle="--", linewidth=1,
+                       label=f"{limit[0]} limit {format_bytes(limit[1])}")
         peak_t = report.trace.peak_time_s if report.trace is not None and report.trace.events else \
             t[max(range(len(y)), key=y.__getitem__)]
         peak_y = max(y)
@@ -115,9 +146,10 @@ def timeline_png(report: Report) -> bytes | None:
                     xytext=(6, -2), color=INK, fontsize=8, va="top")
         ax.set_ylabel(f"{tf_label}\n{unit}", color=INK, fontsize=8)
         ax.set_ylim(bottom=0)
-        _shade_untraced(ax, report)
+        if _shade_untraced(ax, report) or others or limit:  # the legend of a CPU cell's trace stays where it was
+            ax.legend(loc="best" if others or limit else "upper left", fontsize=7, frameon=False, labelcolor=INK)
     ax = axes[-1]
-    if len(rss_points) >= 2:
+    if has_rss:
         t = [p[0] for p in rss_points]
         top = max(max(p[1] for p in rss_points), report.rss.peak_bytes)
         budget = report.env.budget_bytes
@@ -134,7 +166,7 @@ def timeline_png(report: Report) -> bytes | None:
                          loc="right")
         ax.set_ylabel(f"process RSS\n{unit}", color=INK, fontsize=8)
     ax.set_xlabel("seconds since the cell started", color=INK, fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def breakdown_png(groups: Sequence[LiveGroup], key: str, limit: int = 12) -> bytes | None:

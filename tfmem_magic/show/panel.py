@@ -155,6 +155,11 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
     def replied(state: str, data: dict) -> None:
         if state == "inserted":
             status.value = f"<span class='tfmem-ok'>Inserted {escape(where)}: read it, then run it.</span>"
+        elif state == "no-answer":  # VS Code, Colab, a headless kernel: the comm went nowhere
+            status.value = (f"<span class='tfmem-sev-warn'>The front end did not answer (no tfmem extension here?): "
+                            f"copy the code above, or run <code>{escape(fallback)}</code> to get it as the next "
+                            "cell.</span>")
+            button.disabled = False
         else:
             status.value = (f"<span class='tfmem-sev-warn'>This front end has no tfmem extension: copy the code "
                             f"above, or run <code>{escape(fallback)}</code> to get it as the next cell.</span>")
@@ -177,8 +182,10 @@ def details_tab(report: Report, view: ReportView) -> widgets.Widget:
     rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras_text),
             ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
             ("Devices", ", ".join(env.devices) or "-"),
-            ("Budget", f"{format_bytes(env.budget_bytes)} "
-                       f"({BUDGET_SOURCES.get(env.budget_source, env.budget_source)})"),
+            *([(f"{report.device_budget[0]} budget", f"{format_bytes(report.device_budget[1])} (TensorFlow's "
+                                                      "allocator limit)")] if report.device_budget else []),
+            ("Host budget" if report.device_budget else "Budget", f"{format_bytes(env.budget_bytes)} "
+             f"({BUDGET_SOURCES.get(env.budget_source, env.budget_source)})"),
             ("RAM", f"{format_bytes(env.ram_total_bytes)}, {format_bytes(env.ram_available_bytes)} available"),
             ("Precision policy", env.mixed_precision_policy or "-"),
             ("RSS peak from", "kernel high-water mark (exact)" if report.rss.peak_source == "hwm" else "samples")]

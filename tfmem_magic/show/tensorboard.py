@@ -46,8 +46,14 @@ def run_name(report: Report, when: float | None = None) -> str:
     return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or report.started_at or time.time()))}"
 
 
-def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]] | None = None) -> Written:
-    """Write the report's timeline and text, and the trace's XSpaces (from `Profiler.xspaces`) if there are any."""
+def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]] | None = None,
+          host: str | None = None) -> Written:
+    """Write the report's timeline and text, and the trace's XSpaces (from `Profiler.xspaces`, or a saved trace's
+    bytes) if there are any. `host` names the trace in the Profile tab (default: this machine's name).
+
+    A function over the report, as `render_text` and `predict` are, not a `Report` method: the Report is the core's
+    plain data, and the core imports nothing above it (tests/unit/test_layers.py); it does not keep the raw trace
+    either (up to the trace budget per report, for as long as the session keeps it), so the XSpaces are passed."""
     require_tensorboard()
     import tensorflow as tf
 
@@ -74,7 +80,7 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
         session = run_dir / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S")
         session.mkdir(parents=True, exist_ok=True)
         # no dots: the host is the file name before ".xplane.pb"
-        host = file_stem(socket.gethostname(), "host").replace(".", "_")
+        host = file_stem(host or socket.gethostname(), "host").replace(".", "_")
         for i, (data, _start) in enumerate(xspaces, 1):
             # one XSpace per profiler session: each traced segment is its own "host" in the profile plugin
             path = session / (f"{host}.xplane.pb" if len(xspaces) == 1 else f"{host}_segment{i}.xplane.pb")
@@ -84,7 +90,8 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
         out.note = "quick mode: no trace, so TensorBoard gets the scalars and the text report only"
     elif xspaces is None:
         out.note = ("the trace's XSpace was not kept (a saved report holds the analysis, not the raw trace): "
-                    "measure with --tensorboard to have TensorBoard's Profile tab open it")
+                    "measure with --tensorboard (in Python: profile(keep_xspaces=True), then "
+                    "to_tensorboard(p.report, LOGDIR, p.xspaces)) to have TensorBoard's Profile tab open it")
     else:
         out.note = ("no trace segment was kept: measure with --tensorboard (or profile(keep_xspaces=True)) to have "
                     "TensorBoard's Profile tab open the trace")

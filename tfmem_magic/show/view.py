@@ -61,6 +61,18 @@ def verdict(report: Report) -> str:
         return _device_verdict(report, *device)
     if budget <= 0:
         return "measured"
+    host = _host_verdict(report, budget, peak)
+    if report.on_gpu and device is None:
+        # quick mode on a GPU (or a trace whose GPU allocator wrote no limit): TensorFlow tells a GPU allocator's
+        # limit only in the trace, and the host's RAM is not the GPU's budget, so the verdict says which memory
+        error = "raised an error; " if host.startswith("raised an error; ") else ""
+        return (f"{error}process memory {host.removeprefix(error)}; {report.main_device_name}'s limit was not "
+                "recorded (a trace records it)")
+    return host
+
+
+def _host_verdict(report: Report, budget: int, peak: int) -> str:
+    """The verdict against the host's budget (RAM, the container, your limit) for the process's RSS peak."""
     share = peak / budget
     source = BUDGET_SOURCES.get(report.env.budget_source, "budget")
     named = _BUDGET_IN_WORDS.get(report.env.budget_source, "the budget")

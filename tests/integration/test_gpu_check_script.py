@@ -1,0 +1,49 @@
+"""benchmarks/gpu_check.py is run by hand when a GPU is lent for a few minutes: it must not be broken when that
+happens. Here (no GPU) the whole script says so and exits 0, and its scenarios' own code runs on the CPU: their GPU
+checks fail, but every number they print is there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
+
+
+def test_without_a_gpu_the_check_says_so_and_exits_0():
+    done = run()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sees no GPU" in done.stdout
+
+
+def scenario(name: str) -> dict:
+    done = run("--scenario", name)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_what_if_scenario_measures_three_batches_on_a_cpu():
+    out = scenario("whatif")
+    assert [row["batch"] for row in out["rows"]] == [64, 128, 256]
+    for row in out["rows"]:
+        assert row["measured_mib"] > 1 and row["predicted_mib"] > 1, row
+    assert out["ok"] is False or all(abs(row["error"]) <= 0.3 for row in out["rows"])
+
+
+def test_the_xla_scenario_runs_both_jit_settings_and_names_the_device():
+    out = scenario("xla")
+    assert out["main"] == "CPU:0" and out["ok"] is False  # its checks are a GPU's
+    assert out["noted"]["True"] is True  # jit_compile=True gets the XLA note on any device
+    assert set(out["noted"]) == {"True", "auto"}
