@@ -279,6 +279,17 @@ def test_the_no_leak_rule_over_the_tests_own_loop(pytester, clean_env):
         failure(out, "test_one_step_only")
 
 
+def test_an_overridden_loop_fixture_is_named_not_misjudged(pytester, clean_env):
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef tfmem_leak_check():\n    return object()\n")
+    pytester.makepyfile(test_loop=(
+        "import pytest\n\n@pytest.mark.tfmem_no_leak('1MiB')\ndef test_a(tfmem_leak_check):\n    pass\n"))
+    result = pytester.runpytest_subprocess("-q", timeout=120)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"failed": 1}, out
+    assert "the tfmem_leak_check fixture was overridden (by a conftest?)" in out, out
+    assert "time(s)" not in out  # not judged as a loop that called step() too rarely
+
+
 @pytest.mark.parametrize("marker, expected, fixtures", [
     ('tfmem_limit("lots")', "tfmem_limit('lots')", ""),
     ('tfmem_limit("1MiB", "2MiB")', "takes one size", ""),

@@ -265,6 +265,9 @@ def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, l
         runs = no_leak.runs if no_leak and not no_leak.loop else 1
         device = limit.device if limit else None
         leak_check = _leak_check_of(item, device) if no_leak and no_leak.loop else None
+        if no_leak is not None and no_leak.loop and leak_check is None:
+            pytest.fail(f"{item.nodeid}: the {LEAK_FIXTURE} fixture was overridden (by a conftest?): the no-leak "
+                        "check over a test's own loop needs tfmem's fixture", pytrace=False)
         ends: list[int | None] = []
         result, profiler = None, None
         try:
@@ -337,12 +340,8 @@ def _live_bytes(device: str | None) -> int | None:
 
     if not environment.tensorflow_initialized():
         return 0
-    import tensorflow as tf
-
-    try:
-        return int(tf.config.experimental.get_memory_info(device or sampling.main_tf_device() or "CPU:0")["current"])
-    except (ValueError, RuntimeError):  # the plain CPU allocator, or a device this process does not have
-        return None
+    info = sampling.memory_info(device or sampling.main_tf_device() or "CPU:0")
+    return None if info is None else int(info["current"])
 
 
 def _device_memory(report: Report | None, device: str | None) -> tuple[str, DeviceMemory] | None:

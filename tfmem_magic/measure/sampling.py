@@ -165,12 +165,7 @@ class AllocatorStats:
 
     @staticmethod
     def _info(device: str) -> dict[str, int] | None:
-        import tensorflow as tf
-
-        try:
-            return tf.config.experimental.get_memory_info(device)
-        except (ValueError, RuntimeError):  # this allocator keeps no stats
-            return None
+        return memory_info(device)
 
     def start(self) -> None:
         self.initialized_at_start = environment.tensorflow_initialized()
@@ -212,3 +207,14 @@ class AllocatorStats:
     @classmethod
     def nesting_depth(cls) -> int:
         return len(SESSION.measuring)
+
+
+def memory_info(device: str) -> dict[str, int] | None:
+    """TensorFlow's {"current", "peak"} bytes on `device`; None when its allocator keeps no statistics (the plain
+    CPU allocator) or the process has no such device."""
+    import tensorflow as tf
+
+    try:
+        return tf.config.experimental.get_memory_info(device)
+    except (ValueError, RuntimeError):
+        return None
