@@ -62,6 +62,10 @@ RUNNER = textwrap.dedent("""
     out = {"peak": p.report.tf_peak_bytes, "devices": list(p.report.tf)}
     if spec["mode"] == "mwms":  # the worker's own report: its replicas, and what it predicts for one process
         m = p.report.model
+        from tfmem_magic.advise import prediction
+        basis = prediction.analytic_basis(p.report)  # printed with the result: why `own` differs when it does
+        out.update(status=p.report.status, anchored=basis.measured_peak is not None, other=basis.other,
+                   slope_source=basis.slope_source)
         out.update(replicas=m.replicas if m else None, model_batch=m.batch_size if m else None,
                    own=tfmem_magic.predict(p.report).peak_bytes,
                    as_one=tfmem_magic.predict(p.report, replicas=1).peak_bytes)

@@ -95,8 +95,9 @@ def test_two_workers_captured_at_once_side_by_side(workers, tmp_path):
         # the report's peak is the worker's allocator's peak in its own trace
         assert report.main_device.peak_bytes == report.trace.allocators[0].peak_bytes
     assert rows[nobody].report is None and "unreachable" in rows[nobody].error
-    # the worker with four times the batch holds more at its peak, and the view says so
-    assert rows[large].growth_bytes > rows[small].growth_bytes
+    # the worker with four times the batch holds more at its peak, and the view says so (by the peak, as the view
+    # ranks them: the growth over a 2 s window depends on where in a step the window started)
+    assert rows[large].peak_bytes > rows[small].peak_bytes, (rows[large].peak_bytes, rows[small].peak_bytes)
     assert view.worst.worker == large
     assert any(f.startswith(f"{nobody}: no report") for f in view.findings)
 

