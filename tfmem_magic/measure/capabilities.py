@@ -164,6 +164,8 @@ def _split(api: str) -> tuple[str, tuple[str, ...]]:
 _WALK = ("nested layers are found through the public `.layers` of nested models only: a layer that a custom layer "
          "keeps inside itself is not known by name (the trace books its memory to the enclosing layer), and "
          "calibration does not send its class to the probe process")
+_ATTENTION = ("the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
+              "activations: the analytic what-if of a Transformer reads low (the trace still measures them)")
 _METRICS = ("a metric class defined in the notebook is not sent to calibration's probe process: calibrating a "
             "model compiled with one fails with a note (the analytic what-if is unaffected)")
 
@@ -193,10 +195,8 @@ CAPABILITIES = (
                _dataset_input),
     Capability("Keras model walk", "keras.Layer._flatten_layers", _WALK,
                _keras_attr(kerases.KERAS3, "Layer", "_flatten_layers"), kerases.KERAS3),
-    Capability("attention's internal shapes", "keras.Layer._build_shapes_dict",
-               "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
-               "activations: the analytic what-if of a Transformer reads low (the trace still measures them)",
-               _keras_build_shapes, kerases.KERAS3),
+    Capability("attention's internal shapes", "keras.Layer._build_shapes_dict", _ATTENTION, _keras_build_shapes,
+               kerases.KERAS3),
     Capability("custom loop's optimizer", "keras.optimizers.Optimizer._trainable_variables",
                "an `optimizer.apply(grads)` that leaves out the variables (Keras then updates those it was built "
                "with) is not tied to its model: the model is described without that optimizer and its slots "
@@ -207,9 +207,7 @@ CAPABILITIES = (
     Capability("tf_keras model walk", "tf_keras.layers.Layer._flatten_layers", _WALK,
                _keras_attr(kerases.TF_KERAS, "layers", "Layer", "_flatten_layers"), kerases.TF_KERAS),
     Capability("tf_keras attention's internal shapes",
-               "tf_keras.layers.MultiHeadAttention._query_shape/_key_shape/_value_shape",
-               "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
-               "activations: the analytic what-if of a Transformer reads low (the trace still measures them)",
+               "tf_keras.layers.MultiHeadAttention._query_shape/_key_shape/_value_shape", _ATTENTION,
                _tf_keras_attention_shapes, kerases.TF_KERAS),
     Capability("tf_keras custom metrics in calibration", "tf_keras.Model.compiled_metrics._user_metrics", _METRICS,
                _tf_keras_compiled_metrics, kerases.TF_KERAS),
@@ -241,11 +239,6 @@ def check() -> dict[str, bool]:
 def forget() -> None:
     """Probe again at the next check (tests)."""
     _results.clear()
-
-
-def available(name: str) -> bool:
-    """The capability is there, or not judged yet (what it needs is not imported, so nothing uses it yet)."""
-    return check().get(name, True)
 
 
 def missing() -> list[Capability]:
