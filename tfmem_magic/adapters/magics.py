@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import types
 from dataclasses import replace
 from typing import Any
 
@@ -84,7 +85,10 @@ class TfmemMagics(Magics):
         def showtraceback(exc_tuple: Any = None, *rest: Any, **kwargs: Any) -> Any:
             etype, value, tb = exc_tuple or sys.exc_info()
             clean = profiler.untangle(value)  # the guard's exception, not pybind11's RuntimeError tangle
-            return show_traceback((type(clean), clean, tb) if clean is not value else exc_tuple, *rest, **kwargs)
+            shown = numbered_traceback(tb)
+            if clean is value and shown is tb:
+                return show_traceback(exc_tuple, *rest, **kwargs)
+            return show_traceback((type(clean), clean, shown), *rest, **kwargs)
 
         shell.showtraceback = showtraceback
         try:
@@ -273,6 +277,26 @@ def resolve_report(shell: Any, ref: str, what: str = "%tfmem compare") -> Report
     numbers = f"{reports[0].number}-{reports[-1].number}" if reports else "none yet"
     raise UsageError(f"{what}: no report {ref!r}; use a number from %tfmem history ({numbers}), "
                      "a label, or a name bound with --as")
+
+
+def numbered_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb`, with a line number on every entry. A Ctrl-C that lands on an instruction without a line (Python 3.11+)
+    leaves `tb_lineno` None, and IPython's traceback formatter then fails on an assert: the user would see
+    IPython's internal error instead of their KeyboardInterrupt, and the kernel would not report the cell failed."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    if all(isinstance(entry.tb_lineno, int) for entry in entries):
+        return entries[0] if entries else None
+    rebuilt = None
+    for entry in reversed(entries):
+        line = entry.tb_lineno
+        if not isinstance(line, int):  # the frame's current line, else the function's first line
+            line = entry.tb_frame.f_lineno if isinstance(entry.tb_frame.f_lineno, int) else \
+                entry.tb_frame.f_code.co_firstlineno
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, line)
+    return rebuilt
 
 
 def cell_key(shell: Any, source: str, cell_id: str | None = None) -> str:
