@@ -206,7 +206,8 @@ def main() -> None:
     parser.add_argument("--big-repeats", type=int, default=3, help=f"runs per point for {', '.join(sorted(BIG))}")
     parser.add_argument("--table", action="store_true", help="print a Markdown table at the end")
     parser.add_argument("--runs", default=None, help="a JSON file of fresh-run peaks: read (runs already there are "
-                        "not repeated: a change to the predictor needs only the cells rerun) and written")
+                        "not repeated, and all of them are used: a change to the predictor needs only the cells "
+                        "rerun) and written")
     args = parser.parse_args()
     models = (args.models.split(",") if args.models else list(MODELS) if args.zoo else FIRST_FIVE)
     batches = [int(b) for b in (args.batches or ("8,16,32,64,128,256" if args.zoo else "16,32,64,128,256")).split(",")]
@@ -222,12 +223,13 @@ def main() -> None:
         style = MODELS[model][0]
         anchor = run(model, "anchor", args.anchor, batches)
         repeats = args.big_repeats if model in BIG else args.repeats
-        row = {"model": model, "style": style, "repeats": repeats, "spread": 0.0, "analytic": {}, "measured": {}}
+        row = {"model": model, "style": style, "repeats": None, "spread": 0.0, "analytic": {}, "measured": {}}
         for batch in [b for b in batches if b != args.anchor]:
             key = f"{model} {style} batch {batch}"
-            runs = saved.get(key, [])[:repeats]
+            runs = saved.get(key, [])  # every run the file has (more than --repeats are kept and used)
             runs += [run(model, "measure", batch, batches)["measured"] for _ in range(repeats - len(runs))]
             saved[key] = runs
+            row["repeats"] = len(runs) if row["repeats"] is None else min(row["repeats"], len(runs))
             if args.runs:
                 with open(args.runs, "w") as out:
                     json.dump(saved, out, indent=1)

@@ -239,3 +239,35 @@ def test_a_custom_loop_under_a_strategy_reads_one_replicas_batch_and_names_the_g
     assert called.batch_source == f"{feeding.DIRECT_CALL_BATCH}, times 2 replicas"
     fitted = describe(ModelUse(weakref.ref(model), calls=["fit"], batch_size=128, batch_source="batch_size argument"))
     assert fitted.batch_size == 128 and fitted.replica_batch == 64
+
+
+def test_what_a_larger_batch_adds_gets_the_chunks_large_tensors_get():
+    from tfmem_magic.core.report import TraceInfo
+
+    rep = report(batch=32)
+    quick = prediction.analytic_basis(rep)  # no trace: the typical ratio, assumed for everything
+    assert quick.fragmentation == prediction.TYPICAL_FRAGMENTATION and quick.growth_fragmentation is None
+    # the cell's trace saw its peak and measured 1.3x there (a chunk BFC did not split, small tensors)
+    requested = round(rep.tf_peak_bytes / 1.3)
+    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
+                          allocated_at_peak_bytes=round(requested * 1.3))
+    basis = prediction.analytic_basis(rep)
+    assert basis.fragmentation == pytest.approx(1.3, rel=1e-3)
+    assert basis.growth_fragmentation == prediction.GROWTH_FRAGMENTATION
+    same = prediction.predict(rep)
+    own = prediction.parts_at(basis, basis.knobs)
+    # the cell's own settings: its parts in its own chunks (its peak, plus fit's copy this trace did not see)
+    assert same.peak_bytes == pytest.approx(sum(own.values()) * 1.3, rel=1e-3)
+    assert same.peak_bytes == pytest.approx(rep.tf_peak_bytes + basis.copy_missing * 1.3, rel=1e-3)
+    added = prediction.parts_at(basis, replace(basis.knobs, batch_size=128))
+    grown = sum(added.values()) - sum(own.values())
+    bigger = prediction.predict(rep, batch_size=128)
+    assert bigger.peak_bytes - same.peak_bytes == pytest.approx(grown * prediction.GROWTH_FRAGMENTATION, rel=1e-3)
+    assert bigger.fragmentation_ratio < 1.3  # the ratio shown is the predicted peak's
+    # a smaller batch frees tensors in the cell's own chunks
+    shrunk = sum(own.values()) - sum(prediction.parts_at(basis, replace(basis.knobs, batch_size=8)).values())
+    smaller = prediction.predict(rep, batch_size=8)
+    assert same.peak_bytes - smaller.peak_bytes == pytest.approx(shrunk * 1.3, rel=1e-3)
+    # a cell whose own ratio is already below it keeps its own for growth too
+    rep.trace.allocated_at_peak_bytes = round(requested * 1.05)
+    assert prediction.analytic_basis(rep).growth_fragmentation is None

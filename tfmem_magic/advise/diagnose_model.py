@@ -6,7 +6,8 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from tfmem_magic.advise.prediction import ANALYTIC_BAND, Basis, analytic_basis, budget_for_tf, largest_batch, parts_at
+from tfmem_magic.advise.prediction import (ANALYTIC_BAND, Basis, analytic_basis, budget_for_tf, growth_ratio,
+                                          largest_batch, parts_at)
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -61,7 +62,7 @@ def large_batch(report: Report) -> Finding | None:
         title=f"The batch ({model.batch_size}) is what fills the memory",
         evidence=f"Activations for a batch of {model.batch_text} take ~{format_bytes(activations)}, "
                  f"{activations / peak:.0%} of the cell's peak ({format_bytes(peak)}), and they grow with the batch "
-                 f"(~{format_bytes(round(basis.activations_per_sample * basis.fragmentation))} per sample).{advice}",
+                 f"(~{format_bytes(round(basis.activations_per_sample * growth_ratio(basis)))} per sample).{advice}",
         bytes=round(activations), fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],
     )
 
