@@ -94,13 +94,15 @@ def _data(n: int = 1024):
 def test_a_fit_with_validation_is_broken_down_by_layer_and_phase(shell):
     x, y = _data()
     shell.user_ns.update(model=_wide_model("stack_mlp"), x=x, y=y)
-    result = shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=128, epochs=1, verbose=0, "
+    # batch 512: the step's layer tensors (2 MiB each) outweigh Adam's update of the 1 MiB kernel; at batch 128 the
+    # peak fell in that update, where the layer's last gradient is freed or not (once in CI: no layer at the peak)
+    result = shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=512, epochs=1, verbose=0, "
                             "validation_data=(x[:256], y[:256]))")
     assert result.success, result.error_in_exec
     report = shell.user_ns["rep"]
     model = report.model
     assert model is not None and model.keras_package == EXPECTED_KERAS
-    assert model.name == "stack_mlp" and model.batch_size == 128 and model.optimizer == "Adam"
+    assert model.name == "stack_mlp" and model.batch_size == 512 and model.optimizer == "Adam"
     assert model.optimizer_slots == 2 and [layer.name for layer in model.layers] == ["wide", "head"]
     assert model.params == 256 * 1024 + 1024 + 1024 * 10 + 10
     assert model.validation and "fit" in model.calls
@@ -111,7 +113,7 @@ def test_a_fit_with_validation_is_broken_down_by_layer_and_phase(shell):
         assert layer.activation_bytes_per_sample == units * 4, layer
     layers = {g.layer: g.bytes for g in report.trace.by_layer}
     phases = {g.phase: g.bytes for g in report.trace.by_phase}
-    assert layers.get("wide", 0) > 0, layers
+    assert layers.get("wide", 0) > 0, (layers, phases, [(g.op, g.phase, g.bytes) for g in report.trace.at_peak[:6]])
     # where the peak falls differs (Keras 3: in the backward pass, with layer outputs live; tf_keras: in Adam's
     # update, which makes its temporaries unfused), but the training step's phases name what is live there
     assert len({"forward", "backward", "optimizer"} & set(phases)) >= 2, phases
