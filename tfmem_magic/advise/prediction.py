@@ -327,7 +327,7 @@ def peak_at(basis: Basis, knobs: Knobs) -> int:
     own = sum(parts_at(basis, basis.knobs).values())
     # growth in the chunks large tensors get (measured: GROWTH_FRAGMENTATION); in the analytic basis a shrink frees
     # the cell's own (below the cell's batch the growth ratio over-predicted: benchmarks/predict_accuracy.py --zoo)
-    ratio = growth_ratio(basis) if total > own or basis.increment_fragmentation else basis.fragmentation
+    ratio = growth_ratio(basis) if total > own or basis.increment_fragmentation is not None else basis.fragmentation
     return max(0, round(own * basis.fragmentation + (total - own) * ratio))
 
 
