@@ -13,6 +13,7 @@ error per point, the max/mean per basis, and a Markdown table (--table) for the 
     python benchmarks/predict_accuracy.py             # the first five models (arrays)
     python benchmarks/predict_accuracy.py --zoo       # all models, batches 8 to 256 (about 40 minutes, 2 cores)
     python benchmarks/predict_accuracy.py --models resnet50,gru --batches 16,64 --repeats 3
+    python benchmarks/predict_accuracy.py --zoo --cells 3 --runs runs.json --table   # 3 runs of each cell, scored
 
 Targets (issue 15): measured basis <= 10% max error on 95% of points and never above 15%; analytic <= 20%.
 """
@@ -204,6 +205,8 @@ def main() -> None:
     parser.add_argument("--models", default=None)
     parser.add_argument("--repeats", type=int, default=5, help="fresh-process runs per point (median; spread shown)")
     parser.add_argument("--big-repeats", type=int, default=3, help=f"runs per point for {', '.join(sorted(BIG))}")
+    parser.add_argument("--cells", type=int, default=1, help="runs of each model's cell (each predicts every "
+                        "batch; the cell's own run varies too, so each is scored; the table shows their range)")
     parser.add_argument("--table", action="store_true", help="print a Markdown table at the end")
     parser.add_argument("--runs", default=None, help="a JSON file of fresh-run peaks: read (runs already there are "
                         "not repeated, and all of them are used: a change to the predictor needs only the cells "
@@ -216,12 +219,12 @@ def main() -> None:
     if args.runs and os.path.exists(args.runs):
         with open(args.runs) as existing:
             saved = json.load(existing)
-    errors: dict[str, list[float]] = {"analytic": [], "measured": []}
+    errors: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": []}  # |error|, batch
     rows = []
     print(f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8}")
     for model in models:
         style = MODELS[model][0]
-        anchor = run(model, "anchor", args.anchor, batches)
+        anchors = [run(model, "anchor", args.anchor, batches) for _ in range(max(1, args.cells))]
         repeats = args.big_repeats if model in BIG else args.repeats
         row = {"model": model, "style": style, "repeats": None, "spread": 0.0, "analytic": {}, "measured": {}}
         for batch in [b for b in batches if b != args.anchor]:
@@ -235,22 +238,35 @@ def main() -> None:
                     json.dump(saved, out, indent=1)
             alloc, lo, hi = statistics.median(runs), min(runs), max(runs)
             for basis, key in (("analytic", "analytic"), ("measured", "calibrated")):
-                row[basis][batch] = (anchor[key][str(batch)] - alloc) / alloc
-                errors[basis].append(abs(row[basis][batch]))
+                row[basis][batch] = [(anchor[key][str(batch)] - alloc) / alloc for anchor in anchors]
+                errors[basis] += [(abs(e), batch) for e in row[basis][batch]]
             row["spread"] = max(row["spread"], (hi - lo) / alloc)
             spread = f"{alloc / 2**20:.1f}Mi ({(lo - alloc) / alloc:+.0%}/{(hi - alloc) / alloc:+.0%})"
-            print(f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {row['analytic'][batch]:>+8.1%} "
-                  f"{row['measured'][batch]:>+8.1%}", flush=True)
-        print(f"{'':<16} cell at batch {args.anchor}: {anchor['measured'] / 2**20:.1f}Mi; probes at batches "
-              f"{anchor['probes']['batches']}: {anchor['probes']['seconds']} s", flush=True)
+            print(f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {_errors(row['analytic'][batch], '.1%'):>8} "
+                  f"{_errors(row['measured'][batch], '.1%'):>8}", flush=True)
+        for anchor in anchors:
+            print(f"{'':<16} cell at batch {args.anchor}: {anchor['measured'] / 2**20:.1f}Mi; probes at batches "
+                  f"{anchor['probes']['batches']}: {anchor['probes']['seconds']} s", flush=True)
         rows.append(row)
-    for basis, values in errors.items():
-        within = sum(v <= 0.10 for v in values)
+    for basis, scored in errors.items():
+        values = [e for e, _ in scored]
+        above = [e for e, batch in scored if batch > args.anchor]
         print(f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} "
-              f"points; {within} within 10%")
+              f"points; within 10% / 15% / 20%: {_within(values)}; above the cell's batch: {_within(above)} of "
+              f"{len(above)}, max {max(above, default=0):.1%}")
     print(f"took {(time.perf_counter() - started) / 60:.1f} min")
     if args.table:
         print_table(rows, [b for b in batches if b != args.anchor])
+
+
+def _within(values: list[float]) -> str:
+    return " / ".join(str(sum(v <= limit for v in values)) for limit in (0.10, 0.15, 0.20))
+
+
+def _errors(values: list[float], spec: str) -> str:
+    """One cell's error ("+4%"), or the range over several cells' ("-7..+13%")."""
+    low, high = min(values), max(values)
+    return f"{low:+{spec}}" if len(values) == 1 else f"{low:+{spec}}..{high:+{spec}}"
 
 
 def print_table(rows: list[dict], batches: list[int]) -> None:
@@ -258,7 +274,8 @@ def print_table(rows: list[dict], batches: list[int]) -> None:
     print(f"\n| model | fed as | runs per point | spread | analytic error (batch {names}) | measured-basis error |")
     print("|---|---|---|---|---|---|")
     for row in rows:
-        analytic, measured = (" / ".join(f"{row[key][b]:+.0%}" for b in batches) for key in ("analytic", "measured"))
+        analytic, measured = (" / ".join(_errors(row[key][b], ".0%") for b in batches)
+                              for key in ("analytic", "measured"))
         print(f"| {row['model']} | {row['style']} | {row['repeats']} | {row['spread']:.0%} | {analytic} | {measured} |")
 
 
