@@ -95,7 +95,7 @@ class Basis:
     measured_peak: int | None  # the anchor (TF peak over baseline), None when TF's allocator was not measured
     knobs: Knobs
     calibration: dict[str, Any] = field(default_factory=dict)
-    activations_per_sample_below: float | None = None  # the slope below the cell's batch, when measured apart
+    activations_per_sample_below: float | None = None  # the slope below the cell's batch, when not the one above
     slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
     copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
     # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
@@ -294,7 +294,7 @@ def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
     now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
     if below is None or micro >= now_micro:
         per_batch = basis.activations_per_sample * micro
-    else:  # piecewise: fragmentation makes the slope smaller at small batches
+    else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one)
         per_batch = max(0.0, basis.activations_per_sample * now_micro - below * (now_micro - micro))
     activations = per_batch * dtype_ratio * knobs.input_scale / now.input_scale
     batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
@@ -513,10 +513,10 @@ def _cached_basis(report: Report) -> Basis | None:
 
 
 def probe_batches(report: Report, basis: Basis) -> list[int]:
-    """Batch sizes for the probes: a quarter of the cell's batch, the batch, and 4x it. The slope is measured on
-    each side of the cell's batch (piecewise: kernels can change algorithm with the size), over the range people
-    ask about (a quarter to 8x: the slope of half the batch, extrapolated to a quarter, missed EfficientNetB0's
-    peak at batch 8 from 32 by far more than the line through 8 and 32 did). Without room for 4x in the
+    """Batch sizes for the probes: a quarter of the cell's batch, the batch, and 4x it. The slope above the cell's
+    batch comes from the batch and 4x; the quarter gives the span over which the chunks of what the batch adds are
+    measured, and the order check (probes out of order: noise). Below the cell's batch the analytic slope is used
+    (measured_basis: the probes' slope down to a quarter missed by more). Without room for 4x in the
     budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM). The room counts
     the probe's synthetic inputs too: a few batches, held twice while they become tensors."""
     batch = basis.knobs.batch_size
