@@ -56,7 +56,10 @@ class Profiler:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         clean = self.untangle(exc)
-        self.finish(exc)
+        swallowed = self.swallowed_stop() if exc is None else None
+        self.finish(exc or swallowed)
+        if swallowed is not None:  # Ctrl-C that the block's code swallowed: the block still stops (interrupts.py)
+            raise swallowed
         if clean is not exc:  # the guard's own exception, not pybind11's tangle of two (see Guard.untangle)
             raise clean from None
         return False  # never swallow the user's exception
@@ -73,6 +76,24 @@ class Profiler:
     def enter_user_code(self) -> None:
         """The user's code starts now (finish() ends it): the guard's watchdog may raise from here on."""
         self._capture.open_guard()
+
+    def swallowed_stop(self) -> KeyboardInterrupt | None:
+        """Call when the user's code ended without an error: the KeyboardInterrupt to end it with, if stop was pressed
+        and the code it landed in swallowed it (see measure.interrupts)."""
+        stops = self._capture.stops
+        return stops.swallowed() if stops is not None and stops.armed else None
+
+    @contextlib.contextmanager
+    def showing_error(self, exc: BaseException | None) -> Iterator[None]:
+        """Around the display of the cell's error: further presses of stop are counted, not raised, so they cannot
+        cut the display short (IPython would print a bare "KeyboardInterrupt" and no error output)."""
+        stops = self._capture.stops
+        if stops is None or not stops.armed:
+            yield
+            return
+        stops.seen(exc)
+        with stops.absorbing():
+            yield
 
     @contextlib.contextmanager
     def user_code(self) -> Iterator[None]:

@@ -86,9 +86,10 @@ class TfmemMagics(Magics):
             etype, value, tb = exc_tuple or sys.exc_info()
             clean = profiler.untangle(value)  # the guard's exception, not pybind11's RuntimeError tangle
             shown = numbered_traceback(tb)
-            if clean is value and shown is tb:
-                return show_traceback(exc_tuple, *rest, **kwargs)
-            return show_traceback((type(clean), clean, shown), *rest, **kwargs)
+            with profiler.showing_error(value):  # a second press of stop must not cut the display short
+                if clean is value and shown is tb:
+                    return show_traceback(exc_tuple, *rest, **kwargs)
+                return show_traceback((type(clean), clean, shown), *rest, **kwargs)
 
         shell.showtraceback = showtraceback
         try:
@@ -96,6 +97,10 @@ class TfmemMagics(Magics):
             with profiler.user_code():
                 result = shell.run_cell(cell, store_history=False)
             error = profiler.untangle(result.error_before_exec or result.error_in_exec)
+            if error is None:
+                error = profiler.swallowed_stop()  # stop was pressed and the cell's code swallowed it
+                if error is not None:
+                    showtraceback((KeyboardInterrupt, error, None))
         except BaseException as exc:  # run_cell itself failed (rare): still stop the instruments
             error = exc
             raise
@@ -411,6 +416,7 @@ class Watcher:
     def __init__(self, shell: Any, options: pipeline.Options) -> None:
         self.shell, self.options = shell, options
         self._stack: list[pipeline.Profiler | None] = []
+        self._own_showtraceback: list[Any] = []  # per measured cell: an instance showtraceback set before ours
         shell.events.register("pre_run_cell", self.pre)
         shell.events.register("post_run_cell", self.post)
 
@@ -430,6 +436,14 @@ class Watcher:
             return
         profiler.enter_user_code()
         self._stack.append(profiler)
+        show = self.shell.showtraceback
+        self._own_showtraceback.append(vars(self.shell).get("showtraceback"))
+
+        def showtraceback(*args: Any, **kwargs: Any) -> Any:  # a second press of stop must not cut it short
+            with profiler.showing_error(sys.exc_info()[1] if not args or args[0] is None else args[0][1]):
+                return show(*args, **kwargs)
+
+        self.shell.showtraceback = showtraceback
 
     def post(self, result: Any) -> None:
         if not self._stack:
@@ -437,14 +451,23 @@ class Watcher:
         profiler = self._stack.pop()
         if profiler is None:
             return
+        self._restore_showtraceback()
         report = profiler.finish(result.error_before_exec or result.error_in_exec)
         display({"text/plain": watch_line(report), "text/html": watch_html(report)}, raw=True)
+
+    def _restore_showtraceback(self) -> None:
+        own = self._own_showtraceback.pop() if self._own_showtraceback else None
+        if own is None:
+            vars(self.shell).pop("showtraceback", None)  # the class's own method again
+        else:
+            self.shell.showtraceback = own
 
     def stop(self) -> None:
         self.shell.events.unregister("pre_run_cell", self.pre)
         self.shell.events.unregister("post_run_cell", self.post)
         for profiler in self._stack:  # the cell running `watch off` was being measured: end that cleanly
             if profiler is not None:
+                self._restore_showtraceback()
                 profiler.finish(None)
         self._stack.clear()
 

@@ -23,6 +23,7 @@ from tfmem_magic.core.options import Options
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import capabilities, environment, guard, kerases, remote
 from tfmem_magic.measure.instrument import Instrumentation
+from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 
@@ -71,6 +72,7 @@ class Capture:
         self.tracer: Tracer | None = None
         self.sampler: RssSampler | None = None
         self.instrumentation: Instrumentation | None = None
+        self.stops: StopLatch | None = None  # the cell's stop presses (not armed when nested: the outer one has it)
         self.allocator = AllocatorStats()
         self._undo: list[tuple[str, Callable[[], Any]]] = []  # (what, how to undo it), in arming order
         self._limit: tuple[int | None, str] = (None, "")
@@ -120,7 +122,13 @@ class Capture:
                                   on_rss=on_rss, tf_device=main_tf_device())
         self._push("sampler", self.sampler.stop)
         self.sampler.start(self._t0)
-        self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard)
+        if not nested:
+            latch = StopLatch()
+            if latch.arm():
+                self.stops = latch
+                self._push("stop latch", latch.disarm)
+        self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard,
+                                               stops=self.stops)
         self._push("Keras patches", self.instrumentation.uninstall)
         self.instrumentation.install()
 
@@ -227,6 +235,8 @@ class Capture:
         limit, source = self._limit
         if sampler is not None:
             self.notes.extend(sampler.errors)
+        if self.stops is not None:
+            self.notes.extend(self.stops.notes())
         self.notes.extend(capabilities.notes())  # a private API this TensorFlow or Keras moved: what degrades
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
+from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.tracer import Tracer
 
 _MISSING = object()
@@ -64,9 +65,11 @@ class IdentitySet:
 
 
 class Instrumentation:
-    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None) -> None:
+    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None,
+                 stops: StopLatch | None = None) -> None:
         self.tracer = tracer
         self.guard = guard
+        self.stops = stops  # the cell's stop presses: a swallowed one is raised again at a batch end or a return
         self.trace_steps = trace_steps
         self.spans = spans and tracer is not None
         self.models: dict[int, ModelUse] = {}
@@ -233,6 +236,11 @@ class Instrumentation:
                         instrumentation.applied.append((weakref.ref(this), ids))
                 except TypeError:
                     pass
+                result = original(this, *args, **kwargs)
+                if instrumentation.stops is not None:  # a custom loop's step ends here
+                    instrumentation.stops.check(f"after {type(this).__name__}.{original.__name__}() of a custom "
+                                                "training step")
+                return result
             return original(this, *args, **kwargs)
 
         return wrapper
@@ -264,14 +272,25 @@ class Instrumentation:
             if not instrumentation.active or instrumentation._outer_call() is not None:
                 return original(model, *args, **kwargs)  # uninstalled, or nested in a watched call
             instrumentation._calls.current = (model, call)
+            stops = instrumentation.stops
+            token = stops.enter_call() if stops is not None else 0
             try:
                 args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
                 if call in ("fit", "evaluate", "predict"):
                     args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
                                                                    kerases.flavour_of(model))
-                return original(model, *args, **kwargs)
+                result = original(model, *args, **kwargs)
+                if stops is not None:  # a press that Keras swallowed in its last batch or after the loop
+                    stops.check(f"when {call}() returned")
+                return result
+            except KeyboardInterrupt as exc:
+                if stops is not None:
+                    stops.seen(exc)
+                raise
             finally:
                 instrumentation._calls.current = None
+                if stops is not None:
+                    stops.exit_call(token)
 
         return wrapper
 
@@ -280,10 +299,11 @@ class Instrumentation:
         """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
         list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
         theirs), and so are callbacks given positionally."""
-        if self.tracer is None and self.guard is None:
+        if self.tracer is None and self.guard is None and self.stops is None:
             return args, kwargs
+        checks = [c.check for c in (self.guard, self.stops) if c is not None]
         ours = ([_callback_class("trace", flavour)(self.tracer, self.trace_steps)] if self.tracer is not None else []) \
-            + ([_callback_class("guard", flavour)(self.guard, call)] if self.guard is not None else [])
+            + ([_callback_class("check", flavour)(checks, call)] if checks else [])
         position = _parameter_index(original, "callbacks")
         if position is not None and len(args) > position:
             return args, kwargs
@@ -462,28 +482,30 @@ def _make_trace_window_class(base: type) -> type:
     return TraceWindow
 
 
-def _make_guard_check_class(base: type) -> type:
-    class GuardCheck(base):
-        """Checks the process memory against the guard's limit after every batch."""
+def _make_batch_end_check_class(base: type) -> type:
+    class BatchEndCheck(base):
+        """After every batch: the guard's memory check against its limit, and the stop latch's check for a press
+        that Keras swallowed inside the step. Each may raise, between two steps."""
 
-        def __init__(self, guard: Any, call: str) -> None:
+        def __init__(self, checks: list[Callable[[str], None]], call: str) -> None:
             super().__init__()
-            self.guard, self.call = guard, call
+            self.checks, self.call = checks, call
 
         def _check(self, batch, logs=None) -> None:
-            self.guard.check(f"after batch {batch + 1} of {self.call}()")
+            for check in self.checks:
+                check(f"after batch {batch + 1} of {self.call}()")
 
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _check
 
-    return GuardCheck
+    return BatchEndCheck
 
 
-_CALLBACK_MAKERS = {"trace": _make_trace_window_class, "guard": _make_guard_check_class}
+_CALLBACK_MAKERS = {"trace": _make_trace_window_class, "check": _make_batch_end_check_class}
 _callback_classes: dict[tuple[str, str], type] = {}
 
 
 def _callback_class(kind: str, flavour: str) -> type:
-    """Our callback class ("trace": the first steps' window, "guard": the batch-end check) for the Keras the model
+    """Our callback class ("trace": the first steps' window, "check": the batch-end checks) for the Keras the model
     was made with (tf_keras' CallbackList calls methods a Keras 3 Callback lacks). Made on first use and kept."""
     key = (kind, flavour)
     if key not in _callback_classes:
