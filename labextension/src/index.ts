@@ -58,7 +58,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       kernel.registerCommTarget(TARGET, (comm: Kernel.IComm, msg: KernelMessage.ICommOpenMsg) => {
         const panel = panelOf(tracker, kernel);
         const reply = panel ? insert(panel, msg.content.data) : { status: 'error', error: 'notebook not found' };
-        comm.send(reply as any);
+        comm.send(reply as KernelMessage.ICommMsgMsg['content']['data']);
       });
     };
     tracker.widgetAdded.connect((_, panel) => {

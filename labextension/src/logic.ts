@@ -11,7 +11,7 @@ export interface InsertRequest {
   placement: Placement;
 }
 
-/** Validate the comm message a kernel sends (`tfmem_magic.frontend.insert_cell`). */
+/** Validate the comm message a kernel sends (`tfmem_magic.show.frontend.insert_cell`). */
 export function parseInsertRequest(data: unknown): InsertRequest | { error: string } {
   if (typeof data !== 'object' || data === null) {
     return { error: 'no data' };
@@ -56,7 +56,7 @@ export function escapeHtml(value: unknown): string {
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
-/** The same format as tfmem_magic.sizes.format_bytes: 0 B, 812 B, 3.4 KiB, 1.25 GiB, 640 MiB. */
+/** The same format as tfmem_magic.core.sizes.format_bytes: 0 B, 812 B, 3.4 KiB, 1.25 GiB, 640 MiB. */
 export function formatBytes(n: number | null | undefined): string {
   if (n === null || n === undefined || !isFinite(n)) {
     return 'n/a';
@@ -88,18 +88,25 @@ function mainDevice(report: Json): Json | null {
 }
 
 function groupRows(groups: Json[], key: string, total: number): string {
-  return (groups || []).slice(0, 10).map((g: Json) => {
-    const width = total > 0 ? Math.max(1, Math.round((160 * g.bytes) / total)) : 1;
-    return `<tr><td>${escapeHtml(g[key] || '—')}</td><td class="num">${escapeHtml(formatBytes(g.bytes))}</td>` +
-      `<td><span class="tfmem-bar" style="width:${width}px"></span></td></tr>`;
-  }).join('');
+  return (groups || [])
+    .slice(0, 10)
+    .map((g: Json) => {
+      const width = total > 0 ? Math.max(1, Math.round((160 * g.bytes) / total)) : 1;
+      return (
+        `<tr><td>${escapeHtml(g[key] || '—')}</td><td class="num">${escapeHtml(formatBytes(g.bytes))}</td>` +
+        `<td><span class="tfmem-bar" style="width:${width}px"></span></td></tr>`
+      );
+    })
+    .join('');
 }
 
 /** Inline SVGs of TF live bytes (trace timeline, else the sampled values) and of process RSS over the cell, each on
  * its own scale (RSS is often 1000x TF's bytes). */
 export function timelineSvg(report: Json): string {
-  const tfPoints: number[][] = (report.trace && report.trace.timeline && report.trace.timeline.length >= 2)
-    ? report.trace.timeline : ((mainDevice(report) || {}).samples || []);
+  const tfPoints: number[][] =
+    report.trace && report.trace.timeline && report.trace.timeline.length >= 2
+      ? report.trace.timeline
+      : (mainDevice(report) || {}).samples || [];
   const rss: number[][] = (report.rss && report.rss.samples) || [];
   const series = [
     { points: tfPoints, color: '#5b8def', name: 'TF live bytes', fromZero: true },
@@ -111,19 +118,26 @@ export function timelineSvg(report: Json): string {
   const tMax = Math.max(...series.flatMap(s => s.points.map(p => p[0])), 1e-6);
   const w = 600;
   const h = 60;
-  return series.map(s => {
-    const values = s.points.map(p => p[1]);
-    const top = Math.max(...values, 1);
-    const bottom = s.fromZero ? 0 : Math.min(...values);
-    const span = Math.max(top - bottom, 1);
-    const d = s.points.map((p, i) =>
-      `${i ? 'L' : 'M'}${((p[0] / tMax) * w).toFixed(1)},${(h - ((p[1] - bottom) / span) * (h - 2) - 1).toFixed(1)}`
-    ).join('');
-    return `<div class="tfmem-muted"><span style="color:${s.color}">■</span> ${s.name}: ` +
-      `${escapeHtml(formatBytes(bottom))} → ${escapeHtml(formatBytes(top))} over ${tMax.toFixed(2)} s</div>` +
-      `<svg class="tfmem-timeline" viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" ` +
-      `aria-label="${s.name} over the cell"><path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.5"/></svg>`;
-  }).join('');
+  return series
+    .map(s => {
+      const values = s.points.map(p => p[1]);
+      const top = Math.max(...values, 1);
+      const bottom = s.fromZero ? 0 : Math.min(...values);
+      const span = Math.max(top - bottom, 1);
+      const d = s.points
+        .map(
+          (p, i) =>
+            `${i ? 'L' : 'M'}${((p[0] / tMax) * w).toFixed(1)},${(h - ((p[1] - bottom) / span) * (h - 2) - 1).toFixed(1)}`
+        )
+        .join('');
+      return (
+        `<div class="tfmem-muted"><span style="color:${s.color}">■</span> ${s.name}: ` +
+        `${escapeHtml(formatBytes(bottom))} → ${escapeHtml(formatBytes(top))} over ${tMax.toFixed(2)} s</div>` +
+        `<svg class="tfmem-timeline" viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" ` +
+        `aria-label="${s.name} over the cell"><path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.5"/></svg>`
+      );
+    })
+    .join('');
 }
 
 /** '256', or '256 (128 per replica of 2)' under a tf.distribute strategy (as ModelInfo.batch_text says it). */
@@ -145,11 +159,17 @@ export function renderReportHtml(report: Json): string {
   const dev = mainDevice(report);
   const rows: [string, string][] = [];
   if (dev) {
-    rows.push(['TF peak', `${formatBytes(dev.peak_bytes)} (${formatBytes(dev.baseline_bytes)} before + ` +
-      `${formatBytes(dev.peak_bytes - dev.baseline_bytes)} in the cell)`]);
+    rows.push([
+      'TF peak',
+      `${formatBytes(dev.peak_bytes)} (${formatBytes(dev.baseline_bytes)} before + ` +
+        `${formatBytes(dev.peak_bytes - dev.baseline_bytes)} in the cell)`
+    ]);
   }
   const rss = report.rss || {};
-  rows.push(['Process RSS peak', `${formatBytes(rss.peak_bytes)} (+${formatBytes(rss.peak_bytes - rss.baseline_bytes)})`]);
+  rows.push([
+    'Process RSS peak',
+    `${formatBytes(rss.peak_bytes)} (+${formatBytes(rss.peak_bytes - rss.baseline_bytes)})`
+  ]);
   const env = report.env || {};
   // a GPU's budget is its allocator's limit (traced); the host's (RAM, container, --limit) is the process's
   const deviceLimit = dev && view.main_device ? (env.device_limit_bytes || {})[view.main_device] : undefined;
@@ -160,32 +180,48 @@ export function renderReportHtml(report: Json): string {
   rows.push(['Time', `${Number(report.wall_s || 0).toFixed(2)} s, ${report.mode} mode`]);
   if (report.model) {
     const m = report.model;
-    rows.push(['Model', `${m.name}: ${Number(m.params).toLocaleString('en')} params, optimizer ${m.optimizer || 'none'}, ` +
-      `batch ${batchText(m)}`]);
+    rows.push([
+      'Model',
+      `${m.name}: ${Number(m.params).toLocaleString('en')} params, optimizer ${m.optimizer || 'none'}, ` +
+        `batch ${batchText(m)}`
+    ]);
   }
   if (report.error) {
     rows.push(['Error', `${report.error.type}: ${String(report.error.message || '').slice(0, 300)}`]);
   }
   const parts: string[] = [
     `<h4>tfmem report${report.label ? ' · ' + escapeHtml(report.label) : ''}` +
-    `${report.number ? ' · #' + escapeHtml(report.number) : ''}</h4>`
+      `${report.number ? ' · #' + escapeHtml(report.number) : ''}</h4>`
   ];
   if (view.verdict) {
     parts.push(`<div class="tfmem-verdict tfmem-${escapeHtml(view.level || 'ok')}">${escapeHtml(view.verdict)}</div>`);
   }
-  parts.push('<table class="tfmem-summary">' +
-    rows.map(([k, v]) => `<tr><th>${escapeHtml(k)}</th><td>${escapeHtml(v)}</td></tr>`).join('') + '</table>');
+  parts.push(
+    '<table class="tfmem-summary">' +
+      rows.map(([k, v]) => `<tr><th>${escapeHtml(k)}</th><td>${escapeHtml(v)}</td></tr>`).join('') +
+      '</table>'
+  );
   const b = report.before;
   if (b) {
-    const held = b.held === true ? 'held' : b.held === false ? 'missed'
-      : b.kernel_changed ? 'not judged: the kernel changed' : 'not checked';
-    parts.push(`<div class="tfmem-before-after"><b>Before → after${b.fix_id ? ' (fix ' + escapeHtml(b.fix_id) + ')' : ''}` +
-      `: report ${escapeHtml(b.number)}</b><table><tr><th></th><th class="num">before</th><th class="num">after</th></tr>` +
-      `<tr><th>TF peak</th><td class="num">${escapeHtml(formatBytes(b.tf_peak_bytes))}</td>` +
-      `<td class="num">${escapeHtml(formatBytes(dev ? dev.peak_bytes - dev.baseline_bytes : null))}</td></tr>` +
-      (b.predicted_peak_bytes !== null && b.predicted_peak_bytes !== undefined
-        ? `<tr><th>prediction</th><td class="num">${escapeHtml(formatBytes(b.predicted_peak_bytes))}</td>` +
-          `<td class="num">${held}</td></tr>` : '') + '</table></div>');
+    const held =
+      b.held === true
+        ? 'held'
+        : b.held === false
+          ? 'missed'
+          : b.kernel_changed
+            ? 'not judged: the kernel changed'
+            : 'not checked';
+    parts.push(
+      `<div class="tfmem-before-after"><b>Before → after${b.fix_id ? ' (fix ' + escapeHtml(b.fix_id) + ')' : ''}` +
+        `: report ${escapeHtml(b.number)}</b><table><tr><th></th><th class="num">before</th><th class="num">after</th></tr>` +
+        `<tr><th>TF peak</th><td class="num">${escapeHtml(formatBytes(b.tf_peak_bytes))}</td>` +
+        `<td class="num">${escapeHtml(formatBytes(dev ? dev.peak_bytes - dev.baseline_bytes : null))}</td></tr>` +
+        (b.predicted_peak_bytes !== null && b.predicted_peak_bytes !== undefined
+          ? `<tr><th>prediction</th><td class="num">${escapeHtml(formatBytes(b.predicted_peak_bytes))}</td>` +
+            `<td class="num">${held}</td></tr>`
+          : '') +
+        '</table></div>'
+    );
   }
   const t = report.trace;
   if (t && t.events) {
@@ -198,17 +234,29 @@ export function renderReportHtml(report: Json): string {
   parts.push(timelineSvg(report));
   const findings: Json[] = report.findings || [];
   if (findings.length) {
-    parts.push('<h4>Findings</h4><ul class="tfmem-findings">' + findings.map(f =>
-      `<li><b>${escapeHtml(f.title)}</b> <span class="tfmem-muted">[${escapeHtml(f.severity)}]</span><br>` +
-      `${escapeHtml(f.evidence)}</li>`).join('') + '</ul>');
+    parts.push(
+      '<h4>Findings</h4><ul class="tfmem-findings">' +
+        findings
+          .map(
+            f =>
+              `<li><b>${escapeHtml(f.title)}</b> <span class="tfmem-muted">[${escapeHtml(f.severity)}]</span><br>` +
+              `${escapeHtml(f.evidence)}</li>`
+          )
+          .join('') +
+        '</ul>'
+    );
   }
   const fixes: Json[] = report.fixes || [];
   if (fixes.length) {
-    parts.push('<h4>Fixes</h4><div class="tfmem-muted">Copy a fix, or run ' +
-      `<code>%tfmem fix K --report ${escapeHtml(report.number)}</code> in a live kernel.</div>` +
-      '<ol class="tfmem-fixes">' + fixes.map(x =>
-        `<li><b>${escapeHtml(x.title)}</b>: ${escapeHtml(x.why)}<pre>${escapeHtml(x.code)}</pre></li>`).join('') +
-      '</ol>');
+    parts.push(
+      '<h4>Fixes</h4><div class="tfmem-muted">Copy a fix, or run ' +
+        `<code>%tfmem fix K --report ${escapeHtml(report.number)}</code> in a live kernel.</div>` +
+        '<ol class="tfmem-fixes">' +
+        fixes
+          .map(x => `<li><b>${escapeHtml(x.title)}</b>: ${escapeHtml(x.why)}<pre>${escapeHtml(x.code)}</pre></li>`)
+          .join('') +
+        '</ol>'
+    );
   }
   return `<div class="tfmem-report tfmem-rendered">${parts.join('')}</div>`;
 }

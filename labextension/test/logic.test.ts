@@ -1,9 +1,20 @@
-import { batchText, escapeHtml, formatBytes, insertionTarget, parseInsertRequest, renderReportHtml, timelineSvg } from '../src/logic';
+import {
+  batchText,
+  escapeHtml,
+  formatBytes,
+  insertionTarget,
+  parseInsertRequest,
+  renderReportHtml,
+  timelineSvg
+} from '../src/logic';
 
 describe('parseInsertRequest', () => {
   it('reads code, cell id and placement', () => {
-    expect(parseInsertRequest({ code: 'x = 1', cell_id: 'abc', placement: 'top' }))
-      .toEqual({ code: 'x = 1', cellId: 'abc', placement: 'top' });
+    expect(parseInsertRequest({ code: 'x = 1', cell_id: 'abc', placement: 'top' })).toEqual({
+      code: 'x = 1',
+      cellId: 'abc',
+      placement: 'top'
+    });
     expect(parseInsertRequest({ code: 'x', cell_id: null })).toEqual({ code: 'x', cellId: null, placement: 'below' });
   });
   it('refuses requests without code', () => {
@@ -15,23 +26,35 @@ describe('parseInsertRequest', () => {
 describe('insertionTarget', () => {
   const ids = ['a', 'b', 'c'];
   it('goes below the cell that ran', () => {
-    expect(insertionTarget(ids, { code: 'x', cellId: 'b', placement: 'below' }, 2))
-      .toEqual({ index: 1, where: 'below', found: true });
+    expect(insertionTarget(ids, { code: 'x', cellId: 'b', placement: 'below' }, 2)).toEqual({
+      index: 1,
+      where: 'below',
+      found: true
+    });
   });
   it('falls back to the active cell when the id is unknown', () => {
-    expect(insertionTarget(ids, { code: 'x', cellId: 'zz', placement: 'below' }, 2))
-      .toEqual({ index: 2, where: 'below', found: false });
-    expect(insertionTarget([], { code: 'x', cellId: null, placement: 'below' }, -1))
-      .toEqual({ index: 0, where: 'below', found: false });
+    expect(insertionTarget(ids, { code: 'x', cellId: 'zz', placement: 'below' }, 2)).toEqual({
+      index: 2,
+      where: 'below',
+      found: false
+    });
+    expect(insertionTarget([], { code: 'x', cellId: null, placement: 'below' }, -1)).toEqual({
+      index: 0,
+      where: 'below',
+      found: false
+    });
   });
   it('puts restart fixes above the first cell', () => {
-    expect(insertionTarget(ids, { code: 'x', cellId: 'c', placement: 'top' }, 2))
-      .toEqual({ index: 0, where: 'above', found: true });
+    expect(insertionTarget(ids, { code: 'x', cellId: 'c', placement: 'top' }, 2)).toEqual({
+      index: 0,
+      where: 'above',
+      found: true
+    });
   });
 });
 
 describe('formatBytes', () => {
-  it('matches tfmem_magic.sizes.format_bytes', () => {
+  it('matches tfmem_magic.core.sizes.format_bytes', () => {
     expect(formatBytes(0)).toBe('0 B');
     expect(formatBytes(812)).toBe('812 B');
     expect(formatBytes(3.4 * 1024)).toBe('3.4 KiB');
@@ -44,17 +67,43 @@ describe('formatBytes', () => {
 });
 
 const REPORT = {
-  schema: 'tfmem.report/1', label: '<b>fit</b>', number: 3, status: 'ok', mode: 'trace', wall_s: 1.5,
+  schema: 'tfmem.report/1',
+  label: '<b>fit</b>',
+  number: 3,
+  status: 'ok',
+  mode: 'trace',
+  wall_s: 1.5,
   view: { verdict: 'fits with 18 GiB to spare', level: 'ok' },
   env: { budget_bytes: 24 * 1024 ** 3, budget_source: 'ram' },
-  rss: { baseline_bytes: 500 * 1024 ** 2, peak_bytes: 700 * 1024 ** 2, samples: [[0, 1], [1, 2]] },
+  rss: {
+    baseline_bytes: 500 * 1024 ** 2,
+    peak_bytes: 700 * 1024 ** 2,
+    samples: [
+      [0, 1],
+      [1, 2]
+    ]
+  },
   tf: { 'CPU:0': { baseline_bytes: 0, peak_bytes: 64 * 1024 ** 2, end_bytes: 0 } },
-  trace: { events: 10, peak_live_bytes: 64 * 1024 ** 2, timeline: [[0, 0], [0.5, 64 * 1024 ** 2], [1, 0]],
-           by_phase: [{ phase: 'forward', bytes: 40 * 1024 ** 2 }], by_layer: [{ layer: 'dense<script>', bytes: 1 }] },
+  trace: {
+    events: 10,
+    peak_live_bytes: 64 * 1024 ** 2,
+    timeline: [
+      [0, 0],
+      [0.5, 64 * 1024 ** 2],
+      [1, 0]
+    ],
+    by_phase: [{ phase: 'forward', bytes: 40 * 1024 ** 2 }],
+    by_layer: [{ layer: 'dense<script>', bytes: 1 }]
+  },
   findings: [{ id: 'large-batch', title: 'The batch', severity: 'warn', evidence: 'a < b' }],
   fixes: [{ id: 'shrink-batch', title: 'Shrink', why: 'why', code: 'model.fit(x, batch_size=8)' }],
-  before: { number: 1, fix_id: 'shrink-batch', tf_peak_bytes: 128 * 1024 ** 2, predicted_peak_bytes: 60 * 1024 ** 2,
-            held: true }
+  before: {
+    number: 1,
+    fix_id: 'shrink-batch',
+    tf_peak_bytes: 128 * 1024 ** 2,
+    predicted_peak_bytes: 60 * 1024 ** 2,
+    held: true
+  }
 };
 
 describe('renderReportHtml', () => {
@@ -81,20 +130,26 @@ describe('renderReportHtml', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
   });
   it('headlines the device the kernel chose (a GPU), not the host allocator', () => {
-    const gpu = { ...REPORT, view: { ...REPORT.view, main_device: 'GPU:0' },
-                  tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } } };
+    const gpu = {
+      ...REPORT,
+      view: { ...REPORT.view, main_device: 'GPU:0' },
+      tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } }
+    };
     expect(renderReportHtml(gpu)).toContain('3 GiB (0 B before + 3 GiB in the cell)');
   });
-  it('shows a GPU\'s own budget beside the host\'s when the trace gave its limit', () => {
-    const gpu = { ...REPORT, view: { ...REPORT.view, main_device: 'GPU:0' },
-                  env: { ...REPORT.env, device_limit_bytes: { 'GPU:0': 14 * 1024 ** 3 } },
-                  tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } } };
+  it("shows a GPU's own budget beside the host's when the trace gave its limit", () => {
+    const gpu = {
+      ...REPORT,
+      view: { ...REPORT.view, main_device: 'GPU:0' },
+      env: { ...REPORT.env, device_limit_bytes: { 'GPU:0': 14 * 1024 ** 3 } },
+      tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } }
+    };
     const html = renderReportHtml(gpu);
     expect(html).toContain('<th>GPU:0 budget</th><td>14 GiB (TensorFlow&#39;s allocator limit)</td>');
     expect(html).toContain('<th>Host budget</th><td>24 GiB (ram)</td>');
     expect(renderReportHtml(REPORT)).toContain('<th>Budget</th><td>24 GiB (ram)</td>');
   });
-  it('names the global batch and each replica\'s share, as the kernel does', () => {
+  it("names the global batch and each replica's share, as the kernel does", () => {
     expect(batchText({ batch_size: 256, replicas: 2 })).toBe('256 (128 per replica of 2)');
     expect(batchText({ batch_size: 64 })).toBe('64');
     expect(batchText({})).toBe('?');

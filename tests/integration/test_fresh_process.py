@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from fresh import run_python
 
+import tfmem_magic
+
 pytestmark = pytest.mark.slow
+PACKAGE = Path(tfmem_magic.__file__).parent
+
+
+def interactive_modules() -> set[str]:
+    """The package's modules a script must not load, found on disk (so a renamed or a new one is checked too):
+    every module under adapters/ and every other module that imports IPython or ipywidgets at module level."""
+    out = set()
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        top = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        imported = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module for n in top if isinstance(n, ast.ImportFrom) and n.module]
+        if parts[1] == "adapters" or any(m.split(".")[0] in ("IPython", "ipywidgets") for m in imported):
+            out.add(name)
+    return out
 
 
 def test_script_api_without_ipython_sees_every_allocation():
@@ -16,12 +37,16 @@ def test_script_api_without_ipython_sees_every_allocation():
         with tfmem_magic.profile(label="script") as p:
             x = tf.random.uniform((512, 256))
         r = p.report
-        # Keras itself imports IPython (keras/src/saving/file_editor.py): check that our adapter stayed out
-        print(json.dumps({"adapter": "tfmem_magic.magics" in sys.modules, "allocator": r.env.allocator,
+        ours = sorted(m for m in sys.modules if m.split(".")[0] == "tfmem_magic")
+        print(json.dumps({"ours": ours, "allocator": r.env.allocator,
                           "complete": r.env.allocator_complete, "grew": r.tf["CPU:0"].end_bytes,
                           "top": r.trace.at_peak[0].requested_bytes, "last": tfmem_magic.last_report() is r}))
     """)
-    assert data == {"adapter": False, "allocator": "bfc_cpu_allocator_for_gpu", "complete": True,
+    # Keras itself imports IPython (keras/src/saving/file_editor.py): check that our adapters and widgets stayed out
+    ours, interactive = set(data.pop("ours")), interactive_modules()
+    assert "tfmem_magic.adapters.magics" in interactive and "tfmem_magic.pipeline" in ours  # neither list is empty
+    assert not ours & interactive, f"a script loaded {sorted(ours & interactive)}"
+    assert data == {"allocator": "bfc_cpu_allocator_for_gpu", "complete": True,
                     "grew": data["grew"], "top": 512 * 256 * 4, "last": True}
     assert data["grew"] >= 512 * 256 * 4
 

@@ -60,6 +60,7 @@ def test_the_sdist_carries_the_built_extension_and_its_sources(dists):
 
 def test_the_wheel_carries_the_prebuilt_extension(wheel):
     names = zipfile.ZipFile(wheel).namelist()
+    assert "tfmem_magic/py.typed" in names  # PEP 561: type checkers read the package's own annotations
     data = [n for n in names if EXTENSION in n]
     assert any(n.endswith(EXTENSION + "package.json") for n in data)
     assert any(n.endswith(EXTENSION + "install.json") for n in data)
