@@ -20,7 +20,8 @@ from typing import Any
 
 from tfmem_magic._version import __version__
 from tfmem_magic.advise.prediction import WhatIf, predict
-from tfmem_magic.core.errors import MemoryGrowthWarning, MemoryLimitExceeded, TfmemError, TfmemUsageError
+from tfmem_magic.core.errors import (MemoryGrowthWarning, MemoryLimitExceeded, PreflightRefused, TfmemError,
+                                    TfmemUsageError)
 from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure.environment import AllocatorSetup
@@ -31,8 +32,8 @@ from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard
 
 __all__ = [
-    "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryGrowthWarning", "MemoryLimitExceeded", "Options", "Profiler",
-    "Report", "SCHEMA", "analyze_xplane", "capture", "serve",
+    "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryGrowthWarning", "MemoryLimitExceeded", "Options",
+    "PreflightRefused", "Profiler", "Report", "SCHEMA", "analyze_xplane", "capture", "serve",
     "TfmemError", "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle",
     "parse_size", "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "to_tensorboard",
     "unload_ipython_extension",

@@ -12,11 +12,12 @@ import contextlib
 from dataclasses import replace
 from typing import Any, Iterator
 
-from tfmem_magic.advise import diagnose, fixes, prediction
+from tfmem_magic.advise import diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
 from tfmem_magic.core.errors import MemoryLimitExceeded
 from tfmem_magic.core.options import MODES, Options
 from tfmem_magic.core.report import Report
+from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure.capture import Capture, Measured
 
@@ -43,7 +44,8 @@ class Profiler:
         self.report: Report | None = None
         # the trace's raw XSpaces, [(bytes, segment start in s)], when options.keep_xspaces (TensorBoard)
         self.xspaces: list[tuple[bytes, float]] = []
-        self._capture = Capture(self.options)
+        self._preflight = preflight.Preflight()
+        self._capture = Capture(self.options, self._preflight)
 
     @property
     def notes(self) -> list[str]:
@@ -111,6 +113,7 @@ class Profiler:
         measured = self._capture.stop()
         self.xspaces = measured.xspaces
         report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
+        self._add_preflight(report)
         try:
             self._analyse_and_advise(report, measured)
         except KeyboardInterrupt:  # Ctrl-C while we analyse: the user's code is done; skip our remaining work
@@ -123,6 +126,23 @@ class Profiler:
         if self.options.publish:
             SESSION.publish(report)
         return report
+
+    def _add_preflight(self, report: Report) -> None:
+        """The cell's last pre-flight, and what it predicted against what the process reached."""
+        checks = self._preflight
+        report.notes.extend(checks.notes)
+        if not checks.results:
+            return
+        info = report.preflight = checks.results[-1]
+        if info.verdict != "refused":
+            reached = report.rss.peak_bytes
+            how = (f"{info.seconds:.1f} s, probes at batches {' and '.join(map(str, info.probe_batches))}"
+                   if info.basis == "probes" else "no probes needed: the model's own parts, taken several times "
+                   "over, fit")
+            report.notes.append(
+                f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted at most "
+                f"~{format_bytes(info.predicted_rss_bytes)} for the process (±{info.band:.0%}) against "
+                f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}.")
 
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:
         use = build.add_analysis(report, m)

@@ -180,3 +180,44 @@ def test_a_limit_the_process_already_passes_is_refused_before_the_cell_runs(shel
     assert result.success and shell.user_ns["ran_under_small_limit"] is True  # the suggestion is a limit that runs
     result = shell.run_cell("%tfmem limit 10MB")
     assert isinstance(result.error_in_exec, UsageError) and "already holds" in str(result.error_in_exec)
+
+
+def test_a_limit_with_no_room_above_the_process_says_so():
+    """A limit just above what the process holds is not "below" it: the message says how little room it leaves."""
+    import psutil
+    import tensorflow as tf
+
+    from tfmem_magic.core.errors import TfmemUsageError
+    from tfmem_magic.measure import guard
+
+    tf.constant(1.0)  # TensorFlow runs (as in every notebook that uses it): its runtime is in the process already
+    rss = psutil.Process().memory_info().rss
+    with pytest.raises(TfmemUsageError, match="leaves less than 64 MiB of room above what this process already "
+                                              "holds") as refused:
+        guard.check_reachable(rss + 30 * 2**20, "--limit")
+    assert "is below" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_session_limit_that_tensorflows_runtime_would_pass_is_refused_before_tensorflow_starts():
+    """`%tfmem limit 400MB` before TensorFlow starts: its runtime alone (~640 MiB) would pass it, so every later cell
+    would be refused; the command itself refuses, names the runtime's share and a limit that leaves room."""
+    from fresh import run_python
+
+    data = run_python("""
+        import json
+        from tfmem_magic.core.errors import TfmemUsageError
+        from tfmem_magic.core.sizes import parse_size
+        from tfmem_magic.measure import environment, guard
+        try:
+            guard.set_session_limit(400 * 10**6)
+            said = None
+        except TfmemUsageError as exc:
+            said = str(exc)
+        suggested = parse_size(said.split("e.g. %tfmem limit ")[1].split(",")[0]) if said else None
+        print(json.dumps({"said": said, "tf": environment.tensorflow_initialized(), "suggested": suggested,
+                          "runtime": guard.runtime_still_to_come()}))
+    """)
+    assert data["tf"] is False and data["said"] is not None
+    assert "leaves no room for TensorFlow" in data["said"] and "runtime adds ~640 MiB" in data["said"]
+    assert data["suggested"] >= 400 * 10**6 + data["runtime"]

@@ -39,6 +39,13 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
                       help="allocator stats and RSS only: near-zero overhead")
     parser.add_argument("--limit", metavar="SIZE", help="this cell's memory budget, e.g. 6GB, 512MiB, 2G")
+    preflight = parser.add_mutually_exclusive_group()
+    preflight.add_argument("--preflight", dest="preflight", action="store_const", const=True, default=None,
+                           help="before each fit/evaluate/predict, predict its step from two small probe steps "
+                                "(another process, seconds) and refuse one that will not fit the limit (default: "
+                                "on when a limit is set and TensorFlow's allocator could not be capped)")
+    preflight.add_argument("--no-preflight", dest="preflight", action="store_const", const=False,
+                           help="never run the pre-flight (the guard still watches the cell)")
     if notebook:
         parser.add_argument("--as", dest="as_name", metavar="NAME", help="also bind the report to NAME")
         parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")
@@ -107,7 +114,7 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
         if tensorboard.exists() and not tensorboard.is_dir():
             raise TfmemUsageError(f"--tensorboard {ns.tensorboard!r} is a file: give a folder (TensorBoard's logdir)")
     options = Options(mode=ns.mode or "trace", label=ns.label, interval_ms=ns.interval, limit_bytes=limit,
-                      trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds,
+                      preflight=ns.preflight, trace_steps=ns.trace_steps, trace_seconds=ns.trace_seconds,
                       keep_xspaces=tensorboard is not None)
     fix_id = getattr(ns, "fix", None)
     before = getattr(ns, "before", None)

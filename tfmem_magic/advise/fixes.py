@@ -100,9 +100,15 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
         return None
     basis = analytic_basis(report)
     fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
-    if fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
+    pre = report.preflight
+    refused = pre is not None and pre.verdict == "refused" and pre.batch_size == model.batch_size
+    if refused and pre.largest_batch:  # the pre-flight measured the clone's steps: its answer, not the model's
+        new = pre.largest_batch
+        chosen = (f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
+                  f"{format_bytes(pre.threshold_bytes)} the guard allows")
+    elif fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
         return None
-    if fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
+    elif fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
         new = typeable_batch(model.batch_size // 2, max(1, model.replicas))  # a batch the replicas can share
         chosen = (f"half the batch: the cell ran out of memory although the predicted peak fits the "
                   f"{format_bytes(budget)} left, so the prediction is not to be trusted here")

@@ -14,7 +14,7 @@ _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2
 MAX_LAYERS = 400  # layers listed per model (nested models are listed by their own layers)
 
 
-def _variable_bytes(variables: Any) -> int:
+def variable_bytes(variables: Any) -> int:
     total = 0
     for v in variables:
         try:
@@ -263,19 +263,19 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         name=model.name,
         params=_param_count(weights),
         trainable_params=_param_count(trainable),
-        param_bytes=_variable_bytes(weights),
+        param_bytes=variable_bytes(weights),
         optimizer=_optimizer_name(optimizer),
         optimizer_slots=slots,
-        optimizer_bytes=_variable_bytes(opt_vars),
+        optimizer_bytes=variable_bytes(opt_vars),
         batch_size=batch_size,
         input_shape=_shape_text(use.input_shape),
         dtype_policy=str(policy) if policy else None,
         calls=calls,
         layers=layers,
-        trainable_bytes=_variable_bytes(trainable),
+        trainable_bytes=variable_bytes(trainable),
         samples=use.samples,
         input_array_bytes=sum(a.nbytes for a in training),
-        new_weight_bytes=_variable_bytes(w for w in weights if w in new_variables),
+        new_weight_bytes=variable_bytes(w for w in weights if w in new_variables),
         optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
         batch_source=batch_source,
         feed=use.feed,

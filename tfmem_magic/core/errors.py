@@ -21,5 +21,12 @@ class MemoryLimitExceeded(TfmemError, MemoryError):
         return self.args[0] if self.args else self.detail
 
 
+class PreflightRefused(MemoryLimitExceeded):
+    """The pre-flight predicted that the call's step would not fit the memory limit: it did not start (nothing of
+    the call ran, so nothing was allocated); the message says the predicted peak, the room, and a batch that fits."""
+
+    detail = "the pre-flight predicted the step would not fit the memory limit"
+
+
 class MemoryGrowthWarning(UserWarning):
     """TensorFlow's peak grew run after run (epochs of a fit, repeated cells): something is kept between them."""

@@ -15,6 +15,9 @@ class Options:
     label: str = ""
     interval_ms: float = 50.0  # RSS and TF sampling period; the RSS peak is exact regardless (VmHWM)
     limit_bytes: int | None = None  # the user's budget for this block (process memory)
+    # predict each fit/evaluate/predict's step before it runs and refuse one that will not fit the limit: True,
+    # False, or None = when a limit is set and TensorFlow's allocator is not capped (TensorFlow ran before it)
+    preflight: bool | None = None
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
     keep_xspaces: bool = False  # keep each trace segment's raw XSpace (for TensorBoard's profile tools)

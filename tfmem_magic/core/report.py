@@ -178,6 +178,28 @@ class TraceInfo:
 
 
 @dataclass
+class PreflightInfo:
+    """The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran one step at two small
+    batches in another process, and the line through their peaks predicted the call's step at its own batch."""
+
+    call: str  # "fit" | "evaluate" | "predict"
+    batch_size: int
+    probe_batches: list[int] = field(default_factory=list)
+    step_bytes: int = 0  # the TF allocator's growth one step needs at batch_size (predicted, chunk bytes)
+    extra_bytes: int = 0  # what the call adds besides its steps: weights or slots it builds, fit's copy of arrays
+    rss_bytes: int = 0  # the process memory at the start of the call
+    predicted_rss_bytes: int = 0  # rss_bytes + step_bytes + extra_bytes
+    threshold_bytes: int = 0  # what the guard lets the process reach (the limit, or the cell's start + margin)
+    band: float = 0.0
+    verdict: str = ""  # "fits" | "refused" | "uncertain" (within the band: the call runs, the guard watches)
+    # "probes" (two probe steps of a clone), or "model" (the model's own parts showed it fits with room to spare:
+    # no probes were run)
+    basis: str = "probes"
+    largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it
+    seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
+
+
+@dataclass
 class LayerInfo:
     name: str
     type: str
@@ -326,6 +348,7 @@ class Report:
     fixes: list[Fix] = field(default_factory=list)
     prediction: Prediction | None = None
     guard: GuardInfo | None = None
+    preflight: PreflightInfo | None = None  # the last pre-flight of the cell (see advise/preflight.py)
     before: BeforeAfter | None = None  # set when this cell ran a fix: the report it is compared with
     number: int = 0  # position in this session's history (1 = first report), stable while the kernel lives
     cell_key: str | None = None  # the same cell across re-runs (Jupyter's cell id, else a hash of its source)

@@ -24,7 +24,7 @@ from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import capabilities, environment, guard, kerases, remote
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.interrupts import StopLatch
-from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device
+from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 
 
@@ -64,8 +64,10 @@ class Measured:
 class Capture:
     """The instruments of one measurement, armed and disarmed as one transaction."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, preflight: Callable[..., Any] | None = None) -> None:
         self.options = options
+        # (model, call, use, threshold, rss) -> None, or raises PreflightRefused: the pipeline's pre-flight
+        self._preflight = preflight
         self.mode = options.mode
         self.notes: list[str] = []
         self.guard: guard.Guard | None = None
@@ -128,7 +130,7 @@ class Capture:
                 self.stops = latch
                 self._push("stop latch", latch.disarm)
         self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard,
-                                               stops=self.stops)
+                                               stops=self.stops, preflight=self._preflight_check())
         self._push("Keras patches", self.instrumentation.uninstall)
         self.instrumentation.install()
 
@@ -147,6 +149,34 @@ class Capture:
                 self._undo.pop()
                 _quietly(self.tracer.finish)
             self.tracer, self.mode = None, "quick"
+
+    def _preflight_check(self) -> Callable[[Any, str, Any], None] | None:
+        """The pre-flight for this cell's calls, or None: asked for (--preflight), or on by default when the user set
+        a limit and TensorFlow's allocator is not capped (TensorFlow was running before the limit: nothing else
+        stops one step that outgrows the limit, as one step is one C++ call)."""
+        wanted = self.options.preflight
+        guard_ = self.guard
+        if self._preflight is None or wanted is False:
+            return None
+        if wanted is None and not (guard_ is not None and guard_.source in ("--limit", "%tfmem limit")
+                                   and self._tf_running_at_start and guard.allocator_limit_bytes() is None):
+            return None
+        hook = self._preflight
+
+        def check(model: Any, call: str, use: Any) -> None:
+            rss = psutil.Process().memory_info().rss
+            if guard_ is not None:
+                threshold, source = guard_.threshold, guard_.source
+            else:  # --preflight without a limit: what the machine has
+                threshold, source = environment.memory_budget(rss_now=rss).budget_bytes, "the memory available"
+            # TF's allocator keeps its regions (RSS never shrinks): what it held at its peak so far can be reused
+            device = main_tf_device()
+            info = memory_info(device) if device is not None else None
+            current = info["current"] if info else 0
+            held = max(self.allocator.peak_before.get(device or "", 0), info["peak"] if info else 0, current)
+            hook(model, call, use, threshold, rss, source, current, held)
+
+        return check
 
     def _choose_limit(self) -> tuple[int | None, str]:
         """The cell's own --limit, else the session's %tfmem limit, else a container's limit."""

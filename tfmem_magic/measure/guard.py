@@ -61,14 +61,33 @@ def check_reachable(limit: int, where: str, margin: int = MARGIN) -> None:
     before the cell runs, with the process's size and a limit that leaves room, instead of stopping the cell as if
     it had grown."""
     rss = psutil.Process().memory_info().rss
-    if limit >= rss + margin:
+    runtime = runtime_still_to_come()
+    if limit >= rss + runtime + margin:
         return
     room = max(256 * 2**20, rss // 4)  # for the cell's own work: its tensors, the framework's temporaries
-    suggestion = -(-(rss + room) // (128 * 2**20)) * 128 * 2**20  # rounded up to 128 MiB
+    suggestion = -(-(rss + runtime + room) // (128 * 2**20)) * 128 * 2**20  # rounded up to 128 MiB
+    fix = (f"Give a limit with room for the cell's work, e.g. {where} {format_bytes(suggestion).replace(' ', '')}, "
+           "or free memory first.")
+    if runtime and limit >= rss:
+        raise TfmemUsageError(
+            f"{where} {format_bytes(limit)} leaves no room for TensorFlow: the process holds {format_bytes(rss)} now, "
+            f"and TensorFlow's runtime adds ~{format_bytes(runtime)} when it starts (its libraries, kernels and "
+            f"caches: measured on TF 2.21 CPU), so every cell would pass the limit before its own work. {fix}")
+    if limit >= rss:
+        raise TfmemUsageError(
+            f"{where} {format_bytes(limit)} leaves less than {format_bytes(margin)} of room above what this process "
+            f"already holds ({format_bytes(rss)}: Python, TensorFlow's runtime and your variables), so no batch size "
+            f"could meet it. {fix}")
     raise TfmemUsageError(
         f"{where} {format_bytes(limit)} is below what this process already holds ({format_bytes(rss)}: Python, "
-        f"TensorFlow's runtime and your variables), so no batch size could meet it. Give a limit with room for the "
-        f"cell's work, e.g. {where} {format_bytes(suggestion).replace(' ', '')}, or free memory first.")
+        f"TensorFlow's runtime and your variables), so no batch size could meet it. {fix}")
+
+
+def runtime_still_to_come() -> int:
+    """The RSS TensorFlow's runtime will still add to this process (0 once TensorFlow runs)."""
+    if environment.tensorflow_initialized() or not environment.tensorflow_installed():
+        return 0
+    return RUNTIME_RSS_IMPORTED if environment.tensorflow_imported() else RUNTIME_RSS_NOT_IMPORTED
 
 
 def session_limit() -> SessionLimit | None:

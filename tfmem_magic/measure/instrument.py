@@ -66,10 +66,13 @@ class IdentitySet:
 
 class Instrumentation:
     def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None,
-                 stops: StopLatch | None = None) -> None:
+                 stops: StopLatch | None = None, preflight: Callable[[Any, str, ModelUse], None] | None = None
+                 ) -> None:
         self.tracer = tracer
         self.guard = guard
         self.stops = stops  # the cell's stop presses: a swallowed one is raised again at a batch end or a return
+        # before each fit/evaluate/predict runs a step: may refuse the call (advise/preflight.py, given by the pipeline)
+        self.preflight = preflight
         self.trace_steps = trace_steps
         self.spans = spans and tracer is not None
         self.models: dict[int, ModelUse] = {}
@@ -277,6 +280,8 @@ class Instrumentation:
             try:
                 args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
                 if call in ("fit", "evaluate", "predict"):
+                    if instrumentation.preflight is not None:  # may refuse the call before its first step
+                        instrumentation.preflight(model, call, instrumentation._use(model))
                     args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
                                                                    kerases.flavour_of(model))
                 result = original(model, *args, **kwargs)

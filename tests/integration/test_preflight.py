@@ -1,0 +1,71 @@
+"""Pre-flight in a real kernel: under a per-cell limit, with TensorFlow already running, a `fit` whose step will not fit
+is refused before its first step (the process never passes the limit), the batch it suggests runs within the limit,
+and a batch that fits runs without probes."""
+
+from __future__ import annotations
+
+import pytest
+from test_kernel_faults import MARK, Kernel
+
+pytestmark = pytest.mark.slow
+GiB = 2**30
+LIMIT = 3 * 10**9  # --limit 3GB
+
+SETUP = """
+%load_ext tfmem_magic
+import json, numpy as np, keras
+keras.utils.set_random_seed(0)
+x = np.random.rand(2048, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, 2048)
+model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu"),
+                          keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"),
+                          keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])
+model.compile("adam", "sparse_categorical_crossentropy")
+model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)  # TensorFlow is running: no allocator cap any more
+"""
+REPORT = (f"print({MARK!r} + json.dumps({{'status': r.status, 'rss_peak': r.rss.peak_bytes, 'notes': r.notes, "
+          "'preflight': r.preflight and r.preflight.__dict__, 'error': r.error and r.error.message, "
+          "'fixes': {f.id: f.code for f in r.fixes}}))")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("preflight"))
+    assert k.run(SETUP)["error"] is None
+    yield k
+    k.close()
+
+
+def fit(kernel: Kernel, batch: int, options: str = "") -> tuple[dict, dict]:
+    cell = kernel.run(f"%%tfmem --quick --limit 3GB --as r {options}\n"
+                      f"model.fit(x, y, batch_size={batch}, epochs=1, verbose=0)")
+    return cell, kernel.run(REPORT)["data"]
+
+
+def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_fits(kernel):
+    cell, r = fit(kernel, 1024)
+    assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+    pre = r["preflight"]
+    assert pre["verdict"] == "refused" and pre["basis"] == "probes" and pre["probe_batches"] == [64, 128]
+    assert pre["predicted_rss_bytes"] * (1 - pre["band"]) > LIMIT
+    assert r["rss_peak"] < LIMIT  # nothing of the step ran: the process never came near the limit
+    assert r["status"] == "oom" and "before its first step" in r["error"] and f"to {pre['largest_batch']}" in r["error"]
+    # the fix cell carries the pre-flight's batch, and that batch runs within the limit (the guard never trips)
+    suggested = pre["largest_batch"]
+    assert 64 < suggested < 1024 and f"batch_size={suggested}" in r["fixes"]["shrink-batch"]
+    cell, r = fit(kernel, suggested)
+    assert cell["error"] is None and r["status"] == "ok", (cell["stdout"][-2000:], r["notes"])
+    assert r["rss_peak"] < LIMIT
+    assert r["preflight"]["verdict"] in ("fits", "uncertain")
+
+
+def test_a_batch_that_fits_runs_without_probes(kernel):
+    cell, r = fit(kernel, 64)
+    assert cell["error"] is None and r["status"] == "ok"
+    pre = r["preflight"]
+    assert pre["verdict"] == "fits" and pre["basis"] == "model" and pre["probe_batches"] == []
+    assert any("Pre-flight of fit() at batch 64" in n and "no probes needed" in n for n in r["notes"]), r["notes"]
+
+
+def test_no_preflight_leaves_the_call_to_the_guard(kernel):
+    cell, r = fit(kernel, 64, "--no-preflight")
+    assert cell["error"] is None and r["preflight"] is None
