@@ -73,6 +73,11 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert report.trace.timeline[0][0] <= host[-1][0] and listed["GPU_6_bfc"].timeline == []
     text = tfmem_magic.render_text(report)
     assert "fits GPU:6 with" in text and "GPU:6: 14.4 GiB" in text and "\nRSS " not in text
+    # the allocation sequence replays through tfmem's BFC simulator to the byte (GPU defaults: one region of the
+    # whole limit, garbage collection), the ground the step replay stands on (analyze/bfc.py)
+    replayed = [n for n in report.notes if "simulation of TensorFlow's BFC allocator" in n]
+    assert len(replayed) == 1 and "one region of the whole limit" in replayed[0]
+    assert "969 memory events of GPU_6_bfc" in replayed[0] and "after every event" in replayed[0]
 
 
 def test_the_live_set_at_the_public_traces_peak_is_that_allocators_recomputed_independently():
