@@ -459,6 +459,8 @@ def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growt
     sim = simulator if simulator is not None else BFCSimulator(memory_limit, allow_growth, initial_region_bytes,
                                                                garbage_collection, fragmentation_fraction)
     handles: dict[Any, tuple[int, int]] = {k: (h, -1) for k, h in (live or {}).items()}  # key -> (handle, index)
+    seeded = {k: (sim._live[h].requested, sim._live[h].size) for k, (h, _) in handles.items()}
+    events = events if isinstance(events, list) else list(events)  # read twice: the live set at the peak, below
     in_use: list[int] = []
     chunks: list[int] = []
     addresses: list[int] = []
@@ -506,13 +508,26 @@ def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growt
         bases.append(base)
         if sim.bytes_in_use > peak:
             peak, peak_index, peak_time = sim.bytes_in_use, i, when
-            live_at_peak = [LiveAllocation(k, sim._live[h].requested, sim._live[h].size, at)
-                            for k, (h, at) in handles.items()]
             largest_free_at_peak = sim.largest_free_chunk
+    if peak_index is not None:  # rebuilt once here, not at every new peak (that was most of a replay's time)
+        live_at_peak = _live_after(events, peak_index, seeded, chunks)
     live_at_peak.sort(key=lambda a: -a.chunk)
     return ReplayResult(peak, peak_index, peak_time, sim.peak_region_bytes, live_at_peak, in_use, chunks, addresses,
                         bases, sim.bytes_in_use, sim.region_bytes, largest_free_at_peak, oom_index, oom, unmatched,
                         reallocated, sim)
+
+
+def _live_after(events: list, last: int, seeded: dict[Any, tuple[int, int]], chunks: list[int]
+                ) -> list[LiveAllocation]:
+    """The allocations live after event `last`, by the replay's own rules (an allocation at a live key replaces it,
+    a free of an unknown key is skipped): seeded ones first, each with its requested bytes and simulated chunk."""
+    alive: dict[Any, tuple[int, int, int]] = {k: (requested, size, -1) for k, (requested, size) in seeded.items()}
+    for i in range(last + 1):
+        kind, key = events[i][0], events[i][1]
+        alive.pop(key, None)
+        if kind == "alloc" and chunks[i]:
+            alive[key] = (int(events[i][2]), chunks[i], i)
+    return [LiveAllocation(k, requested, size, at) for k, (requested, size, at) in alive.items()]
 
 
 # ---- the self-check against a trace ---------------------------------------------------------------------------------

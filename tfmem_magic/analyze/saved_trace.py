@@ -104,9 +104,9 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
     return report
 
 
-# the self-check replays every event in Python, a few times over (~130 µs per event measured on an 82k-event CPU
-# trace: 10.6 s): a longer trace (a worker's capture, a whole training run) is not checked
-REPLAY_CHECK_MAX_EVENTS = 10_000
+# the self-check replays every event in Python, up to four times while it learns the regions' addresses (~12 µs per
+# event and replay, measured on a 106k-event CPU trace: 1.3 s): a longer trace (a whole training run) is not checked
+REPLAY_CHECK_MAX_EVENTS = 20_000
 
 
 def replay_check_note(events: xplane.MemoryEvents) -> str | None:
