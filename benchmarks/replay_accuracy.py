@@ -1,0 +1,142 @@
+"""The step replay from a fresh allocator, measured: a process traces a model from TensorFlow's first op (the clone
+built, two training steps at the cell's batch) with nothing paused, and that whole allocation sequence is replayed
+through tfmem's BFC simulator (analyze/bfc.py) at other batches, each allocation whose shape carries the batch scaled
+to it. The predictions are compared with the same process run for real at those batches, each in a fresh process.
+
+    .venv/bin/python benchmarks/replay_accuracy.py [--models mobilenetv2,cnn,mlp] [--anchor 32] [--batches 8,16,64]
+
+It prints, per model: the self-check (the replay at the cell's own batch against TensorFlow's bytes in use after
+every event), and per batch the real peak, the replayed one and the error, with each replay's time. The trace is
+unbounded here (no segment budget, no plateau pause): what issue 29's probe process would record; docs/bfc-replay.md
+has the results and what the replay basis still needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+MODELS = {
+    "mobilenetv2": ("(64, 64, 3)", "keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10)"),
+    "cnn": ("(64, 64, 3)", """keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPool2D(),
+        keras.layers.Flatten(), keras.layers.Dense(10)])"""),
+    "mlp": ("(784,)", """keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
+        keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])"""),
+}
+
+# one process: everything from TensorFlow's first op traced, unpaused; the trace's columns saved for the replay
+WORKER = """
+import pickle, sys
+import numpy as np
+import tfmem_magic
+tfmem_magic.prepare()
+from tfmem_magic.measure import tracer, xplane
+tracer.TRACE_BUDGET_BYTES = 0  # one segment: nothing rotated, nothing lost between segments
+tracer.PLATEAU_S = 1e9  # never paused: graph building's flat stretches are part of the sequence
+import tfmem_magic.analyze.build as build
+kept = {{}}
+read = xplane.read_segments
+
+def keep(*args, **kwargs):
+    kept["trace"] = trace = read(*args, **kwargs)
+    return trace
+
+build.xplane.read_segments = keep
+import tensorflow as tf
+with tfmem_magic.profile(trace_seconds=1200) as p:
+    import keras
+    m = {build_model}
+    m.compile("adam", "sparse_categorical_crossentropy")
+    x = tf.constant(np.random.rand({batch}, *{shape}).astype("float32"))
+    y = tf.constant(np.random.randint(0, 10, {batch}))
+    m.train_on_batch(x, y)
+    m.train_on_batch(x, y)
+ev = kept["trace"].events
+names = ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "region", "shape", "thread",
+         "strings", "threads", "allocator", "limit")
+out = {{k: getattr(ev, k) for k in names}}
+out["peak"] = p.report.tf_peak_bytes
+out["windows"] = len(p._capture.tracer.windows)
+out["weight_shapes"] = sorted({{"[" + ",".join(str(d) for d in v.shape) + "]" for v in m.weights}})
+pickle.dump(out, open({path!r}, "wb"))
+"""
+
+
+def record(model: str, batch: int, folder: Path) -> dict:
+    shape, build_model = MODELS[model]
+    path = folder / f"{model}-{batch}.pkl"
+    code = WORKER.format(build_model=textwrap.dedent(build_model), batch=batch, shape=shape, path=str(path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{model} at batch {batch} failed:\n{out.stderr[-3000:]}")
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def replay_at(data: dict, anchor: int, batches: list[int]) -> tuple[object, dict[int, tuple[int, float]]]:
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tfmem_magic.analyze import bfc
+    from tfmem_magic.analyze.analysis import batch_dimension
+    from tfmem_magic.measure.xplane import MemoryEvents
+
+    columns = {k: data[k] for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op",
+                                     "region", "shape", "thread")}
+    events = MemoryEvents(**columns, strings=data["strings"], threads=data["threads"],
+                          allocator=data["allocator"], limit=data["limit"])
+    check = bfc.self_check(events)
+    weights = set(data["weight_shapes"])
+    shapes = [events.string(int(i)) for i in events.shape]
+    scaled = np.array([bool(events.is_alloc[i]) and shapes[i] is not None and shapes[i] not in weights
+                       and batch_dimension(shapes[i], anchor) for i in range(len(events))])
+    requested = np.array(check.prepared.requested, dtype=np.int64)
+    out = {}
+    for batch in batches:
+        started = time.perf_counter()
+        sizes = np.where(scaled, requested * batch // anchor, requested).tolist()
+        peak = bfc.replay_prepared(check.prepared, requested=sizes).peak_bytes_in_use
+        out[batch] = (peak, time.perf_counter() - started)
+    return check, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--anchor", type=int, default=32)
+    parser.add_argument("--batches", default="8,16,64")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    began = time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="tfmem-replay-"))
+    errors = []
+    for model in args.models.split(","):
+        cell = record(model, args.anchor, folder)
+        check, predicted = replay_at(cell, args.anchor, batches)
+        print(f"{model}: {check.events} events in {cell['windows']} window(s); self-check at batch {args.anchor}: "
+              f"{check.events_exact}/{check.events} events exact, peak {check.peak_error:+.2%}", flush=True)
+        for batch in batches:
+            real = record(model, batch, folder)["peak"]
+            peak, seconds = predicted[batch]
+            error = (peak - real) / real
+            errors.append(abs(error))
+            print(f"  batch {batch:>4}: real {real / 2**20:8.1f} MiB, replayed {peak / 2**20:8.1f} MiB, "
+                  f"{error:+6.1%} ({seconds:.2f} s)", flush=True)
+    print(json.dumps({"max_abs_error": round(max(errors), 4), "points": len(errors),
+                      "minutes": round((time.perf_counter() - began) / 60, 1)}))
+
+
+if __name__ == "__main__":
+    main()
