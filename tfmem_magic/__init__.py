@@ -27,6 +27,7 @@ from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
 from tfmem_magic.measure.remote import serve
+from tfmem_magic.measure.release import free
 from tfmem_magic.pipeline import Options, Profiler, analyze_xplane, capture, last_report, profile
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard
@@ -34,7 +35,7 @@ from tfmem_magic.show.tensorboard import write as to_tensorboard
 __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryGrowthWarning", "MemoryLimitExceeded", "Options",
     "PreflightRefused", "Profiler", "Report", "SCHEMA", "analyze_xplane", "capture", "serve",
-    "TfmemError", "TfmemUsageError", "format_bytes", "last_report", "load_ipython_extension", "mime_bundle",
+    "TfmemError", "TfmemUsageError", "format_bytes", "free", "last_report", "load_ipython_extension", "mime_bundle",
     "parse_size", "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "to_tensorboard",
     "unload_ipython_extension",
 ]

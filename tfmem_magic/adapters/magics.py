@@ -20,7 +20,7 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
-from tfmem_magic.measure import capabilities, environment, guard
+from tfmem_magic.measure import capabilities, environment, guard, release
 from tfmem_magic.measure.sampling import AllocatorStats
 from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
@@ -41,6 +41,8 @@ LINE_COMMANDS = {
     "capture": "capture HOST:PORT[,HOST:PORT...] [--seconds S] [--logdir DIR] [--as NAME]: trace every worker of a "
                "training job at once (each started with tfmem_magic.serve(PORT)) and show them side by side",
     "cluster": "cluster DIR [--as NAME]: the same side-by-side view from the reports the workers saved in DIR",
+    "free": "free [NAME ...]: drop those names, clear the Keras session and the traced gradients TensorFlow keeps "
+            "for models that are gone, and say what its allocator gave back (no restart)",
     "help": "this list and the %%tfmem options",
 }
 
@@ -168,6 +170,15 @@ class TfmemMagics(Magics):
         where = "Put it at the top of the notebook and restart the kernel." if fix.needs_restart else ""
         print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
 
+    def _free(self, names: list[str]) -> Any:
+        unknown = [n for n in names if n not in self.shell.user_ns]
+        if unknown:
+            raise UsageError(f"%tfmem free: no variable named {', '.join(unknown)} in the notebook; give the names "
+                             "that hold the models or tensors to drop (or none, to drop only what nothing holds)")
+        done = release.free(self.shell.user_ns, names)
+        print(done.text())
+        return None
+
     def _cluster(self, word: str, words: list[str]) -> None:
         from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
@@ -233,6 +244,8 @@ class TfmemMagics(Magics):
             self._show(report)
         elif word in ("capture", "cluster"):
             self._cluster(word, command.split()[1:])
+        elif word == "free":
+            return self._free(command.split()[1:])
         elif word in ("help", "-h", "--help"):
             print(help_text())
         else:

@@ -272,13 +272,15 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
 
 
 def clear_session(report: Report, ctx: FixContext) -> Fix | None:
-    keras = _keras(report)
-    code = (f"import gc, {keras}\n{keras}.backend.clear_session()  # forget Keras' global graph state and layer "
-            "names\ngc.collect()  # and free models nothing refers to any more\n")
-    why = ("Models built again and again keep Keras' global state growing, and models still referenced (a list, "
-           "Out[...], a callback) keep their weights. Clear the session before building a new model, and drop "
-           "the old references; variables you still use must be rebuilt after it.")
-    return Fix("clear-session", "Clear the Keras session between models", why, code)
+    code = ("# drop the names that still hold old models first (a list of models, a History kept in a dict), e.g.\n"
+            "# %tfmem free models\n"
+            "%tfmem free\n")
+    why = ("Models built again and again keep their weights and optimizer slots: a list, Out[...] or a callback "
+           "may still refer to them, and on TensorFlow 2.21 every model that ran fit stays pinned by TensorFlow's "
+           "gradient registry even after del and keras.backend.clear_session(). %tfmem free NAME ... drops the "
+           "names you give, clears the Keras session and those registry entries, and says what TensorFlow's "
+           "allocator gave back (docs/held-memory.md). Models you still use keep working.")
+    return Fix("clear-session", "Give back the memory of models that are gone", why, code)
 
 
 def cpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:

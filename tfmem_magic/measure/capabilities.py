@@ -181,6 +181,10 @@ CAPABILITIES = (
         "tf.function retraces are not counted: the retracing finding is off"),
     _tf("trace reader fallback", "tensorflow.tsl.profiler.protobuf.xplane_pb2.XPlane",
         "traces our own decoder cannot read are skipped (the decoder reads TF 2.21's format without it)"),
+    Capability("gradient registry", "tensorflow.python.framework.ops._gradient_registry._registry",
+               "%tfmem free and tfmem_magic.free() cannot drop the traced gradients that pin a fitted model's "
+               "weights and slots: that memory stays held until the kernel restarts",
+               _attr("tensorflow.python.framework.ops", "_gradient_registry", "_registry")),
     Capability("TensorFlow started?", "tensorflow.python.eager.context.context()._context_handle",
                "whether TensorFlow has run its first op is read as 'not yet': allocator figures may be missing",
                _context_handle),
