@@ -6,6 +6,8 @@ path; on one machine, any path)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import socket
 import tempfile
@@ -23,14 +25,32 @@ _ADDRESS = re.compile(r"^(?:grpc://)?(?P<host>[^:/\s]+):(?P<port>\d{1,5})$")
 _serving: int | None = None
 
 
-def serve(port: int = DEFAULT_PORT) -> int:
+ALLOW_ENV = "TFMEM_ALLOW_MWMS_CAPTURE"  # "1": serve on a non-chief MultiWorkerMirroredStrategy worker anyway
+MWMS_RISK = ("TensorFlow 2.21 can crash a MultiWorkerMirroredStrategy worker other than the chief when a capture of "
+             "it ends (its profiler frees memory it still writes to: TraceMeRecorder::Consume, measured 2 of 65 "
+             "captures; the chief and plain or parameter-server workers were never hit): see tfmem's "
+             "docs/capture-safety.md")
+
+
+def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | None:
     """Make this process capturable: call it at the top of a training script, before TensorFlow's first op. It
     switches the CPU allocator to BFC (without it a CPU worker's trace holds only oneDNN's allocations of 256 KiB or
     more) and starts TensorFlow's profiler server on `port`. Returns the port. Calling it again with the same port
-    does nothing."""
+    does nothing.
+
+    On a MultiWorkerMirroredStrategy worker other than the chief (read from TF_CONFIG), it does not start the
+    server and warns, returning None: a capture can crash such a worker, and the whole job with it (MWMS_RISK).
+    `allow_crash_risk=True` (or TFMEM_ALLOW_MWMS_CAPTURE=1) serves anyway. The chief is always served."""
     global _serving
     if not 0 < int(port) < 65536:
         raise TfmemUsageError(f"serve(port={port}): give a TCP port, 1 to 65535 (6009 is usual)")
+    role = mwms_non_chief()
+    if role and not (allow_crash_risk or os.environ.get(ALLOW_ENV) == "1"):
+        warnings.warn(f"tfmem_magic.serve(): not serving traces on this {role}. {MWMS_RISK}. Capture the chief, or "
+                      f"save each worker's report (tfmem_magic.keras.MemoryMonitor / %tfmem cluster); "
+                      f"serve(port, allow_crash_risk=True) or {ALLOW_ENV}=1 serves anyway.",
+                      RuntimeWarning, stacklevel=2)
+        return None
     if _serving is not None:
         if _serving != port:
             raise TfmemUsageError(f"this process already serves its traces on port {_serving}; TensorFlow starts one "
@@ -50,6 +70,26 @@ def serve(port: int = DEFAULT_PORT) -> int:
 
 def serving_port() -> int | None:
     return _serving
+
+
+def mwms_non_chief() -> str | None:
+    """'worker 1 of a MultiWorkerMirroredStrategy job' when TF_CONFIG makes this process a worker that is not its
+    chief in a job without parameter servers (MWMS's cluster: workers, maybe a chief), else None. Read from the
+    environment only: the strategy is not built yet when serve() runs."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return None
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    if not isinstance(cluster, dict) or not isinstance(task, dict) or "ps" in cluster:
+        return None
+    kind, index = task.get("type"), task.get("index", 0)
+    workers = cluster.get("worker") or []
+    if kind != "worker" or len(workers) + len(cluster.get("chief") or []) < 2:
+        return None
+    if "chief" not in cluster and int(index or 0) == 0:  # without a chief task, worker 0 is the chief
+        return None
+    return f"worker {index} of a MultiWorkerMirroredStrategy job"
 
 
 def parse_workers(text: str | list[str]) -> list[str]:
@@ -93,7 +133,9 @@ def capture(workers: list[str], seconds: float, logdir: str | Path | None = None
         host, port = result.worker.rsplit(":", 1)
         if not _answers(host, int(port)):  # TF's client says "no trace event" for a refused connection too
             result.error = ("unreachable: no profiler server answered there; start the worker with "
-                            "tfmem_magic.serve(PORT) or `tfmem run --serve PORT`")
+                            "tfmem_magic.serve(PORT) or `tfmem run --serve PORT` (a MultiWorkerMirroredStrategy "
+                            "worker other than the chief does not serve unless asked to: a capture can crash it, "
+                            "docs/capture-safety.md)")
             return
         folder = base / result.worker.replace(":", "_")
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,8 +144,9 @@ def capture(workers: list[str], seconds: float, logdir: str | Path | None = None
                                                   num_tracing_attempts=2)
         except Exception as exc:  # unreachable, idle, refused: said per worker, the others still count
             result.error = _why(exc) if _answers(host, int(port)) else (
-                "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 has crashed "
-                "MultiWorkerMirroredStrategy workers while they were traced: see the README)")
+                "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 crashes "
+                "MultiWorkerMirroredStrategy workers other than the chief when a capture ends, now and then: "
+                "docs/capture-safety.md)")
             return
         found = sorted(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
         if found:
