@@ -35,6 +35,14 @@ import textwrap
 import time
 from pathlib import Path
 
+# one replica's training step, in both jobs' scripts (a custom loop: Keras 3's fit fails under MWMS on TF 2.21)
+REPLICA_STEP = """def replica(b):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(b[1], model(b[0], training=True)) / 128
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss"""
+
 WORKER = textwrap.dedent("""
     import faulthandler, json, os, sys, time
     faulthandler.enable(all_threads=True)
@@ -58,12 +66,7 @@ WORKER = textwrap.dedent("""
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).repeat()
     batches = iter(strategy.experimental_distribute_dataset(data) if spec["strategy"] == "mwms" else data)
 
-    def replica(b):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(b[1], model(b[0], training=True)) / 128
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    REPLICA_STEP
 
     @tf.function
     def step(batch):
@@ -75,7 +78,7 @@ WORKER = textwrap.dedent("""
     while time.time() < end:
         step(next(batches))
     print("DONE", flush=True)
-""")
+""").replace("REPLICA_STEP", REPLICA_STEP)
 
 PS_JOB = textwrap.dedent("""
     import faulthandler, json, sys, time
@@ -108,12 +111,7 @@ PS_JOB = textwrap.dedent("""
 
     batches = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    def replica(b):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(b[1], model(b[0], training=True)) / 128
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    REPLICA_STEP
 
     @tf.function
     def step(iterator):
@@ -129,7 +127,7 @@ PS_JOB = textwrap.dedent("""
             coordinator.schedule(step, args=(batches,))
         coordinator.join()
     print("DONE", flush=True)
-""")
+""").replace("REPLICA_STEP", REPLICA_STEP)
 
 GDB = ["gdb", "-q", "-batch", "-ex", "set pagination off", "-ex", "set print thread-events off",
        "-ex", "set print inferior-events off", "-ex", "handle SIGPIPE nostop noprint pass",

@@ -170,14 +170,13 @@ class TfmemMagics(Magics):
         where = "Put it at the top of the notebook and restart the kernel." if fix.needs_restart else ""
         print(f"Fix [{fix.id}] is in the next cell: read it, then run it. {where}".strip())
 
-    def _free(self, names: list[str]) -> Any:
-        unknown = [n for n in names if n not in self.shell.user_ns]
-        if unknown:
-            raise UsageError(f"%tfmem free: no variable named {', '.join(unknown)} in the notebook; give the names "
-                             "that hold the models or tensors to drop (or none, to drop only what nothing holds)")
-        done = release.free(self.shell.user_ns, names)
+    def _free(self, names: list[str]) -> None:
+        try:
+            done = release.free(self.shell.user_ns, names)
+        except KeyError as unknown:  # checked before anything is dropped
+            raise UsageError(f"%tfmem free: no variable named {unknown.args[0]} in the notebook; give the names that "
+                             "hold the models or tensors to drop (or none, to drop only what nothing holds)") from None
         print(done.text())
-        return None
 
     def _cluster(self, word: str, words: list[str]) -> None:
         from tfmem_magic.show.cluster_render import cluster_html, cluster_text
@@ -245,7 +244,7 @@ class TfmemMagics(Magics):
         elif word in ("capture", "cluster"):
             self._cluster(word, command.split()[1:])
         elif word == "free":
-            return self._free(command.split()[1:])
+            self._free(command.split()[1:])
         elif word in ("help", "-h", "--help"):
             print(help_text())
         else:

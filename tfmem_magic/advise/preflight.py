@@ -89,6 +89,7 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
     train = call == "fit"
     extra = _slots_to_build(model) if train else 0
     extra += sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
+
     def growth(step: float) -> float:  # what the process grows by: the allocator's regions held are reused first
         return max(0.0, tf_current + step + extra - max(tf_held, tf_current))
 

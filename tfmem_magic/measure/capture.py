@@ -66,7 +66,8 @@ class Capture:
 
     def __init__(self, options: Options, preflight: Callable[..., Any] | None = None) -> None:
         self.options = options
-        # (model, call, use, threshold, rss) -> None, or raises PreflightRefused: the pipeline's pre-flight
+        # the pipeline's pre-flight: (model, call, use, threshold, rss, source, tf_current, tf_held) -> None, or
+        # raises PreflightRefused (see _preflight_check)
         self._preflight = preflight
         self.mode = options.mode
         self.notes: list[str] = []

@@ -42,7 +42,6 @@ class StopLatch:
     """The stop presses of one measured cell. Arm in the cell's (main) thread; every method is called there."""
 
     def __init__(self) -> None:
-        self.presses: list[float] = []  # perf_counter() of each press
         self.absorbed = 0  # presses that landed while the cell's traceback was shown (the cell already failed)
         self.reraised: list[str] = []  # where a swallowed press was raised again
         self.caught: list[float] = []  # presses whose KeyboardInterrupt the cell's Python code caught and went on
@@ -85,7 +84,6 @@ class StopLatch:
     # ---- the press --------------------------------------------------------------------------------------------
     def _on_press(self, signum: int, frame: Any) -> None:
         now = time.perf_counter()
-        self.presses.append(now)
         if now < self._absorb_until:
             self.absorbed += 1  # the cell already failed and its traceback is being shown: let it finish
             return
@@ -120,9 +118,9 @@ class StopLatch:
             return
         if self._pending_call is not None and self._pending_call in self._calls:
             # the press landed inside this very call, and the call went on: Keras (or numpy under it) dropped it
-            self._raise_again(where, "inside the running call")
+            raise self._make_again(where, "inside the running call")
         elif not _caught_in_user_code(self._pending):
-            self._raise_again(where, "by library code")
+            raise self._make_again(where, "by library code")
         elif self._pending_call is None:
             self._note_caught()
 
@@ -164,9 +162,6 @@ class StopLatch:
     def _note_caught(self) -> None:
         self.caught.append(self._pending_at)
         self._pending = None
-
-    def _raise_again(self, where: str, how: str) -> None:
-        raise self._make_again(where, how)
 
     def _make_again(self, where: str, how: str) -> KeyboardInterrupt:
         pressed = self._pending_at - self._t0
