@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from tfmem_magic.advise import diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
@@ -56,13 +56,14 @@ class Profiler:
         self.enter_user_code()  # the `with` body is the user's code
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         clean = self.untangle(exc)
         swallowed = self.swallowed_stop() if exc is None else None
         self.finish(exc or swallowed)
         if swallowed is not None:  # Ctrl-C that the block's code swallowed: the block still stops (interrupts.py)
             raise swallowed
         if clean is not exc:  # the guard's own exception, not pybind11's tangle of two (see Guard.untangle)
+            assert clean is not None  # untangle gives None only for None
             raise clean from None
         return False  # never swallow the user's exception
 

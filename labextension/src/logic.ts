@@ -150,6 +150,27 @@ export function batchText(model: Json): string {
   return replicas > 1 ? `${batch} (${Math.floor(batch / replicas)} per replica of ${replicas})` : `${batch}`;
 }
 
+/** The "Held after" section: who holds TensorFlow memory at the cell's end, in the words the Python view chose
+ * (`view.held`: headline, hint, and [name, kind, what it holds, bytes] rows). Empty when nothing is held. */
+export function heldHtml(held: Json): string {
+  if (!held || !Array.isArray(held.holders) || !held.holders.length) {
+    return '';
+  }
+  const rows = held.holders
+    .map(
+      (row: Json[]) =>
+        `<tr><td><code>${escapeHtml(row[0])}</code></td><td>${escapeHtml(row[1])}</td>` +
+        `<td>${escapeHtml(row[2])}</td><td class="num">${escapeHtml(row[3])}</td></tr>`
+    )
+    .join('');
+  return (
+    `<h4>Held after the cell</h4><div class="tfmem-held">${escapeHtml(held.headline)}</div>` +
+    '<table class="tfmem-holders"><tr><th>held by</th><th>is</th><th>holds</th><th class="num">bytes</th></tr>' +
+    `${rows}</table>` +
+    (held.hint ? `<div class="tfmem-muted">${escapeHtml(held.hint)}</div>` : '')
+  );
+}
+
 /** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped. */
 export function renderReportHtml(report: Json): string {
   if (!report || typeof report !== 'object' || String(report.schema || '').indexOf('tfmem.report/') !== 0) {
@@ -231,6 +252,7 @@ export function renderReportHtml(report: Json): string {
       parts.push(`<table class="tfmem-by-layer">${groupRows(t.by_layer, 'layer', t.peak_live_bytes)}</table>`);
     }
   }
+  parts.push(heldHtml(view.held));
   parts.push(timelineSvg(report));
   const findings: Json[] = report.findings || [];
   if (findings.length) {

@@ -126,6 +126,18 @@ describe('renderReportHtml', () => {
     expect(html).not.toContain('<script>');
     expect(escapeHtml('"\'&')).toBe('&quot;&#39;&amp;');
   });
+  it('shows who holds memory after the cell, as the Python view words it, escaped', () => {
+    const held = {
+      headline: 'TensorFlow held 6 MiB more after the cell than before it (6 MiB in all on CPU:0).',
+      hint: '%tfmem free NAME ... drops those names and says what TensorFlow gave back.',
+      holders: [['models<x>', 'list', '3 Keras models: a, b, c', '6 MiB']]
+    };
+    const out = renderReportHtml({ ...REPORT, view: { ...REPORT.view, held } });
+    expect(out).toContain('<h4>Held after the cell</h4>');
+    expect(out).toContain('<code>models&lt;x&gt;</code></td><td>list</td><td>3 Keras models: a, b, c</td>');
+    expect(out).toContain('%tfmem free NAME');
+    expect(renderReportHtml(REPORT)).not.toContain('Held after the cell');
+  });
   it('says so when the data is not a report', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
   });

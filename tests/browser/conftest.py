@@ -1,4 +1,8 @@
-"""A real JupyterLab server and a real Chromium (Debian's, driven by Playwright), per shared/guides/labextension-recipe.
+"""A real JupyterLab server and a real Chromium (Debian's, driven by Playwright; never `playwright install`).
+
+The server runs on 127.0.0.1 with a random token, its config, runtime and IPython folders in temp folders, the news
+toast off, and `window.jupyterapp` exposed; SIGTERM stops it and its kernels. A cell runs by a real click on its
+prompt and Shift+Enter. Why each of these is needed: docs/design.md, 'Browser tests'.
 
 The tests skip where /usr/bin/chromium is missing; CI installs it (.ci/run).
 """

@@ -65,7 +65,8 @@ def test_loaded_after_first_op_says_what_is_degraded():
         print(json.dumps({"allocator": r.env.allocator, "complete": r.env.allocator_complete,
                           "findings": [f.id for f in r.findings], "note": r.env.allocator_note}))
     """)
-    # this CPU has AVX512_VNNI/BF16, so TF's default allocator is oneDNN's mklcpu (DESIGN.md §1)
+    # this CPU has AVX512_VNNI/BF16, so TF's default allocator is oneDNN's mklcpu
+    # (docs/design.md, 'Allocators and what they see')
     assert data["allocator"] in ("mklcpu", "cpu") and data["complete"] is False
     assert "allocator-blind-spot" in data["findings"]
     assert "load_ext tfmem_magic" in data["note"]

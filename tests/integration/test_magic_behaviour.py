@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -48,6 +49,18 @@ def test_raising_cell_keeps_traceback_and_reports(shell, capsys, tmp_path, mode,
     assert thread_names() == before  # sampler and trace timer are gone
     assert profiler_is_free(tmp_path)  # our profiler session was stopped
     assert shell.run_cell("%%tfmem\nok = 1").success and pipeline.last_report().status == "ok"
+
+
+def test_an_error_inside_fit_shows_no_frame_of_tfmem(shell, capsys):
+    """tfmem's wrapper around fit sits between the user's line and Keras' frames: IPython leaves it out (Keras
+    filters its own frames), so the traceback reads as it does without the magic."""
+    result = shell.run_cell("%%tfmem\nimport numpy as np, keras\n"
+                            "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+                            "m.compile('sgd', 'mse')\n"
+                            "m.fit(np.zeros((8, 5), 'float32'), np.zeros((8, 2), 'float32'), verbose=0)")
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal's colours
+    assert result.error_in_exec is not None and "m.fit(np.zeros((8, 5)" in out, out
+    assert "tfmem_magic" not in out, out
 
 
 def test_keyboard_interrupt_is_reported_as_interrupted(shell):

@@ -179,6 +179,12 @@ def test_leaks_and_retracing_notebook(tmp_path):
     text = "".join(outputs_text(c) for c in nb.cells)
     assert "graphs built: {'scale': 6}" in text and "graphs built: {'scale': 1}" in text
     assert "was traced 6 times" in text
+    # who holds it: the leak names the list; the search names its dict of History objects; models nothing refers
+    # to are TensorFlow's (its gradient registry), and %tfmem free gives both back
+    assert [f.holders for f in leaky[2].findings if f.id == "leak-growth"] == [["kept"]]
+    ids = [{f.id for f in r.findings} for r in reports_in(nb)]
+    assert any("leak-in-cell" in found for found in ids) and any("held-by-tensorflow" in found for found in ids)
+    assert "via histories[256].model" in text and text.count("given back") >= 2
     assert "Watch mode off" in text and "tfmem · TF peak" in "".join(
         o.get("data", {}).get("text/plain", "") for c in nb.cells for o in c.get("outputs", []))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import textwrap
 import threading
 
 import psutil
@@ -99,6 +100,35 @@ def test_retracing_rule(shell):
     assert shell.run_cell("%%tfmem --quick --as r\nfor i in range(5):\n    triple(tf.constant(i))").success
     assert shell.user_ns["r"].tf_function_traces.get("triple") == 1
     assert not any(f.id == "retracing" for f in shell.user_ns["r"].findings)
+
+
+def test_a_train_step_over_batches_with_a_partial_last_one_is_not_a_retrace(shell):
+    """TensorFlow's "quickstart for experts": a @tf.function train step that creates the optimizer's variables on
+    its first call (TensorFlow traces that call twice) over a dataset whose last batch is partial (a second
+    signature): 3 graphs, 2 signatures, neither growing with the calls."""
+    shell.run_cell(textwrap.dedent("""
+        import keras, tensorflow as tf
+        qs_model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        qs_opt = keras.optimizers.Adam()
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((qs_model(x) - y) ** 2)
+            grads = tape.gradient(loss, qs_model.trainable_variables)
+            qs_opt.apply_gradients(zip(grads, qs_model.trainable_variables))
+        qs_data = tf.data.Dataset.from_tensor_slices((tf.zeros((100, 8)), tf.zeros((100, 4)))).batch(32)
+    """))
+    assert shell.run_cell("%%tfmem --quick --as r\nfor epoch in range(3):\n    for x, y in qs_data:\n"
+                          "        train_step(x, y)").success
+    report = shell.user_ns["r"]
+    assert report.tf_function_traces.get("train_step") == 3 and report.tf_function_signatures["train_step"] == 1
+    assert not any(f.id == "retracing" for f in report.findings)
+    # batches of a new size on every call do grow: each is a graph kept
+    shell.run_cell("@tf.function\ndef total(x):\n    return tf.reduce_sum(x)")
+    assert shell.run_cell("%%tfmem --quick --as r\nfor n in range(1, 6):\n    total(tf.ones((n, 3)))").success
+    report = shell.user_ns["r"]
+    assert report.tf_function_signatures["total"] == 4  # sizes 1 and 2 are the natural pair; 3, 4, 5 grow
+    assert any(f.id == "retracing" for f in report.findings)
 
 
 def test_compare_two_reports(shell, displayed):

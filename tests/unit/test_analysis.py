@@ -52,6 +52,20 @@ def test_peak_live_set_and_preexisting():
     assert info.at_peak[0].op == "Mul" and info.at_peak[0].phase == "optimizer"
 
 
+def test_what_the_cell_left_live_at_its_end_is_grouped_as_the_peak_is():
+    rows = [
+        (10, True, 256, 200, 0xA, 0, 0),   # forward activation, freed
+        (20, True, 512, 500, 0xB, 2, 0),   # optimizer slot: never freed in the cell
+        (30, True, 1024, 1000, 0xC, 0, 0),  # a layer's output a name keeps
+        (40, False, 256, 200, 0xA, -1, 0),
+        (50, False, 100, 100, 0xD, -1, 0),  # a pre-existing tensor freed: not the cell's
+    ]
+    info = analysis.summarize(make_trace(rows, strings=STRINGS), analysis.TraceContext(layer_names={"mlp", "dense"}))
+    assert info.held_at_end_bytes == 512 + 1024
+    assert {(g.layer, g.phase, g.bytes) for g in info.held_at_end} == {("dense", "forward", 1024),
+                                                                       (None, "optimizer", 512)}
+
+
 def test_address_reuse_matches_each_free_to_its_own_allocation():
     rows = [
         (10, True, 100, 100, 0xA, 3, 0),

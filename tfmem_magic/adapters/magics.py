@@ -7,7 +7,7 @@ import hashlib
 import sys
 import types
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -28,6 +28,9 @@ from tfmem_magic.show.figures import timeline_png
 from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
 from tfmem_magic.show.view import view_of
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 LINE_COMMANDS = {
     "watch": "watch on [--interval MS] | watch off: profile every cell in quick mode, one line each",
     "compare": "compare A B: two reports side by side (history numbers, labels, or names bound with --as)",
@@ -42,13 +45,16 @@ LINE_COMMANDS = {
                "training job at once (each started with tfmem_magic.serve(PORT)) and show them side by side",
     "cluster": "cluster DIR [--as NAME]: the same side-by-side view from the reports the workers saved in DIR",
     "free": "free [NAME ...]: drop those names, clear the Keras session and the traced gradients TensorFlow keeps "
-            "for models that are gone, and say what its allocator gave back (no restart)",
+            "for models that are gone, say what its allocator gave back (no restart) and which names still hold "
+            "TensorFlow memory",
     "help": "this list and the %%tfmem options",
 }
 
 
 @magics_class
 class TfmemMagics(Magics):
+    shell: InteractiveShell  # Magics allows None; load() registers this class with the running shell
+
     @line_cell_magic
     def tfmem(self, line: str, cell: str | None = None) -> Any:
         """%%tfmem [options]: run the cell and report its memory. %tfmem status|history|last|help."""
@@ -80,7 +86,7 @@ class TfmemMagics(Magics):
             return
         # IPython decides `;`-silencing from the last history entry, which is the magic call, not this body
         had_quiet = "quiet" in vars(hook)
-        hook.quiet = lambda: hook.semicolon_at_end_of_expression(cell)
+        hook.quiet = lambda: hook.semicolon_at_end_of_expression(cell)  # type: ignore[method-assign]  # undone below
         error: BaseException | None = None
         show_traceback, own_showtraceback = shell.showtraceback, vars(shell).get("showtraceback")
 
@@ -91,9 +97,10 @@ class TfmemMagics(Magics):
             with profiler.showing_error(value):  # a second press of stop must not cut the display short
                 if clean is value and shown is tb:
                     return show_traceback(exc_tuple, *rest, **kwargs)
+                assert clean is not None  # untangle gives None only for None, and then tb and shown are None too
                 return show_traceback((type(clean), clean, shown), *rest, **kwargs)
 
-        shell.showtraceback = showtraceback
+        shell.showtraceback = showtraceback  # type: ignore[method-assign]  # on the instance, for this cell only
         try:
             # run_cell, not exec: the last expression is displayed, tracebacks are the user's own
             with profiler.user_code():
@@ -110,7 +117,7 @@ class TfmemMagics(Magics):
             if own_showtraceback is None:
                 del shell.showtraceback  # the class's own method again
             else:
-                shell.showtraceback = own_showtraceback
+                shell.showtraceback = own_showtraceback  # type: ignore[method-assign]  # an earlier instance patch, put back
             hook.exec_result = outer
             if not had_quiet:
                 del hook.quiet
@@ -156,8 +163,8 @@ class TfmemMagics(Magics):
             print(f"Report {report.number} has no fix to suggest.")
             return
         if not words:
-            for i, fix in enumerate(report.fixes, 1):
-                print(f"{i}. [{fix.id}] {fix.title}: {fix.why}")
+            for i, each in enumerate(report.fixes, 1):
+                print(f"{i}. [{each.id}] {each.title}: {each.why}")
             print(f"%tfmem fix K puts fix K into the next cell (report {report.number}).")
             return
         key = words[0]
@@ -244,7 +251,7 @@ class TfmemMagics(Magics):
         elif word in ("capture", "cluster"):
             self._cluster(word, command.split()[1:])
         elif word == "free":
-            self._free(command.split()[1:])
+            self._free(command.split("#", 1)[0].split()[1:])  # a comment after the names is not a name
         elif word in ("help", "-h", "--help"):
             print(help_text())
         else:

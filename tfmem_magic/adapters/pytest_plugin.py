@@ -28,7 +28,7 @@ import tempfile
 import unittest
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pytest
 
@@ -138,8 +138,8 @@ class _Plugin:
                 wanted = _limit_of(item), _no_leak_of(item)
             except TfmemUsageError as exc:
                 raise pytest.UsageError(f"{item.nodeid}: {exc}") from None
-            if any(wanted) and isinstance(getattr(item, "cls", None), type) and \
-                    issubclass(item.cls, unittest.TestCase):
+            cls = getattr(item, "cls", None)  # a pytest.Function's class, None for a module-level test
+            if any(wanted) and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
                 # unittest runs the method itself: pytest's pyfunc_call, where the body is measured, never runs
                 raise pytest.UsageError(f"{item.nodeid}: tfmem markers measure pytest test functions; this is a "
                                         "unittest.TestCase method. Write it as a plain test function, or use "
@@ -162,7 +162,7 @@ class _Plugin:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect the figures (here, or on the xdist controller from the workers' reports)."""
-        props = dict(report.user_properties)
+        props: dict[str, Any] = dict(report.user_properties)  # ours: ints and strings (see _record)
         if report.when == "call" and (TF_PEAK in props or RSS_PEAK in props):
             self.rows.append((props.get(TF_PEAK), props.get(RSS_PEAK, 0), report.nodeid))
             self.incomplete_allocator = self.incomplete_allocator or props.get(ALLOCATOR_NOTE)
@@ -227,7 +227,7 @@ def _no_leak_of(item: pytest.Item) -> NoLeak | None:
     return NoLeak(size, runs, loop)
 
 
-def _one_size(mark: pytest.Mark, allowed: set[str]) -> tuple[int, dict[str, Any]]:
+def _one_size(mark: pytest.Mark, allowed: set[str]) -> tuple[int, Mapping[str, Any]]:
     unknown = set(mark.kwargs) - allowed - {"size"}
     if unknown:
         raise TfmemUsageError(f"@pytest.mark.{mark.name}: unknown argument(s) {', '.join(sorted(unknown))}; it "
@@ -284,7 +284,8 @@ def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, l
         finally:  # a test that raised (an OOM) is measured too: the table and --tfmem-save show it
             if profiler is not None and profiler.report is not None:
                 _record(item, state, profiler.report)
-        report = profiler.report
+        report = profiler.report if profiler is not None else None
+        assert report is not None  # runs >= 1, and each run's `with profiler` made its report (or raised)
         if limit is not None:
             _check_limit(item, state, report, limit)
         if no_leak is not None:

@@ -155,7 +155,8 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | N
     cell ran them) on synthetic batches shaped like `structure` (feeding.spec_of: features, targets, weights): the
     allocator's peak and the peak of the bytes the step requested, both over the step's start.
     The requested bytes grow in a straight line with the batch; the allocator's chunks add BFC's fragmentation on
-    top, which varies from run to run (DESIGN.md §1). `progress(text, fraction)` hears of each stage as it starts."""
+    top, which varies from run to run (docs/design.md, 'Allocator statistics and BFC'). `progress(text, fraction)`
+    hears of each stage as it starts."""
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
     try:

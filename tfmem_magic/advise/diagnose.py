@@ -1,16 +1,17 @@
 """Findings: each rule fires only on evidence from the report and states that evidence in numbers.
 
-Finding ids are stable (shared/DESIGN.md §3). Each rule is a small function `rule(report) -> Finding | None` listed
-in RULES; the rules about the model, the batch and the data live in diagnose_model.
+Finding ids are stable (docs/design.md, 'Finding ids'). Each rule is a small function `rule(report) -> Finding | None`
+listed in RULES; the rules about the model, the batch and the data live in diagnose_model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, holder_words
 from tfmem_magic.advise.diagnose_model import MODEL_RULES
-from tfmem_magic.core.report import Finding, Report
+from tfmem_magic.core.report import Finding, Holder, Report
 from tfmem_magic.core.sizes import format_bytes
 
 NEAR_BUDGET = 0.8  # share of the budget at which we warn
@@ -32,12 +33,22 @@ class RunSummary:
     tf_left_bytes: int | None  # TF live bytes after the run minus before it
     rss_end_bytes: int
     new_models: int
+    holders: dict[str, int] = field(default_factory=dict)  # name -> TensorFlow bytes it reached after the run
+    runtime_bytes: int = 0  # what only TensorFlow's gradient registry held after the run
 
 
 def run_summary(report: Report, new_models: int) -> RunSummary:
     mem = report.main_device
     left = None if mem is None else mem.end_bytes - mem.baseline_bytes
-    return RunSummary(report.run, left, report.rss.end_bytes, new_models)
+    held = report.held
+    return RunSummary(report.run, left, report.rss.end_bytes, new_models,
+                      {h.name: h.bytes for h in held.holders} if held else {}, held.runtime_bytes if held else 0)
+
+
+def growing_holders(report: Report, earlier: RunSummary) -> list[Holder]:
+    """The names that reach at least HELD_MIN more TensorFlow memory now than after the run `earlier`."""
+    held = report.held
+    return [h for h in held.holders if h.bytes - earlier.holders.get(h.name, 0) >= HELD_MIN] if held else []
 
 
 def allocator_blind_spot(report: Report) -> Finding | None:
@@ -151,10 +162,15 @@ def input_copy(report: Report) -> Finding | None:
 
 
 def retracing(report: Report) -> Finding | None:
-    heavy = {name: n for name, n in report.tf_function_traces.items() if n >= RETRACE_MIN}
+    """A tf.function whose input signatures keep growing with its calls. What does not grow is not a retrace: the
+    second trace of a first call that creates variables, and a dataset's partial last batch (a second signature
+    that differs only in the batch dimension): TensorFlow's quickstart for experts traces 3 graphs for those."""
+    growing = report.tf_function_signatures or report.tf_function_traces  # a report made before signatures
+    heavy = {name: n for name, n in growing.items() if n >= RETRACE_MIN}
     if not heavy:
         return None
-    name, count = max(heavy.items(), key=lambda item: item[1])
+    name, signatures = max(heavy.items(), key=lambda item: item[1])
+    count = max(report.tf_function_traces.get(name, signatures), signatures)
     if any(step in name for step in KERAS_STEP_FUNCTIONS):
         cause = ("Keras traced its training step again for each new model or compile(): build and compile the model "
                  "once, outside the loop, and call keras.backend.clear_session() before making a new one.")
@@ -165,8 +181,8 @@ def retracing(report: Report) -> Finding | None:
     return Finding(
         id="retracing", severity="warn",
         title=f"tf.function '{name}' was traced {count} times in this cell",
-        evidence=f"TensorFlow built {count} graphs for '{name}' during this cell "
-                 f"({sum(report.tf_function_traces.values())} traces in all): {cause}",
+        evidence=f"TensorFlow built {count} graphs for '{name}' during this cell, for {signatures} input signatures "
+                 f"that grow with the calls ({sum(report.tf_function_traces.values())} traces in all): {cause}",
         fixes=["clear-session"] if "Keras" in cause else [],
     )
 
@@ -181,7 +197,17 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
     left = [r.tf_left_bytes for r in recent]
     if all(x is not None and x > LEAK_MIN_TF for x in left):
         per_run = sum(left) // len(left)  # type: ignore[arg-type]
-        if new_models >= LEAK_RUNS - 1:
+        named = growing_holders(report, previous[-(LEAK_RUNS - 1)])
+        runtime_grew = report.held is not None and \
+            report.held.runtime_bytes - previous[-(LEAK_RUNS - 1)].runtime_bytes >= HELD_MIN
+        if named or runtime_grew:
+            who = [holder_words(h) for h in named[:3]]
+            if runtime_grew:
+                who.append("TensorFlow's gradient registry holds the trained models no name reaches "
+                           "(docs/held-memory.md)")
+            cause = "Who holds it: " + "; ".join(who) + ". Drop those references and %tfmem free gives the memory back."
+            fixes = ["clear-session"]
+        elif new_models >= LEAK_RUNS - 1:
             cause = ("The cell builds a new Keras model each run while memory grows each run: the earlier models are "
                      "still referenced somewhere (a list, a callback, Out[...]). Drop those references; "
                      "keras.backend.clear_session() also resets Keras' global state.")
@@ -190,13 +216,13 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
             cause = ("Something keeps tensors alive between runs: a list or dict they are appended to, a global, "
                      "or an output history (Out[...], _). Clear it, or keep only what you need as numpy values.")
             fixes = []
-        growth = ", ".join(f"+{format_bytes(x)}" for x in left)  # type: ignore[arg-type]
+        growth = ", ".join(f"+{format_bytes(x)}" for x in left)
         return Finding(
             id="leak-growth", severity="warn",
             title=f"Each run of this cell leaves ~{format_bytes(per_run)} more in TensorFlow",
             evidence=f"Runs {recent[0].run}-{recent[-1].run} of this cell left {growth} live in TensorFlow's "
                      f"allocator after they ended. {cause}",
-            bytes=per_run * len(left), fixes=fixes,
+            bytes=per_run * len(left), fixes=fixes, holders=[h.name for h in named[:3]],
         )
     rss = [r.rss_end_bytes for r in [previous[-LEAK_RUNS]] + recent] if len(previous) >= LEAK_RUNS else []
     steps = [b - a for a, b in zip(rss, rss[1:], strict=False)]
@@ -214,7 +240,7 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
 
 
 RULES: list[Callable[[Report], Finding | None]] = [out_of_memory, near_budget, allocator_blind_spot, input_copy,
-                                                   retracing, *MODEL_RULES]
+                                                   retracing, *MODEL_RULES, *HELD_RULES]
 
 
 def findings(report: Report, previous: Sequence[RunSummary] = ()) -> list[Finding]:

@@ -3,7 +3,7 @@
 Each fix says what it changes, why, the peak the what-if model predicts after it (and what that saves), and whether
 it needs a kernel restart (those go at the top of the notebook). Fix cells start with
 `%%tfmem --before N --fix ID`, so running one shows before/after and whether the prediction held. Fix ids are
-stable (shared/DESIGN.md §3). Nothing here runs code: it only writes it.
+stable (docs/design.md, 'Fix ids'). Nothing here runs code: it only writes it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict,
                                            typeable_batch)
+from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.rewrite import rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import BeforeAfter, Fix, Report
@@ -102,8 +103,8 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
     pre = report.preflight
     refused = pre is not None and pre.verdict == "refused" and pre.batch_size == model.batch_size
-    if refused and pre.largest_batch:  # the pre-flight measured the clone's steps: its answer, not the model's
-        new = pre.largest_batch
+    if refused and pre is not None and pre.largest_batch:
+        new = pre.largest_batch  # the pre-flight measured the clone's steps: its answer, not the model's
         chosen = (f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
                   f"{format_bytes(pre.threshold_bytes)} the guard allows")
     elif fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
@@ -272,14 +273,33 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
 
 
 def clear_session(report: Report, ctx: FixContext) -> Fix | None:
-    code = ("# drop the names that still hold old models first (a list of models, a History kept in a dict), e.g.\n"
-            "# %tfmem free models\n"
-            "%tfmem free\n")
-    why = ("Models built again and again keep their weights and optimizer slots: a list, Out[...] or a callback "
-           "may still refer to them, and on TensorFlow 2.21 every model that ran fit stays pinned by TensorFlow's "
-           "gradient registry even after del and keras.backend.clear_session(). %tfmem free NAME ... drops the "
-           "names you give, clears the Keras session and those registry entries, and says what TensorFlow's "
-           "allocator gave back (docs/held-memory.md). Models you still use keep working.")
+    held = report.held
+    names = list(dict.fromkeys(n for f in report.findings for n in f.holders))  # the holders the findings named
+    holders = {h.name: h for h in (held.holders if held else [])}
+    back = sum(holders[n].bytes for n in names if n in holders) + (held.runtime_bytes if held else 0)
+    mem = report.main_device
+    if mem is not None:  # two names may reach the same models: never more than TensorFlow held
+        back = min(back, mem.end_bytes)
+    if names:
+        code = drop_lines(names, {n: h.kind for n, h in holders.items()})
+        why = (f"Drops exactly the references that hold the memory ({', '.join(names)}), then %tfmem free clears the "
+               "Keras session and the traced training steps TensorFlow keeps for models that are gone, and says what "
+               f"its allocator gave back: up to {format_bytes(back)} measured at this cell's end (less where another "
+               "name still reaches the same models). Models you still use keep working.")
+    elif held is not None and held.runtime_bytes >= 2**20:
+        code = "# gives back what only TensorFlow holds, and says how much came back\n%tfmem free\n"
+        why = (f"Nothing in the notebook refers to these trained models, yet TensorFlow holds "
+               f"{format_bytes(held.runtime_bytes)} of their weights and optimizer slots: its gradient registry keeps "
+               "every traced training step (docs/held-memory.md). %tfmem free clears the Keras session and drops "
+               "those registry entries, and says what the allocator gave back. Models you still use keep working.")
+    else:
+        code = ("# drop the names that still hold old models first (a list of models, a History kept in a dict), "
+                "e.g.\n# %tfmem free models\n%tfmem free\n")
+        why = ("Models built again and again keep their weights and optimizer slots: a list, Out[...] or a callback "
+               "may still refer to them, and on TensorFlow 2.21 every model that ran fit stays pinned by TensorFlow's "
+               "gradient registry even after del and keras.backend.clear_session(). %tfmem free NAME ... drops the "
+               "names you give, clears the Keras session and those registry entries, and says what TensorFlow's "
+               "allocator gave back (docs/held-memory.md). Models you still use keep working.")
     return Fix("clear-session", "Give back the memory of models that are gone", why, code)
 
 
@@ -311,7 +331,7 @@ def memory_growth(report: Report, ctx: FixContext) -> Fix | None:
 def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None
-    name = report.main_device_name if report.on_gpu else "GPU:0"
+    name = report.main_device_name if report.on_gpu and report.main_device_name else "GPU:0"
     mem = report.tf.get(name)
     index = int(name.split(":")[1])
     limit = report.env.device_limit_bytes.get(name)
@@ -394,7 +414,7 @@ def kernel_change(before: Report, after: Report, fix_id: str | None, since: Iter
               and r.before.number == before.number and r.before.fix_id not in (None, fix_id)]
     if not others:
         return None
-    ran = ", ".join(dict.fromkeys(f"{r.before.fix_id} (report {r.number})" for r in others))
+    ran = ", ".join(dict.fromkeys(f"{r.before.fix_id} (report {r.number})" for r in others if r.before is not None))
     old, new = before.main_device, after.main_device
     moved = (f"; TensorFlow held {format_bytes(new.baseline_bytes)} at this cell's start against "
              f"{format_bytes(old.baseline_bytes)} then" if old is not None and new is not None else "")

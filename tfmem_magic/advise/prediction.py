@@ -1,6 +1,6 @@
 """What-if: the peak a cell would have had with another batch size, precision, optimizer, accumulation or input size.
 
-The model (shared/DESIGN.md §5) splits the cell's peak into parts that scale differently:
+The model (docs/design.md, 'What-if prediction') splits the cell's peak into parts that scale differently:
 
     weights + gradients + optimizer slots + input copy        (do not depend on the batch)
     + per_sample · micro-batch (activations, the batch itself) (the batch the model sees in one step)
@@ -34,7 +34,7 @@ import math
 import time
 import weakref
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tfmem_magic.advise import calibrate
 from tfmem_magic.core.errors import TfmemUsageError
@@ -43,7 +43,8 @@ from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
-# backward; measured on TF 2.21 CPU (DESIGN.md §1) the step peak is ~1.6x the layer outputs.
+# backward; measured on TF 2.21 CPU (docs/design.md, 'Batch scaling and the analytic prior') the step peak is ~1.6x
+# the layer outputs.
 TRAIN_ACTIVATION_FACTOR = 1.6
 # Inference frees each output once the next layer has it: the peak is about the largest neighbouring pair.
 INFER_ACTIVATION_FACTOR = 1.0
@@ -217,6 +218,7 @@ def traced_per_sample(report: Report) -> float | None:
         return None
     if trace.budget_spent and not _trace_saw_peak(report):
         return None  # the budget ran out before the peak: the step that made it may not have been traced at all
+    assert trace.batch_size is not None  # set whenever batch_bytes_at_peak is (analysis._batch_bytes)
     # a peak outside a window the steps rule closed is another run of the steps traced (plus what fit copied or
     # freed late, which the cell's own point gives the static part): their tensors are the slope
     # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
@@ -232,7 +234,8 @@ def traced_per_sample(report: Report) -> float | None:
 def _input_copy(report: Report) -> tuple[int, int]:
     """The whole-array copy fit/evaluate/predict make of numpy inputs (the arrays' size), and how much of it this
     cell's trace did not find live at its peak. Keras usually keeps the copy through the peak but not always (run
-    to run, in fresh processes: DESIGN.md): predictions count it, so they describe the usual run."""
+    to run, in fresh processes: docs/design.md, 'Facts found while building tfmem'): predictions count it, so they
+    describe the usual run."""
     model = report.model
     if model is None or not model.fed_arrays:
         return 0, 0
@@ -265,9 +268,10 @@ def _untraced_at_peak(report: Report) -> int:
 
 def _fragmentation(report: Report) -> float:
     """Allocated / requested bytes at the cell's peak, from its trace; without a trace (quick mode, a failed cell)
-    the typical ratio of a training step's peak under BFC (1.2x-1.5x measured, DESIGN.md)."""
+    the typical ratio of a training step's peak under BFC (1.2x-1.5x measured:
+    docs/design.md, 'Allocator statistics and BFC')."""
     trace = report.trace
-    if _measured_fragmentation(report):
+    if trace is not None and _measured_fragmentation(report):
         return max(1.0, trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes)
     return TYPICAL_FRAGMENTATION  # also when the trace stopped before the peak: its moment says nothing of the step
 
@@ -542,7 +546,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                               "replay: the analytic basis stays")
     entry = SESSION.models.get(id(report))
     model = entry[1]() if entry is not None and entry[0]() is report else None
-    if model is None:
+    if entry is None or model is None:
         raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
                               "kernel (a report loaded from a file can only use the analytic basis)")
     calls = report.model.calls if report.model else []
@@ -611,7 +615,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     return measured
 
 
-def _line_slope(xs: list[int], ys: list[float]) -> float:
+def _line_slope(xs: list[int], ys: Sequence[float]) -> float:
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0

@@ -173,14 +173,14 @@ class Attributed:
     ops: list[str]
     layers: list[str]
 
-    def op_name(self, i: int) -> str:
+    def op_name(self, i: int | np.integer) -> str:
         return self.ops[int(self.op[i])]
 
-    def layer_name(self, i: int) -> str | None:
+    def layer_name(self, i: int | np.integer) -> str | None:
         k = int(self.layer[i])
         return None if k < 0 else self.layers[k]
 
-    def phase_name(self, i: int) -> str:
+    def phase_name(self, i: int | np.integer) -> str:
         return PHASES[int(self.phase[i])]
 
 
@@ -430,4 +430,24 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
     info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
+    _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
     return info
+
+
+def _held_at_end(info: TraceInfo, ev: MemoryEvents, att: Attributed, freed_at: np.ndarray, t_s: np.ndarray,
+                 ctx: TraceContext, top: int, preexisting_freed: int) -> None:
+    """The cell's own allocations that no free in the trace ended, grouped as the peak is: what the cell had live
+    when the trace stopped (the weights it built, a model's slots, tensors a name keeps; a trace that covered only
+    the first steps also ends with that step's temporaries). A free lost in a gap between trace segments is taken
+    back against the allocator's own count at the last event, as at the peak, net of the pre-existing tensors the
+    cell freed."""
+    n = len(ev)
+    held = ev.is_alloc & (freed_at >= n)
+    _drop_freed_in_gaps(held, ev, t_s, n - 1, info.preexisting_bytes - preexisting_freed, ctx.windows)
+    idx = np.nonzero(held)[0]
+    info.held_at_end_bytes = int(ev.chunk[idx].sum())
+    info.held_at_end = _groups(
+        [((att.op_name(i), att.layer_name(i), att.phase_name(i),
+           DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None, ev.string(int(ev.shape[i]))),
+          int(ev.chunk[i]), int(ev.requested[i])) for i in idx],
+        ("op", "layer", "phase", "dtype", "shape"), top)

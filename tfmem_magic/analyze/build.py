@@ -3,10 +3,12 @@ breakdown. Predictions, findings and fixes are added by the advise layer (see tf
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tfmem_magic.analyze import analysis, modelinfo
-from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, Report, RssInfo, TraceInfo
+from tfmem_magic.core.report import (DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo,
+                                     TraceInfo)
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, kerases, xplane
 from tfmem_magic.measure.capture import Measured
@@ -39,7 +41,18 @@ def measured_report(m: Measured, exc: BaseException | None, number: int) -> Repo
         report.tf[m.tf_device].samples = m.tf_samples
     report.env = _env(m)
     report.guard = _guard_info(m, report)
+    report.held = _held(m, report)
+    if m.instrumentation is not None:
+        report.calls = list(m.instrumentation.calls)
     return report
+
+
+def _held(m: Measured, report: Report) -> HeldInfo | None:
+    """Who holds TensorFlow memory at the cell's end (measured), with what the allocator says the cell left."""
+    if m.held is None:
+        return None
+    mem = report.main_device
+    return replace(m.held, left_bytes=None if mem is None else mem.end_bytes - mem.baseline_bytes)
 
 
 def add_analysis(report: Report, m: Measured) -> Any:
@@ -53,6 +66,7 @@ def add_analysis(report: Report, m: Measured) -> Any:
         report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
                         if use is not None else None)
         report.tf_function_traces = instr.function_traces()
+        report.tf_function_signatures = instr.growing_signatures()
         report.notes.extend(instr.notes)
         if report.model is not None:
             name_the_models_keras(report)
@@ -91,7 +105,7 @@ def xla_note(report: Report) -> str | None:
     # them). With runs seen, the untagged bytes inside them are already counted, and the others are not XLA's.
     untagged = sum(g.bytes for g in trace.at_peak if g.op == "(untagged)")
     xla_bytes = trace.xla_at_peak_bytes + (untagged if keras_jit and not trace.xla_runs else 0)
-    who = f"{model.name}'s steps" if keras_jit else "Code in this trace"
+    who = f"{model.name}'s steps" if keras_jit and model is not None else "Code in this trace"
     runs = f" ({trace.xla_runs} XLA run{'s' if trace.xla_runs != 1 else ''} traced)" if trace.xla_runs else ""
     switch = ("model.compile(..., jit_compile=False)" if keras_jit else
               "jit_compile=False (tf.function(jit_compile=False), model.compile(..., jit_compile=False))")

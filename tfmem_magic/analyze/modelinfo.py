@@ -6,31 +6,14 @@ import math
 from typing import Any
 
 from tfmem_magic.core.report import LayerInfo, ModelInfo
+from tfmem_magic.core.sizes import dtype_size as _dtype_size
+from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.instrument import ModelUse
 
 _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
               "predict_on_batch": 5, "__call__": 6}
 MAX_LAYERS = 400  # layers listed per model (nested models are listed by their own layers)
-
-
-def variable_bytes(variables: Any) -> int:
-    total = 0
-    for v in variables:
-        try:
-            total += int(math.prod(int(d) for d in v.shape)) * _dtype_size(v.dtype)
-        except (TypeError, ValueError):
-            continue
-    return total
-
-
-def _dtype_size(dtype: Any) -> int:
-    name = str(getattr(dtype, "name", dtype))
-    for key, size in (("float64", 8), ("int64", 8), ("complex128", 16), ("complex64", 8), ("float16", 2),
-                      ("bfloat16", 2), ("int16", 2), ("uint16", 2), ("int8", 1), ("uint8", 1), ("bool", 1)):
-        if key in name:
-            return size
-    return 4
 
 
 def _shape_text(shape: Any) -> str | None:

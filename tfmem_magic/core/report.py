@@ -1,7 +1,7 @@
 """The Report: one plain, JSON-serializable object that every surface renders (schema `tfmem.report/1`).
 
-Bytes are ints and times are seconds. Keys named in shared/DESIGN.md §3 are a contract: add freely, never rename
-without bumping SCHEMA.
+Bytes are ints and times are seconds. Keys named in docs/design.md, 'Report contract' are a contract: add freely,
+never rename without bumping SCHEMA.
 """
 
 from __future__ import annotations
@@ -174,6 +174,10 @@ class TraceInfo:
     # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
     xla_runs: int = 0
     xla_at_peak_bytes: int = 0
+    # the cell's own allocations still live when the trace ended (never freed in the cell), grouped by op, layer,
+    # phase, dtype and shape as `at_peak` is; an allocation made while the trace was paused is in no group
+    held_at_end: list[LiveGroup] = field(default_factory=list)
+    held_at_end_bytes: int = 0
     note: str | None = None
 
 
@@ -291,6 +295,7 @@ class Finding:
     evidence: str
     bytes: int | None = None
     fixes: list[str] = field(default_factory=list)
+    holders: list[str] = field(default_factory=list)  # the names it says hold memory (their fix drops them)
 
 
 @dataclass
@@ -333,6 +338,51 @@ class Prediction:
 
 
 @dataclass
+class Holder:
+    """A name in the user's namespace that keeps TensorFlow memory alive (measure/holders.py)."""
+
+    name: str  # as the user typed it: "models", "results", "Out"
+    kind: str  # what the name is: "list", "dict", "History", "Keras model", "tensor", "function", a class's name
+    bytes: int  # TensorFlow memory it reaches (variables, tensors, models' weights and slots), each buffer once
+    new_bytes: int = 0  # of which this cell made
+    models: list[str] = field(default_factory=list)  # the Keras models it reaches, by name
+    model_bytes: list[int] = field(default_factory=list)  # each of those models' weights and optimizer variables
+    tensors: int = 0  # eager tensors it reaches
+    variables: int = 0  # variables it reaches outside any model
+    paths: list[str] = field(default_factory=list)  # a path to each of the first things it holds: "results[4].model"
+    shared_with: list[str] = field(default_factory=list)  # other names that reach some of the same memory
+
+
+@dataclass
+class HeldInfo:
+    """What TensorFlow still held when the cell ended, and who holds it."""
+
+    left_bytes: int | None = None  # the allocator's bytes in use at the end minus at the start (None: no statistics)
+    holders: list[Holder] = field(default_factory=list)  # names that reach TensorFlow memory, largest first
+    # variables kept alive only by TensorFlow's gradient registry (traced train steps of models that no name
+    # reaches any more: docs/held-memory.md): their bytes, and the registry entries that hold them
+    runtime_bytes: int = 0
+    runtime_entries: int = 0
+    runtime_new_bytes: int = 0  # how much of runtime_bytes became held only by the registry during this cell
+    complete: bool = True  # False: the walk of the namespace ran out of time (a holder may be missing)
+
+
+@dataclass
+class CallRecord:
+    """One fit/evaluate/predict/…_on_batch call of the cell (not the calls Keras nests in it), with what it left."""
+
+    call: str
+    model: str | None = None
+    start_s: float = 0.0  # seconds from the cell's start
+    end_s: float = 0.0
+    tf_before_bytes: int | None = None  # TensorFlow's allocator in use at the call's start and end (None: no stats)
+    tf_after_bytes: int | None = None
+    rss_before_bytes: int = 0
+    rss_after_bytes: int = 0
+    output_bytes: int = 0  # the numpy arrays the call returned (predict's outputs): the user's, not a leak
+
+
+@dataclass
 class Report:
     label: str = ""
     status: str = "ok"  # "ok" | "error" | "oom" | "interrupted"
@@ -349,11 +399,16 @@ class Report:
     prediction: Prediction | None = None
     guard: GuardInfo | None = None
     preflight: PreflightInfo | None = None  # the last pre-flight of the cell (see advise/preflight.py)
+    held: HeldInfo | None = None  # what TensorFlow still held at the cell's end, and who holds it
+    calls: list[CallRecord] = field(default_factory=list)  # the cell's Keras calls, in order
     before: BeforeAfter | None = None  # set when this cell ran a fix: the report it is compared with
     number: int = 0  # position in this session's history (1 = first report), stable while the kernel lives
     cell_key: str | None = None  # the same cell across re-runs (Jupyter's cell id, else a hash of its source)
     run: int = 1  # how many times this cell has been profiled, this one included
     tf_function_traces: dict[str, int] = field(default_factory=dict)  # tf.function name -> graphs traced
+    # tf.function name -> input signatures that grow with the calls (a variable-creating first call's second trace
+    # and a partial last batch are not growth: measure/instrument.py, growing_signatures)
+    tf_function_signatures: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what was degraded or skipped, in plain words
     started_at: float = 0.0  # time.time() when the cell started
     schema: str = SCHEMA
@@ -387,7 +442,9 @@ class Report:
     def device_budget(self) -> tuple[str, int] | None:
         """(main device, its allocator's limit) when the main device has a budget of its own (a GPU, traced)."""
         name = self.main_device_name
-        limit = self.env.device_limit_bytes.get(name) if name is not None else None
+        if name is None:
+            return None
+        limit = self.env.device_limit_bytes.get(name)
         return (name, limit) if limit else None
 
     @property

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, Iterable
 
 from tfmem_magic.core.errors import TfmemUsageError
 
@@ -46,3 +48,24 @@ def format_bytes(n: float | int | None) -> str:
             return f"{sign}{n:.3g} {unit}" if n < 100 else f"{sign}{n:.0f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def dtype_size(dtype: Any) -> int:
+    """Bytes per element of a TensorFlow, Keras or numpy dtype (or its name); 4 when it is not one we know."""
+    name = str(getattr(dtype, "name", dtype))
+    for key, size in (("float64", 8), ("int64", 8), ("complex128", 16), ("complex64", 8), ("float16", 2),
+                      ("bfloat16", 2), ("int16", 2), ("uint16", 2), ("int8", 1), ("uint8", 1), ("bool", 1)):
+        if key in name:
+            return size
+    return 4
+
+
+def variable_bytes(variables: Iterable[Any]) -> int:
+    """Bytes of the variables' (or tensors') values: elements times the dtype's size; unknown shapes count 0."""
+    total = 0
+    for v in variables:
+        try:
+            total += int(math.prod(int(d) for d in v.shape)) * dtype_size(v.dtype)
+        except (TypeError, ValueError):
+            continue
+    return total

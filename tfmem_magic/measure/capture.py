@@ -13,6 +13,7 @@ No IPython here, and nothing that analyses or advises: the analyze layer turns a
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -20,8 +21,9 @@ from typing import Any, Callable, Iterator
 import psutil
 
 from tfmem_magic.core.options import Options
+from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import capabilities, environment, guard, kerases, remote
+from tfmem_magic.measure import capabilities, environment, guard, holders, kerases, release, remote
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
@@ -31,6 +33,7 @@ from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 # runs of an undo step that Ctrl-C may cut short before tfmem gives up on it (steps are safe to run again; a user
 # pressing stop over and over is not kept waiting for ever)
 UNDO_ATTEMPTS = 3
+GC_BEFORE_SCAN_BYTES = 2**20  # variables alive but named by nothing, worth a garbage collection before the scan
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Measured:
     tracer: Tracer | None = None
     segments: list = field(default_factory=list)  # the trace's segments (xplane.read_segments' input)
     xspaces: list = field(default_factory=list)  # [(XSpace bytes, start s)] when options.keep_xspaces
+    held: HeldInfo | None = None  # who holds TensorFlow memory at the end (the allocator's numbers come later)
 
 
 class Capture:
@@ -83,6 +87,8 @@ class Capture:
         self._wall0 = 0.0
         self._tf_running_at_start = False
         self._stopped = False
+        self._names_before: dict[str, int] = {}  # the namespace at the start: name -> id of its value
+        self._runtime_at_start = 0  # what only TensorFlow's gradient registry held at the start
 
     # ---- arming ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,6 +119,9 @@ class Capture:
             # after the imports: the runtime's own memory is not the cell's growth. Closed until user_code().
             self.guard = guard.Guard(limit, source, psutil.Process().memory_info().rss)
             self._push("guard", self.guard.close)
+        ns = self.options.namespace or {}
+        self._names_before = {name: id(value) for name, value in list(ns.items())}
+        self._runtime_at_start = self._runtime_pinned_now() if self._tf_running_at_start else 0
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
         self._push("allocator stats", self.allocator.stop)
@@ -131,7 +140,7 @@ class Capture:
                 self.stops = latch
                 self._push("stop latch", latch.disarm)
         self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard,
-                                               stops=self.stops, preflight=self._preflight_check())
+                                               stops=self.stops, preflight=self._preflight_check(), t0=self._t0)
         self._push("Keras patches", self.instrumentation.uninstall)
         self.instrumentation.install()
 
@@ -269,6 +278,7 @@ class Capture:
         if self.stops is not None:
             self.notes.extend(self.stops.notes())
         self.notes.extend(capabilities.notes())  # a private API this TensorFlow or Keras moved: what degrades
+        held = self._who_holds()
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
             rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,
@@ -277,7 +287,48 @@ class Capture:
             devices=results.get("allocator stats") or {}, peak_before=dict(self.allocator.peak_before),
             limit=limit, limit_source=source, tf_running_at_start=self._tf_running_at_start, guard=self.guard,
             instrumentation=self.instrumentation, tracer=self.tracer, segments=results.get("profiler") or [],
-            xspaces=self.tracer.xspaces if self.tracer is not None else [])
+            xspaces=self.tracer.xspaces if self.tracer is not None else [], held=held)
+
+    @staticmethod
+    def _runtime_pinned_now() -> int:
+        """What only TensorFlow's gradient registry holds now (~1 ms): the cell is blamed only for what it adds."""
+        if not capabilities.check().get("gradient registry"):
+            return 0
+        try:
+            return release.registry_pinned().bytes
+        except Exception:
+            return 0
+
+    def _changed_names(self) -> set[str]:
+        """Names the cell bound or rebound (a tensor under one of them was made by the cell)."""
+        ns = self.options.namespace or {}
+        return {name for name, value in list(ns.items()) if self._names_before.get(name) != id(value)}
+
+    def _who_holds(self) -> HeldInfo | None:
+        """The names that still reach TensorFlow memory at the cell's end, and what only TensorFlow's gradient
+        registry keeps (measure/holders.py, release.registry_pinned). None when TensorFlow has not run."""
+        if not environment.tensorflow_initialized():
+            return None
+        instr = self.instrumentation
+
+        def made_here(obj: Any) -> bool:  # a variable or an optimizer the cell created
+            return instr is not None and (obj in instr.new_variables or obj in instr.built_optimizers)
+
+        try:
+            found = holders.walk(self.options.namespace, made_here, self._changed_names())
+            pinned = (release.registry_pinned(found.handles) if capabilities.check().get("gradient registry")
+                      else release.Pinned(readable=False))
+            if pinned.unnamed_bytes >= GC_BEFORE_SCAN_BYTES and self.options.namespace is not None:
+                # a model the cell dropped is often in a reference cycle the collector has not reached yet: it is
+                # gone for the user, and its memory is the registry's from the next collection on (~50 ms, only then)
+                gc.collect()
+                pinned = release.registry_pinned(found.handles)
+        except (Exception, KeyboardInterrupt) as exc:  # never cost the user's cell: the report says what is missing
+            self.notes.append(f"Could not tell who holds TensorFlow's memory ({type(exc).__name__}: {exc}).")
+            return None
+        grown = max(0, pinned.bytes - (self._runtime_at_start or 0))
+        return HeldInfo(holders=found.holders, runtime_bytes=pinned.bytes, runtime_entries=pinned.entries,
+                        runtime_new_bytes=grown, complete=found.complete)
 
 
 def _rss_now() -> tuple[int, int, str]:

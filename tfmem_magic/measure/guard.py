@@ -1,6 +1,6 @@
 """The memory guard: an over-budget cell fails with a catchable error instead of the kernel being killed.
 
-Three layers, strongest first (shared/DESIGN.md §1 has the measurements):
+Three layers, strongest first (docs/design.md, 'Memory guard', 'Out of memory and limits' have the measurements):
 1. allocator: TF_CPU_BFC_MEM_LIMIT_IN_MB, read by TensorFlow at its first op. Every TF allocation past it raises
    ResourceExhaustedError, before any memory is touched. Only possible when the limit is set before the first op.
 2. batch-end check: a Keras callback in fit/evaluate/predict compares the process RSS with the limit after every

@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import re
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import psutil
+
+from tfmem_magic.core.report import CallRecord
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.interrupts import StopLatch
+from tfmem_magic.measure.sampling import main_tf_device, memory_info
 from tfmem_magic.measure.tracer import Tracer
 
 _MISSING = object()
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfmem_magic/
+_BATCH_DIM = re.compile(r"shape=\((?:\d+|None)")  # a TensorSpec's first dimension in a signature's text
+MAX_CALL_RECORDS = 200  # a loop of more calls than this is told by its first ones
 _WATCHED_CALLS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
 
 
@@ -66,8 +76,8 @@ class IdentitySet:
 
 class Instrumentation:
     def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None,
-                 stops: StopLatch | None = None, preflight: Callable[[Any, str, ModelUse], None] | None = None
-                 ) -> None:
+                 stops: StopLatch | None = None, preflight: Callable[[Any, str, ModelUse], None] | None = None,
+                 t0: float | None = None) -> None:
         self.tracer = tracer
         self.guard = guard
         self.stops = stops  # the cell's stop presses: a swallowed one is raised again at a batch end or a return
@@ -78,11 +88,11 @@ class Instrumentation:
         self.models: dict[int, ModelUse] = {}
         self.layer_names: set[str] = set()
         self.optimizer_names: set[str] = set()
-        self._patches: list[tuple[Any, str, Any]] = []
+        self._patches: list[tuple[Any, str, Any, object]] = []  # (owner, name, original, replacement)
         self.installed = False
         # new graphs traced during the cell, per tf.function (its cache's identity): Keras' train and test steps
         # share one name, and tf.data makes a new function per pipeline, so names alone would count false retraces
-        self.traces: dict[tuple[str, int], int] = {}
+        self.traces: dict[tuple[str, int], list[str]] = {}  # -> the input signature of each graph traced
         self._trace_owners: dict[int, Any] = {}  # the caches counted, held so their ids stay theirs (see install)
         self.new_models = 0  # Keras models this session had not seen before the cell
         self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
@@ -92,6 +102,8 @@ class Instrumentation:
         # variables and optimizers created during the cell: their memory is part of the cell's peak
         self.new_variables = IdentitySet()
         self.built_optimizers = IdentitySet()
+        self.t0 = time.perf_counter() if t0 is None else t0  # the cell's clock
+        self.calls: list[CallRecord] = []  # the user's fit/evaluate/predict calls, with what each left behind
 
     # ---- install / uninstall -------------------------------------------------------------------------------------
     def install(self) -> bool:
@@ -111,6 +123,7 @@ class Instrumentation:
         return True
 
     def _install_keras(self, flavour: str, keras: Any) -> None:
+        self._hide_from_keras_tracebacks(flavour)
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
                 self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name),
@@ -140,6 +153,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             name = str(getattr(tracing_options, "name", "function"))
             # a function is its cache (an empty cache is falsy: test for None). The cache is held until the cell
             # ends, so that its id() cannot pass to the next one (each tf.data `map` in a loop of `adapt()` calls
@@ -149,7 +163,7 @@ class Instrumentation:
             key = (name, id(owner) if owner is not None else -len(traces) - 1)
             if owner is not None:
                 owners[id(owner)] = owner
-            traces[key] = traces.get(key, 0) + 1
+            traces.setdefault(key, []).append(str(function_type))
             return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
 
         self._patch(module, "_create_concrete_function", counting)
@@ -171,14 +185,37 @@ class Instrumentation:
         self._trace_owners.clear()  # the counts stay; the functions' caches are theirs again
         self.active = False
 
-    def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
+    def _hide_from_keras_tracebacks(self, flavour: str) -> None:
+        """Keras cuts its own frames out of a traceback (`traceback_utils._EXCLUDED_PATHS`, private): ours are cut
+        with them while the cell runs, or the innermost frame of an error inside a layer would be tfmem's wrapper
+        (IPython always shows the last frame, even one marked `__tracebackhide__`)."""
+        utils = sys.modules.get(f"{flavour}.src.utils.traceback_utils")
+        paths = getattr(utils, "_EXCLUDED_PATHS", None)
+        if isinstance(paths, tuple) and _PACKAGE_DIR not in paths:
+            self._patch(utils, "_EXCLUDED_PATHS", (*paths, _PACKAGE_DIR))
+
+    def _patch(self, owner: Any, name: str, replacement: object) -> None:
         self._patches.append((owner, name, owner.__dict__.get(name, _MISSING), replacement))
         setattr(owner, name, replacement)
 
     def function_traces(self) -> dict[str, int]:
         """Per tf.function name, the most graphs one function of that name traced in the cell."""
         out: dict[str, int] = {}
-        for (name, _), count in self.traces.items():
+        for (name, _), signatures in self.traces.items():
+            out[name] = max(out.get(name, 0), len(signatures))
+        return out
+
+    def growing_signatures(self) -> dict[str, int]:
+        """Per tf.function name, the input signatures that grow with the calls (the most of one function of that
+        name): a graph traced twice for one signature (the first call of a function that creates variables traces
+        it again once they exist) counts once, and signatures that differ only in their tensors' first dimension
+        count as one while there are at most two of them (full batches, and a partial last batch)."""
+        out: dict[str, int] = {}
+        for (name, _), signatures in self.traces.items():
+            families: dict[str, set[str]] = {}
+            for signature in set(signatures):
+                families.setdefault(_BATCH_DIM.sub("shape=(B", signature), set()).add(signature)
+            count = sum(1 + max(0, len(members) - 2) for members in families.values())
             out[name] = max(out.get(name, 0), count)
         return out
 
@@ -194,6 +231,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
             if isinstance(this, model_cls) and instrumentation._outer_call() is None:
@@ -211,6 +249,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             out = original(this, *args, **kwargs)
             into.add(out if result else this)
             return out
@@ -224,6 +263,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if instrumentation.active and instrumentation._outer_call() is None:
                 if instrumentation.tracer is not None:
                     instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
@@ -254,6 +294,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
             with trace_cls("tfmem:" + name_of(this, *args, **kwargs)):
@@ -272,6 +313,7 @@ class Instrumentation:
 
         @functools.wraps(original)
         def wrapper(model, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active or instrumentation._outer_call() is not None:
                 return original(model, *args, **kwargs)  # uninstalled, or nested in a watched call
             instrumentation._calls.current = (model, call)
@@ -284,7 +326,9 @@ class Instrumentation:
                         instrumentation.preflight(model, call, instrumentation._use(model))
                     args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
                                                                    kerases.flavour_of(model))
+                record = instrumentation._call_started(model, call)
                 result = original(model, *args, **kwargs)
+                instrumentation._call_ended(record, result)
                 if stops is not None:  # a press that Keras swallowed in its last batch or after the loop
                     stops.check(f"when {call}() returned")
                 return result
@@ -298,6 +342,32 @@ class Instrumentation:
                     stops.exit_call(token)
 
         return wrapper
+
+    def _call_started(self, model: Any, call: str) -> CallRecord | None:
+        """A record of the call with what TensorFlow and the process held at its start (fit/evaluate/predict only:
+        the per-call growth a loop of them leaves is what the leak rules read)."""
+        if call not in ("fit", "evaluate", "predict") or len(self.calls) >= MAX_CALL_RECORDS:
+            return None
+        try:  # a failure here costs tfmem the record, never the user's call
+            record = CallRecord(call, str(getattr(model, "name", "") or "") or None,
+                                round(time.perf_counter() - self.t0, 6), tf_before_bytes=_tf_in_use(),
+                                rss_before_bytes=_rss())
+        except Exception:
+            return None
+        self.calls.append(record)
+        return record
+
+    def _call_ended(self, record: CallRecord | None, result: Any) -> None:
+        if record is None:
+            return
+        try:
+            record.end_s = round(time.perf_counter() - self.t0, 6)
+            record.tf_after_bytes, record.rss_after_bytes = _tf_in_use(), _rss()
+            outputs = result if isinstance(result, (list, tuple)) else \
+                list(result.values()) if isinstance(result, dict) else [result]
+            record.output_bytes = sum(int(getattr(o, "nbytes", 0) or 0) for o in outputs[:64])
+        except Exception:
+            pass
 
     def _with_callbacks(self, call: str, original: Callable, args: tuple, kwargs: dict, flavour: str
                         ) -> tuple[tuple, dict]:
@@ -408,6 +478,17 @@ def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
         return (given, *rest), kwargs, [v for _, v in given]
     given = list(kwargs.get("grads_and_vars") or [])
     return args, {**kwargs, "grads_and_vars": given}, [v for _, v in given]
+
+
+def _tf_in_use() -> int | None:
+    """TensorFlow's allocator's bytes in use on the main device now (None: no statistics)."""
+    device = main_tf_device()
+    info = memory_info(device) if device is not None else None
+    return info["current"] if info else None
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
 
 
 def _keras_own(cls: type, name: str) -> Callable | None:

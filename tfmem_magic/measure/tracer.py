@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 
@@ -187,7 +187,7 @@ class Tracer:
         self.budget_bytes = TRACE_BUDGET_BYTES if budget_bytes is None else budget_bytes
         self._lock = threading.RLock()
         self._dir = Path(tempfile.mkdtemp(prefix=f"{TRACE_DIR_PREFIX}{os.getpid()}-"))  # whose it is, if one is left
-        self._session = None  # the running _pywrap_profiler.ProfilerSession
+        self._session: Any = None  # the running _pywrap_profiler.ProfilerSession
         self._segment_start = 0.0
         self._count = 0  # segments made (folder names)
         self._windows_started = 0  # segments started at the start or after a pause (MAX_SEGMENTS)

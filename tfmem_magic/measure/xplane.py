@@ -352,8 +352,8 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
     return columns, spans
 
 
-_lazy_class = None
-_lazy_plane = None
+_lazy_class: type | None = None
+_lazy_plane: type | None = None
 
 
 def _lazy_space_class() -> type:
@@ -394,6 +394,7 @@ def _lazy_space_class() -> type:
 
 def _lazy_plane_class() -> type:
     _lazy_space_class()
+    assert _lazy_plane is not None  # set together with _lazy_class
     return _lazy_plane
 
 
@@ -666,9 +667,9 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
 
     Takes the blocks out of `cols` (which is left empty of events) and joins, reorders and drops them one column at
     a time: the high-water mark is the blocks plus a few columns, not twice the blocks."""
-    blocks = [list(block) for block in cols.blocks]
+    n = sum(len(block[0]) for block in cols.blocks)
+    blocks: list[list[np.ndarray | None]] = [list(block) for block in cols.blocks]  # a taken column becomes None
     cols.blocks = []
-    n = sum(len(block[0]) for block in blocks)
     taken: dict[str, np.ndarray] = {}
 
     def take(name: str) -> np.ndarray:
@@ -679,6 +680,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
         pos = 0
         for block in blocks:
             part, block[k] = block[k], None
+            assert part is not None  # each column is taken once
             out[pos:pos + len(part)] = part
             pos += len(part)
         return out

@@ -130,7 +130,8 @@ def timeline_figure(report: Report):
                                 + ([limit[1]] if limit else [])))
         y = [p[1] / scale for p in tf_points]
         ax.fill_between(t, y, step="post", color=TF_COLOR, alpha=0.18, linewidth=0)
-        main_label = (report.trace.allocator or report.main_device_name) if others else None
+        main_label = ((report.trace.allocator or report.main_device_name)
+                      if others and report.trace is not None else None)
         ax.step(t, y, where="post", color=TF_COLOR, linewidth=1.3, label=main_label)
         for k, (name, series) in enumerate(others):
             ax.step([p[0] for p in series], [p[1] / scale for p in series], where="post", linewidth=0.8,

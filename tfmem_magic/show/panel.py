@@ -16,7 +16,7 @@ import ipywidgets as widgets
 from tfmem_magic.core.report import Fix, LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show import figures, frontend
-from tfmem_magic.show.render import before_after_html
+from tfmem_magic.show.render import before_after_html, held_html
 from tfmem_magic.show.view import BUDGET_SOURCES, ReportView, trace_notes, view_of
 from tfmem_magic.show.whatif_panel import whatif_tab
 
@@ -177,6 +177,15 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
                         layout=widgets.Layout(border_bottom="1px solid rgba(128,128,128,.25)", padding="4px 0"))
 
 
+def held_tab(report: Report) -> widgets.Widget:
+    """Who holds TensorFlow memory at the cell's end (the static twin's "Held after" section)."""
+    html = held_html(report)
+    if not html:
+        return _empty("Nothing measured is held: TensorFlow did not run in this process, or no name reaches its "
+                      "memory.")
+    return widgets.HTML(html)
+
+
 def details_tab(report: Report, view: ReportView) -> widgets.Widget:
     env = report.env
     rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras_text),
@@ -220,9 +229,10 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
     view = view or view_of(report)
     header = widgets.HTML(PANEL_CSS + header_html(report, view) + before_after_html(report))
     tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
-                                 whatif_tab(report, view), fixes_tab(report, cell_id), details_tab(report, view)])
+                                 whatif_tab(report, view), fixes_tab(report, cell_id), held_tab(report),
+                                 details_tab(report, view)])
     tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
-                   f"Fixes ({len(report.fixes)})", "Details")
+                   f"Fixes ({len(report.fixes)})", "Held after", "Details")
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")
     return panel

@@ -16,6 +16,7 @@ from tfmem_magic.show.view import (
     BUDGET_SOURCES,
     ReportView,
     guard_detail,
+    held_view,
     summary_items,
     trace_notes,
     verdict,
@@ -72,6 +73,9 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
             shape = f" {g.dtype or ''}{g.shape or ''}" if (g.shape or g.dtype) else ""
             times = f" ×{g.count}" if g.count > 1 else ""
             lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}{times}")
+    held = held_view(r)
+    if held is not None and held.holders:
+        lines.append("Held      " + "; ".join(f"{name} ({kind}) {size}" for name, kind, _, size in held.holders[:5]))
     for key, was, now in before_after_rows(r):
         lines.append(f"Before/after  {key}: {was} → {now}")
     if r.model is not None:
@@ -175,6 +179,7 @@ def render_html(report: Report, timeline: bytes | None = None,
 
         timeline = timeline_png(r)
     parts.append(png_img(timeline, "memory timeline: TF live bytes and process RSS over the cell"))
+    parts.append(held_html(r))
     if r.findings:
         items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
                         f"{escape(f.evidence)}</li>" for f in r.findings)
@@ -194,6 +199,29 @@ def render_html(report: Report, timeline: bytes | None = None,
     if notes:
         parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
     parts.append("</div>")
+    return "".join(parts)
+
+
+def held_html(report: Report) -> str:
+    """The "Held after" section: who holds TensorFlow memory at the cell's end, and what the cell left live."""
+    held = held_view(report)
+    if held is None or not (held.holders or held.left_by_cell):
+        return ""
+    parts = [f"<h4>Held after the cell</h4><div class='tfmem-held'>{escape(held.headline)}</div>"]
+    if held.holders:
+        rows = "".join(f"<tr><td><code>{escape(name)}</code></td><td>{escape(kind)}</td><td>{escape(what)}</td>"
+                       f"<td class='num'>{escape(size)}</td></tr>" for name, kind, what, size in held.holders)
+        parts.append("<table class='tfmem-holders'><tr><th>held by</th><th>is</th><th>holds</th>"
+                     f"<th class='num'>bytes</th></tr>{rows}</table>")
+    if held.left_by_cell:
+        rows = "".join(f"<tr><td>{escape(name)}</td><td>{escape(phase)}</td>"
+                       f"<td class='num'>{escape(format_bytes(b))}</td></tr>" for name, phase, b in held.left_by_cell)
+        parts.append("<details><summary>What the cell allocated that was still live when the trace stopped"
+                     "</summary>"
+                     "<table class='tfmem-left'><tr><th>layer or op</th><th>phase</th><th class='num'>bytes</th></tr>"
+                     f"{rows}</table></details>")
+    if held.hint:
+        parts.append(f"<div class='tfmem-muted'>{escape(held.hint)}</div>")
     return "".join(parts)
 
 
@@ -257,8 +285,8 @@ def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
             ("process RSS peak", format_bytes(b.rss_peak_bytes), format_bytes(report.rss.peak_bytes)),
             ("time", f"{b.wall_s:.2f} s", f"{report.wall_s:.2f} s"), ("status", b.status, report.status)]
     if b.predicted_peak_bytes is not None:
-        verdict_text = ({True: "held", False: "missed"}.get(b.held) or
-                        ("not judged: the kernel changed" if b.kernel_changed else "not checked"))
+        verdict_text = (("held" if b.held else "missed") if b.held is not None else
+                        "not judged: the kernel changed" if b.kernel_changed else "not checked")
         rows.append((f"prediction ±{(b.error_band or 0):.0%}", format_bytes(b.predicted_peak_bytes),
                      f"{tf(after_tf)}: {verdict_text}"))
     if b.kernel_changed:
@@ -267,10 +295,9 @@ def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
 
 
 def before_after_html(report: Report) -> str:
-    rows = before_after_rows(report)
-    if not rows:
+    rows, b = before_after_rows(report), report.before
+    if not rows or b is None:  # rows only with a before
         return ""
-    b = report.before
     title = f"Before → after{' (fix ' + escape(b.fix_id) + ')' if b.fix_id else ''}: report {b.number}"
     body = "".join(f"<tr><th>{escape(k)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td></tr>"
                    for k, x, y in rows)
@@ -284,6 +311,10 @@ def mime_bundle(report: Report, timeline: bytes | None = None, view: ReportView 
     data = report.to_dict()
     # for the JupyterLab renderer: the words the Python views use, so both say the same
     data["view"] = {"verdict": view.verdict, "level": view.level, "main_device": main_device_name(report.tf)}
+    held = held_view(report)
+    if held is not None and held.holders:
+        data["view"]["held"] = {"headline": held.headline, "hint": held.hint,
+                                "holders": [list(row) for row in held.holders]}
     return {"text/plain": render_text(report, view=view), "text/html": render_html(report, timeline, view=view),
             MIME_TYPE: data}
 

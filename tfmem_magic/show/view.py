@@ -119,9 +119,9 @@ def summary_items(report: Report) -> list[tuple[str, str, str]]:
         items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
                       f"baseline {format_bytes(r.rss.baseline_bytes)}, "
                       f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
-    device = r.device_budget
-    if device is not None:
-        name, limit = device
+    budget = r.device_budget
+    if budget is not None:
+        name, limit = budget
         spare = limit - r.tf[name].peak_bytes
         items.append((f"{name} left" if spare >= 0 else f"Over {name}", format_bytes(abs(spare)),
                       f"of {format_bytes(limit)} (TensorFlow's allocator limit on {name})"))
@@ -172,3 +172,65 @@ def peak_counter_notes(report: Report) -> list[str]:
                        f"{format_bytes(mem.peak_before_bytes)} before this cell; tfmem reset it to measure the cell, "
                        f"so it now holds the cell's own peak ({format_bytes(mem.peak_bytes)}).")
     return out
+
+
+HELD_ROW_MIN = 64 * 1024  # a holder of less is not listed (a counter, a scalar tensor)
+
+
+@dataclass
+class HeldView:
+    """The "Held after" view: what TensorFlow still held when the cell ended, and who holds it."""
+
+    headline: str
+    holders: list[tuple[str, str, str, str]]  # (name, what it is, what it holds, bytes)
+    left_by_cell: list[tuple[str, str, int]]  # (layer or op, phase, bytes) of the cell's allocations still live
+    hint: str | None = None  # how to give it back
+
+
+def held_view(report: Report) -> HeldView | None:
+    """None when nothing is known of what was held (TensorFlow did not run, a saved trace)."""
+    held = report.held
+    if held is None:
+        return None
+    mem = report.main_device
+    if held.left_bytes is not None and mem is not None:
+        sign = "more" if held.left_bytes >= 0 else "less"
+        headline = (f"TensorFlow held {format_bytes(abs(held.left_bytes))} {sign} after the cell than before it "
+                    f"({format_bytes(mem.end_bytes)} in all on {report.main_device_name}).")
+    else:
+        headline = "TensorFlow's allocator keeps no statistics here: the bytes below are the holders' own sizes."
+    rows = []
+    for h in held.holders:
+        if h.bytes < HELD_ROW_MIN:
+            continue
+        if h.models:
+            what = f"{len(h.models)} Keras model{'s' if len(h.models) > 1 else ''}: {', '.join(h.models[:4])}"
+        elif h.tensors:
+            what = f"{h.tensors} tensor{'s' if h.tensors > 1 else ''}"
+        else:
+            what = f"{h.variables} variable{'s' if h.variables > 1 else ''}"
+        where = ", ".join(p for p in h.paths[:3] if p != h.name)
+        detail = "; ".join(x for x in (f"via {where}" if where else "",
+                                       f"{format_bytes(h.new_bytes)} made in this cell" if h.new_bytes else "",
+                                       f"also reached by {', '.join(h.shared_with[:3])}" if h.shared_with else "") if x)
+        rows.append((h.name, h.kind, what + (f" ({detail})" if detail else ""), format_bytes(h.bytes)))
+    if held.runtime_bytes >= HELD_ROW_MIN:
+        rows.append(("(TensorFlow's gradient registry)", "no name reaches it",
+                     f"weights and slots of models that are gone, kept by {held.runtime_entries} traced training "
+                     "step(s) (docs/held-memory.md)", format_bytes(held.runtime_bytes)))
+    left = []
+    trace = report.trace
+    if trace is not None:
+        totals: dict[tuple[str, str], int] = {}
+        for g in trace.held_at_end:
+            key = (g.layer or g.op or "?", g.phase or "")
+            totals[key] = totals.get(key, 0) + g.bytes
+        left = [(name, phase, b) for (name, phase), b in sorted(totals.items(), key=lambda kv: -kv[1])[:10]]
+    hint = None
+    if rows:
+        hint = ("%tfmem free NAME ... drops names and gives their memory back; %tfmem free alone gives back what no "
+                "name holds." if held.runtime_bytes >= HELD_ROW_MIN else
+                "%tfmem free NAME ... drops those names and says what TensorFlow gave back.")
+    if not held.complete:
+        headline += " The search of the notebook's names ran out of time: a holder may be missing."
+    return HeldView(headline, rows, left, hint)

@@ -67,7 +67,8 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
     def show(_: Any = None) -> None:
         try:
             w = prediction.predict(report, batch_size=batch_w.value, policy=policy_w.value,
-                                optimizer=optimizer_w.value if report.model.training else None,
+                                optimizer=(optimizer_w.value if report.model is not None and report.model.training
+                                           else None),
                                 accumulation_steps=min(accumulation_w.value, batch_w.value),
                                 input_scale=scale_w.value, calibrate=use_measured["on"], replicas=replicas_w.value)
         except TfmemUsageError as exc:
