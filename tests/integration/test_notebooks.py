@@ -97,6 +97,12 @@ def test_batch_size_notebook(tmp_path):
     # accumulation: batch 128's effective batch with batch 32's activations
     assert acc.tf_peak_bytes < 0.7 * b128.tf_peak_bytes
     assert "largest batch that fits the budget:" in text and "largest batch under 1 GiB" in text
+    # the pre-flight refuses batch 1024 under 2 GB before its first step, and the batch it names fits
+    refused, fitted = reports["batch 1024"], reports["largest batch"]
+    assert refused.preflight.verdict == "refused" and refused.error.type == "PreflightRefused"
+    assert refused.rss.peak_bytes < refused.guard.limit_bytes  # nothing of the call ran
+    assert fitted.status == "ok" and fitted.model.batch_size == refused.preflight.largest_batch
+    assert fitted.rss.peak_bytes <= fitted.guard.limit_bytes
 
 
 def test_precision_notebook(tmp_path):
