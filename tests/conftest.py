@@ -43,3 +43,38 @@ def shell(tmp_path):
 def displayed(shell):
     """A function returning the data dicts the shell has displayed so far."""
     return lambda: [out["data"] for out in shell.display_pub.outputs]
+
+
+@pytest.fixture(autouse=True)
+def every_report_matches_the_shipped_schema(monkeypatch):
+    """Every report a test publishes in this process is checked against the JSON Schema the package ships
+    (tfmem_magic/report.schema.json, made from core/report.py): a key of the wrong type (a float where bytes are
+    ints) or one the schema does not list fails the test that made it."""
+    from tfmem_magic.core.session import SESSION
+
+    validator = _schema_validator()
+    wrong: list[str] = []
+    publish = SESSION.publish
+
+    def checked(report):
+        for error in validator.iter_errors(report.to_dict()):
+            wrong.append(f"report {report.number} ({report.label or 'no label'}): {'/'.join(map(str, error.path))}: "
+                         f"{error.message[:300]}")
+        publish(report)
+
+    monkeypatch.setattr(SESSION, "publish", checked)
+    yield
+    assert not wrong, "reports that do not match report.schema.json:\n" + "\n".join(wrong[:10])
+
+
+_VALIDATOR = []
+
+
+def _schema_validator():
+    if not _VALIDATOR:
+        from jsonschema import Draft202012Validator
+
+        from tfmem_magic.core.schema import shipped_schema
+
+        _VALIDATOR.append(Draft202012Validator(shipped_schema()))
+    return _VALIDATOR[0]

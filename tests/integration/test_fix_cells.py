@@ -3,6 +3,8 @@ measured peak as predicted (within the band) and shows before/after; `%tfmem fix
 
 from __future__ import annotations
 
+import textwrap
+
 import psutil
 import pytest
 from fresh import run_in_fresh_shell
@@ -145,3 +147,31 @@ def test_the_other_fix_cells_run_cleanly_and_keep_their_promise(shell):
             report = shell.user_ns["wide_rep"]
             ctx.number = report.number
     shell.run_line_magic("tfmem", "limit off")
+
+
+def test_a_list_of_input_arrays_gets_a_streaming_cell_that_runs(shell):
+    """keras-io's seq2seq feeds fit a list of arrays (and a cell may also evaluate on other arrays): the names tfmem
+    reads from the namespace cannot say the structure, so the cell is written from the call's own arguments and
+    slices every array of their structure (issue 29: it offered no fix at all)."""
+    cell = ("%%tfmem --as seq_rep\n"
+            "seq.fit([enc_in, dec_in], target, batch_size=64, epochs=1, verbose=0)\n"
+            "seq.evaluate([enc_in[:256], dec_in[:256]], target[:256], verbose=0)")
+    assert shell.run_cell(textwrap.dedent("""
+        import numpy as np, keras
+        enc_in = np.random.rand(4096, 16, 32).astype("float32")
+        dec_in = np.random.rand(4096, 16, 32).astype("float32")
+        target = np.random.rand(4096, 16, 8).astype("float32")
+        a, b = keras.Input((16, 32)), keras.Input((16, 32))
+        seq = keras.Model([a, b], keras.layers.Dense(8)(keras.layers.Concatenate()([a, b])))
+        seq.compile("adam", "mse")
+    """)).success
+    assert shell.run_cell(cell).success
+    report = shell.user_ns["seq_rep"]
+    fix = next((f for f in report.fixes if f.id == "tf-data-streaming"), None)
+    assert fix is not None, [f.id for f in report.findings]
+    assert "data = as_tuples(([enc_in, dec_in], target))" in fix.code
+    result = shell.run_cell(fix.code.replace('--label "fix: tf-data-streaming"',
+                                             '--label "fix: tf-data-streaming" --no-panel'))
+    assert result.success, result.error_in_exec
+    after = pipeline.last_report()
+    assert after.trace.input_copies == [] and after.model.calls == ["fit"]

@@ -5,6 +5,8 @@ Each test here failed before the change that made it pass (issue: real Keras cod
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from tfmem_magic.measure import feeding
@@ -289,3 +291,38 @@ def test_a_patch_made_during_the_cell_survives(shell):
     finally:
         shell.run_cell("keras.Model.fit = original_fit.__wrapped__ if hasattr(original_fit, '__wrapped__') "
                        "else original_fit")
+
+
+def test_a_gan_that_trains_with_two_optimizers_of_its_own_is_described_by_them(shell):
+    """keras-io's DCGAN pattern: `compile(d_optimizer=Adam, g_optimizer=Adam)` and a `train_step` that applies
+    each. Keras gives the model a default RMSprop that never trains anything; the report names the two optimizers
+    that hold slots, and counts both's slots (issue 29)."""
+    run(shell, SETUP + textwrap.dedent("""
+        class GAN(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.disc = keras.Sequential([keras.Input((16,)), layers.Dense(256), layers.Dense(1)])
+                self.gen = keras.Sequential([keras.Input((8,)), layers.Dense(256), layers.Dense(16)])
+            def compile(self, d_optimizer, g_optimizer):
+                super().compile()
+                self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+            def train_step(self, data):
+                z = tf.random.normal((tf.shape(data)[0], 8))
+                with tf.GradientTape() as tape:
+                    d_loss = tf.reduce_mean(self.disc(self.gen(z))) - tf.reduce_mean(self.disc(data))
+                grads = tape.gradient(d_loss, self.disc.trainable_weights)
+                self.d_optimizer.apply_gradients(zip(grads, self.disc.trainable_weights))
+                with tf.GradientTape() as tape:
+                    g_loss = -tf.reduce_mean(self.disc(self.gen(z)))
+                grads = tape.gradient(g_loss, self.gen.trainable_weights)
+                self.g_optimizer.apply_gradients(zip(grads, self.gen.trainable_weights))
+                return {"d_loss": d_loss, "g_loss": g_loss}
+        gan = GAN()
+        gan.compile(d_optimizer=keras.optimizers.Adam(), g_optimizer=keras.optimizers.Adam())
+    """))
+    run(shell, "%%tfmem --as r\ngan.fit(np.zeros((256, 16), 'float32'), batch_size=32, epochs=1, verbose=0)")
+    model = shell.user_ns["r"].model
+    assert model.optimizer == "Adam" and model.optimizers == ["d_optimizer: Adam", "g_optimizer: Adam"]
+    assert model.optimizer_slots == 2 and model.optimizer_text == "Adam ×2 (d_optimizer, g_optimizer)"
+    assert 2 * model.trainable_bytes <= model.optimizer_bytes <= 2 * model.trainable_bytes + 1024
+    assert model.calls == ["fit"]

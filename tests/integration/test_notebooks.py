@@ -7,10 +7,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jsonschema import Draft202012Validator
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from tfmem_magic.core.report import MIME_TYPE, Report
+from tfmem_magic.core.schema import shipped_schema
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +30,16 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) ->
 
 
 def reports_in(nb: nbformat.NotebookNode) -> list[Report]:
+    """The reports the notebook's kernel displayed, each checked against the schema the package ships."""
+    validator = Draft202012Validator(shipped_schema())
     found = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             if MIME_TYPE in data:
+                report = {k: v for k, v in data[MIME_TYPE].items() if k != "view"}  # the bundle's own addition
+                errors = [f"{'/'.join(map(str, e.path))}: {e.message[:200]}" for e in validator.iter_errors(report)]
+                assert not errors, errors[:5]
                 found.append(Report.from_dict(data[MIME_TYPE]))
     return found
 

@@ -61,6 +61,7 @@ def test_the_sdist_carries_the_built_extension_and_its_sources(dists):
 def test_the_wheel_carries_the_prebuilt_extension(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tfmem_magic/py.typed" in names  # PEP 561: type checkers read the package's own annotations
+    assert "tfmem_magic/report.schema.json" in names  # the report's JSON Schema, for readers in other languages
     data = [n for n in names if EXTENSION in n]
     assert any(n.endswith(EXTENSION + "package.json") for n in data)
     assert any(n.endswith(EXTENSION + "install.json") for n in data)

@@ -177,9 +177,13 @@ def test_tf_data_streaming_follows_the_call_and_the_arrays_it_had():
     code = body(by_id(fixes.build(rep, expression))["tf-data-streaming"].code)
     assert "# y: your y array (the cell passed it as an expression, not a variable)" in code
     assert "images[i:i + 256], y[i:i + 256]" in code
-    # several arrays in one role (a dict of inputs): not offered rather than wrong
+    # several arrays in one role (a dict of inputs): written from the call's own arguments, as the cell wrote them;
+    # not offered rather than wrong when the cell's source does not show the call
     several = fixes.FixContext(source=CELL, model_name="model", array_names={"x": None, "y": "labels"}, number=7)
-    assert "tf-data-streaming" not in by_id(fixes.build(rep, several))
+    code = by_id(fixes.build(rep, several))["tf-data-streaming"].code
+    assert "data = as_tuples((x_train, y_train))" in code and "model.fit(dataset, epochs=1)" in code
+    unseen = fixes.FixContext(source=None, model_name="model", array_names={"x": None, "y": "labels"}, number=7)
+    assert "tf-data-streaming" not in by_id(fixes.build(rep, unseen))
     # a pipeline is not numpy: nothing to stream
     rep.model.feed = "dataset"
     assert "tf-data-streaming" not in by_id(fixes.build(rep, only_x))

@@ -15,9 +15,9 @@ from typing import Callable, Iterable
 from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict,
                                            typeable_batch)
 from tfmem_magic.advise.diagnose_held import drop_lines
-from tfmem_magic.advise.rewrite import rewrite_batch
+from tfmem_magic.advise.rewrite import call_arguments, rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import BeforeAfter, Fix, Report
+from tfmem_magic.core.report import BeforeAfter, Fix, ModelInfo, Report
 from tfmem_magic.core.sizes import format_bytes
 
 GPU_NOTE = "needs a kernel restart: TensorFlow reads it when it first touches the GPU"
@@ -234,9 +234,16 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
     names = ctx.array_names or {}
     names = dict(zip(("x", "y"), names, strict=False)) if isinstance(names, tuple) else dict(names)
     roles = [r for r in ("x", "y", "sample_weight") if r in names] or ["x"]
-    if call is None or (call == "predict" and roles != ["x"]) or any(names.get(r, "") is None for r in roles):
-        return None  # several arrays in one role (a dict of inputs): the generator would need their structure
+    if call is None:
+        return None
     batch = model.batch_size
+    if (call == "predict" and roles != ["x"]) or any(names.get(r, "") is None for r in roles):
+        # several arrays in one role (a list or dict of inputs, or fit and evaluate given different arrays): the
+        # generator takes the call's arguments as the cell wrote them, and slices every array in their structure
+        code = _structured_stream(ctx, call, batch)
+        if code is None:
+            return None
+        return _stream_fix(report, model, call, code, ctx)
     chosen = {r: names.get(r) or r for r in roles}  # an unnamed array gets its role as a placeholder name
     missing = [r for r in roles if not names.get(r)]
     unnamed = "".join(f"# {chosen[r]}: your {r} array (the cell passed it as an expression, not a variable)\n"
@@ -245,8 +252,7 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
     sliced = ", ".join(f"{chosen[r]}[i:i + {batch}]" for r in roles)
     specs = ", ".join(f"tf.TensorSpec((None, *{chosen[r]}.shape[1:]), {chosen[r]}.dtype)" for r in roles)
     signature = specs if len(roles) == 1 else f"({specs})"
-    rest = {"fit": "epochs=1)  # shuffle the index order in batches() for real training",
-            "evaluate": ")", "predict": ")"}[call]
+    rest = _STREAM_REST[call]
     code = (f"import tensorflow as tf\n{unnamed}\n"
             "def batches():  # yields slices: TensorFlow never holds the whole array\n"
             f"    for i in range(0, len({first}), {batch}):\n        yield {sliced}\n\n"
@@ -254,6 +260,39 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
             f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({first}) // {batch})))"
             ".prefetch(2)\n"
             f"{_model(ctx)}.{call}(dataset, {rest}\n")
+    return _stream_fix(report, model, call, code, ctx)
+
+
+_STREAM_REST = {"fit": "epochs=1)  # shuffle the index order in batches() for real training", "evaluate": ")",
+                "predict": ")"}
+
+
+def _structured_stream(ctx: FixContext, call: str, batch: int) -> str | None:
+    """The streaming cell for a call whose data is a structure of arrays (`[encoder_in, decoder_in]`, a dict of
+    named inputs): None when the cell's source does not show the call's arguments."""
+    args = call_arguments(ctx.source or "", call)
+    if args is None or "x" not in args:
+        return None
+    roles = [r for r in ("x", "y", "sample_weight") if r in args and (call != "predict" or r == "x")]
+    data = args["x"] if roles == ["x"] else "(" + ", ".join(args[r] for r in roles) + ")"
+    return ("import tensorflow as tf\n\n"
+            "def as_tuples(s):  # tf.data takes tuples and dicts as structures, not lists\n"
+            "    if isinstance(s, (list, tuple)):\n        return tuple(as_tuples(v) for v in s)\n"
+            "    if isinstance(s, dict):\n        return {k: as_tuples(v) for k, v in s.items()}\n"
+            "    return s\n\n"
+            f"data = as_tuples({data})  # what {call}() was given, as the cell wrote it\n"
+            "rows = len(tf.nest.flatten(data)[0])\n\n"
+            "def batches():  # yields slices: TensorFlow never holds the whole arrays\n"
+            f"    for i in range(0, rows, {batch}):\n"
+            f"        yield tf.nest.map_structure(lambda a: a[i:i + {batch}], data)\n\n"
+            "signature = tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), data)\n"
+            "dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)\n"
+            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-rows // {batch}))).prefetch(2)\n"
+            f"{_model(ctx)}.{call}(dataset, {_STREAM_REST[call]}\n")
+
+
+def _stream_fix(report: Report, model: ModelInfo, call: str, code: str, ctx: FixContext) -> Fix:
+    """The tf-data-streaming fix for `code`, with what the copy cost at this cell's peak."""
     copy = sum(c.bytes for c in report.trace.input_copies if c.live_at_peak) if report.trace else 0
     peak = report.tf_peak_bytes or 0
     measured = report.trace is not None and report.trace.events > 0 and report.status == "ok"

@@ -7,6 +7,7 @@ Python's own tokenizer finds them, so a "batch_size" inside a string or a commen
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -93,3 +94,27 @@ def rewrite_batch(source: str, measured: int | None, new: int) -> BatchRewrite:
     out.append(source[last:])
     where = ", ".join(f"{f.name} on line {f.line}" for f in chosen)
     return BatchRewrite("".join(out), f"batch size {chosen[0].value} → {new} ({where})", chosen)
+
+
+def call_arguments(source: str, call: str) -> dict[str, str] | None:
+    """The source text of the data arguments (`x`, `y`, `sample_weight`, by position or keyword) of the cell's first
+    `<something>.<call>(...)`; None when the cell does not parse or makes no such call. IPython's `%` and `!` lines
+    are left out before parsing."""
+    plain = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    try:
+        tree = ast.parse(plain)
+    except SyntaxError:
+        return None
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == call]
+    if not calls:
+        return None
+    first = min(calls, key=lambda node: (node.lineno, node.col_offset))
+    found: dict[str, str] = {}
+    for role, node in zip(("x", "y", "batch_size"), first.args, strict=False):
+        if role != "batch_size":
+            found[role] = ast.get_source_segment(plain, node) or ""
+    for keyword in first.keywords:
+        if keyword.arg in ("x", "y", "sample_weight"):
+            found[keyword.arg] = ast.get_source_segment(plain, keyword.value) or ""
+    return {role: text for role, text in found.items() if text} or None

@@ -200,6 +200,42 @@ def weight_shapes(use: ModelUse | None) -> set[str]:
     return out
 
 
+def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tuple[str, Any]]:
+    """(label, optimizer) of each optimizer that really updates the model's weights: those a custom loop or a
+    custom `train_step` applied to them (recorded by the instrumentation), and those the model keeps as attributes
+    (a GAN's `d_optimizer`, `g_optimizer`), when they hold slots; else the model's own `optimizer` (Keras gives a
+    model whose compile() named none an RMSprop that never trains anything)."""
+    found: list[tuple[str, Any]] = []
+
+    def add(label: str, optimizer: Any) -> None:
+        if optimizer is not None and all(o is not optimizer for _, o in found):
+            found.append((label, optimizer))
+
+    try:
+        mine = {id(v) for v in getattr(model, "trainable_weights", [])}
+    except TypeError:
+        mine = set()
+    own = getattr(model, "optimizer", None)
+    add("optimizer", own)
+    classes = tuple(k.optimizers.Optimizer for _, k in kerases.loaded()
+                    if isinstance(getattr(getattr(k, "optimizers", None), "Optimizer", None), type))
+    for name, value in list(vars(model).items()) if classes else []:
+        if isinstance(value, classes):
+            add(name.lstrip("_"), value)
+    for ref, ids in applied:
+        if mine and ids & mine:
+            add("optimizer.apply", ref())
+    training = [(label, o) for label, o in found if _slot_variables(o)]
+    if training:
+        return training
+    return [(label, o) for label, o in found if o is own][:1] or found[:1]
+
+
+def _slot_variables(optimizer: Any) -> list[Any]:
+    """The optimizer's variables that are not scalars (its slots; its step counter and learning rate are)."""
+    return [v for v in _all_variables(optimizer) if len(getattr(v, "shape", ())) > 0]
+
+
 def applied_optimizer(use: ModelUse, applied: Any) -> Any:
     """The optimizer a custom loop applied to this model's trainable weights, if any."""
     try:
@@ -222,14 +258,13 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         return None
     weights = list(getattr(model, "weights", []))
     trainable = list(getattr(model, "trainable_weights", []))
-    optimizer = getattr(model, "optimizer", None)
     calls = list(use.calls)
     looped = applied_optimizer(use, applied)
-    if looped is not None:
-        optimizer = optimizer if optimizer is not None and optimizer is looped else looped
-        if "optimizer.apply" not in calls:
-            calls.append("optimizer.apply")
-    opt_vars = list(getattr(optimizer, "variables", []) or []) if optimizer is not None else []
+    trained_by_keras = any(c in ("fit", "train_on_batch") for c in calls)  # its optimizer runs inside those
+    if looped is not None and "optimizer.apply" not in calls and not trained_by_keras:
+        calls.append("optimizer.apply")
+    trainers = training_optimizers(model, use, applied)
+    opt_vars = list({id(v): v for _, o in trainers for v in _all_variables(o)}.values())
     # slots per trainable variable: Adam keeps m and v (2), SGD with momentum 1, plain SGD 0
     big_opt_vars = [v for v in opt_vars if len(getattr(v, "shape", ())) > 0]
     slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
@@ -247,7 +282,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         params=_param_count(weights),
         trainable_params=_param_count(trainable),
         param_bytes=variable_bytes(weights),
-        optimizer=_optimizer_name(optimizer),
+        optimizer=_optimizers_name([o for _, o in trainers]),
         optimizer_slots=slots,
         optimizer_bytes=variable_bytes(opt_vars),
         batch_size=batch_size,
@@ -259,7 +294,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         samples=use.samples,
         input_array_bytes=sum(a.nbytes for a in training),
         new_weight_bytes=variable_bytes(w for w in weights if w in new_variables),
-        optimizer_built_in_cell=optimizer is not None and optimizer in built_optimizers,
+        optimizer_built_in_cell=any(o in built_optimizers for _, o in trainers),
         batch_source=batch_source,
         feed=use.feed,
         validation=use.validation,
@@ -270,6 +305,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
         # Keras 3 resolves jit_compile="auto" at compile (True with a GPU); tf_keras keeps a bool or None
         jit_compile=getattr(model, "jit_compile", False) is True,
         replicas=replicas,
+        optimizers=[f"{label}: {_optimizer_name(o)}" for label, o in trainers] if len(trainers) > 1 else [],
     )
 
 
@@ -281,6 +317,20 @@ def _replicas_of(model: Any) -> int:
     except Exception:  # a strategy not yet built, or a model without one
         return 1
     return max(1, n)
+
+
+def _all_variables(optimizer: Any) -> list[Any]:
+    try:
+        found = optimizer.variables
+        return list(found() if callable(found) else found)
+    except Exception:
+        return []
+
+
+def _optimizers_name(optimizers: list[Any]) -> str | None:
+    """The class of the optimizer(s) that train the model: "Adam", or "Adam + SGD" when they differ."""
+    names = list(dict.fromkeys(n for n in map(_optimizer_name, optimizers) if n))
+    return " + ".join(names) or None
 
 
 def _optimizer_name(optimizer: Any) -> str | None:

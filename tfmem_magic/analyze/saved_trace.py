@@ -74,8 +74,13 @@ def analyze_xplane(path: str | Path, device: str | None = None, label: str | Non
     # the headline is the allocator the breakdown is about (the other GPUs are listed in the trace and the notes)
     main = trace.allocators[0] if trace.allocators else None
     if main is not None:
-        # an allocator that serves no TF device of its own (`gpu_host_bfc`: pinned host memory) is the host's
+        # an allocator that serves no TF device of its own (`gpu_host_bfc`: pinned host memory) is the host's. Every
+        # other device's allocator follows the main one (each GPU of a multi-GPU trace: its own figures, for the
+        # panel and a per-GPU replay); the main one first, which also settles a tie between two GPUs' growths
         report.tf = {main.device or HOST_DEVICE: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
+        for other in trace.allocators[1:] if device is None else []:  # a device asked for: the report is its own
+            if other.device is not None and other.device not in report.tf:
+                report.tf[other.device] = DeviceMemory(other.start_bytes, other.peak_bytes, other.end_bytes)
     else:  # events without an allocator name (an older TensorFlow): one series
         end = int(trace.events.live[-1])
         report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, end)}

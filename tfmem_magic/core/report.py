@@ -245,6 +245,18 @@ class ModelInfo:
     # replicas of a tf.distribute strategy the model trained under (this process runs one of them, or several
     # GPUs' worth): `batch_size` is the global batch, each replica runs batch_size / replicas
     replicas: int = 1
+    # several optimizers that update the model's weights (a GAN's train_step with d_optimizer and g_optimizer):
+    # "d_optimizer: Adam", ...; empty when one optimizer (or none) trains it. `optimizer` is then their common class
+    # (or "Adam + SGD"), and optimizer_slots / optimizer_bytes count all of them
+    optimizers: list[str] = field(default_factory=list)
+
+    @property
+    def optimizer_text(self) -> str:
+        """"Adam", "Adam ×2 (d_optimizer, g_optimizer)" when several train the model, or "none"."""
+        if len(self.optimizers) > 1:
+            labels = ", ".join(o.split(":", 1)[0] for o in self.optimizers)
+            return f"{self.optimizer} ×{len(self.optimizers)} ({labels})"
+        return self.optimizer or "none"
 
     @property
     def legacy_keras(self) -> bool:
@@ -501,7 +513,8 @@ def main_device_name(devices: Iterable[str] | Mapping[str, DeviceMemory]) -> str
     names = list(devices)
     gpus = sorted((d for d in names if d.startswith("GPU:")), key=lambda d: int(d.split(":")[1] or 0))
     if gpus and isinstance(devices, Mapping) and len(gpus) > 1:
-        return max(gpus, key=lambda d: (devices[d].peak_bytes - devices[d].baseline_bytes, -gpus.index(d)))
+        # a tie goes to the device named first (a saved trace names the allocator its breakdown is about first)
+        return max(gpus, key=lambda d: (devices[d].peak_bytes - devices[d].baseline_bytes, -names.index(d)))
     if gpus:
         return gpus[0]
     return "CPU:0" if "CPU:0" in names else (names[0] if names else None)

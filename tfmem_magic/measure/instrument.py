@@ -257,34 +257,36 @@ class Instrumentation:
         return wrapper
 
     def _remember_apply(self, original: Callable, pairs: bool = False) -> Callable:
-        """Record which variables an optimizer updates outside fit (custom loops): the model they belong to trains.
+        """Record which variables an optimizer updates: in a custom loop, and in a custom `train_step` of fit's (a
+        GAN's two optimizers; traced once, so recorded once). The model they belong to trains with them.
         `pairs`: tf_keras' apply_gradients, which takes (gradient, variable) pairs (often a one-shot `zip`)."""
         instrumentation = self
 
         @functools.wraps(original)
         def wrapper(this, *args, **kwargs):
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
-            if instrumentation.active and instrumentation._outer_call() is None:
-                if instrumentation.tracer is not None:
-                    instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
-                if pairs:
-                    args, kwargs, variables = _pairs_variables(args, kwargs)
-                else:
-                    given = args[1] if len(args) > 1 else kwargs.get("trainable_variables")
-                    # Keras 3 updates the variables it was built with (private: see capabilities.py)
-                    variables = given if given is not None else getattr(this, "_trainable_variables", None) or []
-                try:
-                    ids = {id(v) for v in variables}
-                    if not any(ref() is this and ids <= seen for ref, seen in instrumentation.applied):
-                        instrumentation.applied.append((weakref.ref(this), ids))
-                except TypeError:
-                    pass
-                result = original(this, *args, **kwargs)
-                if instrumentation.stops is not None:  # a custom loop's step ends here
-                    instrumentation.stops.check(f"after {type(this).__name__}.{original.__name__}() of a custom "
-                                                "training step")
-                return result
-            return original(this, *args, **kwargs)
+            if not instrumentation.active:
+                return original(this, *args, **kwargs)
+            custom_loop = instrumentation._outer_call() is None  # else a train_step of fit's (traced once)
+            if custom_loop and instrumentation.tracer is not None:
+                instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
+            if pairs:
+                args, kwargs, variables = _pairs_variables(args, kwargs)
+            else:
+                given = args[1] if len(args) > 1 else kwargs.get("trainable_variables")
+                # Keras 3 updates the variables it was built with (private: see capabilities.py)
+                variables = given if given is not None else getattr(this, "_trainable_variables", None) or []
+            try:
+                ids = {id(v) for v in variables}
+                if not any(ref() is this and ids <= seen for ref, seen in instrumentation.applied):
+                    instrumentation.applied.append((weakref.ref(this), ids))
+            except TypeError:
+                pass
+            result = original(this, *args, **kwargs)
+            if custom_loop and instrumentation.stops is not None:  # a custom loop's step ends here
+                instrumentation.stops.check(f"after {type(this).__name__}.{original.__name__}() of a custom "
+                                            "training step")
+            return result
 
         return wrapper
 
@@ -465,9 +467,13 @@ class Instrumentation:
                 self.layer_names.add(layer.name)
         except Exception:  # a model mid-construction; names come from spans then
             self.layer_names.add(model.name)
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and getattr(optimizer, "name", None):
-            self.optimizer_names.add(str(optimizer.name).lower())
+        # the model's optimizer, and those it keeps as attributes (a GAN's d_optimizer and g_optimizer): their scopes
+        # name the optimizer phase in the trace
+        classes = tuple(k.optimizers.Optimizer for _, k in kerases.loaded())
+        for value in [getattr(model, "optimizer", None), *list(vars(model).values())]:
+            name = getattr(value, "name", None) if isinstance(value, classes) else None
+            if isinstance(name, str) and name:
+                self.optimizer_names.add(name.lower())
 
 
 def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:

@@ -208,7 +208,7 @@ def details_tab(report: Report, view: ReportView) -> widgets.Widget:
             f"<td class='num'>{escape(format_bytes(layer.activation_bytes_per_sample))}</td></tr>"
             for layer in m.layers[:30])
         html += (f"<p><b>Model {escape(m.name)}</b>: {m.params:,} parameters ({escape(format_bytes(m.param_bytes))}),"
-                 f" optimizer {escape(m.optimizer or 'none')} ({m.optimizer_slots} slot(s) per weight, "
+                 f" optimizer {escape(m.optimizer_text)} ({m.optimizer_slots} slot(s) per weight, "
                  f"{escape(format_bytes(m.optimizer_bytes))}), batch {escape(m.batch_text)}, "
                  f"input {escape(m.input_shape or '?')}</p><table><tr><th>layer</th><th>type</th>"
                  "<th class='num'>params</th><th>output</th><th class='num'>activations / sample</th></tr>"

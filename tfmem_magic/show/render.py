@@ -81,7 +81,7 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     if r.model is not None:
         m = r.model
         lines.append(f"Model     {m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer "
-                     f"{m.optimizer or 'none'}, batch {m.batch_text}")
+                     f"{m.optimizer_text}, batch {m.batch_text}")
     for f in r.findings:
         lines.append(f"[{f.severity}] {f.title}: {f.evidence}")
     for i, fix in enumerate(r.fixes, 1):
@@ -145,7 +145,7 @@ def render_html(report: Report, timeline: bytes | None = None,
     if r.model is not None:
         m = r.model
         cells.append(("Model", f"{escape(m.name)}: {m.params:,} params ({escape(format_bytes(m.param_bytes))}), "
-                      f"optimizer {escape(m.optimizer or 'none')}, batch {escape(m.batch_text)}"))
+                      f"optimizer {escape(m.optimizer_text)}, batch {escape(m.batch_text)}"))
     if r.error:
         cells.append(("Error", f"{escape(r.error.type)}: {escape(r.error.message[:500])}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
