@@ -182,9 +182,20 @@ def retracing(report: Report) -> Finding | None:
         id="retracing", severity="warn",
         title=f"tf.function '{name}' was traced {count} times in this cell",
         evidence=f"TensorFlow built {count} graphs for '{name}' during this cell, for {signatures} input signatures "
-                 f"that grow with the calls ({sum(report.tf_function_traces.values())} traces in all): {cause}",
+                 f"that grow with the calls ({sum(report.tf_function_traces.values())} traces in all): {cause}"
+                 + _graphs_memory(report),
         fixes=["clear-session"] if "Keras" in cause else [],
     )
+
+
+def _graphs_memory(report: Report) -> str:
+    """What the retraced graphs may hold, as far as it was measured: the process's growth over the cell (graphs live
+    in Python and TensorFlow's function library, outside the allocator tfmem reads per op)."""
+    grew = report.rss.end_bytes - report.rss.baseline_bytes
+    if not report.rss.end_bytes or grew < 2**20:
+        return ""
+    return (f" The process held {format_bytes(grew)} more at the cell's end than at its start; every graph and its "
+            "concrete function stay in memory as long as the tf.function does (del it, or re-create it, to free them).")
 
 
 def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | None:
