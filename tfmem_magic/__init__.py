@@ -8,6 +8,7 @@ In Jupyter: `%load_ext tfmem_magic`, then `%%tfmem` on a cell. In a script:
         model.fit(x, y)
     print(tfmem_magic.render_text(p.report))
     tfmem_magic.predict(p.report, batch_size=256).peak_bytes   # what-if, without running it
+    tfmem_magic.largest_batch(p.report, budget="16GB")          # the largest batch predicted to fit
     tfmem_magic.to_tensorboard(p.report, "logs", p.xspaces)    # with profile(keep_xspaces=True): the trace too
     tfmem_magic.analyze_xplane("host.xplane.pb")               # a trace recorded elsewhere (a GPU machine)
 
@@ -36,9 +37,24 @@ __all__ = [
     "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryGrowthWarning", "MemoryLimitExceeded", "Options",
     "PreflightRefused", "Profiler", "Report", "SCHEMA", "analyze_xplane", "capture", "serve",
     "TfmemError", "TfmemUsageError", "format_bytes", "free", "last_report", "load_ipython_extension", "mime_bundle",
-    "parse_size", "WhatIf", "predict", "prepare", "profile", "render_html", "render_text", "to_tensorboard",
+    "parse_size", "WhatIf", "largest_batch", "predict",
+    "prepare", "profile", "render_html", "render_text", "to_tensorboard",
     "unload_ipython_extension",
 ]
+
+
+def largest_batch(report: Report, budget: int | str | None = None, calibrate: bool = False,
+                  **knobs: Any) -> int | None:
+    """The largest batch (as people type it: 152, not 159) whose predicted peak, upper end of its error band
+    included, fits `budget`: the memory the cell may use in all, in bytes or as "16GB" / "1.5GiB" (the process's on
+    a CPU; the GPU's memory for TensorFlow, as its allocator's limit says, on a GPU). By default the report's own
+    budget (available RAM, the container's limit or your --limit). Other knobs as `predict` takes them (precision,
+    optimizer, accumulation_steps...); `calibrate=True` measures the slope first. None when not even the smallest
+    batch fits. `predict(report, batch_size=n)` gives the prediction at that batch, with its band (the margin)."""
+    from tfmem_magic.advise.prediction import largest_fitting_batch
+
+    total = parse_size(budget) if isinstance(budget, str) else budget
+    return largest_fitting_batch(report, total, calibrate=calibrate, **knobs)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -386,16 +386,39 @@ def budget_for_tf(report: Report) -> int | None:
     return max(0, env.budget_bytes - report.rss.baseline_bytes)
 
 
+def tf_budget_within(report: Report, total: int) -> int:
+    """What TF's peak over the cell's baseline may reach when the memory the cell may use in all is `total`: a
+    GPU's memory for TensorFlow (less what the GPU held at the cell's start), or the process's memory on a CPU (less
+    what the process held at the start)."""
+    mem = report.main_device
+    if report.on_gpu and mem is not None:
+        return max(0, total - mem.baseline_bytes)
+    return max(0, total - report.rss.baseline_bytes)
+
+
+def largest_fitting_batch(report: Report, budget: int | None = None, calibrate: bool = False,
+                          **knobs: Any) -> int | None:
+    """The largest batch (as people type it) whose upper estimate fits: `budget` is the memory the cell may use in
+    all (the process's on a CPU, the GPU's for TensorFlow on a GPU; default: the report's own budget). The other
+    knobs are `predict`'s. None when not even the smallest batch fits, or the report has no budget. A batch larger
+    than the rows the cell trained on is those rows: fit runs them as one batch."""
+    tf_budget = None if budget is None else tf_budget_within(report, budget)
+    batch = predict(report, calibrate=calibrate, tf_budget=tf_budget, **knobs).largest_batch
+    rows = report.model.samples if report.model is not None else None
+    return min(batch, rows) if batch is not None and rows else batch
+
+
 def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
             accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
-            replicas: int | None = None) -> WhatIf:
+            replicas: int | None = None, tf_budget: int | None = None) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
     samples. With `replicas=n` (a data-parallel tf.distribute strategy over n GPUs or workers) it is the global
     batch, and the answer is one replica's peak: all the weights, gradients and slots, the activations of
     batch_size / n samples, and all-reduce buffers. `calibrate=True` trains a clone of the model at three batch
-    sizes (seconds) unless the report has it.
+    sizes (seconds) unless the report has it. `tf_budget` replaces what the TF peak may reach (default: the report's
+    budget less what was held at the cell's start, `budget_for_tf`).
     """
     basis = measured_basis(report) if calibrate else (_cached_basis(report) or analytic_basis(report))
     now = basis.knobs
@@ -446,7 +469,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         notes.append("mixed_float16 runs 74-260x slower on CPU (TF 2.21): use mixed_bfloat16 there.")
     parts = parts_at(basis, knobs)
     peak = peak_at(basis, knobs)
-    budget = budget_for_tf(report)
+    budget = budget_for_tf(report) if tf_budget is None else tf_budget
     fits = None if budget is None else peak * (1 + band) <= budget
     biggest = None if budget is None else largest_batch(basis, knobs, budget, band)
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds

@@ -1,0 +1,57 @@
+"""`tfmem_magic.largest_batch(report, budget=...)` against real runs (issue 29): for three models measured at batch
+32, the batch it names for a budget is run for real, and its peak stays within that budget; it is not a timid
+answer either (the real peak uses a good part of the budget), and a budget too small for any batch gives None."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from fresh import run_python
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+
+MODELS = {
+    "mlp": ("(512,)", 'keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"), '
+                      'keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])'),
+    "cnn": ("(32, 32, 3)", 'keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"), '
+                           'keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])'),
+    "gru": ("(40, 16)", 'keras.Sequential([keras.Input((40, 16)), keras.layers.GRU(64), keras.layers.Dense(10)])'),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
+    shape, model = MODELS[name]
+    data = run_python(textwrap.dedent(f"""
+        import json, numpy as np, tfmem_magic
+        tfmem_magic.prepare()
+        import keras
+        def fitted(batch):
+            keras.utils.set_random_seed(0)
+            m = {model}
+            m.compile("adam", "sparse_categorical_crossentropy")
+            x = np.random.rand(8192, *{shape}).astype("float32")
+            y = np.random.randint(0, 10, 8192)
+            with tfmem_magic.profile() as p:
+                m.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+            return p.report
+        at32 = fitted(32)
+        tf_budget = 3 * at32.tf_peak_bytes  # what TensorFlow may add over the cell's start
+        budget = at32.rss.baseline_bytes + tf_budget  # as a user gives it: the process's memory in all
+        batch = tfmem_magic.largest_batch(at32, budget=budget)
+        too_small = tfmem_magic.largest_batch(at32, budget=at32.rss.baseline_bytes + 1024)
+        whole = tfmem_magic.largest_batch(at32, budget="64GB")  # everything fits: the whole data, as one batch
+        real = fitted(batch).tf_peak_bytes if batch else None
+        print(json.dumps({{"batch": batch, "tf_budget": tf_budget, "real": real, "at32": at32.tf_peak_bytes,
+                          "too_small": too_small, "whole": whole}}))
+    """))
+    print(f"\n{name}: batch {data['batch']}, real {data['real'] / data['tf_budget']:.0%} of the budget")
+    assert data["too_small"] is None and data["whole"] == 8192
+    assert data["batch"] is not None and data["batch"] > 32, data
+    # what it promises: the named batch's real peak fits the budget ...
+    assert data["real"] <= data["tf_budget"], data
+    # ... and uses a good part of it (the upper estimate fits, so the central one is ~1/1.3 of the budget)
+    assert data["real"] >= 0.4 * data["tf_budget"], data
