@@ -8,7 +8,7 @@ must not carry over), --repeats times, and its real peak is measured: the TF all
 spread are printed). Each model is fed the way its kind usually is: numpy arrays, a tf.data pipeline
 (batch -> take -> prefetch) or a Python generator; every run trains at most STEPS steps (the peak comes in the first
 steps: the optimizer's slots are made in the first, BFC's chunks are reused after). The script prints the relative
-error per point, the max/mean per basis, and a Markdown table (--table) for the README.
+error per point, the max/mean per basis, and a Markdown table (--table) for docs/what-if.md.
 
     python benchmarks/predict_accuracy.py             # the first five models (arrays)
     python benchmarks/predict_accuracy.py --zoo       # all models, batches 8 to 256 (about 40 minutes, 2 cores)

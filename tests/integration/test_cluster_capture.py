@@ -194,7 +194,7 @@ def test_a_multi_worker_mirrored_worker_other_than_the_chief_does_not_serve_by_d
 
 def test_multi_worker_mirrored_workers_are_captured_together_and_the_heavier_one_is_named(tmp_path):
     """Two MultiWorkerMirroredStrategy workers on loopback (a custom loop: Keras 3's fit fails under that strategy
-    on TensorFlow 2.21, see the README), both serving (allow_crash_risk=True). Each worker is traced by its own
+    on TensorFlow 2.21: docs/multi-worker.md), both serving (allow_crash_risk=True). Each worker is traced by its own
     client call, started together: both traces hold the workers' memory events.
 
     TensorFlow 2.21 itself sometimes crashes the worker that is not the chief when its capture ends (a heap

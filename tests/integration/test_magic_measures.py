@@ -66,7 +66,8 @@ def test_fit_names_layers_phases_input_copy_and_preexisting(shell):
     weights = (64 * 256 + 256 + 256 * 10 + 10) * 4  # built before the cell: pre-existing
     assert trace.preexisting_bytes >= weights
     # Whether TensorFlow copies an array handed to fit (x, y, or neither), and how long it keeps the copy, varies
-    # from run to run (README, "Facts"): what must hold is that the report is consistent with what the trace saw.
+    # from run to run (docs/design.md, "Facts found while building tfmem"): what must hold is that the report is
+    # consistent with what the trace saw.
     sizes = {shell.user_ns["X"].nbytes, shell.user_ns["Y"].nbytes}
     assert all(c.requested_bytes in sizes for c in trace.input_copies)
     finding = next((f for f in rep.findings if f.id == "input-copy"), None)

@@ -62,7 +62,8 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     assert activations(small) < activations(first) / 2
     assert small.model.param_bytes == first.model.param_bytes
     assert small.model.optimizer_bytes == first.model.optimizer_bytes
-    # input copies vary from run to run (README, "Facts"); the finding must match what the trace saw
+    # input copies vary from run to run (docs/design.md, "Facts found while building tfmem"); the finding must
+    # match what the trace saw
     at_peak = sum(c.bytes for c in first.trace.input_copies if c.live_at_peak)
     worth = at_peak >= 0.1 * first.trace.allocated_at_peak_bytes or sum(c.bytes for c in first.trace.input_copies) \
         >= 64 * 2**20  # the rule's threshold

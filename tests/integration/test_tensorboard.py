@@ -184,8 +184,8 @@ def test_our_own_cpu_trace_reads_back_from_the_logdir_with_the_traced_peak(trace
 
 
 def test_to_tensorboard_is_a_function_over_the_report_not_a_method(traced, tmp_path):
-    """The README says why: the Report is the core's plain data (no method of it may reach the show layer) and it
-    keeps no raw trace. Given only the report, the trace is not written and the note says how to pass it."""
+    """docs/tensorboard.md says why: the Report is the core's plain data (no method of it may reach the show layer)
+    and it keeps no raw trace. Given only the report, the trace is not written and the note says how to pass it."""
     report, _, _ = traced
     assert not hasattr(report, "to_tensorboard")
     written = tfmem_magic.to_tensorboard(report, tmp_path)

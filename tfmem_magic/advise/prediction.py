@@ -23,7 +23,7 @@ only the parts it changes. Where the per-sample slope comes from is the *basis*:
 
 The analytic slope is the layer outputs (plus the score tensors inside attention layers) times a training factor,
 checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
-Measured errors: README and benchmarks/predict_accuracy.py.
+Measured errors: docs/what-if.md and benchmarks/predict_accuracy.py.
 
 This module imports no TensorFlow or Keras; the probes run in another process (calibrate.py).
 """
