@@ -201,34 +201,35 @@ def weight_shapes(use: ModelUse | None) -> set[str]:
 
 
 def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tuple[str, Any]]:
-    """(label, optimizer) of each optimizer that really updates the model's weights: those a custom loop or a
-    custom `train_step` applied to them (recorded by the instrumentation), and those the model keeps as attributes
-    (a GAN's `d_optimizer`, `g_optimizer`), when they hold slots; else the model's own `optimizer` (Keras gives a
-    model whose compile() named none an RMSprop that never trains anything)."""
-    found: list[tuple[str, Any]] = []
-
-    def add(label: str, optimizer: Any) -> None:
-        if optimizer is not None and all(o is not optimizer for _, o in found):
-            found.append((label, optimizer))
-
+    """(label, optimizer) of each optimizer that really updates the model's weights. Those the cell saw apply
+    gradients to them come first and alone: a custom loop's (a plain SGD, slots or not), a custom `train_step`'s (a
+    GAN's `d_optimizer` and `g_optimizer`, recorded when fit traces the step). Else the optimizers the model keeps
+    as attributes that hold slots (a step traced in an earlier cell), else the model's own `optimizer` (Keras gives
+    a model whose compile() named none an RMSprop that never trains anything). Labels are the attribute names."""
     try:
         mine = {id(v) for v in getattr(model, "trainable_weights", [])}
     except TypeError:
         mine = set()
     own = getattr(model, "optimizer", None)
-    add("optimizer", own)
     classes = tuple(k.optimizers.Optimizer for _, k in kerases.loaded()
                     if isinstance(getattr(getattr(k, "optimizers", None), "Optimizer", None), type))
+    kept: list[tuple[str, Any]] = [("optimizer", own)] if own is not None else []
     for name, value in list(vars(model).items()) if classes else []:
-        if isinstance(value, classes):
-            add(name.lstrip("_"), value)
+        if isinstance(value, classes) and all(o is not value for _, o in kept):
+            kept.append((name.lstrip("_"), value))
+
+    def label(optimizer: Any) -> str:
+        return next((name for name, o in kept if o is optimizer), "optimizer.apply")
+
+    here: list[tuple[str, Any]] = []
     for ref, ids in applied:
-        if mine and ids & mine:
-            add("optimizer.apply", ref())
-    training = [(label, o) for label, o in found if _slot_variables(o)]
-    if training:
-        return training
-    return [(label, o) for label, o in found if o is own][:1] or found[:1]
+        optimizer = ref()
+        if optimizer is not None and mine and ids & mine and all(o is not optimizer for _, o in here):
+            here.append((label(optimizer), optimizer))
+    if here:
+        return here
+    with_slots = [(name, o) for name, o in kept if _slot_variables(o)]
+    return with_slots or kept[:1]
 
 
 def _slot_variables(optimizer: Any) -> list[Any]:
