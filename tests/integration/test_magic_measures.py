@@ -18,12 +18,15 @@ def test_known_tensor_matches_allocator_and_trace(shell):
     rep = shell.user_ns["rep"]
     cpu = rep.tf["CPU:0"]
     known = 1024 * 1024 * 4
-    # the tensor is still held after the cell: current grew by it (plus a few bytes of scalars)
-    assert known <= cpu.end_bytes - cpu.baseline_bytes <= known + 64 * 1024
-    assert known <= cpu.peak_bytes - cpu.baseline_bytes <= known + 64 * 1024
     assert rep.trace.peak_live_bytes == cpu.peak_bytes  # the trace sees exactly what the allocator saw
     top = next(g for g in rep.trace.at_peak if g.phase != "pre-existing")  # earlier tests may have left memory
     assert (top.op, top.shape, top.dtype, top.requested_bytes) == ("RandomUniform", "[1024,1024]", "float32", known)
+    # the tensor is still held after the cell: current grew by its chunk (plus a few bytes of scalars). BFC hands
+    # out a whole free chunk under twice the request, so after earlier tests the chunk can be larger than the
+    # 4 MiB asked for (a clean-clone run saw 5 MiB): the trace names the chunk it got
+    assert known <= top.bytes < 2 * known
+    assert known <= cpu.end_bytes - cpu.baseline_bytes <= top.bytes + 64 * 1024
+    assert known <= cpu.peak_bytes - cpu.baseline_bytes <= top.bytes + 64 * 1024
     assert rep.env.allocator == "bfc_cpu_allocator_for_gpu" and rep.env.allocator_complete
     assert rep.status == "ok" and rep.mode == "trace"
 
