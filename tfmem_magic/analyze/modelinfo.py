@@ -9,6 +9,7 @@ from tfmem_magic.core.report import LayerInfo, ModelInfo
 from tfmem_magic.core.sizes import dtype_size as _dtype_size
 from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure import feeding, kerases
+from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 
 _CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
@@ -211,8 +212,7 @@ def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tu
     except TypeError:
         mine = set()
     own = getattr(model, "optimizer", None)
-    classes = tuple(k.optimizers.Optimizer for _, k in kerases.loaded()
-                    if isinstance(getattr(getattr(k, "optimizers", None), "Optimizer", None), type))
+    classes = kerases.optimizer_classes()
     kept: list[tuple[str, Any]] = [("optimizer", own)] if own is not None else []
     for name, value in list(vars(model).items()) if classes else []:
         if isinstance(value, classes) and all(o is not value for _, o in kept):
@@ -234,7 +234,7 @@ def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tu
 
 def _slot_variables(optimizer: Any) -> list[Any]:
     """The optimizer's variables that are not scalars (its slots; its step counter and learning rate are)."""
-    return [v for v in _all_variables(optimizer) if len(getattr(v, "shape", ())) > 0]
+    return [v for v in optimizer_variables(optimizer) if len(getattr(v, "shape", ())) > 0]
 
 
 def applied_optimizer(use: ModelUse, applied: Any) -> Any:
@@ -265,7 +265,7 @@ def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (),
     if looped is not None and "optimizer.apply" not in calls and not trained_by_keras:
         calls.append("optimizer.apply")
     trainers = training_optimizers(model, use, applied)
-    opt_vars = list({id(v): v for _, o in trainers for v in _all_variables(o)}.values())
+    opt_vars = list({id(v): v for _, o in trainers for v in optimizer_variables(o)}.values())
     # slots per trainable variable: Adam keeps m and v (2), SGD with momentum 1, plain SGD 0
     big_opt_vars = [v for v in opt_vars if len(getattr(v, "shape", ())) > 0]
     slots = round(len(big_opt_vars) / len(trainable)) if trainable else 0
@@ -318,14 +318,6 @@ def _replicas_of(model: Any) -> int:
     except Exception:  # a strategy not yet built, or a model without one
         return 1
     return max(1, n)
-
-
-def _all_variables(optimizer: Any) -> list[Any]:
-    try:
-        found = optimizer.variables
-        return list(found() if callable(found) else found)
-    except Exception:
-        return []
 
 
 def _optimizers_name(optimizers: list[Any]) -> str | None:

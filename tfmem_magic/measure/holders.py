@@ -61,8 +61,7 @@ class _Kinds:
         kerases_loaded = [mod for _, mod in kerases.loaded()]
         self.models = tuple(m.Model for m in kerases_loaded)
         self.layers = tuple(getattr(m.layers, "Layer", type(None)) for m in kerases_loaded)
-        self.optimizers = tuple(c for m in kerases_loaded
-                                if isinstance(c := getattr(getattr(m, "optimizers", None), "Optimizer", None), type))
+        self.optimizers = kerases.optimizer_classes()
         self.callbacks = tuple(c for m in kerases_loaded
                                if isinstance(c := getattr(getattr(m, "callbacks", None), "Callback", None), type))
         tf = sys.modules.get("tensorflow")
@@ -75,11 +74,11 @@ class _Kinds:
         if self.models and isinstance(obj, self.models):
             optimizer = getattr(obj, "optimizer", None)
             return Leaf("Keras model", str(getattr(obj, "name", "model")),
-                        _weights(obj) + (_optimizer_variables(optimizer) if optimizer is not None else []), optimizer)
+                        _weights(obj) + (optimizer_variables(optimizer) if optimizer is not None else []), optimizer)
         if self.layers and isinstance(obj, self.layers):
             return Leaf("Keras layer", str(getattr(obj, "name", "layer")), _weights(obj))
         if self.optimizers and isinstance(obj, self.optimizers):
-            return Leaf("optimizer", type(obj).__name__, _optimizer_variables(obj), obj)
+            return Leaf("optimizer", type(obj).__name__, optimizer_variables(obj), obj)
         if self.variables and isinstance(obj, self.variables):
             return Leaf("variable", str(getattr(obj, "name", "variable")), [obj])
         if self.tensors and isinstance(obj, self.tensors) and hasattr(obj, "numpy"):  # eager, not symbolic
@@ -98,7 +97,8 @@ def _weights(layer: Any) -> list[Any]:
         return []
 
 
-def _optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """All of an optimizer's variables (tf_keras' legacy optimizers give them by a method); [] when unreadable."""
     try:
         found = optimizer.variables
         return list(found() if callable(found) else found)  # tf_keras' legacy optimizers: a method
@@ -175,7 +175,7 @@ def _holder(name: str, kind: str, reached: list[tuple[str, Leaf]], owners: dict[
     fresh: dict[int, Any] = {}
     for _, leaf in reached:
         built_here = leaf.optimizer is not None and _safe_new(is_new, leaf.optimizer)
-        slots = {id(v) for v in _optimizer_variables(leaf.optimizer)} if built_here else set()
+        slots = {id(v) for v in optimizer_variables(leaf.optimizer)} if built_here else set()
         for v in leaf.variables:
             unique.setdefault(id(v), v)
             if (rebound and leaf.kind == "tensor") or id(v) in slots or _safe_new(is_new, v):

@@ -22,14 +22,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import psutil
-
 from tfmem_magic.core.report import CallRecord
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.interrupts import StopLatch
-from tfmem_magic.measure.sampling import main_tf_device, memory_info
+from tfmem_magic.measure.sampling import bytes_in_use, process_rss
 from tfmem_magic.measure.tracer import Tracer
 
 _MISSING = object()
@@ -352,8 +350,8 @@ class Instrumentation:
             return None
         try:  # a failure here costs tfmem the record, never the user's call
             record = CallRecord(call, str(getattr(model, "name", "") or "") or None,
-                                round(time.perf_counter() - self.t0, 6), tf_before_bytes=_tf_in_use(),
-                                rss_before_bytes=_rss())
+                                round(time.perf_counter() - self.t0, 6), tf_before_bytes=bytes_in_use(),
+                                rss_before_bytes=process_rss())
         except Exception:
             return None
         self.calls.append(record)
@@ -364,7 +362,7 @@ class Instrumentation:
             return
         try:
             record.end_s = round(time.perf_counter() - self.t0, 6)
-            record.tf_after_bytes, record.rss_after_bytes = _tf_in_use(), _rss()
+            record.tf_after_bytes, record.rss_after_bytes = bytes_in_use(), process_rss()
             outputs = result if isinstance(result, (list, tuple)) else \
                 list(result.values()) if isinstance(result, dict) else [result]
             record.output_bytes = sum(int(getattr(o, "nbytes", 0) or 0) for o in outputs[:64])
@@ -469,7 +467,7 @@ class Instrumentation:
             self.layer_names.add(model.name)
         # the model's optimizer, and those it keeps as attributes (a GAN's d_optimizer and g_optimizer): their scopes
         # name the optimizer phase in the trace
-        classes = tuple(k.optimizers.Optimizer for _, k in kerases.loaded())
+        classes = kerases.optimizer_classes()
         for value in [getattr(model, "optimizer", None), *list(vars(model).values())]:
             name = getattr(value, "name", None) if isinstance(value, classes) else None
             if isinstance(name, str) and name:
@@ -484,17 +482,6 @@ def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
         return (given, *rest), kwargs, [v for _, v in given]
     given = list(kwargs.get("grads_and_vars") or [])
     return args, {**kwargs, "grads_and_vars": given}, [v for _, v in given]
-
-
-def _tf_in_use() -> int | None:
-    """TensorFlow's allocator's bytes in use on the main device now (None: no statistics)."""
-    device = main_tf_device()
-    info = memory_info(device) if device is not None else None
-    return info["current"] if info else None
-
-
-def _rss() -> int:
-    return int(psutil.Process().memory_info().rss)
 
 
 def _keras_own(cls: type, name: str) -> Callable | None:

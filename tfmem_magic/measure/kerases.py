@@ -36,6 +36,12 @@ def loaded() -> list[tuple[str, ModuleType]]:
     return [(name, mod) for name in (KERAS3, TF_KERAS) if (mod := module(name)) is not None]
 
 
+def optimizer_classes() -> tuple[type, ...]:
+    """The optimizer base class of every Keras imported (`isinstance` against it tells any of their optimizers)."""
+    return tuple(c for _, mod in loaded()
+                 if isinstance(c := getattr(getattr(mod, "optimizers", None), "Optimizer", None), type))
+
+
 def flavour_of(obj: Any) -> str:
     """KERAS3 or TF_KERAS: which Keras defined the object's class (a model, a layer, an optimizer)."""
     for klass in type(obj).__mro__:

@@ -26,12 +26,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 from tfmem_magic.core.report import Holder
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.measure import capabilities, environment, holders, kerases
-from tfmem_magic.measure.sampling import main_tf_device, memory_info
+from tfmem_magic.measure import capabilities, holders, kerases
+from tfmem_magic.measure.sampling import bytes_in_use, main_tf_device, process_rss
 
 PREFIX = "CustomGradient-"
 STILL_HELD_MIN = 2**20  # a name that reaches this much is listed as still holding memory after free()
@@ -93,9 +91,9 @@ def free(namespace: dict[str, Any] | None = None, names: tuple[str, ...] | list[
     missing = [n for n in names if namespace is None or n not in namespace]
     if missing:
         raise KeyError(", ".join(missing))
-    out = Released(rss_before=_rss())
+    out = Released(rss_before=process_rss())
     out.device = main_tf_device()
-    out.tf_before = _in_use(out.device)
+    out.tf_before = bytes_in_use(out.device)
     for name in names:
         assert namespace is not None  # `missing` above holds every name when there is no namespace
         del namespace[name]
@@ -108,8 +106,8 @@ def free(namespace: dict[str, Any] | None = None, names: tuple[str, ...] | list[
     if out.registry_readable:
         out.purged = purge_custom_gradients()
     gc.collect()
-    out.tf_after = _in_use(out.device)
-    out.rss_after = _rss()
+    out.tf_after = bytes_in_use(out.device)
+    out.rss_after = process_rss()
     if namespace is not None and out.tf_after is not None:
         try:  # the memory is already given back: a failed walk costs only the list of what is still held
             out.still_held = [h for h in holders.walk(namespace).holders if h.bytes >= STILL_HELD_MIN]
@@ -245,12 +243,3 @@ def _dtype_enum_size(enum: int) -> int:
         return 4
 
 
-def _in_use(device: str | None) -> int | None:
-    if device is None or not environment.tensorflow_initialized():
-        return None
-    info = memory_info(device)
-    return info["current"] if info else None
-
-
-def _rss() -> int:
-    return psutil.Process().memory_info().rss

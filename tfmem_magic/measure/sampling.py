@@ -218,3 +218,18 @@ def memory_info(device: str) -> dict[str, int] | None:
         return tf.config.experimental.get_memory_info(device)
     except (ValueError, RuntimeError):
         return None
+
+
+def bytes_in_use(device: str | None = None) -> int | None:
+    """TensorFlow's allocator's bytes in use on `device` now (default: the main device); None before TensorFlow
+    runs or when its allocator keeps no statistics."""
+    device = device if device is not None else main_tf_device()
+    if device is None or not environment.tensorflow_initialized():
+        return None
+    info = memory_info(device)
+    return info["current"] if info else None
+
+
+def process_rss() -> int:
+    """The process's resident memory now."""
+    return int(psutil.Process().memory_info().rss)
