@@ -6,7 +6,7 @@
 A job on loopback (two `MultiWorkerMirroredStrategy` workers by default; or two plain workers training alone; or
 a parameter server, two workers and a coordinator) trains a Keras model in a custom `strategy.run` loop, every
 server started with `tfmem_magic.serve(PORT)`; worker 1 also holds an extra `--hold-mib` tensor. This process
-then captures the job `--captures` times in a row (`tfmem_magic.measure.remote.capture`, the engine of
+then captures the job `--captures` times in a row (`tfmem_magic.measure.remote.trace_workers`, the engine of
 `%tfmem capture`; `--analyze` runs the full `tfmem_magic.capture`, reports included), each `--seconds` long. When
 a worker dies, its exit code and the tail of its log (faulthandler's Python stacks, or gdb's native stacks with
 `--gdb`) are kept, the job is killed and a fresh one started, and the captures go on.
@@ -273,7 +273,7 @@ def options_patch(args):
 
         tf.profiler.experimental.client.trace = trace
         return "default (none sent)" if levels is None else dict(levels._asdict())
-    return "tfmem's (remote.capture unchanged)"
+    return "tfmem's (remote.trace_workers unchanged)"
 
 
 def main() -> None:
@@ -342,7 +342,7 @@ def main() -> None:
                 parts = [(r.worker, r.report is not None, r.error) for r in view.rows]
                 events = [r.report.trace.events if r.report else None for r in view.rows]
             else:
-                got = remote.capture(targets, args.seconds, logdir)
+                got = remote.trace_workers(targets, args.seconds, logdir)
                 parts = [(c.worker, c.path is not None, c.error) for c in got]
                 events = [c.path.stat().st_size if c.path else None for c in got]
             took = time.monotonic() - t0

@@ -178,7 +178,7 @@ if mode == "anchor":
     out["analytic"] = {{b: prediction.predict(p.report, batch_size=b).peak_bytes for b in batches}}
     out["calibrated"] = {{b: prediction.predict(p.report, batch_size=b, calibrate=True).peak_bytes
                          for b in batches}}
-    out["probes"] = prediction._cached_basis(p.report).calibration
+    out["probes"] = p.report.whatif_basis.calibration
 print(json.dumps(out))
 """
 

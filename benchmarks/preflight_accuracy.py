@@ -70,8 +70,8 @@ def spy(model, call, use, threshold, rss, source, current, held):  # the cell's 
     seen["info"] = info
 
 with tfmem_magic.profile(mode="quick", preflight=True) as p:
-    p._capture._preflight = spy
-    p._capture.instrumentation.preflight = p._capture._preflight_check()
+    p._measurement._preflight = spy
+    p._measurement.instrumentation.preflight = p._measurement._preflight_check()
     m.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
 info, r = seen["info"], p.report
 print(json.dumps({{"step_predicted": info.step_bytes, "step_measured": r.tf_peak_bytes,

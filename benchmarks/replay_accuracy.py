@@ -66,7 +66,7 @@ names = ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op"
          "strings", "threads", "allocator", "limit")
 out = {{k: getattr(ev, k) for k in names}}
 out["peak"] = p.report.tf_peak_bytes
-out["windows"] = len(p._capture.tracer.windows)
+out["windows"] = len(p._measurement.tracer.windows)
 out["weight_shapes"] = sorted({{"[" + ",".join(str(d) for d in v.shape) + "]" for v in m.weights}})
 pickle.dump(out, open({path!r}, "wb"))
 """

@@ -1,6 +1,6 @@
 """Sphinx configuration of tfmem_magic's documentation site: the Markdown pages of docs/ (MyST), and the README as
 the user's guide (docs/guide.md includes it). Build: `python -m sphinx -W -b html docs build/docs`;
-tests/unit/test_docs_site.py builds it with warnings as errors."""
+tests/integration/test_docs_site.py builds it with warnings as errors."""
 
 import re
 from pathlib import Path

@@ -12,21 +12,22 @@ import contextlib
 from dataclasses import replace
 from typing import Any, Iterator, Literal
 
-from tfmem_magic.advise import diagnose, fixes, prediction, preflight
+from tfmem_magic.advise import calibration, diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
-from tfmem_magic.core.errors import MemoryLimitExceeded
+from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
 from tfmem_magic.core.options import MODES, Options
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure.capture import Capture, Measured
+from tfmem_magic.measure.measurement import Measured, Measurement
 
 __all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "capture", "last_report", "profile"]  # + `history`
 
 
 def last_report() -> Report | None:
     """The report of the most recent profiled cell or block, or None."""
-    return SESSION.last
+    last: Report | None = SESSION.last  # the session holds it untyped (the core's fields are loose)
+    return last
 
 
 def __getattr__(name: str) -> Any:
@@ -45,11 +46,11 @@ class Profiler:
         # the trace's raw XSpaces, [(bytes, segment start in s)], when options.keep_xspaces (TensorBoard)
         self.xspaces: list[tuple[bytes, float]] = []
         self._preflight = preflight.Preflight()
-        self._capture = Capture(self.options, self._preflight)
+        self._measurement = Measurement(self.options, self._preflight)
 
     @property
     def notes(self) -> list[str]:
-        return self._capture.notes
+        return self._measurement.notes
 
     def __enter__(self) -> Profiler:
         self.start()
@@ -69,28 +70,28 @@ class Profiler:
 
     def untangle(self, exc: BaseException | None) -> BaseException | None:
         """The exception the user should see for `exc` (the same one unless the guard's watchdog tangled it)."""
-        g = self._capture.guard
+        g = self._measurement.guard
         return g.untangle(exc) if g is not None else exc
 
     def start(self) -> None:
-        """Arm every instrument, all or nothing (see measure.capture)."""
-        self._capture.start()
+        """Arm every instrument, all or nothing (see measure.measurement)."""
+        self._measurement.start()
 
     def enter_user_code(self) -> None:
         """The user's code starts now (finish() ends it): the guard's watchdog may raise from here on."""
-        self._capture.open_guard()
+        self._measurement.open_guard()
 
     def swallowed_stop(self) -> KeyboardInterrupt | None:
         """Call when the user's code ended without an error: the KeyboardInterrupt to end it with, if stop was pressed
         and the code it landed in swallowed it (see measure.interrupts)."""
-        stops = self._capture.stops
+        stops = self._measurement.stops
         return stops.swallowed() if stops is not None and stops.armed else None
 
     @contextlib.contextmanager
     def showing_error(self, exc: BaseException | None) -> Iterator[None]:
         """Around the display of the cell's error: further presses of stop are counted, not raised, so they cannot
         cut the display short (IPython would print a bare "KeyboardInterrupt" and no error output)."""
-        stops = self._capture.stops
+        stops = self._measurement.stops
         if stops is None or not stops.armed:
             yield
             return
@@ -101,17 +102,17 @@ class Profiler:
     @contextlib.contextmanager
     def user_code(self) -> Iterator[None]:
         """Around the user's code: the only window in which the guard's watchdog may raise."""
-        with self._capture.user_code():
+        with self._measurement.user_code():
             yield
 
     def finish(self, exc: BaseException | None = None) -> Report:
         """Stop every instrument (always), then build, advise and publish the report."""
         try:
-            self._capture.close_guard()
+            self._measurement.close_guard()
         except MemoryLimitExceeded as late:  # the watchdog's exception arrived as the cell ended
             exc = exc or late
         exc = self.untangle(exc)  # callers that show the exception untangle it too; the report must not depend on it
-        measured = self._capture.stop()
+        measured = self._measurement.stop()
         self.xspaces = measured.xspaces
         report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
         self._add_preflight(report)
@@ -148,7 +149,11 @@ class Profiler:
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:
         use = build.add_analysis(report, m)
         if report.model is not None and use is not None and self.options.publish:
-            prediction.remember_model(report, use.model_ref(), use.structure)
+            calibration.remember_model(report, use.model_ref(), use.structure)
+        try:  # stored, so that a saved report predicts what the live one does (None: no model to predict from)
+            report.whatif_basis = prediction.analytic_basis(report)
+        except TfmemUsageError:
+            report.whatif_basis = None
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
@@ -199,7 +204,7 @@ def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) 
     from tfmem_magic.measure import remote
 
     rows = []
-    for part in remote.capture(remote.parse_workers(workers), seconds, logdir):
+    for part in remote.trace_workers(remote.parse_workers(workers), seconds, logdir):
         if part.path is None:
             rows.append(cluster.WorkerRow(part.worker, None, part.error))
             continue
@@ -223,7 +228,7 @@ def analyze_xplane(path: Any, device: str | None = None, label: str | None = Non
     """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
     `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the
     busiest GPU's. It is not added to this session's history."""
-    report = saved_trace.analyze_xplane(path, device, label)
+    report = saved_trace.bare_report(path, device, label)
     report.findings = diagnose.findings(report)
     report.fixes = fixes.build(report, fixes.FixContext())
     return report

@@ -1,7 +1,11 @@
 /**
  * The logic of the extension, free of JupyterLab imports so that it is unit-tested with jest:
  * reading an insert request from the kernel, deciding where the new cell goes, and rendering a report as HTML.
+ * The report's types are generated from its JSON Schemas (src/report.ts, `npm run types`); every number the
+ * renderer shows comes worded by the Python views in the bundle's `view` block (tfmem_magic.show.render.lab_view),
+ * so that the lab renderer and the static HTML say the same.
  */
+import type { HeldView, Report, ReportView, TimelineSeries } from './report';
 
 export type Placement = 'below' | 'top';
 
@@ -54,64 +58,40 @@ export function escapeHtml(value: unknown): string {
   return String(value ?? '').replace(/[&<>"']/g, c => ESCAPES[c]);
 }
 
-const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+/** The report as its MIME bundle carries it: the report (tfmem_magic/report.schema.json) with the `view` block
+ * (schema/view.schema.json). A bundle saved by an older tfmem_magic may lack keys added since. */
+export type ReportBundle = Report & { view?: ReportView };
 
-/** The same format as tfmem_magic.core.sizes.format_bytes: 0 B, 812 B, 3.4 KiB, 1.25 GiB, 640 MiB. */
-export function formatBytes(n: number | null | undefined): string {
-  if (n === null || n === undefined || !isFinite(n)) {
-    return 'n/a';
+/** The data is a tfmem report (of any version of the schema). */
+export function isReport(data: unknown): data is ReportBundle {
+  return (
+    typeof data === 'object' &&
+    data !== null &&
+    String((data as { schema?: unknown }).schema ?? '').startsWith('tfmem.report/')
+  );
+}
+
+/** Where a timeline series' [t, bytes] points are in the report. */
+function seriesPoints(report: ReportBundle, series: TimelineSeries): number[][] {
+  switch (series.kind) {
+    case 'trace':
+      return report.trace?.timeline ?? [];
+    case 'device':
+      return (series.device !== undefined && report.tf?.[series.device]?.samples) || [];
+    case 'rss':
+      return report.rss?.samples ?? [];
   }
-  const sign = n < 0 ? '-' : '';
-  let value = Math.abs(n);
-  for (let unit = 0; unit < UNITS.length; unit++) {
-    if (value < 1024 || unit === UNITS.length - 1) {
-      if (unit === 0) {
-        return `${sign}${Math.trunc(value)} B`;
-      }
-      // Python's "%.3g": three significant digits, trailing zeros dropped
-      const text = value < 100 ? String(Number(value.toPrecision(3))) : value.toFixed(0);
-      return `${sign}${text} ${UNITS[unit]}`;
-    }
-    value /= 1024;
-  }
-  return 'n/a';
+  return [];
 }
 
-/* eslint-disable @typescript-eslint/no-explicit-any */
-type Json = any;
+const SERIES_COLORS: Record<TimelineSeries['kind'], string> = { trace: '#5b8def', device: '#5b8def', rss: '#9e9e9e' };
 
-/** The device the report is about: the kernel's one decision (view.main_device), else CPU:0, else the first. */
-function mainDevice(report: Json): Json | null {
-  const tf = report.tf || {};
-  const chosen = (report.view || {}).main_device;
-  return (chosen && tf[chosen]) || tf['CPU:0'] || Object.values(tf)[0] || null;
-}
-
-function groupRows(groups: Json[], key: string, total: number): string {
-  return (groups || [])
-    .slice(0, 10)
-    .map((g: Json) => {
-      const width = total > 0 ? Math.max(1, Math.round((160 * g.bytes) / total)) : 1;
-      return (
-        `<tr><td>${escapeHtml(g[key] || '—')}</td><td class="num">${escapeHtml(formatBytes(g.bytes))}</td>` +
-        `<td><span class="tfmem-bar" style="width:${width}px"></span></td></tr>`
-      );
-    })
-    .join('');
-}
-
-/** Inline SVGs of TF live bytes (trace timeline, else the sampled values) and of process RSS over the cell, each on
- * its own scale (RSS is often 1000x TF's bytes). */
-export function timelineSvg(report: Json): string {
-  const tfPoints: number[][] =
-    report.trace && report.trace.timeline && report.trace.timeline.length >= 2
-      ? report.trace.timeline
-      : (mainDevice(report) || {}).samples || [];
-  const rss: number[][] = (report.rss && report.rss.samples) || [];
-  const series = [
-    { points: tfPoints, color: '#5b8def', name: 'TF live bytes', fromZero: true },
-    { points: rss, color: '#9e9e9e', name: 'process RSS', fromZero: false }
-  ].filter(s => s.points.length >= 2);
+/** Inline SVGs of the view's timeline series (TF live bytes: the trace's, else the sampled device's; process RSS),
+ * each on its own scale (RSS is often 1000x TF's bytes), with the ranges the Python view wrote. */
+export function timelineSvg(report: ReportBundle): string {
+  const series = (report.view?.timeline ?? [])
+    .map(s => ({ ...s, points: seriesPoints(report, s) }))
+    .filter(s => s.points.length >= 2);
   if (series.length === 0) {
     return '';
   }
@@ -122,7 +102,7 @@ export function timelineSvg(report: Json): string {
     .map(s => {
       const values = s.points.map(p => p[1]);
       const top = Math.max(...values, 1);
-      const bottom = s.fromZero ? 0 : Math.min(...values);
+      const bottom = s.from_zero ? 0 : Math.min(...values);
       const span = Math.max(top - bottom, 1);
       const d = s.points
         .map(
@@ -130,35 +110,27 @@ export function timelineSvg(report: Json): string {
             `${i ? 'L' : 'M'}${((p[0] / tMax) * w).toFixed(1)},${(h - ((p[1] - bottom) / span) * (h - 2) - 1).toFixed(1)}`
         )
         .join('');
+      const color = SERIES_COLORS[s.kind] ?? SERIES_COLORS.trace;
       return (
-        `<div class="tfmem-muted"><span style="color:${s.color}">■</span> ${s.name}: ` +
-        `${escapeHtml(formatBytes(bottom))} → ${escapeHtml(formatBytes(top))} over ${tMax.toFixed(2)} s</div>` +
+        `<div class="tfmem-muted"><span style="color:${color}">■</span> ${escapeHtml(s.name)}: ` +
+        `${escapeHtml(s.low)} → ${escapeHtml(s.high)} over ${escapeHtml(s.seconds)}</div>` +
         `<svg class="tfmem-timeline" viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" ` +
-        `aria-label="${s.name} over the cell"><path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.5"/></svg>`
+        `aria-label="${escapeHtml(s.name)} over the cell"><path d="${d}" fill="none" stroke="${color}" ` +
+        'stroke-width="1.5"/></svg>'
       );
     })
     .join('');
 }
 
-/** '256', or '256 (128 per replica of 2)' under a tf.distribute strategy (as ModelInfo.batch_text says it). */
-export function batchText(model: Json): string {
-  const batch = model.batch_size;
-  if (!batch) {
-    return '?';
-  }
-  const replicas = Number(model.replicas || 1);
-  return replicas > 1 ? `${batch} (${Math.floor(batch / replicas)} per replica of ${replicas})` : `${batch}`;
-}
-
 /** The "Held after" section: who holds TensorFlow memory at the cell's end, in the words the Python view chose
  * (`view.held`: headline, hint, and [name, kind, what it holds, bytes] rows). Empty when nothing is held. */
-export function heldHtml(held: Json): string {
+export function heldHtml(held: HeldView | undefined): string {
   if (!held || !Array.isArray(held.holders) || !held.holders.length) {
     return '';
   }
   const rows = held.holders
     .map(
-      (row: Json[]) =>
+      row =>
         `<tr><td><code>${escapeHtml(row[0])}</code></td><td>${escapeHtml(row[1])}</td>` +
         `<td>${escapeHtml(row[2])}</td><td class="num">${escapeHtml(row[3])}</td></tr>`
     )
@@ -171,45 +143,25 @@ export function heldHtml(held: Json): string {
   );
 }
 
-/** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped. */
-export function renderReportHtml(report: Json): string {
-  if (!report || typeof report !== 'object' || String(report.schema || '').indexOf('tfmem.report/') !== 0) {
+function peakRows(rows: { label: string; bytes: string; share: number }[] | undefined): string {
+  return (rows ?? [])
+    .map(
+      row =>
+        `<tr><td>${escapeHtml(row.label)}</td><td class="num">${escapeHtml(row.bytes)}</td>` +
+        `<td><span class="tfmem-bar" style="width:${Math.max(1, Math.round(160 * (Number(row.share) || 0)))}px">` +
+        '</span></td></tr>'
+    )
+    .join('');
+}
+
+/** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped.
+ * `text` is the bundle's text/plain: shown for a bundle from a tfmem_magic too old to carry the view's numbers. */
+export function renderReportHtml(data: unknown, text?: unknown): string {
+  if (!isReport(data)) {
     return '<div class="tfmem-report">Not a tfmem report.</div>';
   }
-  const view = report.view || {};
-  const dev = mainDevice(report);
-  const rows: [string, string][] = [];
-  if (dev) {
-    rows.push([
-      'TF peak',
-      `${formatBytes(dev.peak_bytes)} (${formatBytes(dev.baseline_bytes)} before + ` +
-        `${formatBytes(dev.peak_bytes - dev.baseline_bytes)} in the cell)`
-    ]);
-  }
-  const rss = report.rss || {};
-  rows.push([
-    'Process RSS peak',
-    `${formatBytes(rss.peak_bytes)} (+${formatBytes(rss.peak_bytes - rss.baseline_bytes)})`
-  ]);
-  const env = report.env || {};
-  // a GPU's budget is its allocator's limit (traced); the host's (RAM, container, --limit) is the process's
-  const deviceLimit = dev && view.main_device ? (env.device_limit_bytes || {})[view.main_device] : undefined;
-  if (deviceLimit) {
-    rows.push([`${view.main_device} budget`, `${formatBytes(deviceLimit)} (TensorFlow's allocator limit)`]);
-  }
-  rows.push([deviceLimit ? 'Host budget' : 'Budget', `${formatBytes(env.budget_bytes)} (${env.budget_source || '?'})`]);
-  rows.push(['Time', `${Number(report.wall_s || 0).toFixed(2)} s, ${report.mode} mode`]);
-  if (report.model) {
-    const m = report.model;
-    rows.push([
-      'Model',
-      `${m.name}: ${Number(m.params).toLocaleString('en')} params, optimizer ${m.optimizer || 'none'}, ` +
-        `batch ${batchText(m)}`
-    ]);
-  }
-  if (report.error) {
-    rows.push(['Error', `${report.error.type}: ${String(report.error.message || '').slice(0, 300)}`]);
-  }
+  const report = data;
+  const view: Partial<ReportView> = report.view ?? {};
   const parts: string[] = [
     `<h4>tfmem report${report.label ? ' · ' + escapeHtml(report.label) : ''}` +
       `${report.number ? ' · #' + escapeHtml(report.number) : ''}</h4>`
@@ -217,44 +169,52 @@ export function renderReportHtml(report: Json): string {
   if (view.verdict) {
     parts.push(`<div class="tfmem-verdict tfmem-${escapeHtml(view.level || 'ok')}">${escapeHtml(view.verdict)}</div>`);
   }
-  parts.push(
-    '<table class="tfmem-summary">' +
-      rows.map(([k, v]) => `<tr><th>${escapeHtml(k)}</th><td>${escapeHtml(v)}</td></tr>`).join('') +
-      '</table>'
+  if (!view.summary) {
+    parts.push(
+      '<div class="tfmem-muted">Saved by an older tfmem_magic: its text form follows (run the cell again for the ' +
+        `full report).</div><pre class="tfmem-text">${escapeHtml(typeof text === 'string' ? text : '')}</pre>`
+    );
+    return `<div class="tfmem-report tfmem-rendered">${parts.join('')}</div>`;
+  }
+  const rows = view.summary.map(
+    ([label, value, detail]) =>
+      `<tr><th>${escapeHtml(label)}</th><td>${escapeHtml(value)} ` +
+      `<span class="tfmem-muted">${escapeHtml(detail)}</span></td></tr>`
   );
+  if (view.model) {
+    rows.push(`<tr><th>Model</th><td>${escapeHtml(view.model)}</td></tr>`);
+  }
+  if (report.error) {
+    const message = String(report.error.message ?? '').slice(0, 300);
+    rows.push(`<tr><th>Error</th><td>${escapeHtml(report.error.type)}: ${escapeHtml(message)}</td></tr>`);
+  }
+  parts.push(`<table class="tfmem-summary">${rows.join('')}</table>`);
   const b = report.before;
-  if (b) {
-    const held =
-      b.held === true
-        ? 'held'
-        : b.held === false
-          ? 'missed'
-          : b.kernel_changed
-            ? 'not judged: the kernel changed'
-            : 'not checked';
+  if (b && view.before_after?.length) {
     parts.push(
       `<div class="tfmem-before-after"><b>Before → after${b.fix_id ? ' (fix ' + escapeHtml(b.fix_id) + ')' : ''}` +
-        `: report ${escapeHtml(b.number)}</b><table><tr><th></th><th class="num">before</th><th class="num">after</th></tr>` +
-        `<tr><th>TF peak</th><td class="num">${escapeHtml(formatBytes(b.tf_peak_bytes))}</td>` +
-        `<td class="num">${escapeHtml(formatBytes(dev ? dev.peak_bytes - dev.baseline_bytes : null))}</td></tr>` +
-        (b.predicted_peak_bytes !== null && b.predicted_peak_bytes !== undefined
-          ? `<tr><th>prediction</th><td class="num">${escapeHtml(formatBytes(b.predicted_peak_bytes))}</td>` +
-            `<td class="num">${held}</td></tr>`
-          : '') +
+        `: report ${escapeHtml(b.number)}</b><table><tr><th></th><th class="num">before</th>` +
+        '<th class="num">after</th></tr>' +
+        view.before_after
+          .map(
+            ([what, before, after]) =>
+              `<tr><th>${escapeHtml(what)}</th><td class="num">${escapeHtml(before)}</td>` +
+              `<td class="num">${escapeHtml(after)}</td></tr>`
+          )
+          .join('') +
         '</table></div>'
     );
   }
-  const t = report.trace;
-  if (t && t.events) {
-    parts.push(`<h4>At the peak: ${escapeHtml(formatBytes(t.peak_live_bytes))}</h4>`);
-    parts.push(`<table class="tfmem-by-phase">${groupRows(t.by_phase, 'phase', t.peak_live_bytes)}</table>`);
-    if (t.by_layer && t.by_layer.length) {
-      parts.push(`<table class="tfmem-by-layer">${groupRows(t.by_layer, 'layer', t.peak_live_bytes)}</table>`);
+  if (view.peak) {
+    parts.push(`<h4>${escapeHtml(view.peak.heading)}</h4>`);
+    parts.push(`<table class="tfmem-by-phase">${peakRows(view.peak.by_phase)}</table>`);
+    if (view.peak.by_layer?.length) {
+      parts.push(`<table class="tfmem-by-layer">${peakRows(view.peak.by_layer)}</table>`);
     }
   }
   parts.push(heldHtml(view.held));
   parts.push(timelineSvg(report));
-  const findings: Json[] = report.findings || [];
+  const findings = report.findings ?? [];
   if (findings.length) {
     parts.push(
       '<h4>Findings</h4><ul class="tfmem-findings">' +
@@ -268,7 +228,7 @@ export function renderReportHtml(report: Json): string {
         '</ul>'
     );
   }
-  const fixes: Json[] = report.fixes || [];
+  const fixes = report.fixes ?? [];
   if (fixes.length) {
     parts.push(
       '<h4>Fixes</h4><div class="tfmem-muted">Copy a fix, or run ' +

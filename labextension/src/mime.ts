@@ -17,7 +17,7 @@ class ReportWidget extends Widget implements IRenderMime.IRenderer {
   }
 
   renderModel(model: IRenderMime.IMimeModel): Promise<void> {
-    this.node.innerHTML = renderReportHtml(model.data[MIME_TYPE]);
+    this.node.innerHTML = renderReportHtml(model.data[MIME_TYPE], model.data['text/plain']);
     return Promise.resolve();
   }
 }

@@ -1,12 +1,15 @@
 import {
-  batchText,
   escapeHtml,
-  formatBytes,
   insertionTarget,
+  isReport,
   parseInsertRequest,
   renderReportHtml,
+  ReportBundle,
   timelineSvg
 } from '../src/logic';
+
+/** A partial report as a test writes it (tests/unit/test_labextension.py renders complete ones made by Python). */
+const bundle = (data: object): ReportBundle => data as ReportBundle;
 
 describe('parseInsertRequest', () => {
   it('reads code, cell id and placement', () => {
@@ -53,19 +56,6 @@ describe('insertionTarget', () => {
   });
 });
 
-describe('formatBytes', () => {
-  it('matches tfmem_magic.core.sizes.format_bytes', () => {
-    expect(formatBytes(0)).toBe('0 B');
-    expect(formatBytes(812)).toBe('812 B');
-    expect(formatBytes(3.4 * 1024)).toBe('3.4 KiB');
-    expect(formatBytes(1.25 * 1024 ** 3)).toBe('1.25 GiB');
-    expect(formatBytes(640 * 1024 ** 2)).toBe('640 MiB');
-    expect(formatBytes(10 * 1024 ** 2)).toBe('10 MiB');
-    expect(formatBytes(-2048)).toBe('-2 KiB');
-    expect(formatBytes(null)).toBe('n/a');
-  });
-});
-
 const REPORT = {
   schema: 'tfmem.report/1',
   label: '<b>fit</b>',
@@ -73,7 +63,29 @@ const REPORT = {
   status: 'ok',
   mode: 'trace',
   wall_s: 1.5,
-  view: { verdict: 'fits with 18 GiB to spare', level: 'ok' },
+  view: {
+    verdict: 'fits with 18 GiB to spare',
+    level: 'ok',
+    main_device: 'CPU:0',
+    summary: [
+      ['TF peak (CPU:0)', '64 MiB', '0 B before + 64 MiB in the cell; 0 B held after'],
+      ['Budget left', '18 GiB', 'of 24 GiB (available RAM)'],
+      ['Time', '1.50 s', 'ok · trace mode']
+    ],
+    before_after: [
+      ['TF peak (in the cell)', '128 MiB', '64 MiB'],
+      ['prediction ±15%', '60 MiB', '64 MiB: held']
+    ],
+    peak: {
+      heading: 'At the peak: 64 MiB live at t = 0.500 s',
+      by_phase: [{ label: 'forward', bytes: '40 MiB', share: 0.625 }],
+      by_layer: [{ label: 'dense<script>', bytes: '1 B', share: 0 }]
+    },
+    timeline: [
+      { kind: 'trace', name: 'TF live bytes (trace)', from_zero: true, low: '0 B', high: '64 MiB', seconds: '1.00 s' },
+      { kind: 'rss', name: 'process RSS', from_zero: false, low: '1 B', high: '2 B', seconds: '1.00 s' }
+    ]
+  },
   env: { budget_bytes: 24 * 1024 ** 3, budget_source: 'ram' },
   rss: {
     baseline_bytes: 500 * 1024 ** 2,
@@ -111,13 +123,27 @@ describe('renderReportHtml', () => {
   it('shows the summary, verdict, breakdown, findings, fixes and before/after', () => {
     expect(html).toContain('class="tfmem-report tfmem-rendered"');
     expect(html).toContain('fits with 18 GiB to spare');
-    expect(html).toContain('64 MiB (0 B before + 64 MiB in the cell)');
-    expect(html).toContain('At the peak: 64 MiB');
+    expect(html).toContain(
+      '<tr><th>TF peak (CPU:0)</th><td>64 MiB <span class="tfmem-muted">0 B before + 64 MiB in the cell; ' +
+        '0 B held after</span></td></tr>'
+    );
+    expect(html).toContain('<h4>At the peak: 64 MiB live at t = 0.500 s</h4>');
+    expect(html).toContain(
+      '<td>forward</td><td class="num">40 MiB</td><td><span class="tfmem-bar" style="width:100px">'
+    );
     expect(html).toContain('<pre>model.fit(x, batch_size=8)</pre>');
     expect(html).toContain('%tfmem fix K --report 3');
-    expect(html).toContain('Before → after (fix shrink-batch)');
-    expect(html).toContain('held');
+    expect(html).toContain('Before → after (fix shrink-batch): report 1');
+    expect(html).toContain('<th>prediction ±15%</th><td class="num">60 MiB</td><td class="num">64 MiB: held</td>');
     expect(html).toContain('<svg class="tfmem-timeline"');
+    expect(html).toContain('TF live bytes (trace): 0 B → 64 MiB over 1.00 s');
+  });
+  it('formats no number itself: the words are the view block', () => {
+    const view = { ...REPORT.view, summary: [['Time', 'ONE', 'TWO']], model: 'm: 10 params, batch 256 (128 per ...)' };
+    const out = renderReportHtml({ ...REPORT, view });
+    expect(out).toContain('<th>Time</th><td>ONE <span class="tfmem-muted">TWO</span>');
+    expect(out).toContain('<tr><th>Model</th><td>m: 10 params, batch 256 (128 per ...)</td></tr>');
+    expect(out).not.toContain('TF peak (CPU:0)');
   });
   it('escapes everything that came from the user', () => {
     expect(html).toContain('&lt;b&gt;fit&lt;/b&gt;');
@@ -125,6 +151,8 @@ describe('renderReportHtml', () => {
     expect(html).toContain('a &lt; b');
     expect(html).not.toContain('<script>');
     expect(escapeHtml('"\'&')).toBe('&quot;&#39;&amp;');
+    const evil = renderReportHtml({ ...REPORT, view: { ...REPORT.view, summary: [['<i>', '<b>', '<u>']] } });
+    expect(evil).toContain('<th>&lt;i&gt;</th><td>&lt;b&gt; <span class="tfmem-muted">&lt;u&gt;</span>');
   });
   it('shows who holds memory after the cell, as the Python view words it, escaped', () => {
     const held = {
@@ -140,35 +168,51 @@ describe('renderReportHtml', () => {
   });
   it('says so when the data is not a report', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
+    expect(renderReportHtml(null)).toContain('Not a tfmem report');
+    expect(isReport(REPORT)).toBe(true);
   });
-  it('headlines the device the kernel chose (a GPU), not the host allocator', () => {
-    const gpu = {
+  it('shows the text form of a bundle saved by a tfmem_magic without the view numbers', () => {
+    const old = { ...REPORT, view: { verdict: 'fits', level: 'ok', main_device: 'CPU:0' } };
+    const out = renderReportHtml(old, 'tfmem · fit\nTF        CPU:0 peak 64 MiB <x>');
+    expect(out).toContain('class="tfmem-report tfmem-rendered"');
+    expect(out).toContain('<div class="tfmem-verdict tfmem-ok">fits</div>');
+    expect(out).toContain('Saved by an older tfmem_magic');
+    expect(out).toContain('<pre class="tfmem-text">tfmem · fit\nTF        CPU:0 peak 64 MiB &lt;x&gt;</pre>');
+    expect(renderReportHtml({ schema: 'tfmem.report/1' })).toContain('<pre class="tfmem-text"></pre>');
+  });
+  it("draws a sampled device's live bytes when there is no trace", () => {
+    const sampled = bundle({
       ...REPORT,
-      view: { ...REPORT.view, main_device: 'GPU:0' },
-      tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } }
-    };
-    expect(renderReportHtml(gpu)).toContain('3 GiB (0 B before + 3 GiB in the cell)');
-  });
-  it("shows a GPU's own budget beside the host's when the trace gave its limit", () => {
-    const gpu = {
-      ...REPORT,
-      view: { ...REPORT.view, main_device: 'GPU:0' },
-      env: { ...REPORT.env, device_limit_bytes: { 'GPU:0': 14 * 1024 ** 3 } },
-      tf: { ...REPORT.tf, 'GPU:0': { baseline_bytes: 0, peak_bytes: 3 * 1024 ** 3, end_bytes: 0 } }
-    };
-    const html = renderReportHtml(gpu);
-    expect(html).toContain('<th>GPU:0 budget</th><td>14 GiB (TensorFlow&#39;s allocator limit)</td>');
-    expect(html).toContain('<th>Host budget</th><td>24 GiB (ram)</td>');
-    expect(renderReportHtml(REPORT)).toContain('<th>Budget</th><td>24 GiB (ram)</td>');
-  });
-  it("names the global batch and each replica's share, as the kernel does", () => {
-    expect(batchText({ batch_size: 256, replicas: 2 })).toBe('256 (128 per replica of 2)');
-    expect(batchText({ batch_size: 64 })).toBe('64');
-    expect(batchText({})).toBe('?');
-    const model = { name: 'm', params: 10, optimizer: 'Adam', batch_size: 256, replicas: 2 };
-    expect(renderReportHtml({ ...REPORT, model })).toContain('batch 256 (128 per replica of 2)');
+      trace: null,
+      tf: {
+        'GPU:1': {
+          samples: [
+            [0, 0],
+            [2, 5]
+          ]
+        }
+      },
+      view: {
+        ...REPORT.view,
+        timeline: [
+          {
+            kind: 'device',
+            device: 'GPU:1',
+            name: 'TF live bytes (sampled, GPU:1)',
+            from_zero: true,
+            low: '0 B',
+            high: '5 B',
+            seconds: '2.00 s'
+          }
+        ]
+      }
+    });
+    const svg = timelineSvg(sampled);
+    expect(svg).toContain('TF live bytes (sampled, GPU:1): 0 B → 5 B over 2.00 s');
+    expect(svg).toContain('<path d="M0.0,59.0L600.0,1.0"');
   });
   it('draws no timeline without samples', () => {
-    expect(timelineSvg({ rss: { samples: [] } })).toBe('');
+    expect(timelineSvg(bundle({ rss: { samples: [] } }))).toBe('');
+    expect(timelineSvg(bundle({ ...REPORT, trace: null, rss: { samples: [] } }))).toBe('');
   });
 });

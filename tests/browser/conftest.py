@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +123,29 @@ def browser():
                   "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
         yield chromium
         chromium.close()
+
+
+# the test's screenshot -> the docs' image of the same view (README.md and docs/*.md show them)
+DOCS_IMAGES = {"panel-breakdown.png": "panel.png", "panel-timeline.png": "panel-timeline.png",
+               "panel-whatif.png": "panel-whatif.png", "panel-held.png": "panel-held.png",
+               "static-reopened.png": "report.png", "fix-inserted.png": "fixes.png",
+               "before-after.png": "before-after.png"}
+
+
+@pytest.fixture
+def shoot(tmp_path):
+    """Screenshot a locator into the test's folder. With TFMEM_SCREENSHOTS=DIR (`TFMEM_SCREENSHOTS=docs pytest
+    tests/browser`) each also replaces the docs' image of that view: how the screenshots stay current."""
+    target = os.environ.get("TFMEM_SCREENSHOTS")
+
+    def take(locator, name: str) -> Path:
+        path = tmp_path / name
+        locator.screenshot(path=str(path))
+        if target and name in DOCS_IMAGES:
+            shutil.copyfile(path, Path(target) / DOCS_IMAGES[name])
+        return path
+
+    return take
 
 
 @pytest.fixture

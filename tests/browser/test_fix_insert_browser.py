@@ -46,7 +46,7 @@ def click_fix(page, cell_index: int, fix_id: str) -> None:
     status.get_by_text("Inserted at the top" if top else "Inserted below").first.wait_for(timeout=30_000)
 
 
-def test_fix_buttons_insert_cells_that_run_with_before_after(lab, page, tmp_path):
+def test_fix_buttons_insert_cells_that_run_with_before_after(lab, page, shoot):
     open_notebook(lab, page, "fixes.ipynb", CELLS)
     for i in range(3):
         run_cell(page, i)
@@ -62,14 +62,14 @@ def test_fix_buttons_insert_cells_that_run_with_before_after(lab, page, tmp_path
     active = page.evaluate("window.jupyterapp.shell.currentWidget.content.activeCellIndex")
     assert active == 3  # selected, not run
     assert page.evaluate("window.jupyterapp.shell.currentWidget.content.widgets[3].model.executionCount") is None
-    page.locator(".jp-Notebook .jp-Cell").nth(2).screenshot(path=str(tmp_path / "fix-inserted.png"))
+    shoot(page.locator(".jp-Notebook .jp-Cell").nth(2), "fix-inserted.png")
 
     run_cell(page, 3)
     after = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".tfmem-panel")
     after.wait_for(state="visible", timeout=60_000)
     text = after.locator(".tfmem-before-after").inner_text()
     assert "Before → after (fix shrink-batch)" in text and "prediction" in text
-    after.screenshot(path=str(tmp_path / "before-after.png"))
+    shoot(after, "before-after.png")
 
     # a restart fix goes at the top of the notebook
     click_fix(page, 2, "cpu-memory-limit")

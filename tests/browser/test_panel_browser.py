@@ -15,7 +15,7 @@ model.fit(np.random.rand(2048, 32).astype("float32"), np.random.randint(0, 10, 2
 ]
 
 
-def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path):
+def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, shoot):
     open_notebook(lab, page, "panel.ipynb", CELLS)
     run_cell(page, 0)
     run_cell(page, 1)
@@ -33,7 +33,7 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path)
     static = page.locator(".jp-Cell").nth(1).locator(".tfmem-report")
     assert static.count() == 1 and not static.is_visible()
 
-    panel.screenshot(path=str(tmp_path / "panel-breakdown.png"))
+    shoot(panel, "panel-breakdown.png")
     before = chart.get_attribute("src")
     panel.get_by_role("button", name="by layer").click()
     page.wait_for_function("src => document.querySelector('.tfmem-panel img').src !== src", arg=before)
@@ -44,7 +44,7 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path)
     assert shown.count() == 1  # only the Timeline tab's image is on screen now
     assert shown.first.get_attribute("src") not in (before, by_layer)
     assert shown.first.evaluate("img => img.naturalWidth") > 400
-    panel.screenshot(path=str(tmp_path / "panel-timeline.png"))
+    shoot(panel, "panel-timeline.png")
 
     # the What if tab: moving the batch slider re-predicts in the kernel and the browser shows the new numbers
     panel.get_by_role("tab", name="What if").click()
@@ -56,7 +56,15 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path)
     slider.locator(".widget-readout").fill("512")
     slider.locator(".widget-readout").press("Enter")
     page.wait_for_function("() => document.querySelector('.tfmem-whatif').innerText.includes('batch 512')")
-    panel.screenshot(path=str(tmp_path / "panel-whatif.png"))
+    shoot(panel, "panel-whatif.png")
+
+    # the Held after tab: the name that keeps the fitted model's weights and slots, and how much
+    panel.get_by_role("tab", name="Held after").click()
+    holders = panel.locator("table.tfmem-holders:visible")
+    holders.first.wait_for(state="visible")
+    text = holders.first.inner_text()
+    assert "model" in text and "1 Keras model: browser_mlp" in text, text
+    shoot(panel, "panel-held.png")
 
     # save, stop the kernel, reopen: no widget can render, the static twin must be there
     page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
@@ -72,4 +80,4 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, tmp_path)
     # the lab extension renders the report JSON itself (styled and escaped even in an untrusted notebook)
     assert static.get_attribute("class") == "tfmem-report tfmem-rendered"
     assert static.locator("svg.tfmem-timeline path").count() >= 1
-    static.screenshot(path=str(tmp_path / "static-reopened.png"))
+    shoot(static, "static-reopened.png")

@@ -9,7 +9,7 @@ import types
 import pytest
 
 import tfmem_magic
-from tfmem_magic.adapters.magics import status_text
+from tfmem_magic.show.status import status_text
 from tfmem_magic.measure import capabilities
 
 from fresh import run_python
@@ -43,7 +43,7 @@ def test_every_capability_of_both_kerases_is_checked_once_at_load():
         tfmem_magic.prepare()
         import keras, tensorflow as tf, tf_keras
         from IPython.core.interactiveshell import InteractiveShell
-        from tfmem_magic.adapters.magics import status_text
+        from tfmem_magic.show.status import status_text
         from tfmem_magic.measure import capabilities
 
         probed = []
@@ -72,7 +72,7 @@ def test_capabilities_wait_for_what_they_need_and_are_kept():
         import json, sys, tfmem_magic
         tfmem_magic.prepare()
         from IPython.core.interactiveshell import InteractiveShell
-        from tfmem_magic.adapters.magics import status_text
+        from tfmem_magic.show.status import status_text
         from tfmem_magic.measure import capabilities
 
         probed = []
@@ -256,7 +256,7 @@ else:
     import keras as K
 if AFTER_IMPORT:
     exec(AFTER_IMPORT)
-from tfmem_magic.adapters.magics import status_text
+from tfmem_magic.show.status import status_text
 from tfmem_magic.advise import calibrate
 from tfmem_magic.measure import capabilities, environment, feeding, instrument, xplane
 

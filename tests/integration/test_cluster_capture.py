@@ -246,8 +246,9 @@ def test_the_magic_captures_and_names_bad_addresses(workers, shell, displayed, t
     from IPython.core.error import UsageError
 
     addresses = ",".join(address for address, _, _ in workers)
-    shell.run_line_magic("tfmem", f"capture {addresses} --seconds 1 --logdir {tmp_path / 'logs'} --as cluster")
-    view = shell.user_ns["cluster"]
+    command = f"capture {addresses} --seconds 1 --logdir {tmp_path / 'logs'} --as cluster -o"
+    view = shell.run_line_magic("tfmem", command)
+    assert view is shell.user_ns["cluster"]  # -o returns the view --as binds
     assert len(view.measured) == 2
     shown = displayed()[-1]
     assert "tfmem cluster · 2 worker(s)" in shown["text/plain"] and "<table>" in shown["text/html"]

@@ -146,6 +146,31 @@ def test_line_magic_commands(shell, capsys):
         shell.run_line_magic("tfmem", "frobnicate")
 
 
+def test_line_commands_return_their_objects_only_with_o(shell, tmp_path, displayed):
+    """IPython's convention (%timeit -o): `x = %tfmem CMD -o` binds what the command shows; without -o the command
+    returns None, so a cell ending in it shows nothing twice."""
+    from IPython.core.error import UsageError
+
+    from tfmem_magic.analyze.cluster import ClusterView
+
+    for name in ("w0", "w1"):
+        assert shell.run_cell(f"%%tfmem --quick --label {name} --save {tmp_path / name}.json\nx = 1").success
+    shell.run_cell(f"last = %tfmem last -o\nhistory = %tfmem history -o  # a comment is not an argument\n"
+                   f"pair = %tfmem compare w0 w1 -o\nview = %tfmem cluster {tmp_path} -o")
+    ns = shell.user_ns
+    assert ns["last"] is pipeline.last_report() and ns["last"].label == "w1"
+    assert ns["history"] == list(pipeline.history) and ns["history"][-1] is ns["last"]
+    assert [r.label for r in ns["pair"]] == ["w0", "w1"]
+    assert isinstance(ns["view"], ClusterView) and [row.worker for row in ns["view"].rows] == ["w0", "w1"]
+    shown = len(displayed())
+    for command in ("last", "history", "compare w0 w1", f"cluster {tmp_path}"):
+        assert shell.run_line_magic("tfmem", command) is None
+        assert shell.run_cell(f"%tfmem {command}").result is None  # nothing for IPython to show again
+    assert len(displayed()) > shown  # the commands still showed their output
+    with pytest.raises(UsageError, match="no object to return with -o; these do: history"):
+        shell.run_line_magic("tfmem", "status -o")
+
+
 def test_nothing_leaks_over_many_cells(shell):
     """200 quick cells and 10 traced ones: same threads, same file descriptors, same environment, no temp dirs,
     and no memory trend. The warm-up covers the one-off costs (matplotlib's first charts, and the up to 16 charts'

@@ -121,7 +121,36 @@ def test_whatif_sliders_repredict_and_calibrate(fit_report):
     assert "measured basis" in result.value and "±10%" not in result.value  # bf16: the probes ran in float32
     controls["Precision"].value = "float32"
     assert "±10%" in result.value and "measured basis" in result.value
-    assert prediction.measured_basis_cached(fit_report)
+    assert prediction.is_calibrated(fit_report)
+
+
+def test_a_saved_report_shows_the_whatif_the_live_panel_showed(fit_report, tmp_path):
+    """The what-if's basis, calibration included, is part of the report: a report saved after calibrating and loaded
+    in another kernel (or by nbconvert, or the JupyterLab renderer) predicts what the live panel predicts."""
+    from tfmem_magic.advise import calibration, prediction
+    from tfmem_magic.show.render import mime_bundle, render_text, whatif_html
+
+    calibration.measured_basis(fit_report)  # what the panel's Calibrate button runs
+    loaded = Report.load(fit_report.save(tmp_path / "report.json"))
+    assert loaded.whatif_basis is not None and loaded.whatif_basis.name == "measured"
+    assert loaded.whatif_basis == fit_report.whatif_basis and loaded.prediction == fit_report.prediction
+    assert prediction.is_calibrated(loaded)
+
+    def moved(report: Report) -> tuple[str, str]:  # the what-if tab after the same moves of its controls
+        tab = build_panel(report).children[1].children[3]
+        controls = {w.description: w for w in walk(tab) if getattr(w, "description", None)}
+        result = next(w for w in walk(tab) if "Predicted TF peak" in str(getattr(w, "value", "")))
+        as_run = result.value
+        controls["Batch size"].value = 512
+        controls["Optimizer"].value = "sgd"
+        assert "Calibrated" in controls and controls["Calibrated"].disabled  # no second calibration
+        return as_run, result.value
+
+    live, reloaded = moved(fit_report), moved(loaded)
+    assert live == reloaded and "±10%" in live[0] and "batch 512" in live[1]
+    assert whatif_html(loaded) == whatif_html(fit_report) and "measured basis" in whatif_html(loaded)
+    assert render_text(loaded) == render_text(fit_report)
+    assert mime_bundle(loaded)["text/html"] == mime_bundle(fit_report)["text/html"]
 
 
 def test_static_report_has_the_whatif_table(fit_report):

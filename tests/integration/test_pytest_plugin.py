@@ -491,20 +491,23 @@ def test_the_advice_for_an_op_at_import_works(pytester, clean_env, monkeypatch):
     assert "note:" not in out and "=== tfmem ===" not in out, out
 
 
-def readme_pytest_example() -> str:
-    """The first Python block of the README's pytest section, as a user would paste it."""
-    text = README.read_text()
-    section = text[text.index("### In your tests: memory budgets with pytest"):]
-    section = section[:section.index("\n### ", 1)]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def pytest_example(path: Path, heading: str) -> str:
+    """The first Python block under `heading` in `path` (the README's pytest section, docs/pytest.md's "Every
+    marker"), as a user would paste it."""
+    text = path.read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
 
 
-def test_the_readme_example_runs_as_pasted(pytester, clean_env):
-    code = readme_pytest_example()
-    assert "tfmem_limit" in code and "tfmem_leak_check" in code
-    pytester.makepyfile(test_readme=code)
+@pytest.mark.parametrize("path, heading, markers, tests", [
+    (README, "### In your tests: memory budgets with pytest", ("tfmem_limit", "tfmem_no_leak"), 2),
+    (README.parent / "docs" / "pytest.md", "## Every marker", ("rss=True", "device=", "tfmem_leak_check"), 5),
+], ids=["readme", "docs"])
+def test_the_documented_examples_run_as_pasted(pytester, clean_env, path, heading, markers, tests):
+    code = pytest_example(path, heading)
+    assert all(m in code for m in markers)
+    pytester.makepyfile(test_documented=code)
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) >= 5 and set(outcomes) <= {"passed", "warnings"}, out
+    assert outcomes.get("passed", 0) >= tests and set(outcomes) <= {"passed", "warnings"}, out
     assert "note:" not in out, out  # no TensorFlow op at import: the plugin sets BFC before the first

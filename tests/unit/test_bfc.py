@@ -5,10 +5,6 @@ the bytes in use TensorFlow reported."""
 from __future__ import annotations
 
 import gzip
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -291,47 +287,6 @@ def test_the_public_trace_tells_growth_from_no_growth(public_trace_bytes):
     check = bfc.self_check(trace.events, allow_growth=True)
     assert check.first_divergence is not None and check.chunks_exact < check.allocations
     assert check.simulated_peak != check.traced_peak
-
-
-RECORD = textwrap.dedent("""
-    import os, sys
-    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "1"
-    os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = "4096"
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    import numpy as np
-    import tensorflow as tf
-    import keras
-    x = np.random.rand(256, 16, 16, 3).astype("float32")
-    y = np.random.randint(0, 10, 256)
-    tf.profiler.experimental.start(sys.argv[1], options=tf.profiler.experimental.ProfilerOptions(
-        host_tracer_level=2, python_tracer_level=0, device_tracer_level=0))
-    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(16, 3, activation="relu"),
-                              keras.layers.Flatten(), keras.layers.Dense(10)])
-    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-    tf.profiler.experimental.stop()
-    print(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-""")
-
-
-@pytest.mark.slow
-def test_a_fresh_cpu_process_replays_to_the_byte(tmp_path):
-    """A CPU trace that begins with TensorFlow's allocator empty (model built and trained inside it), with the CPU's
-    BFC settings (allow_growth, the TF_CPU_BFC_MEM_LIMIT_IN_MB limit): exact, event by event and in placement."""
-    pytest.importorskip("tensorflow")
-    from tfmem_magic.measure import xplane
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
-    out = subprocess.run([sys.executable, "-c", RECORD, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                         env=env, check=True)
-    peak = int(out.stdout.split()[-1])
-    trace = xplane.read_file(next(tmp_path.glob("**/*.xplane.pb")), "CPU:0")
-    assert trace.events.allocator == "bfc_cpu_allocator_for_gpu"
-    check = bfc.self_check(trace.events)
-    assert check.allow_growth and check.limit == 4096 * MiB and check.preexisting_bytes == 0
-    assert check.events_exact == check.events and check.chunks_exact == check.allocations
-    assert check.placements_exact == check.allocations
-    assert check.simulated_peak == check.traced_peak == peak and check.passed
 
 
 @pytest.mark.parametrize("seed", range(6))

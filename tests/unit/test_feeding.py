@@ -18,30 +18,30 @@ def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None
 
 def test_positional_and_keyword_arguments_read_the_same():
     x, y = np.zeros((100, 4), "float32"), np.zeros(100, "int64")
-    by_position = feeding.describe("fit", feeding.bind(fit, (x, y, 25), {}))
-    by_name = feeding.describe("fit", feeding.bind(fit, (), {"x": x, "y": y, "batch_size": 25}))
+    by_position = feeding.describe_feed("fit", feeding.bind(fit, (x, y, 25), {}))
+    by_name = feeding.describe_feed("fit", feeding.bind(fit, (), {"x": x, "y": y, "batch_size": 25}))
     assert by_position == by_name
     assert (by_position.batch_size, by_position.batch_source, by_position.samples) == (25, "batch_size argument", 100)
-    assert feeding.describe("predict", feeding.bind(predict, (x, 10), {})).batch_size == 10
+    assert feeding.describe_feed("predict", feeding.bind(predict, (x, 10), {})).batch_size == 10
     assert feeding.bind(fit, (), {"nonsense": 1}) == {}  # Keras will say what is wrong, not us
 
 
 def test_validation_split_counts_the_training_rows_and_both_copies():
     x, y = np.zeros((1000, 8), "float32"), np.zeros((1000, 1), "float32")
-    feed = feeding.describe("fit", feeding.bind(fit, (x, y), {"validation_split": 0.1}))
+    feed = feeding.describe_feed("fit", feeding.bind(fit, (x, y), {"validation_split": 0.1}))
     assert feed.samples == 900 and feed.validation_samples == 100
     assert feed.batch_size == 32 and feed.batch_source == "Keras' default for arrays (32)"
     copies = {(a.role, a.copy_bytes) for a in feed.arrays}
     assert copies == {("x", 900 * 32), ("validation x", 100 * 32), ("y", 900 * 4), ("validation y", 100 * 4)}
     # validation_data wins over validation_split (as in Keras)
-    feed = feeding.describe("fit", feeding.bind(fit, (x, y), {"validation_split": 0.1,
+    feed = feeding.describe_feed("fit", feeding.bind(fit, (x, y), {"validation_split": 0.1,
                                                               "validation_data": (x[:50], y[:50])}))
     assert feed.samples == 1000 and feed.validation == "validation_data: 50 rows"
 
 
 def test_dict_inputs_sample_weights_and_a_small_dataset():
     x = {"age": np.zeros((20, 1), "float32"), "city": np.zeros((20, 1), "int64")}
-    feed = feeding.describe("fit", feeding.bind(fit, (x, np.zeros(20)), {"sample_weight": np.ones(20),
+    feed = feeding.describe_feed("fit", feeding.bind(fit, (x, np.zeros(20)), {"sample_weight": np.ones(20),
                                                                          "batch_size": 64}))
     assert feed.batch_size == 20  # fewer rows than the batch: one batch of 20
     assert sorted(a.role for a in feed.arrays) == ["sample_weight", "x", "x", "y"]

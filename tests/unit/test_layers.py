@@ -76,6 +76,6 @@ def test_lower_layers_keep_out_heavy_or_interactive_packages_at_import():
 
 def test_the_measured_report_is_built_without_advice():
     """The capture and the analysis build the report; only the pipeline composes the advice modules."""
-    for module in ("tfmem_magic.measure.capture", "tfmem_magic.analyze.build"):
+    for module in ("tfmem_magic.measure.measurement", "tfmem_magic.analyze.build"):
         targets = {layer_of(t) for t, _ in imports(package_modules()[module])}
         assert "advise" not in targets and "show" not in targets, module

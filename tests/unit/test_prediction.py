@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from test_fixes import report
 
-from tfmem_magic.advise import calibrate, prediction
+from tfmem_magic.advise import calibrate, calibration, prediction
+from tfmem_magic.show import view
 
 MiB = 2**20
 
@@ -24,10 +25,10 @@ def calibrated(monkeypatch, peaks: dict[int, tuple[int, int]]):
     rep = report(batch=256)
     rep.env.budget_bytes = 24 * 1024 * MiB  # room for the probe at 4x the batch
     model = FakeModel()
-    prediction.remember_model(rep, model)
+    calibration.remember_model(rep, model)
     asked = []
     monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: asked.append(batches) or peaks)
-    basis = prediction.measured_basis(rep)
+    basis = calibration.measured_basis(rep)
     return rep, basis, asked, model
 
 
@@ -80,11 +81,11 @@ def test_after_an_oom_the_probes_line_is_used_both_ways_in_the_probes_chunks(mon
     rep = report(batch=256)
     rep.status = "oom"  # its peak is then not an anchor (prediction: measured only when the cell ended ok)
     model = FakeModel()  # referenced until the end: the report holds it weakly
-    prediction.remember_model(rep, model)
+    calibration.remember_model(rep, model)
     peaks = {b: (round(1.2 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (32, 64, 128)}
     monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: peaks)
-    assert prediction.probe_batches(rep, prediction.analytic_basis(rep)) == [32, 64, 128]
-    basis = prediction.measured_basis(rep)
+    assert calibration.probe_batches(rep, prediction.analytic_basis(rep)) == [32, 64, 128]
+    basis = calibration.measured_basis(rep)
     assert basis.measured_peak is None and basis.activations_per_sample_below is None
     assert basis.activations_per_sample + basis.input_per_sample == pytest.approx(0.2 * MiB, rel=1e-6)
     at_128, at_64 = (prediction.predict(rep, batch_size=b).peak_bytes for b in (128, 64))
@@ -95,10 +96,10 @@ def test_after_an_oom_the_probes_line_is_used_both_ways_in_the_probes_chunks(mon
 def test_calibration_is_cached_per_report_and_needs_the_live_model(monkeypatch):
     peaks = {b: (2 * b * MiB // 10, b * MiB // 10) for b in (64, 256, 1024)}
     rep, basis, asked, model = calibrated(monkeypatch, peaks)
-    assert prediction.measured_basis(rep) is basis and len(asked) == 1
+    assert calibration.measured_basis(rep) is basis and len(asked) == 1
     other = report(batch=256)
     with pytest.raises(prediction.TfmemUsageError, match="live Keras model"):
-        prediction.measured_basis(other)
+        calibration.measured_basis(other)
     assert model is not None  # the live model stays referenced until here
 
 
@@ -110,9 +111,9 @@ def test_the_4x_probe_needs_room_for_its_peak_and_its_synthetic_inputs():
     assert inputs > 0
     # room for the 4x probe's peak (with its margin) but not for its inputs as well: the probes stay at and below
     rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs / 2) / 0.8)
-    assert prediction.probe_batches(rep, basis) == [64, 128, 256]
+    assert calibration.probe_batches(rep, basis) == [64, 128, 256]
     rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs * 2) / 0.8)
-    assert prediction.probe_batches(rep, basis) == [64, 256, 1024]
+    assert calibration.probe_batches(rep, basis) == [64, 256, 1024]
 
 
 def test_suggested_batches_are_ones_people_type():
@@ -204,9 +205,9 @@ def test_one_replica_of_a_data_parallel_job_holds_its_share_of_the_batch_and_all
     assert quarter.split["gradients"] == 2 * as_128.split["gradients"]
     for part in ("weights", "optimizer", "input"):
         assert quarter.split[part] == as_128.split[part], part
-    assert quarter.peak_bytes < alone.peak_bytes and quarter.knobs["replicas"] == 4
+    assert quarter.peak_bytes < alone.peak_bytes and quarter.knobs.replicas == 4
     assert any(n.startswith("One replica of 4: each holds the weights") for n in quarter.notes)
-    assert "per replica of 4" in prediction.fmt_knobs(quarter.knobs)
+    assert "per replica of 4" in view.knobs_text(quarter.knobs)
     with pytest.raises(prediction.TfmemUsageError, match="replicas=0"):
         prediction.predict(rep, replicas=0)
     with pytest.raises(prediction.TfmemUsageError, match="replicas=300"):
@@ -220,7 +221,7 @@ def test_a_report_from_one_replica_knows_it_and_predicts_one_process_from_it():
     single = prediction.predict(rep)
     rep.model.replicas = 2
     own = prediction.predict(rep)
-    assert own.knobs["replicas"] == 2 and own.knobs["batch_size"] == 256
+    assert own.knobs.replicas == 2 and own.knobs.batch_size == 256
     assert rep.model.batch_text == "256 (128 per replica of 2)"
     assert own.peak_bytes == pytest.approx(rep.tf_peak_bytes, rel=1e-3)  # its own settings give back its peak
     basis = prediction.analytic_basis(rep)
@@ -229,7 +230,7 @@ def test_a_report_from_one_replica_knows_it_and_predicts_one_process_from_it():
     assert alone.split["gradients"] == own.split["gradients"] / 2 == basis.gradients  # no all-reduce copy alone
     assert alone.peak_bytes > own.peak_bytes and single.peak_bytes == pytest.approx(rep.tf_peak_bytes, rel=1e-3)
     with pytest.raises(prediction.TfmemUsageError, match="one of 2 replicas"):
-        prediction.measured_basis(rep)
+        calibration.measured_basis(rep)
 
 
 class _Strategy:
@@ -237,7 +238,7 @@ class _Strategy:
 
 
 class _ReplicatedModel:
-    """Stands for a Keras model built under a two-replica strategy (only what describe() reads)."""
+    """Stands for a Keras model built under a two-replica strategy (only what describe_model() reads)."""
 
     name = "m"
     weights: list = []
@@ -250,16 +251,17 @@ def test_a_custom_loop_under_a_strategy_reads_one_replicas_batch_and_names_the_g
     """Inside strategy.run the model is called on one replica's share; fit reads the global batch from its data."""
     import weakref
 
-    from tfmem_magic.analyze.modelinfo import describe
+    from tfmem_magic.analyze.modelinfo import describe_model
     from tfmem_magic.measure import feeding
     from tfmem_magic.measure.instrument import ModelUse
 
     model = _ReplicatedModel()
-    called = describe(ModelUse(weakref.ref(model), calls=["__call__"], batch_size=64,
+    called = describe_model(ModelUse(weakref.ref(model), calls=["__call__"], batch_size=64,
                                batch_source=feeding.DIRECT_CALL_BATCH))
     assert called.replicas == 2 and called.batch_size == 128 and called.replica_batch == 64
     assert called.batch_source == f"{feeding.DIRECT_CALL_BATCH}, times 2 replicas"
-    fitted = describe(ModelUse(weakref.ref(model), calls=["fit"], batch_size=128, batch_source="batch_size argument"))
+    fitted = describe_model(ModelUse(weakref.ref(model), calls=["fit"], batch_size=128,
+                                     batch_source="batch_size argument"))
     assert fitted.batch_size == 128 and fitted.replica_batch == 64
 
 

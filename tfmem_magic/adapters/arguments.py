@@ -10,10 +10,13 @@ import keyword
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.options import Options
+from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import parse_size
+from tfmem_magic.show.saving import save_report
 
 SAVE_SUFFIXES = (".json", ".html", ".htm")
 
@@ -129,7 +132,7 @@ def args_from_namespace(ns: argparse.Namespace) -> CellArgs:
                     before=before, fix_id=fix_id, tensorboard=tensorboard)
 
 
-def write_outputs(report, args: CellArgs, xspaces: list | None = None) -> list[str]:
+def write_outputs(report: Report, args: CellArgs, xspaces: list[Any] | None = None) -> list[str]:
     """--save and --tensorboard: the files a measurement writes besides what it shows; lines saying where."""
     said = []
     if args.save is not None:
@@ -142,15 +145,3 @@ def write_outputs(report, args: CellArgs, xspaces: list | None = None) -> list[s
         except Exception as exc:  # the cell ran and its report stands: a logdir we cannot write only says so
             said.append(f"TensorBoard: could not write to {args.tensorboard} ({type(exc).__name__}: {exc})")
     return said
-
-
-def save_report(report, path: Path) -> Path:
-    """Write the report as JSON or as a static HTML page, by the file's suffix."""
-    if path.suffix.lower() == ".json":
-        return report.save(path)
-    from tfmem_magic.show.render import render_html
-
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tfmem report</title></head>"
-            f"<body>{render_html(report)}</body></html>")
-    path.write_text(page)
-    return path

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 from tfmem_magic import pipeline
-from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, save_report, write_outputs
+from tfmem_magic.adapters.arguments import args_from_namespace, build_parser, write_outputs
 from tfmem_magic.analyze import saved_trace
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.measure import environment
 from tfmem_magic.show.render import render_text
+from tfmem_magic.show.saving import save_report
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -2,108 +2,43 @@
 batches), in the logs that History, the progress bar and TensorBoard read; optionally a full traced report of the
 first steps. No IPython here; TensorFlow and Keras are imported by the caller (`tfmem_magic.keras`).
 
-The allocator's peak counter is process-wide: each window reads it and resets it. A `%%tfmem` cell measuring the
-same fit keeps its own peak (the window folds what it read into every measurement in progress, as nested cells do).
+This module wires Keras' hooks to the peak windows of `measure/window.py`, which do the reading.
 """
 
 from __future__ import annotations
 
-import itertools
+import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from tfmem_magic.analyze.growth import GROWTH_EPOCHS, steady_growth
 from tfmem_magic.core.errors import MemoryGrowthWarning, TfmemUsageError
-from tfmem_magic.core.report import Report, file_stem, main_device_name
+from tfmem_magic.core.report import Report, file_stem
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, kerases
-from tfmem_magic.measure.sampling import AllocatorStats, _read_hwm, _reset_hwm, fold_into_measuring
+from tfmem_magic.measure.window import PeakWindow, stats_device
+from tfmem_magic.show.saving import save_report
+
+if TYPE_CHECKING:
+    from tfmem_magic.pipeline import Profiler
 
 TF_PEAK, RSS_PEAK = "tf_peak_bytes", "rss_peak_bytes"
-GROWTH_EPOCHS = 3  # epochs in a row whose peak grew before the growth is called a leak
-GROWTH_MIN = 1 << 20  # ... each by at least this (and 0.5% of the peak): allocator noise is smaller
+Logs = dict[str, Any]  # what Keras hands each hook: the logs our figures go into
 
 
 def callback_base() -> type:
     """The Callback class of the Keras the user's models are made with: tf_keras under TF_USE_LEGACY_KERAS=1."""
-    return kerases.import_flavour(kerases.in_use()).callbacks.Callback
-
-
-class _Window:
-    """One reading of the peaks: TF's peak counter and the kernel's RSS high-water mark, reset at its start."""
-
-    def __init__(self, device: str | None) -> None:
-        self.device = device
-        self.rss_start = _rss()
-        self.folded_tf, self.folded_rss = 0, 0  # peaks read before a measurement inside the window reset them
-        # an enclosing measurement (a %%tfmem cell) keeps its RSS peak only if we leave the high-water mark alone;
-        # then a high-water mark that rose during the window is the window's peak
-        self.hwm_reset = not SESSION.measuring and _reset_hwm()
-        self.hwm_start = None if self.hwm_reset else _read_hwm()
-        if device is not None:
-            info = AllocatorStats._info(device)
-            if info is not None:
-                fold_into_measuring(device, info["peak"])
-                import tensorflow as tf
-
-                tf.config.experimental.reset_memory_stats(device)
-
-    def fold_current(self) -> None:
-        """Keep the peaks so far: a measurement that starts inside the window (the traced first steps) resets
-        TensorFlow's counter and the high-water mark."""
-        info = AllocatorStats._info(self.device) if self.device is not None else None
-        if info is not None:
-            self.folded_tf = max(self.folded_tf, int(info["peak"]))
-        self.folded_rss = max(self.folded_rss, (_read_hwm() if self.hwm_reset else None) or _rss())
-
-    def fold_report(self, report: Report) -> None:
-        mem = report.tf.get(self.device) if self.device is not None else None
-        if mem is not None:
-            self.folded_tf = max(self.folded_tf, mem.peak_bytes)
-        self.folded_rss = max(self.folded_rss, report.rss.peak_bytes)
-
-    def close(self) -> tuple[int | None, int]:
-        """(TF peak bytes in use on the device, RSS peak bytes) since the window opened."""
-        tf_peak = None
-        if self.device is not None:
-            info = AllocatorStats._info(self.device)
-            if info is not None:
-                tf_peak = max(int(info["peak"]), self.folded_tf)
-                fold_into_measuring(self.device, tf_peak)
-        rss_end = _rss()
-        hwm = _read_hwm()
-        if not self.hwm_reset and (hwm is None or self.hwm_start is None or hwm <= self.hwm_start):
-            hwm = None  # the process's high-water mark is older than this window: it says nothing of it
-        return tf_peak, max(hwm or 0, self.rss_start, rss_end, self.folded_rss)
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _stats_device(device: str | None) -> str | None:
-    """The device to read: the one asked for, else the first GPU, else the CPU, among those keeping statistics."""
-    if not environment.tensorflow_initialized():
-        import tensorflow as tf
-
-        tf.constant(0)  # create the devices: the model is about to run anyway
-    names = [d for d in AllocatorStats._device_names() if AllocatorStats._info(d) is not None]
-    if device is not None:
-        if device not in names:
-            raise TfmemUsageError(f"MemoryMonitor(device={device!r}): TensorFlow keeps no memory statistics for that "
-                                  f"device here (devices with statistics: {', '.join(names) or 'none'})")
-        return device
-    return main_device_name(names)
+    base: type = kerases.import_flavour(kerases.in_use()).callbacks.Callback
+    return base
 
 
 class MemoryMonitorMixin:
     """The callback's logic; `tfmem_magic.keras.MemoryMonitor` puts it on the right Keras' Callback class."""
 
-    def __init__(self, every: str | int = "epoch", trace_steps: int = 0, save: str | os.PathLike | None = None,
+    def __init__(self, every: str | int = "epoch", trace_steps: int = 0, save: str | os.PathLike[str] | None = None,
                  device: str | None = None, warn_growth: bool = True, verbose: bool = False) -> None:
         super().__init__()
         if every not in ("epoch", "batch") and not (isinstance(every, int) and not isinstance(every, bool)
@@ -122,11 +57,11 @@ class MemoryMonitorMixin:
         # one per window: call (fit/evaluate/predict), kind (epoch/batches/call), epoch, batch, tf/rss peak bytes
         self.records: list[dict[str, Any]] = []
         self.report: Report | None = None  # the traced report of the first steps (trace_steps > 0)
-        self._window: _Window | None = None
+        self._window: PeakWindow | None = None
         self._epoch_peaks: tuple[int | None, int] = (None, 0)  # the epoch's max over its batch windows
         self._epoch: int | None = None
         self._call: str | None = None
-        self._profiler: Any = None
+        self._profiler: Profiler | None = None
         self._steps_traced = 0
         self._warned = False
         self._allocator_warned = False
@@ -143,9 +78,9 @@ class MemoryMonitorMixin:
             self._call = None
         self._finish_trace("the call raised before its traced steps ended")
         self._call = call
-        self.device = _stats_device(self._asked_device)
+        self.device = stats_device(self._asked_device)
         self._check_allocator()
-        self._window = _Window(self.device)
+        self._window = PeakWindow(self.device)
         self._epoch_peaks = (None, 0)
         self._window_first_batch = 0
         if call == "fit":
@@ -159,10 +94,9 @@ class MemoryMonitorMixin:
             self._allocator_warned = True
             warnings.warn(f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (In a "
                           "script: import tfmem_magic.keras, or call tfmem_magic.prepare(), before TensorFlow's first "
-                          "op.)", RuntimeWarning,
-                          stacklevel=3)
+                          "op.)", RuntimeWarning, stacklevel=3)
 
-    def _close(self, logs: dict | None, kind: str, epoch: int | None = None, batch: int | None = None) -> None:
+    def _close(self, logs: Logs | None, kind: str, epoch: int | None = None, batch: int | None = None) -> None:
         """Read and record the open window (kind: "epoch", "batches" or "call"); its figures go into `logs`."""
         if self._window is None:
             return
@@ -173,14 +107,14 @@ class MemoryMonitorMixin:
         self._epoch_peaks = (old_tf if tf_peak is None else max(tf_peak, old_tf or 0), max(rss_peak, old_rss))
 
     def _record(self, kind: str, epoch: int | None, batch: int | None, tf_peak: int | None, rss_peak: int,
-                logs: dict | None) -> None:
+                logs: Logs | None) -> None:
         self.records.append({"call": self._call, "kind": kind, "epoch": epoch, "batch": batch, TF_PEAK: tf_peak,
                              RSS_PEAK: rss_peak})
         if logs is not None:
             logs[TF_PEAK] = tf_peak if tf_peak is not None else float("nan")
             logs[RSS_PEAK] = rss_peak
 
-    def _end(self, logs: dict | None, call: str) -> None:
+    def _end(self, logs: Logs | None, call: str) -> None:
         if self._call != call:
             return
         self._close(logs, "call")
@@ -189,19 +123,19 @@ class MemoryMonitorMixin:
         self._save_records()  # a standalone evaluate or predict (no fit) is saved too
 
     # ---- fit --------------------------------------------------------------------------------------------------
-    def on_train_begin(self, logs: dict | None = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         self._begin("fit")
         if self.trace_steps and self.report is None:
             self._start_trace()
 
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
         if self._window is None:  # the first epoch's window opened with the fit: its set-up counts too
-            self._window = _Window(self.device)
+            self._window = PeakWindow(self.device)
         self._epoch = epoch
         self._epoch_peaks = (None, 0)
         self._window_first_batch = 0
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         if self._profiler is not None:
             self._steps_traced += 1
             if self._steps_traced >= self.trace_steps:
@@ -209,10 +143,10 @@ class MemoryMonitorMixin:
         # by batch index, not by calls: with steps_per_execution > 1 Keras calls this once per execution
         if self.every_batches and batch + 1 - self._window_first_batch >= self.every_batches:
             self._close(logs, "batches", self._epoch, batch)
-            self._window = _Window(self.device)
+            self._window = PeakWindow(self.device)
             self._window_first_batch = batch + 1
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if self.every_batches:  # the last batches' window, then the epoch: the largest of its windows
             self._close(None, "batches", epoch, None)
             self._record("epoch", epoch, None, *self._epoch_peaks, logs)
@@ -226,23 +160,23 @@ class MemoryMonitorMixin:
                   f"process RSS peak {format_bytes(rss_peak)}")
         self._check_growth()
 
-    def on_train_end(self, logs: dict | None = None) -> None:
+    def on_train_end(self, logs: Logs | None = None) -> None:
         self._window = None  # the last epoch is recorded; what follows it is not an epoch
         self._finish_trace("fit ended before its traced steps did")
         self._call = None
         self._save_records()
 
     # ---- evaluate and predict ---------------------------------------------------------------------------------
-    def on_test_begin(self, logs: dict | None = None) -> None:
+    def on_test_begin(self, logs: Logs | None = None) -> None:
         self._begin("evaluate")
 
-    def on_test_end(self, logs: dict | None = None) -> None:
+    def on_test_end(self, logs: Logs | None = None) -> None:
         self._end(logs, "evaluate")
 
-    def on_predict_begin(self, logs: dict | None = None) -> None:
+    def on_predict_begin(self, logs: Logs | None = None) -> None:
         self._begin("predict")
 
-    def on_predict_end(self, logs: dict | None = None) -> None:
+    def on_predict_end(self, logs: Logs | None = None) -> None:
         self._end(logs, "predict")
 
     @property
@@ -258,15 +192,13 @@ class MemoryMonitorMixin:
 
     def _check_growth(self) -> None:
         # within this fit only: separate fits (a batch-size sweep with one monitor) may differ by design
-        peaks = [p for p in self._fit_epoch_peaks[-(GROWTH_EPOCHS + 1):] if p is not None]
-        if self._warned or not self.warn_growth or len(peaks) < GROWTH_EPOCHS + 1:
-            return
-        steps = [b - a for a, b in itertools.pairwise(peaks)]
-        if all(b - a > max(GROWTH_MIN, 0.005 * b) for a, b in itertools.pairwise(peaks)):
+        peaks = steady_growth(self._fit_epoch_peaks) if self.warn_growth and not self._warned else None
+        if peaks is not None:
             self._warned = True
             warnings.warn(
                 f"TensorFlow's peak on {self.device} grew in each of the last {GROWTH_EPOCHS} epochs ("
-                f"{' → '.join(format_bytes(p) for p in peaks)}, about {format_bytes(sum(steps) // len(steps))} per "
+                f"{' → '.join(format_bytes(p) for p in peaks)}, about "
+                f"{format_bytes((peaks[-1] - peaks[0]) // (len(peaks) - 1))} per "
                 "epoch): something is kept from epoch to epoch (a callback or metric collecting tensors, a growing "
                 "tf.data cache, a tf.function retraced for new Python values). At this rate the run needs that "
                 "much more memory every epoch.", MemoryGrowthWarning, stacklevel=2)
@@ -310,29 +242,22 @@ class MemoryMonitorMixin:
         if why:
             report.notes.append(f"MemoryMonitor: {why} (traced {self._steps_traced} of {self.trace_steps}).")
         self.report = report
-        if self.save_dir is not None:
-            from tfmem_magic.adapters.arguments import save_report
-
-            self.save_dir.mkdir(parents=True, exist_ok=True)
-            stem = self.save_dir / f"tfmem-{file_stem(report.label.split(':')[0], 'model')}-first-steps"
-            try:
-                save_report(report, stem.with_suffix(".json"))
-                save_report(report, stem.with_suffix(".html"))
-            except OSError as exc:
-                warnings.warn(f"MemoryMonitor: could not save the report in {self.save_dir} ({exc})", RuntimeWarning,
-                              stacklevel=2)
+        stem = f"tfmem-{file_stem(report.label.split(':')[0], 'model')}-first-steps"
+        self._save("the report", lambda folder: [save_report(report, folder / (stem + suffix))
+                                                 for suffix in (".json", ".html")])
 
     def _save_records(self) -> None:
         """`save=DIR`: every window so far into DIR/tfmem-epochs.json, at the end of each fit, evaluate and predict."""
+        self._save("the figures", lambda folder: (folder / "tfmem-epochs.json").write_text(json.dumps(
+            {"device": self.device, "records": self.records}, indent=1)))
+
+    def _save(self, what: str, write: Callable[[Path], object]) -> None:
+        """`save=DIR`: write into DIR; a folder that cannot be written costs a warning, never the user's fit."""
         if self.save_dir is None:
             return
-        import json
-
         try:
             self.save_dir.mkdir(parents=True, exist_ok=True)
-            (self.save_dir / "tfmem-epochs.json").write_text(json.dumps(
-                {"device": self.device, "records": self.records}, indent=1))
+            write(self.save_dir)
         except OSError as exc:
-            warnings.warn(f"MemoryMonitor: could not save the figures in {self.save_dir} ({exc})", RuntimeWarning,
-                          stacklevel=2)
-
+            warnings.warn(f"MemoryMonitor: could not save {what} in {self.save_dir} ({exc})", RuntimeWarning,
+                          stacklevel=3)

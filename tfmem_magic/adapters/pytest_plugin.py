@@ -21,8 +21,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import itertools
-import os
 import re
 import tempfile
 import unittest
@@ -32,9 +30,11 @@ from typing import Any, Callable, Mapping
 
 import pytest
 
+from tfmem_magic.analyze.growth import leak_per_run
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import DeviceMemory, Report, file_stem, main_device_name
 from tfmem_magic.core.sizes import format_bytes, parse_size
+from tfmem_magic.show.budget_failures import allocator_note, largest_tensors, unmeasured
 
 LIMIT, NO_LEAK = "tfmem_limit", "tfmem_no_leak"
 # user_properties keys: the figures travel with the test's report (to the xdist controller, into junitxml)
@@ -308,7 +308,7 @@ def _record(item: pytest.Function, state: _Plugin, report: Report) -> None:
     item.user_properties.append((TF_PEAK, report.tf_peak_bytes))
     item.user_properties.append((RSS_PEAK, _rss_growth(report)))
     if report.env.partial_allocator:
-        item.user_properties.append((ALLOCATOR_NOTE, _allocator_note(report)))
+        item.user_properties.append((ALLOCATOR_NOTE, allocator_note(report)))
     if state.save_dir is not None:
         _save(state, item, report, state.save_dir)
 
@@ -365,7 +365,7 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
     else:
         measured = _device_memory(report, limit.device)
         if measured is None:
-            pytest.fail(_unmeasured(report, limit.device, LIMIT), pytrace=False)
+            pytest.fail(unmeasured(report, LIMIT, limit.device, rss_instead=True), pytrace=False)
         name, mem = measured
         peak = mem.peak_bytes - mem.baseline_bytes
         what = f"TensorFlow's peak on {name}"
@@ -374,9 +374,9 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
     path = _save(state, item, report, _failure_dir(state))
     lines = [f"{LIMIT}: {what} was {format_bytes(peak)} over the test body's baseline, over its "
              f"{format_bytes(limit.bytes)} limit (by {format_bytes(peak - limit.bytes)})."]
-    lines += _largest_tensors(report)
+    lines += largest_tensors(report, TOP_TENSORS)
     if report.env.partial_allocator:  # the peak above misses allocations: say so where the user reads it
-        lines.append(f"note: {_allocator_note(report)}")
+        lines.append(f"note: {allocator_note(report)}")
     lines.append(f"report: {path}  (read it with `tfmem show {path} --html page.html`)")
     pytest.fail("\n".join(lines), pytrace=False)
 
@@ -388,9 +388,9 @@ def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_lea
                     "iteration of its loop, at least twice (the first step warms up and is not judged)",
                     pytrace=False)
     if any(e is None for e in ends):
-        pytest.fail(_unmeasured(report, None, NO_LEAK), pytrace=False)
+        pytest.fail(unmeasured(report, NO_LEAK), pytrace=False)
     known = [e for e in ends if e is not None]
-    per_run, one_off = _leak_per_run(known)
+    per_run, one_off = leak_per_run(known)
     if per_run <= no_leak.bytes:
         return
     path = _save(state, item, report, _failure_dir(state))
@@ -405,66 +405,3 @@ def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_lea
              "per call, a tf.function retraced for new Python values, or a tf.Variable made in a loop."]
     lines.append(f"report: {path}" if no_leak.loop else f"report of the last run: {path}")
     pytest.fail("\n".join(lines), pytrace=False)
-
-
-def _leak_per_run(ends: list[int]) -> tuple[float, int]:
-    """(the growth per run the no-leak rule judges, the largest single growth it left out).
-
-    A leak grows every run; a one-off does not: a cache filled or a function traced for a new shape (a short last
-    batch) in one run. So the rule is the mean growth of the runs after the first (warm-up) one, leaving out the
-    single largest growth when there are at least two to judge. With two later runs that is the smaller growth; over
-    a longer loop a leak in only some iterations still counts (a minimum would let every second iteration leak).
-    """
-    growth = sorted(b - a for a, b in itertools.pairwise(ends))
-    judged = growth[:-1] if len(growth) > 1 else growth
-    return sum(judged) / len(judged), growth[-1]
-
-
-def _largest_tensors(report: Report) -> list[str]:
-    if report.trace is None or not report.trace.at_peak:
-        reason = "(the test was measured in quick mode)" if report.mode == "quick" else \
-            (report.trace.note if report.trace is not None and report.trace.note else "(the trace saw no tensors)")
-        return [f"The largest tensors at the peak are not known {reason}."]
-    rows = sorted(report.trace.at_peak, key=lambda g: g.bytes, reverse=True)[:TOP_TENSORS]
-    out = ["Largest tensors live at the peak:"]
-    for g in rows:
-        where = ", ".join(x for x in (g.layer, g.phase) if x)
-        shape = f"{g.dtype or ''}{g.shape or ''}"
-        out.append(f"  {format_bytes(g.bytes):>10}  {g.op or '?'}{f' ({where})' if where else ''}"
-                   f"{f'  {shape}' if shape else ''}{f'  x{g.count}' if g.count > 1 else ''}")
-    return out
-
-
-def _unmeasured(report: Report, device: str | None, marker: str) -> str:
-    if device is not None and (report.tf or report.env.devices):
-        have = ", ".join(sorted(report.tf)) or "none"
-        return (f"{LIMIT}(device={device!r}): TensorFlow has no allocator statistics for {device} in this process "
-                f"(its devices: {', '.join(report.env.devices) or 'none'}; with statistics: {have}). Limit a device "
-                "this machine has, or skip the test where it has none, e.g. @pytest.mark.skipif(not "
-                "tf.config.list_physical_devices('GPU'), reason='needs a GPU').")
-    instead = "; or limit the process memory instead with rss=True" if marker == LIMIT else ""
-    if report.env.partial_allocator:
-        note = _allocator_note(report).rstrip(".")
-        return f"{marker}: tfmem could not measure TensorFlow's allocator in this test: {note}{instead}."
-    why = report.env.allocator_note or "TensorFlow did not run in the test body, or its allocator keeps no " \
-                                       "statistics"
-    return (f"{marker}: tfmem could not measure TensorFlow's allocator in this test ({why}). Set "
-            "TF_CPU_ALLOCATOR_USE_BFC=1 in the environment before pytest starts, or make sure no TensorFlow op runs "
-            f"while test modules are imported{instead}.")
-
-
-def _allocator_note(report: Report) -> str:
-    """What TensorFlow's CPU allocator missed in this run, why, and what a pytest user does about it (the report's
-    own note gives a notebook's advice: restart the kernel)."""
-    from tfmem_magic.measure.environment import BFC_ENV, allocator_setup
-
-    env = report.env
-    if allocator_setup().loaded_after_first_op:
-        why = ("a TensorFlow op ran before the plugin could switch it to BFC (when a test module or conftest.py was "
-               "imported)")
-    elif BFC_ENV in os.environ:  # the plugin respects a value the user set
-        why = f"{BFC_ENV}={os.environ[BFC_ENV]!r} in the environment turned BFC off"
-    else:
-        why = "BFC was not on before TensorFlow's first op"
-    return (f"TensorFlow's CPU allocator ({env.allocator}) {env.allocator_misses}: {why}. Run pytest with "
-            f"{BFC_ENV}=1 in the environment, or run no TensorFlow op at import (make tensors in fixtures or tests).")

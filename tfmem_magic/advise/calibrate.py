@@ -148,7 +148,7 @@ print("TFMEM-PROBE " + json.dumps(peaks))
 """
 
 
-def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict | None,
+def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None,
                 pipeline: bool = False, progress: Callable[[str, float], None] | None = None
                 ) -> dict[int, tuple[int, int]]:
     """Per batch size, one step of a clone of `model` (with `pipeline`, a few steps of fit/predict on arrays, as the

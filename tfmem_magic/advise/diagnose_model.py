@@ -6,10 +6,10 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from tfmem_magic.advise.prediction import (ANALYTIC_BAND, Basis, analytic_basis, budget_for_tf, growth_ratio,
-                                          largest_batch, parts_at)
+from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, growth_ratio, largest_batch,
+                                          parts_at)
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Finding, Report
+from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
 
 DOMINANT = 0.5  # share of the cell's peak at which one part "dominates"

@@ -12,14 +12,14 @@ only the parts it changes. Where the per-sample slope comes from is the *basis*:
 
 - "analytic": from the Keras model alone (sum of layer outputs per sample, times a training factor), no extra run;
   measured error within 30% (benchmarks/predict_accuracy.py);
-- "measured": `measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) at a quarter, once and
-  four times the cell's batch, fed as the cell fed it (fit's input pipeline holds prefetched batches: +30% per
-  sample on a CNN), and takes the slope of the requested bytes' peak above the cell's batch (below it, the
-  analytic slope did better: see measured_basis). Requested bytes grow in a straight line with the batch; the
-  allocator's chunks do not (BFC's fragmentation is 1.0x-1.5x and changes from run to run): the cell's own parts
-  keep the cell's ratio, and what a larger batch adds gets the ratio the probes measured over their span (large
-  tensors fit their chunks more closely: 1.04x on an attention block whose cell ran at 1.10x, where one ratio for
-  all over-predicted batch 256 by 22%).
+- "measured": `calibration.measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) at a
+  quarter, once and four times the cell's batch, fed as the cell fed it (fit's input pipeline holds prefetched
+  batches: +30% per sample on a CNN), and takes the slope of the requested bytes' peak above the cell's batch (below
+  it, the analytic slope did better: see measured_basis). Requested bytes grow in a straight line with the batch; the
+  allocator's chunks do not (BFC's fragmentation is 1.0x-1.5x and changes from run to run): the cell's own parts keep
+  the cell's ratio, and what a larger batch adds gets the ratio the probes measured over their span (large tensors fit
+  their chunks more closely: 1.04x on an attention block whose cell ran at 1.10x, where one ratio for all
+  over-predicted batch 256 by 22%).
 
 The analytic slope is the layer outputs (plus the score tensors inside attention layers) times a training factor,
 checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
@@ -31,15 +31,11 @@ This module imports no TensorFlow or Keras; the probes run in another process (c
 from __future__ import annotations
 
 import math
-import time
-import weakref
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from tfmem_magic.advise import calibrate
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import ModelInfo, Prediction, Report
-from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, Report
 from tfmem_magic.core.sizes import format_bytes
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
@@ -65,49 +61,6 @@ MAX_BATCH = 1 << 20
 
 
 @dataclass
-class Knobs:
-    batch_size: int
-    policy: str = "float32"
-    optimizer: str | None = None  # lowercase name in OPTIMIZER_SLOTS
-    accumulation_steps: int = 1
-    input_scale: float = 1.0  # times the input elements per sample (2 = twice the pixels)
-    # data-parallel replicas (tf.distribute: GPUs or workers) sharing the batch: the prediction is one replica's
-    replicas: int = 1
-
-    @property
-    def split(self) -> int:
-        """How many parts one batch is cut into: accumulation steps times replicas."""
-        return max(1, self.accumulation_steps) * max(1, self.replicas)
-
-
-@dataclass
-class Basis:
-    """How the cell's peak splits, in requested bytes, at the cell's own settings."""
-
-    name: str  # "analytic" | "measured"
-    weights: int
-    gradients: int
-    optimizer: int
-    input_copy: int
-    activations_per_sample: float  # the slope at and above the cell's batch
-    input_per_sample: float
-    other: int  # the measured peak that the parts above do not explain (can be negative: they over-explain)
-    fragmentation: float
-    measured_peak: int | None  # the anchor (TF peak over baseline), None when TF's allocator was not measured
-    knobs: Knobs
-    calibration: dict[str, Any] = field(default_factory=dict)
-    activations_per_sample_below: float | None = None  # the slope below the cell's batch, when not the one above
-    slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
-    copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
-    # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
-    # span: large tensors get closer-fitting chunks than the cell's mix); None: the cell's own fragmentation
-    increment_fragmentation: float | None = None
-    # the analytic basis' ratio for what a knob adds (GROWTH_FRAGMENTATION, when the cell's trace measured a higher
-    # ratio of its own); None: the cell's own fragmentation
-    growth_fragmentation: float | None = None
-
-
-@dataclass
 class WhatIf:
     """The answer of `predict()`: the predicted TF peak over the cell's baseline, its parts and its uncertainty."""
 
@@ -116,7 +69,7 @@ class WhatIf:
     error_band: float  # relative: 0.3 = the true peak is expected within ±30%
     split: dict[str, int]  # weights, gradients, optimizer, activations, input, other (requested bytes)
     fragmentation_ratio: float
-    knobs: dict[str, Any]
+    knobs: Knobs  # the settings predicted for
     budget_bytes: int | None  # what the TF peak may reach: the budget minus what the process held before the cell
     fits: bool | None
     largest_batch: int | None  # the largest batch (same other knobs) whose upper estimate fits the budget
@@ -158,6 +111,17 @@ def current_knobs(model: ModelInfo) -> Knobs:
                  optimizer=optimizer_key(model.optimizer, model.optimizer_slots == 1 and
                                          (model.optimizer or "").lower() == "sgd"),
                  replicas=max(1, model.replicas))
+
+
+def basis_of(report: Report) -> Basis:
+    """The basis the report's what-if uses: the one stored on it (analytic when it was built, measured once
+    calibrated), else the analytic one derived from it (a report saved before bases were stored)."""
+    return report.whatif_basis if report.whatif_basis is not None else analytic_basis(report)
+
+
+def is_calibrated(report: Report) -> bool:
+    """The report's what-if stands on probe runs (`calibration.measured_basis`)."""
+    return report.whatif_basis is not None and report.whatif_basis.name == "measured"
 
 
 def analytic_basis(report: Report) -> Basis:
@@ -214,11 +178,12 @@ def traced_per_sample(report: Report) -> float | None:
     """Bytes per sample of the tensors that carried the batch dimension at the traced peak (requested bytes), when
     the trace saw the cell's batch and its peak; None otherwise."""
     trace, model = report.trace, report.model
-    if trace is None or model is None or not trace.batch_bytes_at_peak or trace.batch_size != model.replica_batch:
+    if (trace is None or model is None or not trace.batch_bytes_at_peak
+            or trace.replica_batch_size != model.replica_batch):
         return None
     if trace.budget_spent and not _trace_saw_peak(report):
         return None  # the budget ran out before the peak: the step that made it may not have been traced at all
-    assert trace.batch_size is not None  # set whenever batch_bytes_at_peak is (analysis._batch_bytes)
+    assert trace.replica_batch_size is not None  # set whenever batch_bytes_at_peak is (analysis._batch_bytes)
     # a peak outside a window the steps rule closed is another run of the steps traced (plus what fit copied or
     # freed late, which the cell's own point gives the static part): their tensors are the slope
     # what the step allocated while the trace was paused is live at the peak but unseen: it is the same step's
@@ -228,7 +193,7 @@ def traced_per_sample(report: Report) -> float | None:
     seen = trace.requested_at_peak_bytes
     if untraced > 3 * seen:
         return None
-    return trace.batch_bytes_at_peak * (seen + untraced) / max(seen, 1) / trace.batch_size
+    return trace.batch_bytes_at_peak * (seen + untraced) / max(seen, 1) / trace.replica_batch_size
 
 
 def _input_copy(report: Report) -> tuple[int, int]:
@@ -420,7 +385,12 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     sizes (seconds) unless the report has it. `tf_budget` replaces what the TF peak may reach (default: the report's
     budget less what was held at the cell's start, `budget_for_tf`).
     """
-    basis = measured_basis(report) if calibrate else (_cached_basis(report) or analytic_basis(report))
+    if calibrate:
+        from tfmem_magic.advise.calibration import measured_basis  # calibration builds on this module's model
+
+        basis = measured_basis(report)
+    else:
+        basis = basis_of(report)
     now = basis.knobs
     knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
                   optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
@@ -476,7 +446,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     return WhatIf(peak_bytes=peak, basis=basis.name, error_band=band,
                   split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
                   fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
-                  knobs=asdict(knobs), budget_bytes=budget,
+                  knobs=knobs, budget_bytes=budget,
                   fits=fits, largest_batch=biggest, notes=notes)
 
 
@@ -499,7 +469,7 @@ def _check(knobs: Knobs) -> None:
 def summary(report: Report) -> Prediction | None:
     """The report's `prediction` block: the analytic basis at the cell's own settings (None without a model)."""
     try:
-        basis = _cached_basis(report) or analytic_basis(report)
+        basis = basis_of(report)
     except TfmemUsageError:
         return None
     band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
@@ -510,177 +480,3 @@ def summary(report: Report) -> Prediction | None:
     return Prediction(basis=basis.name, static_bytes=round(fixed * basis.fragmentation),
                       per_sample_bytes=round(per_sample), fragmentation_ratio=round(basis.fragmentation, 3),
                       error_band=band)
-
-
-# ---- calibration: probe runs of a clone ---------------------------------------------------------------------------
-
-def remember_model(report: Report, model: Any, structure: dict | None = None) -> None:
-    """Keep a weak link from a report to the live Keras model it measured (for calibrate), and what one of its
-    batches held (feeding.spec_of: the probes make synthetic batches like it)."""
-    _forget_dead()
-    try:
-        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), structure)
-    except TypeError:  # not weak-referenceable
-        pass
-
-
-def _forget_dead() -> None:
-    for store in (SESSION.models, SESSION.measured):
-        for key in [k for k, entry in store.items() if entry[0]() is None]:
-            del store[key]
-
-
-def measured_basis_cached(report: Report) -> bool:
-    return _cached_basis(report) is not None
-
-
-def _cached_basis(report: Report) -> Basis | None:
-    entry = SESSION.measured.get(id(report))
-    return entry[1] if entry is not None and entry[0]() is report else None
-
-
-def probe_batches(report: Report, basis: Basis) -> list[int]:
-    """Batch sizes for the probes: a quarter of the cell's batch, the batch, and 4x it. The slope above the cell's
-    batch comes from the batch and 4x; the quarter gives the span over which the chunks of what the batch adds are
-    measured, and the order check (probes out of order: noise). Below the cell's batch the analytic slope is used
-    (measured_basis: the probes' slope down to a quarter missed by more). Without room for 4x in the
-    budget (or after an OOM), the probes stay at and below the batch (half of it after an OOM). The room counts
-    the probe's synthetic inputs too: a few batches, held twice while they become tensors."""
-    batch = basis.knobs.batch_size
-    budget = budget_for_tf(report)
-    inputs = 2 * calibrate.PIPELINE_STEPS * 4 * batch * basis.input_per_sample
-    roomy = budget is None or peak_at(basis, replace(basis.knobs, batch_size=4 * batch)) * 1.5 + inputs < 0.8 * budget
-    if report.status == "ok" and roomy:
-        return sorted({max(1, batch // 4), batch, 4 * batch})
-    high = batch if report.status == "ok" else max(2, batch // 2)
-    return sorted({max(1, high // 4), max(1, high // 2), high})
-
-
-def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
-    """Calibrate: a clone of the cell's model trains on synthetic data at three batch sizes; the slopes of the
-    requested bytes' peak between them replace the analytic one. Cached per report."""
-    cached = _cached_basis(report)
-    if cached is not None:
-        return cached
-    basis = analytic_basis(report)
-    if basis.knobs.replicas > 1:
-        raise TfmemUsageError(f"calibration trains a clone of the model in one process; this cell ran it as one of "
-                              f"{basis.knobs.replicas} replicas of a tf.distribute strategy, which the probes cannot "
-                              "replay: the analytic basis stays")
-    entry = SESSION.models.get(id(report))
-    model = entry[1]() if entry is not None and entry[0]() is report else None
-    if entry is None or model is None:
-        raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
-                              "kernel (a report loaded from a file can only use the analytic basis)")
-    calls = report.model.calls if report.model else []
-    if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):
-        raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop of "
-                              "its own (optimizer.apply): the probes cannot replay that loop. The analytic basis "
-                              "(from this cell's trace) stays in use, with its wider band.")
-    batches = probe_batches(report, basis)
-    started = time.perf_counter()
-    train = report.model.training if report.model else True
-    pipeline = report.model.fed_arrays if report.model else False
-    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline, progress)
-    if progress:
-        progress("done", 1.0)
-    anchor = basis.knobs.batch_size
-
-    # The slopes are fitted on the requested bytes, which grow in a straight line with the batch, unlike BFC's
-    # chunks. A probe whose trace did not see every free (a large graph's trace: requested above what the allocator
-    # held, measured on EfficientNetB0: 374 MB requested at an allocator peak of 290) gives no such line: then the
-    # allocator's peaks are the line, in their own chunks.
-    column = 1 if all(requested <= 1.05 * allocated for allocated, requested in peaks.values()) else 0
-
-    def slope(a: int, b: int) -> float:  # per sample, less the input pipeline's share
-        per_sample = max(0.0, (peaks[b][column] - peaks[a][column]) / (b - a))
-        return max(0.0, per_sample - basis.input_per_sample)
-
-    low, high = batches[0], batches[-1]
-    grown = peaks[high][1] - peaks[low][1]
-    # what the batch adds is large enough to measure its chunks (not a step's noise: temporaries that overlap or
-    # not, e.g. +-4 MiB on an MLP whose step barely grows with the batch)
-    measurable = grown >= 0.25 * peaks[high][1]
-    if column == 0:
-        chunks = 1.0  # the line is in the allocator's chunks already
-    elif measurable:
-        chunks = (peaks[high][0] - peaks[low][0]) / grown
-    else:
-        chunks = basis.fragmentation
-
-    lower = [b for b in batches if b < anchor]
-    upper = [b for b in batches if b > anchor]
-    line = [peaks[b][column] for b in batches]
-    if line != sorted(line):  # noise-dominated: one least-squares line through all the probes
-        above, below = max(0.0, _line_slope(batches, line) - basis.input_per_sample), None
-    elif anchor in peaks and upper:
-        above = slope(anchor, upper[-1])
-        below = slope(lower[0], anchor) if lower else None
-    else:  # after an OOM: the probes are all below the cell's batch
-        above, below = slope(batches[-2], batches[-1]), None
-    if basis.measured_peak is not None:
-        # below the cell's batch, what the cell's own trace says leaves it (the analytic slope, in the cell's chunks)
-        # beat the probes' slope down to a quarter of the batch: three runs of each of the 14 zoo cells
-        # (benchmarks/predict_accuracy.py --zoo), each scored both ways: 57 of 84 points below the cell within 10%
-        # against 48, worst 59% against 67% (the probes' one run at a small batch carries its own first step and
-        # chunk reuse)
-        below = basis.activations_per_sample
-    parts = (basis.weights + basis.gradients + basis.optimizer + basis.input_copy
-             + (above + basis.input_per_sample) * anchor)
-    other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
-             if basis.measured_peak is not None else 0)
-    measured = replace(basis, name="measured", activations_per_sample=above, activations_per_sample_below=below,
-                       other=other, slope_source="probe runs", increment_fragmentation=min(2.0, max(1.0, chunks)),
-                       calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
-                                    "requested_bytes": [peaks[b][1] for b in batches],
-                                    "seconds": round(time.perf_counter() - started, 2)})
-    SESSION.measured[id(report)] = (weakref.ref(report), measured)
-    return measured
-
-
-def _line_slope(xs: list[int], ys: Sequence[float]) -> float:
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0
-
-
-def fmt_knobs(knobs: dict[str, Any]) -> str:
-    parts = [f"batch {knobs['batch_size']}", knobs["policy"]]
-    if knobs.get("optimizer"):
-        parts.append(knobs["optimizer"])
-    if knobs.get("accumulation_steps", 1) > 1:
-        parts.append(f"{knobs['accumulation_steps']} accumulation steps")
-    if knobs.get("replicas", 1) > 1:
-        parts.append(f"per replica of {knobs['replicas']}")
-    if not math.isclose(knobs.get("input_scale", 1.0), 1.0):
-        parts.append(f"input x{knobs['input_scale']:g}")
-    return ", ".join(parts)
-
-
-def scenarios(report: Report) -> list[tuple[str, WhatIf]]:
-    """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer."""
-    if report.prediction is None or report.model is None:
-        return []
-    try:
-        base = predict(report)
-    except TfmemUsageError:
-        return []
-    batch = base.knobs["batch_size"]
-    out = [(f"as run (batch {batch})", base)]
-
-    def add(label: str, **knobs: Any) -> None:  # one the knobs do not allow (a batch below the replicas): left out
-        try:
-            out.append((label, predict(report, **knobs)))
-        except TfmemUsageError:
-            pass
-
-    for factor in (0.5, 2, 4):
-        if int(batch * factor) >= 1 and int(batch * factor) != batch:
-            add(f"batch {int(batch * factor)}", batch_size=int(batch * factor))
-    gpu = any("GPU" in d for d in report.env.devices)
-    if report.model.training and base.knobs["policy"] == "float32":
-        policy = "mixed_float16" if gpu else "mixed_bfloat16"
-        add(f"{policy} policy", policy=policy)
-    if report.model.training and OPTIMIZER_SLOTS.get(base.knobs["optimizer"] or "", 0) >= 2:
-        add("SGD with momentum", optimizer="sgd+momentum")
-    return out

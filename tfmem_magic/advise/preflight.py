@@ -30,10 +30,10 @@ from typing import Any
 
 from tfmem_magic.advise import calibrate
 from tfmem_magic.advise.prediction import GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, activation_bytes, typeable_batch
-from tfmem_magic.analyze.modelinfo import describe, variable_bytes
+from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import PreflightInfo
-from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.measure.instrument import ModelUse
 
 BAND = 0.25  # the extrapolation's error: docs/preflight.md
@@ -129,7 +129,7 @@ def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
     (training: with their gradients, TRAIN_ACTIVATION_FACTOR) at MODEL_MARGIN times, in chunks up to 1.5x, plus
     the gradients. The analytic basis misses by up to 73% on the benchmark's zoo (a recurrent layer's insides):
     only a step far inside the limit is let through on it. None when the model cannot be described."""
-    info = describe(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
+    info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
     if info is None or not info.layers:
         return None
     per_sample = activation_bytes(info)

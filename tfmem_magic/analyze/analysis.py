@@ -218,7 +218,9 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     op, layer, phase, eager = lut_op[key].copy(), lut_layer[key].copy(), lut_phase[key].copy(), lut_eager[key]
 
     # eager code records only op types: our spans on the same thread know the layer and the phase
-    span_layer = lambda i: intern(layers, layer_index, spans[i].name.split("/", 1)[1])  # noqa: E731
+    def span_layer(i: int) -> int:
+        return intern(layers, layer_index, spans[i].name.split("/", 1)[1])
+
     for prefix in ("layer/", "phase/", "weights/"):  # later rules win: weights > phase > layer
         inner = _innermost_spans(ev, spans, prefix)
         hit = np.nonzero(eager & (inner >= 0))[0]
@@ -304,9 +306,10 @@ class LiveTensor(NamedTuple):
     requested: int  # bytes the op asked for
 
 
-def _groups(rows: Iterable[tuple[tuple, int, int]], keys: tuple[str, ...], top: int) -> list[LiveGroup]:
+def _groups(rows: Iterable[tuple[tuple[str | None, ...], int, int]], keys: tuple[str, ...], top: int
+            ) -> list[LiveGroup]:
     """(key, chunk, requested) rows summed per key; the `top` largest as LiveGroups with `keys` as field names."""
-    totals: dict[tuple, list[int]] = {}
+    totals: dict[tuple[str | None, ...], list[int]] = {}
     for key, chunk, requested in rows:
         acc = totals.setdefault(key, [0, 0, 0])
         acc[0] += chunk
@@ -418,7 +421,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
                        DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None, ev.string(int(ev.shape[i])),
                        int(ev.chunk[i]), int(ev.requested[i])) for i in idx]
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
-    info.batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
+    info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
     rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
         ("(allocated before the trace)", "pre-existing", preexisting_at_peak),

@@ -441,7 +441,7 @@ class ReplayResult:
         return sum(a.requested for a in self.live_at_peak)
 
 
-Event = tuple  # (kind, key, requested_bytes) or (kind, key, requested_bytes, time)
+Event = tuple[Any, ...]  # (kind, key, requested_bytes) or (kind, key, requested_bytes, time)
 
 
 def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growth: bool = True,
@@ -517,7 +517,7 @@ def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growt
                         reallocated, sim)
 
 
-def _live_after(events: list, last: int, seeded: dict[Any, tuple[int, int]], chunks: list[int]
+def _live_after(events: list[Event], last: int, seeded: dict[Any, tuple[int, int]], chunks: list[int]
                 ) -> list[LiveAllocation]:
     """The allocations live after event `last`, by the replay's own rules (an allocation at a live key replaces it,
     a free of an unknown key is skipped): seeded ones first, each with its requested bytes and simulated chunk."""

@@ -11,7 +11,7 @@ from tfmem_magic.core.report import (DeviceMemory, EnvInfo, ErrorInfo, GuardInfo
                                      TraceInfo)
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, kerases, xplane
-from tfmem_magic.measure.capture import Measured
+from tfmem_magic.measure.measurement import Measured
 
 # process memory the profiler itself takes per xplane byte it records, at its high-water mark (recorder + export;
 # measured 22-27x on MLP, CNN, LSTM and GRU steps: tracer.py): the upper end, so it is never blamed on the user
@@ -63,7 +63,7 @@ def add_analysis(report: Report, m: Measured) -> Any:
     if instr is not None:
         uses = list(instr.models.values())
         use = modelinfo.main_use(uses, instr.applied)
-        report.model = (modelinfo.describe(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
+        report.model = (modelinfo.describe_model(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
                         if use is not None else None)
         report.tf_function_traces = instr.function_traces()
         report.tf_function_signatures = instr.growing_signatures()
@@ -140,7 +140,7 @@ def guard_layers(on_gpu: bool, allocator_capped: bool, batch_end_armed: bool) ->
         ([f"batch-end check{host}"] if batch_end_armed else []) + [f"watchdog{host}"]
 
 
-def oom_tripped_by(request: dict) -> str:
+def oom_tripped_by(request: dict[str, Any]) -> str:
     """What stopped a cell that TensorFlow's own OOM error ended: its allocator, named when it is a GPU's."""
     device, allocator = str(request.get("device") or ""), request.get("allocator")
     if "GPU" in device.upper() and allocator:

@@ -104,10 +104,10 @@ def from_directory(folder: str | Path, read_trace: Callable[[Path], Report] | No
     """The cluster view of the reports the workers saved in one (shared) folder: `*.json` reports (one per worker,
     e.g. `tfmem run --save DIR/worker0.json`, MemoryMonitor(save=...)) and `*.xplane.pb` traces; the worker is the
     file's name. `read_trace` makes a trace's report (the pipeline's adds findings and fixes, which this layer
-    cannot); by default the bare report of `saved_trace.analyze_xplane`."""
+    cannot); by default the bare report of `saved_trace.bare_report`."""
     from tfmem_magic.analyze import saved_trace
 
-    read = read_trace or saved_trace.analyze_xplane
+    read = read_trace or saved_trace.bare_report
     path = Path(folder)
     if not path.is_dir():
         raise TfmemUsageError(f"{path} is not a folder of worker reports")

@@ -74,10 +74,10 @@ def _internal_bytes(layer: Any) -> int:
     return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
 
 
-def _attention_shapes(layer: Any) -> dict:
+def _attention_shapes(layer: Any) -> dict[str, Any]:
     """The shapes an attention layer was built with: Keras 3 keeps its build() arguments (`_build_shapes_dict`),
     tf_keras its own `_query_shape`, `_key_shape` and `_value_shape`."""
-    shapes = getattr(layer, "_build_shapes_dict", None)
+    shapes: dict[str, Any] | None = getattr(layer, "_build_shapes_dict", None)
     if shapes:
         return shapes
     return {"query_shape": layer._query_shape, "key_shape": layer._key_shape, "value_shape": layer._value_shape}
@@ -118,7 +118,7 @@ def _open(shape: Any) -> bool:
         return False
 
 
-def _fed_shapes(model: Any, structure: dict | None) -> dict[int, tuple[Any, Any]]:
+def _fed_shapes(model: Any, structure: dict[str, Any] | None) -> dict[int, tuple[Any, Any]]:
     """Layer id -> (input shape, output shape) as the cell's batches made them, for a model that leaves dimensions
     open (`Input((None,))`: a text model takes any sequence length). Keras' symbolic pass of the model's graph with
     the fed per-sample shapes (batch 1) fills them in: an Embedding's (None, None, 64) becomes (1, 80, 64) when the
@@ -161,7 +161,7 @@ def _fed_shapes(model: Any, structure: dict | None) -> dict[int, tuple[Any, Any]
     return {id(layer): (shape(specs[2 * i]), shape(specs[2 * i + 1])) for i, layer in enumerate(kept)}
 
 
-def _layers(model: Any, structure: dict | None = None) -> list[LayerInfo]:
+def _layers(model: Any, structure: dict[str, Any] | None = None) -> list[LayerInfo]:
     """The model's layers. A model used as a layer (an encoder in a VAE, the base of transfer learning, an
     augmentation Sequential) counts the outputs of all its own layers: its output alone is only the last of them.
     `structure`: what the cell's batches held (feeding.spec_of), for the dimensions the model leaves open."""
@@ -249,7 +249,7 @@ def applied_optimizer(use: ModelUse, applied: Any) -> Any:
     return None
 
 
-def describe(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (), applied: Any = (),
+def describe_model(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (), applied: Any = (),
              others: list[ModelUse] | None = None) -> ModelInfo | None:
     """ModelInfo for a model the cell used; None when it has been garbage-collected. `new_variables` and
     `built_optimizers` are what the cell created (their memory is the cell's); `applied` the optimizers a custom

@@ -42,7 +42,7 @@ def xspace_files(path: str | Path) -> list[Path]:
     return found
 
 
-def analyze_xplane(path: str | Path, device: str | None = None, label: str | None = None) -> Report:
+def bare_report(path: str | Path, device: str | None = None, label: str | None = None) -> Report:
     """The report of one saved XSpace file (`.xplane.pb`, or gzipped). `device` picks the allocator ("GPU:1"); by
     default the busiest GPU's, else the CPU's."""
     p = Path(path)

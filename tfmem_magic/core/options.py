@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
 
@@ -24,7 +25,8 @@ class Options:
     cell_key: str | None = None  # identifies re-runs of the same cell, for leak detection
     publish: bool = True  # False: a measurement of our own (calibration probes) stays out of history and last_report
     source: str | None = field(default=None, compare=False)  # the cell's code, for fix cells that rewrite it
-    namespace: dict | None = field(default=None, compare=False, repr=False)  # the user's names for model and data
+    # the user's names for model and data
+    namespace: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -167,9 +167,10 @@ class TraceInfo:
     # (TensorFlow's recorder and export hold ~22-27x the xplane: tracer.py). Never the cell's memory.
     profiler_bytes: int = 0
     profiler_rss_bytes: int = 0
-    # requested bytes live at the peak in tensors with the batch dimension (what grows with the batch), and that batch
+    # requested bytes live at the peak in tensors with the batch dimension, and that dimension: one replica's batch
+    # (ModelInfo.replica_batch), named apart from ModelInfo.batch_size, the global batch
     batch_bytes_at_peak: int | None = None
-    batch_size: int | None = None
+    replica_batch_size: int | None = None
     # XLA: runs of compiled computations in the trace (a jit_compile step, an auto-clustered launch; 0: none seen),
     # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
     xla_runs: int = 0
@@ -350,6 +351,52 @@ class Prediction:
 
 
 @dataclass
+class Knobs:
+    """The settings a what-if changes (advise/prediction.py, predict)."""
+
+    batch_size: int
+    policy: str = "float32"
+    optimizer: str | None = None  # lowercase name in OPTIMIZER_SLOTS
+    accumulation_steps: int = 1
+    input_scale: float = 1.0  # times the input elements per sample (2 = twice the pixels)
+    # data-parallel replicas (tf.distribute: GPUs or workers) sharing the batch: the prediction is one replica's
+    replicas: int = 1
+
+    @property
+    def split(self) -> int:
+        """How many parts one batch is cut into: accumulation steps times replicas."""
+        return max(1, self.accumulation_steps) * max(1, self.replicas)
+
+
+@dataclass
+class Basis:
+    """How the cell's peak splits, in requested bytes, at the cell's own settings: what the what-if predicts from
+    (advise/prediction.py). Stored on the report (`Report.whatif_basis`), so a saved report predicts as the live one."""
+
+    name: str  # "analytic" | "measured"
+    weights: int
+    gradients: int
+    optimizer: int
+    input_copy: int
+    activations_per_sample: float  # the slope at and above the cell's batch
+    input_per_sample: float
+    other: int  # the measured peak that the parts above do not explain (can be negative: they over-explain)
+    fragmentation: float
+    measured_peak: int | None  # the anchor (TF peak over baseline), None when TF's allocator was not measured
+    knobs: Knobs
+    calibration: dict[str, Any] = field(default_factory=dict)
+    activations_per_sample_below: float | None = None  # the slope below the cell's batch, when not the one above
+    slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
+    copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
+    # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
+    # span: large tensors get closer-fitting chunks than the cell's mix); None: the cell's own fragmentation
+    increment_fragmentation: float | None = None
+    # the analytic basis' ratio for what a knob adds (GROWTH_FRAGMENTATION, when the cell's trace measured a higher
+    # ratio of its own); None: the cell's own fragmentation
+    growth_fragmentation: float | None = None
+
+
+@dataclass
 class Holder:
     """A name in the user's namespace that keeps TensorFlow memory alive (measure/holders.py)."""
 
@@ -409,6 +456,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     fixes: list[Fix] = field(default_factory=list)
     prediction: Prediction | None = None
+    # what the what-if predicts from: the analytic basis when the report was built, the measured one once calibrated
+    # (advise/calibration.py); None: derived from the report when asked (a report saved before it was stored)
+    whatif_basis: Basis | None = None
     guard: GuardInfo | None = None
     preflight: PreflightInfo | None = None  # the last pre-flight of the cell (see advise/preflight.py)
     held: HeldInfo | None = None  # what TensorFlow still held at the cell's end, and who holds it
@@ -484,6 +534,9 @@ class Report:
         schema = data.get("schema")
         if schema != SCHEMA:
             raise ValueError(f"not a {SCHEMA} report (schema is {schema!r})")
+        trace = data.get("trace")
+        if isinstance(trace, dict) and "batch_size" in trace:  # saved before it was named replica_batch_size
+            data = {**data, "trace": {"replica_batch_size": trace["batch_size"], **trace}}
         return _build(cls, data)
 
     @classmethod

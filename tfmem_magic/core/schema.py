@@ -75,7 +75,8 @@ def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
 
 def shipped_schema() -> dict[str, Any]:
     """The schema file the package ships."""
-    return json.loads(SCHEMA_FILE.read_text())
+    schema: dict[str, Any] = json.loads(SCHEMA_FILE.read_text())
+    return schema
 
 
 if __name__ == "__main__":

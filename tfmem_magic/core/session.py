@@ -29,10 +29,9 @@ class Session:
         self.last: Any = None  # the last published Report
         self.published = 0  # reports published so far: each gets the next number
         self.runs: dict[str, deque[Any]] = {}  # cell key -> what each run left behind (diagnose.RunSummary)
-        # report id -> (report ref, model ref, what a batch held): the models calibration may clone (advise.prediction)
+        # report id -> (report ref, model ref, what a batch held): the models calibration may clone (advise.calibration)
         self.models: dict[int, tuple[Any, Any, Any]] = {}
-        self.measured: dict[int, tuple[Any, Any]] = {}  # report id -> (report ref, calibrated Basis)
-        self.seen_models: weakref.WeakSet = weakref.WeakSet()  # every Keras model a profiled cell has used
+        self.seen_models: weakref.WeakSet[Any] = weakref.WeakSet()  # every Keras model a profiled cell has used
         self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on

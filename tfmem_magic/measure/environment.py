@@ -90,12 +90,12 @@ def prepare_allocator() -> AllocatorSetup:
     if SESSION.allocator_setup.bfc_set_by_us and not tensorflow_initialized() and BFC_CAP_ENV not in os.environ:
         SESSION.allocator_setup.bfc_cap_mb_by_us = machine_memory_mb()
         os.environ[BFC_CAP_ENV] = str(SESSION.allocator_setup.bfc_cap_mb_by_us)
-    return SESSION.allocator_setup
+    return allocator_setup()
 
 
 def machine_memory_mb() -> int:
     """What this process could ever hold, in MiB: RAM + swap, or the container's limit if smaller."""
-    total = psutil.virtual_memory().total + psutil.swap_memory().total
+    total: int = psutil.virtual_memory().total + psutil.swap_memory().total
     cgroup = cgroup_memory()
     if cgroup is not None:
         total = min(total, cgroup[0])
@@ -103,7 +103,8 @@ def machine_memory_mb() -> int:
 
 
 def allocator_setup() -> AllocatorSetup:
-    return SESSION.allocator_setup
+    setup: AllocatorSetup = SESSION.allocator_setup  # the session holds it untyped (core imports nothing of measure)
+    return setup
 
 
 def _log_level() -> int:
@@ -120,7 +121,7 @@ def note_tensorflow_import() -> None:
 
 
 def profiler_logs_quiet() -> bool:
-    return SESSION.allocator_setup.quiet_logs_at_import
+    return allocator_setup().quiet_logs_at_import
 
 
 @dataclass

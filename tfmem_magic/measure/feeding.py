@@ -50,14 +50,15 @@ class Feed:
     batch_size: int | None = None
     batch_source: str | None = None  # how the batch was read, in words
     samples: int | None = None  # rows of the training (or evaluated) arrays
-    input_shape: tuple | None = None  # the first input's shape, batch dimension included
+    input_shape: tuple[int | None, ...] | None = None  # the first input's shape, batch dimension included
     arrays: list[InputArray] = field(default_factory=list)
-    structure: dict | None = None  # what one batch holds: {"x": ..., "y": ..., "sample_weight": ...} (see spec_of)
+    # what one batch holds: {"x": ..., "y": ..., "sample_weight": ...} (see spec_of)
+    structure: dict[str, Any] | None = None
     validation: str | None = None  # what the call validated on, in words
     validation_samples: int | None = None
 
 
-def bind(function: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+def bind(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by parameter name (self excluded); {} when they do not bind (Keras will say why)."""
     try:
         signature = inspect.signature(function)
@@ -90,7 +91,7 @@ def _is_numpy(value: Any) -> bool:
     return type(value).__module__ == "numpy" and hasattr(value, "nbytes") and hasattr(value, "shape")
 
 
-def _dims(shape: Any) -> tuple | None:
+def _dims(shape: Any) -> tuple[int | None, ...] | None:
     if shape is None:
         return None
     try:
@@ -152,13 +153,13 @@ def spec_of(value: Any, depth: int = 0) -> Any:
     return {LEAF: [list(dims[1:]), str(getattr(dtype, "name", dtype))]}
 
 
-def split_batch(item: Any) -> dict:
+def split_batch(item: Any) -> dict[str, Any]:
     """One batch as Keras unpacks it, (x,), (x, y) or (x, y, sample_weight), as a structure (see spec_of)."""
     parts = item if isinstance(item, tuple) else (item,)
     return {role: spec_of(part) for role, part in zip(_ROLES, parts[:3], strict=False)}
 
 
-def structure_leaves(node: Any) -> list[tuple[list, str]]:
+def structure_leaves(node: Any) -> list[tuple[list[int | None], str]]:
     """The (per-sample dims, dtype) leaves of a structure, in order."""
     if isinstance(node, dict) and LEAF in node:
         return [tuple(node[LEAF])]
@@ -176,7 +177,7 @@ def complete(node: Any) -> bool:
     return bool(values) and all(complete(v) for v in values)
 
 
-def batch_of(item: Any) -> tuple[int | None, dict, tuple | None]:
+def batch_of(item: Any) -> tuple[int | None, dict[str, Any], tuple[int | None, ...] | None]:
     """Batch size, structure (see split_batch) and first input's shape of one batch as a generator yields it."""
     parts = item if isinstance(item, tuple) else (item,)
     first = next(leaves(parts[0]), None)
@@ -192,7 +193,7 @@ def pydataset_first(dataset: Any) -> Any:
         return None
 
 
-def spy_generator(generator: Iterator, on_first: Callable[[Any], None]) -> Iterator:
+def spy_generator(generator: Iterator[Any], on_first: Callable[[Any], None]) -> Iterator[Any]:
     """Yields what `generator` yields, telling `on_first` about the first batch (a generator cannot be peeked
     without consuming it, and Keras takes it only once)."""
     first = True
@@ -206,7 +207,7 @@ def spy_generator(generator: Iterator, on_first: Callable[[Any], None]) -> Itera
         yield item
 
 
-def describe(call: str, named: dict[str, Any]) -> Feed:
+def describe_feed(call: str, named: dict[str, Any]) -> Feed:
     """What the call was fed, from its arguments bound by name."""
     x = named.get("x")
     feed = Feed()

@@ -93,7 +93,8 @@ def runtime_still_to_come() -> int:
 
 
 def session_limit() -> SessionLimit | None:
-    return SESSION.limit
+    limit: SessionLimit | None = SESSION.limit  # the session holds it untyped (core imports nothing of measure)
+    return limit
 
 
 def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLimit, str]:

@@ -43,10 +43,10 @@ class ModelUse:
     calls: list[str] = field(default_factory=list)
     batch_size: int | None = None
     batch_source: str | None = None
-    input_shape: tuple | None = None
+    input_shape: tuple[int | None, ...] | None = None
     input_arrays: list[InputArray] = field(default_factory=list)  # numpy arrays passed in (Keras copies them)
     samples: int | None = None  # rows in the arrays handed to fit/evaluate/predict (training rows only)
-    structure: dict | None = None  # what one training batch holds (feeding.spec_of): calibration's batches
+    structure: dict[str, Any] | None = None  # what one training batch holds (feeding.spec_of): calibration's batches
     feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
     validation: str | None = None  # what fit validated on, in words
 
@@ -59,7 +59,7 @@ class IdentitySet:
     """Weakly held objects compared by identity (Keras variables overload == and hash by value)."""
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
 
     def add(self, obj: Any) -> None:
         try:
@@ -96,7 +96,8 @@ class Instrumentation:
         self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
         self._calls = threading.local()  # the watched call running on this thread (Keras nests its own calls)
         self.notes: list[str] = []  # what the instrumentation could not do, for the report
-        self.applied: list[tuple[weakref.ref, set[int]]] = []  # optimizers applied in custom loops, their variables
+        # optimizers applied in custom loops, their variables
+        self.applied: list[tuple[weakref.ref[Any], set[int]]] = []
         # variables and optimizers created during the cell: their memory is part of the cell's peak
         self.new_variables = IdentitySet()
         self.built_optimizers = IdentitySet()
@@ -150,7 +151,8 @@ class Instrumentation:
         traces, owners = self.traces, self._trace_owners
 
         @functools.wraps(original)
-        def counting(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
+        def counting(function_type: Any, type_context: Any, func_graph: Any, tracing_options: Any, *args: Any,
+                     **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             name = str(getattr(tracing_options, "name", "function"))
             # a function is its cache (an empty cache is falsy: test for None). The cache is held until the cell
@@ -222,13 +224,13 @@ class Instrumentation:
         """The watched call (model, name) running on this thread, if any."""
         return getattr(self._calls, "current", None)
 
-    def _wrap_layer_call(self, original: Callable, model_cls: type) -> Callable:
+    def _wrap_layer_call(self, original: Callable[..., Any], model_cls: type) -> Callable[..., Any]:
         """Records models called directly (custom loops) and, in trace mode, spans each layer call."""
         instrumentation = self
         trace_cls = _trace_class() if self.spans else None
 
         @functools.wraps(original)
-        def wrapper(this, *args, **kwargs):
+        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -241,12 +243,12 @@ class Instrumentation:
 
         return wrapper
 
-    def _remember_new(self, original: Callable, result: bool) -> Callable:
+    def _remember_new(self, original: Callable[..., Any], result: bool) -> Callable[..., Any]:
         """Record what the call creates: the variable add_weight returns, or the optimizer that builds."""
         into = self.new_variables if result else self.built_optimizers
 
         @functools.wraps(original)
-        def wrapper(this, *args, **kwargs):
+        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             out = original(this, *args, **kwargs)
             into.add(out if result else this)
@@ -254,14 +256,14 @@ class Instrumentation:
 
         return wrapper
 
-    def _remember_apply(self, original: Callable, pairs: bool = False) -> Callable:
+    def _remember_apply(self, original: Callable[..., Any], pairs: bool = False) -> Callable[..., Any]:
         """Record which variables an optimizer updates: in a custom loop, and in a custom `train_step` of fit's (a
         GAN's two optimizers; traced once, so recorded once). The model they belong to trains with them.
         `pairs`: tf_keras' apply_gradients, which takes (gradient, variable) pairs (often a one-shot `zip`)."""
         instrumentation = self
 
         @functools.wraps(original)
-        def wrapper(this, *args, **kwargs):
+        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -288,12 +290,12 @@ class Instrumentation:
 
         return wrapper
 
-    def _wrap_span(self, original: Callable, name_of: Callable[..., str]) -> Callable:
+    def _wrap_span(self, original: Callable[..., Any], name_of: Callable[..., str]) -> Callable[..., Any]:
         trace_cls = _trace_class()
         instrumentation = self
 
         @functools.wraps(original)
-        def wrapper(this, *args, **kwargs):
+        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -302,7 +304,8 @@ class Instrumentation:
 
         return wrapper
 
-    def _wrap_model_call(self, call: str, original: Callable, reference: Callable | None = None) -> Callable:
+    def _wrap_model_call(self, call: str, original: Callable[..., Any], reference: Callable[..., Any] | None = None
+                         ) -> Callable[..., Any]:
         """The user's fit/evaluate/predict: recorded, and given our callbacks. Calls Keras makes inside one (fit's
         validation `evaluate`, a callback's `predict`, a nested fit) pass through untouched: they belong to the
         outer call, and Keras hands them its own CallbackList."""
@@ -312,7 +315,7 @@ class Instrumentation:
         signature_of = reference or original
 
         @functools.wraps(original)
-        def wrapper(model, *args, **kwargs):
+        def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active or instrumentation._outer_call() is not None:
                 return original(model, *args, **kwargs)  # uninstalled, or nested in a watched call
@@ -369,8 +372,8 @@ class Instrumentation:
         except Exception:
             pass
 
-    def _with_callbacks(self, call: str, original: Callable, args: tuple, kwargs: dict, flavour: str
-                        ) -> tuple[tuple, dict]:
+    def _with_callbacks(self, call: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                        flavour: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
         list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
         theirs), and so are callbacks given positionally."""
@@ -405,15 +408,15 @@ class Instrumentation:
                 self.new_models += 1
         return use
 
-    def _record_call(self, model: Any, call: str, original: Callable, args: tuple, kwargs: dict
-                     ) -> tuple[tuple, dict]:
+    def _record_call(self, model: Any, call: str, original: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Record what the user's call was fed; returns the arguments to call with (the same objects, except a
         Python generator, which is passed through a generator that notes its first batch)."""
         use = self._use(model)
         if call not in use.calls:
             use.calls.append(call)
         named = feeding.bind(original, args, kwargs)
-        feed = feeding.describe(call, named)
+        feed = feeding.describe_feed(call, named)
         if any(c in ("fit", "train_on_batch") for c in use.calls) and call not in ("fit", "train_on_batch"):
             # the model trained in this cell: keep the training call's description (batch, samples, copies)
             self._note_arrays(use, feed.arrays)
@@ -444,7 +447,7 @@ class Instrumentation:
                 use.input_arrays.append(array)
             self.copy_roles.setdefault(array.copy_bytes, "validation" if array.validation else "training")
 
-    def _record_direct_call(self, model: Any, args: tuple, kwargs: dict) -> None:
+    def _record_direct_call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A model called like a function (custom training loops, inference): the batch is the largest seen (the
         last batch of an epoch is often a partial one)."""
         use = self._use(model)
@@ -474,7 +477,8 @@ class Instrumentation:
                 self.optimizer_names.add(name.lower())
 
 
-def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
+def _pairs_variables(args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
     """The variables of apply_gradients' (gradient, variable) pairs, and the arguments to call it with: the pairs
     as a list, since reading a `zip` would leave nothing for the optimizer."""
     if args:
@@ -484,16 +488,16 @@ def _pairs_variables(args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
     return args, {**kwargs, "grads_and_vars": given}, [v for _, v in given]
 
 
-def _keras_own(cls: type, name: str) -> Callable | None:
+def _keras_own(cls: type, name: str) -> Callable[..., Any] | None:
     """Keras' own definition of method `name` along the class's MRO (skipping other libraries' patches)."""
     for klass in cls.__mro__:
-        function = inspect.unwrap(klass.__dict__[name]) if name in klass.__dict__ else None
+        function: Callable[..., Any] | None = inspect.unwrap(klass.__dict__[name]) if name in klass.__dict__ else None
         if function is not None and (getattr(function, "__module__", "") or "").startswith(("keras", "tf_keras")):
             return function
     return None
 
 
-def _parameter_index(function: Callable, name: str) -> int | None:
+def _parameter_index(function: Callable[..., Any], name: str) -> int | None:
     """Position of parameter `name` in the call's positional arguments (self excluded)."""
     try:
         names = list(inspect.signature(function).parameters)[1:]
@@ -502,7 +506,8 @@ def _parameter_index(function: Callable, name: str) -> int | None:
     return names.index(name) if name in names else None
 
 
-def _replace_argument(function: Callable, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:
+def _replace_argument(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str,
+                      value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     position = _parameter_index(function, name)
     if position is not None and len(args) > position:
         return args[:position] + (value,) + args[position + 1:], kwargs
@@ -510,29 +515,33 @@ def _replace_argument(function: Callable, args: tuple, kwargs: dict, name: str, 
 
 
 def _trace_class() -> type:
+    trace: type  # TensorFlow is untyped (Any to mypy)
     try:
         from tensorflow.python.profiler.trace import Trace
     except ImportError:  # moved: the public name of the same TraceMe annotation (capabilities.py)
         import tensorflow as tf
 
-        return tf.profiler.experimental.Trace
-    return Trace
+        trace = tf.profiler.experimental.Trace
+        return trace
+    trace = Trace
+    return trace
 
 
 def _make_trace_window_class(base: type) -> type:
-    class TraceWindow(base):
+    # base: Keras' Callback class (Keras 3 or tf_keras, chosen at run time), untyped: Any to mypy
+    class TraceWindow(base):  # type: ignore[misc]
         """Keeps the trace on for the first `steps` batches of each fit/evaluate/predict call, then pauses it."""
 
         def __init__(self, tracer: Tracer, steps: int) -> None:
             super().__init__()
             self.tracer, self.steps, self.seen, self.in_fit = tracer, steps, 0, False
 
-        def on_train_begin(self, logs=None) -> None:
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             self.in_fit, self.seen = True, 0
             self.tracer.steps_begin()
             self.tracer.release("steps")
 
-        def on_test_begin(self, logs=None) -> None:
+        def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
             if not self.in_fit:  # validation inside fit belongs to fit's window
                 self.seen = 0
                 self.tracer.steps_begin()
@@ -540,7 +549,7 @@ def _make_trace_window_class(base: type) -> type:
 
         on_predict_begin = on_test_begin
 
-        def _batch_end(self, batch, logs=None) -> None:
+        def _batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             self.tracer.step_boundary()
             self.seen += 1
             if self.seen == self.steps:
@@ -548,11 +557,11 @@ def _make_trace_window_class(base: type) -> type:
 
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _batch_end
 
-        def on_train_end(self, logs=None) -> None:
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
             self.in_fit = False
             self.tracer.release("steps")  # code after the call (in the same cell) is traced again
 
-        def on_test_end(self, logs=None) -> None:
+        def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
             if not self.in_fit:
                 self.tracer.release("steps")
 
@@ -562,7 +571,8 @@ def _make_trace_window_class(base: type) -> type:
 
 
 def _make_batch_end_check_class(base: type) -> type:
-    class BatchEndCheck(base):
+    # base: Keras' Callback class (Keras 3 or tf_keras, chosen at run time), untyped: Any to mypy
+    class BatchEndCheck(base):  # type: ignore[misc]
         """After every batch: the guard's memory check against its limit, and the stop latch's check for a press
         that Keras swallowed inside the step. Each may raise, between two steps."""
 
@@ -570,7 +580,7 @@ def _make_batch_end_check_class(base: type) -> type:
             super().__init__()
             self.checks, self.call = checks, call
 
-        def _check(self, batch, logs=None) -> None:
+        def _check(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             for check in self.checks:
                 check(f"after batch {batch + 1} of {self.call}()")
 
@@ -593,11 +603,11 @@ def _callback_class(kind: str, flavour: str) -> type:
     return _callback_classes[key]
 
 
-def _all_layers(model: Any) -> list:
+def _all_layers(model: Any) -> list[Any]:
     return all_layers(model, include_self=True)
 
 
-def all_layers(model: Any, include_self: bool = True) -> list:
+def all_layers(model: Any, include_self: bool = True) -> list[Any]:
     """The model (with `include_self`) and every layer inside it, nested ones too: Keras' own walk
     (`_flatten_layers`, private: see capabilities.py), else the public `.layers` of the model and of the models
     nested in it (a layer that a custom layer keeps inside itself is then missed)."""

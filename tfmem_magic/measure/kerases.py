@@ -63,10 +63,12 @@ def import_flavour(name: str) -> ModuleType:
     if name == TF_KERAS:
         import tf_keras
 
-        return tf_keras
+        legacy: ModuleType = tf_keras  # an untyped module (Any to mypy)
+        return legacy
     import keras
 
-    return keras
+    keras3: ModuleType = keras
+    return keras3
 
 
 def version(name: str) -> str | None:

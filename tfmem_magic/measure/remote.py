@@ -1,6 +1,6 @@
 """Profiling TensorFlow processes from outside, with TensorFlow's own machinery (no protocol of ours): a worker
 starts TensorFlow's profiler server (`serve`), and a notebook or a shell asks each worker for a trace with
-TensorFlow's profiler client (`capture`). The worker writes the trace itself, under the log directory it is given
+TensorFlow's profiler client (`trace_workers`). The worker writes the trace itself, under the log directory it is given
 (`<logdir>/plugins/profile/<run>/<host>_<port>.xplane.pb`), so that directory must be one both can reach (a shared
 path; on one machine, any path)."""
 
@@ -118,7 +118,7 @@ class Captured:
     error: str | None = None
 
 
-def capture(workers: list[str], seconds: float, logdir: str | Path | None = None) -> list[Captured]:
+def trace_workers(workers: list[str], seconds: float, logdir: str | Path | None = None) -> list[Captured]:
     """Trace every worker for `seconds`, all at once (one client call per worker, started together, so that one
     unreachable worker fails alone), and return where each worker wrote its trace. The traces land under
     `logdir/<host>_<port>/plugins/profile/<run>/` (a temporary folder by default: fine on one machine)."""

@@ -17,7 +17,7 @@ from tfmem_magic.measure import environment
 MAX_SAMPLES = 4000
 
 
-def _read_hwm() -> int | None:
+def read_hwm() -> int | None:
     """The kernel's peak RSS of this process (VmHWM), in bytes; None where /proc has no such line."""
     try:
         with open("/proc/self/status") as status:
@@ -29,7 +29,7 @@ def _read_hwm() -> int | None:
     return None
 
 
-def _reset_hwm() -> bool:
+def reset_hwm() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False where not allowed."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -70,7 +70,7 @@ class RssSampler:
     def start(self, t0: float) -> None:
         self._t0 = t0
         self.baseline = self._process.memory_info().rss
-        self._hwm_reset = self._want_reset and _reset_hwm()
+        self._hwm_reset = self._want_reset and reset_hwm()
         self.samples = [[0.0, self.baseline]]
         self._thread = threading.Thread(target=self._run, name="tfmem-rss-sampler", daemon=True)
         self._thread.start()
@@ -124,7 +124,7 @@ class RssSampler:
         end = self._process.memory_info().rss
         self.samples.append([round(time.perf_counter() - self._t0, 4), end])
         sampled_peak = max(int(s[1]) for s in self.samples)
-        hwm = _read_hwm() if self._hwm_reset else None
+        hwm = read_hwm() if self._hwm_reset else None
         if hwm is not None:
             return max(hwm, sampled_peak), end, "hwm"
         return sampled_peak, end, "sampled"
@@ -137,11 +137,16 @@ def fold_into_measuring(device: str, peak: int) -> None:
         outer._fold(device, peak)
 
 
+def tf_device_names() -> list[str]:
+    """TensorFlow's CPU and GPU devices ("CPU:0", "GPU:1"): those whose allocators may keep statistics."""
+    return [d for d in environment.tf_devices() if d.split(":")[0] in ("CPU", "GPU")]
+
+
 def main_tf_device() -> str | None:
     """The device whose live bytes are sampled: the first GPU, else the CPU; None before TF runs. Main thread only."""
     if not environment.tensorflow_initialized():
         return None
-    return main_device_name(AllocatorStats._device_names()) or "CPU:0"
+    return main_device_name(tf_device_names()) or "CPU:0"
 
 
 class AllocatorStats:
@@ -160,10 +165,6 @@ class AllocatorStats:
         self.initialized_at_start = False
 
     @staticmethod
-    def _device_names() -> list[str]:
-        return [d for d in environment.tf_devices() if d.split(":")[0] in ("CPU", "GPU")]
-
-    @staticmethod
     def _info(device: str) -> dict[str, int] | None:
         return memory_info(device)
 
@@ -172,7 +173,7 @@ class AllocatorStats:
         if self.initialized_at_start:
             import tensorflow as tf
 
-            for device in self._device_names():
+            for device in tf_device_names():
                 info = self._info(device)
                 if info is None:
                     continue
@@ -194,7 +195,7 @@ class AllocatorStats:
         if not environment.tensorflow_initialized():
             return out
         # a cell that ran TF's first op: the allocator was born in the cell, its baseline is 0
-        devices = self.devices if self.initialized_at_start else self._device_names()
+        devices = self.devices if self.initialized_at_start else tf_device_names()
         for device in devices:
             info = self._info(device)
             if info is None:
@@ -215,9 +216,10 @@ def memory_info(device: str) -> dict[str, int] | None:
     import tensorflow as tf
 
     try:
-        return tf.config.experimental.get_memory_info(device)
+        info: dict[str, int] = tf.config.experimental.get_memory_info(device)
     except (ValueError, RuntimeError):
         return None
+    return info
 
 
 def bytes_in_use(device: str | None = None) -> int | None:

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -162,7 +162,7 @@ class _Mallinfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def _heap_reader():
+def _heap_reader() -> Callable[[], int] | None:
     """A function returning the bytes malloc has handed out and not taken back (mmapped blocks aside): glibc's
     mallinfo2, which sums every thread's arena. None where there is no such call (macOS, musl, old glibc)."""
     try:
@@ -394,7 +394,7 @@ class Tracer:
         self._count += 1
         logdir = self._dir / f"s{self._count}"
         session_class = getattr(_pywrap_profiler, "ProfilerSession", None)  # private: see capabilities.py
-        if session_class is None:  # the cell is measured in quick mode (capture.py), the report says why
+        if session_class is None:  # the cell is measured in quick mode (measurement.py), the report says why
             raise RuntimeError("this TensorFlow has no _pywrap_profiler.ProfilerSession (see %tfmem status)")
         session = session_class()
         # The defaults, said explicitly (see _Int for why a plain int would be ignored). Host level 2 is the lowest

@@ -23,6 +23,7 @@ import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -203,7 +204,8 @@ class _Columns:
         return index
 
 
-def _block(t, is_alloc, thread, ints: np.ndarray, strs: np.ndarray) -> list[np.ndarray]:
+def _block(t: np.ndarray, is_alloc: np.ndarray, thread: int | np.ndarray, ints: np.ndarray,
+           strs: np.ndarray) -> list[np.ndarray]:
     """One block of memory events as contiguous columns of their own (copies, never views of a decoder's matrix,
     which would keep all of it alive). ints: _INT_STATS columns; strs: string indices, _STR_STATS columns."""
     n = len(t)
@@ -222,7 +224,8 @@ def _block(t, is_alloc, thread, ints: np.ndarray, strs: np.ndarray) -> list[np.n
 def _malformed(what: str) -> Exception:
     from google.protobuf.message import DecodeError
 
-    return DecodeError(f"malformed xplane: {what}")
+    error: Exception = DecodeError(f"malformed xplane: {what}")  # protobuf is untyped here (Any)
+    return error
 
 
 def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
@@ -259,7 +262,7 @@ def _field_at(data: bytes, pos: int) -> tuple[int, int, int, int]:
     return key >> 3, wire, start, pos
 
 
-def _fields(data: bytes, pos: int, end: int):
+def _fields(data: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """(tag position, number, wire type, value start, value end) of each field of the message in data[pos:end]."""
     while pos < end:
         number, wire, start, after = _field_at(data, pos)
@@ -301,10 +304,11 @@ def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray]:
     return name, timestamp_ns, np.frombuffer(records, dtype=np.int64)
 
 
-def _plane_parts(data: bytes, start: int, end: int):
+def _plane_parts(data: bytes, start: int, end: int) -> tuple[Any, list[tuple[int, int]]]:
     """A serialized XPlane → its name and metadata (a lean message parsed from those fields alone: the lines are
     never copied) and the byte range of each of its lines."""
-    meta_parts, lines = [], []
+    meta_parts: list[bytes] = []
+    lines: list[tuple[int, int]] = []
     for tag_pos, number, wire, value_start, value_end in _fields(data, start, end):
         if number == 3 and wire == 2:
             lines.append((value_start, value_end))
@@ -412,7 +416,7 @@ def xla_function(module: str) -> str | None:
     return "_" + match.group(1) if match else None
 
 
-def _xla_modules(plane) -> set[str]:
+def _xla_modules(plane: Any) -> set[str]:
     """Names of the HLO modules that ran in a host plane, from its metadata alone: a GPU executable's run event
     ("<module>:XLA GPU module"); on a CPU, the values of the `hlo_module` stat XLA's ops carry (measured on TF 2.21:
     "a_inference_step_878__XlaMustCompile_true_config_proto_..."), which the plane declares as stat metadata names
@@ -424,7 +428,7 @@ def _xla_modules(plane) -> set[str]:
     return modules
 
 
-def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
+def _event_ids(plane: Any) -> tuple[set[int], set[int], dict[int, str]]:
     """Event metadata ids of allocations, frees, and the spans we keep (id -> span name): ours without their prefix,
     XLA's runs as XLA_SPAN + their name. One look at each name of the plane's metadata, none at its events."""
     alloc_ids, free_ids, span_ids = set(), set(), {}
@@ -442,7 +446,7 @@ def _event_ids(plane) -> tuple[set[int], set[int], dict[int, str]]:
 
 # ---- the reference decoder --------------------------------------------------------------------------------------
 
-def _read_plane_slow(plane, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
+def _read_plane_slow(plane: Any, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
     """Reference implementation, on TF's XPlane message: one protobuf stat at a time (~8 µs per memory event)."""
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     int_col = {k: _INT_STATS.index(n) for k, n in stat_names.items() if n in _INT_STATS}
@@ -518,7 +522,7 @@ def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value, length
 
 
-def _read_plane_fast(data: bytes, buf: np.ndarray, plane, lines: list[tuple[int, int]], offset_ps: int,
+def _read_plane_fast(data: bytes, buf: np.ndarray, plane: Any, lines: list[tuple[int, int]], offset_ps: int,
                      cols: _Columns, spans: list[Span]) -> None:
     """Decode the memory events (and our spans) of each line with numpy, CHUNK_EVENTS at a time, in place in `buf`
     (the blob's bytes; `plane`: its lean metadata, `lines`: the byte range of each line).

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import gc
 import io
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 from tfmem_magic.core.report import LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes
+
+if TYPE_CHECKING:  # matplotlib is imported when a chart is drawn, not with this module
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 INK = "#8a8a8a"  # text and axes: legible on white and on dark grey
 TF_COLOR = "#3d7be0"
@@ -32,7 +36,7 @@ def _unit(max_bytes: float) -> tuple[float, str]:
     return 1, "B"
 
 
-def _figure(width_in: float, height_in: float, rows: int = 1):
+def _figure(width_in: float, height_in: float, rows: int = 1) -> tuple[Figure, Sequence[Axes]]:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width_in, height_in), dpi=100)
@@ -45,14 +49,14 @@ def _figure(width_in: float, height_in: float, rows: int = 1):
         for side in ("left", "bottom"):
             ax.spines[side].set_color(INK)
         ax.grid(True, alpha=0.2, color=INK)
-    return fig, axes
+    return fig, cast("Sequence[Axes]", axes)  # a 1-d object array of Axes
 
 
 _renders = 0
 COLLECT_EVERY = 16
 
 
-def _png(fig) -> bytes:
+def _png(fig: Figure) -> bytes:
     """Render a figure to PNG bytes and let its memory go.
 
     Every matplotlib artist refers to its figure and axes, so a finished figure is a web of reference cycles that
@@ -76,7 +80,7 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _shade_untraced(ax, report: Report) -> bool:
+def _shade_untraced(ax: Axes, report: Report) -> bool:
     """Grey bands where the trace was paused (bounded trace): the line there joins what was recorded around it.
     True when it drew any (they carry a legend label)."""
     trace = report.trace
@@ -102,7 +106,7 @@ def timeline_png(report: Report) -> bytes | None:
     return None if fig is None else _png(fig)
 
 
-def timeline_figure(report: Report):
+def timeline_figure(report: Report) -> Figure | None:
     """The timeline as a matplotlib Figure (see timeline_png); None without data. A trace's other allocators are
     thinner lines labelled with their names, and the main device's allocator limit (a GPU's budget) a dashed line.
     Without process memory samples (a saved trace) there is only the TF row."""

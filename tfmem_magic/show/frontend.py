@@ -23,12 +23,13 @@ def current_cell_id(shell: Any) -> str | None:
     if kernel is None:
         return None
     try:
-        return kernel.get_parent("shell").get("metadata", {}).get("cellId")
+        cell_id: str | None = kernel.get_parent("shell").get("metadata", {}).get("cellId")  # ipykernel: untyped
+        return cell_id
     except Exception:  # an older ipykernel
         return None
 
 
-def insert_cell(code: str, cell_id: str | None, placement: str, on_reply: Callable[[str, dict], None],
+def insert_cell(code: str, cell_id: str | None, placement: str, on_reply: Callable[[str, dict[str, Any]], None],
                 wait_s: float | None = None) -> bool:
     """Ask the front end to insert `code`; `on_reply("inserted", data)` on the extension's ack (also when it comes
     late), `on_reply("no-extension", {})` when the front end refused the comm, `on_reply("no-answer", {})` when
@@ -39,13 +40,13 @@ def insert_cell(code: str, cell_id: str | None, placement: str, on_reply: Callab
         return False
     answered = {"done": False}
 
-    def reply(msg: dict) -> None:
+    def reply(msg: dict[str, Any]) -> None:
         answered["done"] = True
         data = msg.get("content", {}).get("data", {}) or {}
         on_reply(str(data.get("status", "inserted")), data)
         channel.close()
 
-    def closed(msg: dict) -> None:
+    def closed(msg: dict[str, Any]) -> None:
         if not answered["done"]:  # closed by the front end with no ack: it has no such target
             answered["done"] = True
             on_reply("no-extension", {})

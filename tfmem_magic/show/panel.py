@@ -152,7 +152,7 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
                             layout=widgets.Layout(width="auto"))
     status = widgets.HTML()
 
-    def replied(state: str, data: dict) -> None:
+    def replied(state: str, data: dict[str, Any]) -> None:
         if state == "inserted":
             status.value = f"<span class='tfmem-ok'>Inserted {escape(where)}: read it, then run it.</span>"
         elif state == "no-answer":  # VS Code, Colab, a headless kernel: the comm went nowhere
@@ -251,7 +251,7 @@ def cluster_panel(view: Any) -> widgets.VBox:
                               value=0, description="Worker")
     shown = widgets.VBox([build_panel(measured[0].report, figures.timeline_png(measured[0].report))])
 
-    def pick(change: dict) -> None:
+    def pick(change: dict[str, Any]) -> None:
         report = measured[change["new"]].report
         shown.children = [build_panel(report, figures.timeline_png(report))]
 

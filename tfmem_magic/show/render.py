@@ -7,16 +7,17 @@ without a kernel. Every string that comes from the user's code (labels, op and l
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+from typing import Any, Callable
 
 from tfmem_magic.advise import prediction
-from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, main_device_name
+from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, main_device_name
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
-    ReportView,
     guard_detail,
     held_view,
+    knobs_text,
+    ReportView,
     summary_items,
     trace_notes,
     verdict,
@@ -79,9 +80,7 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     for key, was, now in before_after_rows(r):
         lines.append(f"Before/after  {key}: {was} → {now}")
     if r.model is not None:
-        m = r.model
-        lines.append(f"Model     {m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer "
-                     f"{m.optimizer_text}, batch {m.batch_text}")
+        lines.append(f"Model     {model_text(r)}")
     for f in r.findings:
         lines.append(f"[{f.severity}] {f.title}: {f.evidence}")
     for i, fix in enumerate(r.fixes, 1):
@@ -143,9 +142,7 @@ def render_html(report: Report, timeline: bytes | None = None,
                   f"({'sees every allocation' if r.env.allocator_complete else 'partial view'}; "
                   f"RAM {escape(format_bytes(r.env.ram_total_bytes))})</span>"))
     if r.model is not None:
-        m = r.model
-        cells.append(("Model", f"{escape(m.name)}: {m.params:,} params ({escape(format_bytes(m.param_bytes))}), "
-                      f"optimizer {escape(m.optimizer_text)}, batch {escape(m.batch_text)}"))
+        cells.append(("Model", escape(model_text(r))))
     if r.error:
         cells.append(("Error", f"{escape(r.error.type)}: {escape(r.error.message[:500])}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
@@ -155,7 +152,7 @@ def render_html(report: Report, timeline: bytes | None = None,
     t = r.trace
     if t is not None and t.events:
         total = t.peak_live_bytes
-        parts.append(f"<h4>At the peak: {escape(format_bytes(total))} live at t = {t.peak_time_s:.3f} s</h4>")
+        parts.append(f"<h4>{escape(peak_heading(t))}</h4>")
         parts.append(f"<table class='tfmem-by-phase'><tr><th>phase</th><th class='num'>bytes</th><th></th></tr>"
                      f"{_rows(t.by_phase, 'phase', total)}</table>")
         if t.by_layer:
@@ -242,7 +239,7 @@ def split_bar(w: prediction.WhatIf, scale: int) -> str:
 def whatif_summary(w: prediction.WhatIf) -> str:
     """One sentence: the prediction, its band and basis, the budget and the largest batch."""
     text = (f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, "
-            f"{prediction.fmt_knobs(w.knobs)})")
+            f"{knobs_text(w.knobs)})")
     if w.budget_bytes is not None:
         text += f"; {format_bytes(w.budget_bytes)} available: " + ("fits" if w.fits else "does NOT fit")
         if w.largest_batch is not None and w.largest_batch >= prediction.MAX_BATCH:
@@ -305,16 +302,72 @@ def before_after_html(report: Report) -> str:
             f"<th class='num'>after</th></tr>{body}</table></div>")
 
 
+def model_text(report: Report) -> str:
+    """The model in one line: name, parameters, optimizer and batch (empty without a model)."""
+    m = report.model
+    if m is None:
+        return ""
+    return (f"{m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer {m.optimizer_text}, "
+            f"batch {m.batch_text}")
+
+
+def peak_heading(trace: TraceInfo) -> str:
+    return f"At the peak: {format_bytes(trace.peak_live_bytes)} live at t = {trace.peak_time_s:.3f} s"
+
+
+def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
+    """The bundle's `view` block: what the JupyterLab renderer (labextension/src/logic.ts) shows, as the Python views
+    word and format it, so that the renderer formats no number itself and both say the same. Its JSON Schema is
+    labextension/schema/view.schema.json (the renderer's types are made from it; tests/unit/test_labextension.py
+    checks this block against it): a new key goes there too."""
+    r, t = report, report.trace
+    out: dict[str, Any] = {"verdict": view.verdict, "level": view.level, "main_device": main_device_name(r.tf),
+                           "summary": [list(item) for item in view.summary]}
+    if r.model is not None:
+        out["model"] = model_text(r)
+    if r.before is not None:
+        out["before_after"] = [list(row) for row in before_after_rows(r)]
+    if t is not None and t.events:
+        total = t.peak_live_bytes
+        rows = {key: [{"label": str(getattr(g, key) or "(none)"), "bytes": format_bytes(g.bytes),
+                       "share": g.bytes / total if total > 0 else 0.0} for g in groups[:10]]
+                for key, groups in (("phase", t.by_phase), ("layer", t.by_layer))}
+        out["peak"] = {"heading": peak_heading(t), "by_phase": rows["phase"], "by_layer": rows["layer"]}
+    out["timeline"] = timeline_series(r)
+    held = held_view(r)
+    if held is not None and held.holders:
+        out["held"] = {"headline": held.headline, "hint": held.hint, "holders": [list(row) for row in held.holders]}
+    return out
+
+
+def timeline_series(report: Report) -> list[dict[str, Any]]:
+    """The timeline's series as figures.timeline_figure picks them (the trace's TF live bytes, else the sampled
+    device's; the process RSS), those with two points or more, each with its range and the shared duration in words:
+    TF's bytes are drawn from zero, the RSS from its lowest sample."""
+    t, sampled = report.trace, report.sampled_device
+    candidates: list[tuple[dict[str, Any], list[list[float]]]] = []
+    if t is not None and t.timeline:
+        candidates.append(({"kind": "trace", "name": "TF live bytes (trace)"}, t.timeline))
+    elif sampled is not None:
+        candidates.append(({"kind": "device", "device": sampled[0], "name": f"TF live bytes (sampled, {sampled[0]})"},
+                           sampled[1].samples))
+    candidates.append(({"kind": "rss", "name": "process RSS"}, report.rss.samples))
+    drawn = [(about, points) for about, points in candidates if len(points) >= 2]
+    seconds = max([p[0] for _, points in drawn for p in points], default=0.0)
+    out = []
+    for about, points in drawn:
+        values = [p[1] for p in points]
+        from_zero = about["kind"] != "rss"
+        out.append({**about, "from_zero": from_zero, "low": format_bytes(0 if from_zero else min(values)),
+                    "high": format_bytes(max(values)), "seconds": f"{seconds:.2f} s"})
+    return out
+
+
 def mime_bundle(report: Report, timeline: bytes | None = None, view: ReportView | None = None) -> dict[str, Any]:
     """What a front end needs: the static HTML, a text fallback and the report itself, from one view."""
     view = view or view_of(report)  # a few predictions with a largest-batch search each: once for every form
     data = report.to_dict()
-    # for the JupyterLab renderer: the words the Python views use, so both say the same
-    data["view"] = {"verdict": view.verdict, "level": view.level, "main_device": main_device_name(report.tf)}
-    held = held_view(report)
-    if held is not None and held.holders:
-        data["view"]["held"] = {"headline": held.headline, "hint": held.hint,
-                                "holders": [list(row) for row in held.holders]}
+    data["view"] = lab_view(report, view)
     return {"text/plain": render_text(report, view=view), "text/html": render_html(report, timeline, view=view),
             MIME_TYPE: data}
 
@@ -353,7 +406,7 @@ def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
     def tf_peak(r: Report) -> int | None:
         return r.tf_peak_bytes if r.tf else None
 
-    def delta(x: float | None, y: float | None, fmt=format_bytes) -> str:
+    def delta(x: float | None, y: float | None, fmt: Callable[[float], str] = format_bytes) -> str:
         if x is None or y is None:
             return ""
         change = f"{'+' if y >= x else '-'}{fmt(abs(y - x))}"
@@ -362,13 +415,16 @@ def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
     rows = [("label", a.label or "-", b.label or "-", ""), ("status", a.status, b.status, "")]
     pa, pb = tf_peak(a), tf_peak(b)
     rows.append(("TF peak over baseline", format_bytes(pa), format_bytes(pb), delta(pa, pb)))
-    for name, get in (("RSS peak", lambda r: r.rss.peak_bytes),
-                      ("RSS growth", lambda r: r.rss.peak_bytes - r.rss.baseline_bytes)):
+    growths: tuple[tuple[str, Callable[[Report], int]], ...] = (
+        ("RSS peak", lambda r: r.rss.peak_bytes), ("RSS growth", lambda r: r.rss.peak_bytes - r.rss.baseline_bytes))
+    for name, get in growths:
         rows.append((name, format_bytes(get(a)), format_bytes(get(b)), delta(get(a), get(b))))
     rows.append(("time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s",
                  delta(a.wall_s, b.wall_s, lambda v: f"{v:.2f} s")))
-    for r_name, pick in (("batch", lambda r: r.model.batch_size if r.model else None),
-                         ("precision policy", lambda r: r.env.mixed_precision_policy)):
+    settings: tuple[tuple[str, Callable[[Report], object]], ...] = (
+        ("batch", lambda r: r.model.batch_size if r.model else None),
+        ("precision policy", lambda r: r.env.mixed_precision_policy))
+    for r_name, pick in settings:
         if pick(a) is not None or pick(b) is not None:
             rows.append((r_name, str(pick(a)), str(pick(b)), ""))
     ta = {g.phase: g.bytes for g in a.trace.by_phase} if a.trace else {}

@@ -4,11 +4,13 @@ a `ReportView`; none of them calls into the advice layer itself (the panel's sli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfmem_magic.advise import prediction
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Report, TraceInfo
+from tfmem_magic.core.report import Knobs, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 
 
@@ -39,9 +41,52 @@ def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None 
         [report.env.allocator_note] if report.env.allocator_note else [])
     return ReportView(report=report, verdict=verdict(report), level=verdict_level(report),
                       summary=summary_items(report),
-                      whatifs=prediction.scenarios(report) if whatifs is None else whatifs,
-                      base=base, base_problem=problem, calibrated=prediction.measured_basis_cached(report),
+                      whatifs=whatif_rows(report) if whatifs is None else whatifs,
+                      base=base, base_problem=problem, calibrated=prediction.is_calibrated(report),
                       notes=notes)
+
+
+def knobs_text(knobs: Knobs) -> str:
+    """A what-if's settings as a person reads them: "batch 64, mixed_bfloat16, adam"."""
+    parts = [f"batch {knobs.batch_size}", knobs.policy]
+    if knobs.optimizer:
+        parts.append(knobs.optimizer)
+    if knobs.accumulation_steps > 1:
+        parts.append(f"{knobs.accumulation_steps} accumulation steps")
+    if knobs.replicas > 1:
+        parts.append(f"per replica of {knobs.replicas}")
+    if not math.isclose(knobs.input_scale, 1.0):
+        parts.append(f"input x{knobs.input_scale:g}")
+    return ", ".join(parts)
+
+
+def whatif_rows(report: Report) -> list[tuple[str, prediction.WhatIf]]:
+    """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer."""
+    if report.prediction is None or report.model is None:
+        return []
+    try:
+        base = prediction.predict(report)
+    except TfmemUsageError:
+        return []
+    batch = base.knobs.batch_size
+    out = [(f"as run (batch {batch})", base)]
+
+    def add(label: str, **knobs: Any) -> None:  # one the knobs do not allow (a batch below the replicas): left out
+        try:
+            out.append((label, prediction.predict(report, **knobs)))
+        except TfmemUsageError:
+            pass
+
+    for factor in (0.5, 2, 4):
+        if int(batch * factor) >= 1 and int(batch * factor) != batch:
+            add(f"batch {int(batch * factor)}", batch_size=int(batch * factor))
+    gpu = any("GPU" in d for d in report.env.devices)
+    if report.model.training and base.knobs.policy == "float32":
+        policy = "mixed_float16" if gpu else "mixed_bfloat16"
+        add(f"{policy} policy", policy=policy)
+    if report.model.training and prediction.OPTIMIZER_SLOTS.get(base.knobs.optimizer or "", 0) >= 2:
+        add("SGD with momentum", optimizer="sgd+momentum")
+    return out
 
 
 BUDGET_SOURCES = {"cgroup": "container limit", "ram": "available RAM", "user": "your limit"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import calibration, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
@@ -34,25 +34,25 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
     if base is None or report.model is None:
         return widgets.HTML(f"<div class='tfmem-empty'>{escape(view.base_problem or '')}</div>")
     knobs = base.knobs
-    batch = knobs["batch_size"]
+    batch = knobs.batch_size
     fit = base.largest_batch or 0
     top = max(1024, 8 * batch, int(fit * 1.25) if fit <= 64 * batch else 0)  # the slider stays usable
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="480px")
     batch_w = widgets.IntSlider(value=batch, min=1, max=top, description="Batch size", style=style, layout=wide,
                                 continuous_update=True)
-    policy_w = widgets.Dropdown(options=_policies(report, knobs["policy"]), value=knobs["policy"],
+    policy_w = widgets.Dropdown(options=_policies(report, knobs.policy), value=knobs.policy,
                                 description="Precision", style=style, layout=wide)
     optimizers = list(OPTIMIZER_CHOICES)
-    if knobs["optimizer"] and knobs["optimizer"] not in [v for _, v in optimizers]:
-        optimizers.insert(0, (knobs["optimizer"], knobs["optimizer"]))
-    optimizer_w = widgets.Dropdown(options=optimizers, value=knobs["optimizer"] or "adam", description="Optimizer",
+    if knobs.optimizer and knobs.optimizer not in [v for _, v in optimizers]:
+        optimizers.insert(0, (knobs.optimizer, knobs.optimizer))
+    optimizer_w = widgets.Dropdown(options=optimizers, value=knobs.optimizer or "adam", description="Optimizer",
                                    style=style, layout=wide, disabled=not report.model.training)
     accumulation_w = widgets.IntSlider(value=1, min=1, max=16, description="Accumulation steps", style=style,
                                        layout=wide, disabled=not report.model.training)
     scale_w = widgets.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="Input size ×",
                                      style=style, layout=wide)
-    replicas_w = widgets.IntSlider(value=knobs.get("replicas", 1), min=1, max=max(16, knobs.get("replicas", 1)),
+    replicas_w = widgets.IntSlider(value=knobs.replicas, min=1, max=max(16, knobs.replicas),
                                    description="Replicas", style=style, layout=wide,
                                    tooltip="data-parallel GPUs or workers sharing the batch (tf.distribute): the "
                                            "prediction is one replica's")
@@ -85,7 +85,7 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
             progress.description = text[:20]
 
         try:
-            prediction.measured_basis(report, progress=step)
+            calibration.measured_basis(report, progress=step)
             use_measured["on"] = True
             calibrate_w.description = "Calibrated"
         except TfmemUsageError as exc:

@@ -1,11 +1,11 @@
 """One cell's measurement as a transaction: every instrument is armed through one undo stack and unwound in reverse
 on any exit, so that no instrument, patch, thread, profiler session or temp folder outlives the cell.
 
-    capture = Capture(options)
-    capture.start()            # all or nothing: a failure or Ctrl-C part-way undoes what was armed
-    with capture.user_code():  # the guard's watchdog may interrupt only in here
+    measurement = Measurement(options)
+    measurement.start()            # all or nothing: a failure or Ctrl-C part-way undoes what was armed
+    with measurement.user_code():  # the guard's watchdog may interrupt only in here
         ...the user's code...
-    measured = capture.stop()  # never raises; what could not be stopped cleanly is said in measured.notes
+    measured = measurement.stop()  # never raises; what could not be stopped cleanly is said in measured.notes
 
 No IPython here, and nothing that analyses or advises: the analyze layer turns a `Measured` into a report.
 """
@@ -23,7 +23,7 @@ import psutil
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import capabilities, environment, guard, holders, kerases, release, remote
+from tfmem_magic.measure import capabilities, environment, guard, holders, kerases, release, remote, xplane
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
@@ -60,12 +60,13 @@ class Measured:
     guard: guard.Guard | None = None
     instrumentation: Instrumentation | None = None
     tracer: Tracer | None = None
-    segments: list = field(default_factory=list)  # the trace's segments (xplane.read_segments' input)
-    xspaces: list = field(default_factory=list)  # [(XSpace bytes, start s)] when options.keep_xspaces
+    segments: list[tuple[bytes | xplane.Decoded, int]] = field(default_factory=list)  # xplane.read_segments' input
+    # [(XSpace bytes, start s)] when options.keep_xspaces
+    xspaces: list[tuple[bytes, float]] = field(default_factory=list)
     held: HeldInfo | None = None  # who holds TensorFlow memory at the end (the allocator's numbers come later)
 
 
-class Capture:
+class Measurement:
     """The instruments of one measurement, armed and disarmed as one transaction."""
 
     def __init__(self, options: Options, preflight: Callable[..., Any] | None = None) -> None:
