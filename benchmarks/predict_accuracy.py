@@ -176,7 +176,7 @@ with tfmem_magic.profile(mode="trace" if mode == "anchor" else "quick") as p:
 out = {{"measured": p.report.tf_peak_bytes, "batch read": p.report.model.batch_size}}
 if mode == "anchor":
     out["analytic"] = {{b: prediction.predict(p.report, batch_size=b).peak_bytes for b in batches}}
-    out["calibrated"] = {{b: prediction.predict(p.report, batch_size=b, calibrate=True).peak_bytes
+    out["calibrated"] = {{b: tfmem_magic.predict(p.report, batch_size=b, calibrate=True).peak_bytes
                          for b in batches}}
     out["probes"] = p.report.whatif_basis.calibration
 print(json.dumps(out))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfmem_magic._version import __version__
-from tfmem_magic.advise.prediction import WhatIf, predict
+from tfmem_magic.advise.prediction import WhatIf
 from tfmem_magic.core.errors import (MemoryGrowthWarning, MemoryLimitExceeded, PreflightRefused, TfmemError,
                                     TfmemUsageError)
 from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
@@ -53,8 +53,33 @@ def largest_batch(report: Report, budget: int | str | None = None, calibrate: bo
     batch fits. `predict(report, batch_size=n)` gives the prediction at that batch, with its band (the margin)."""
     from tfmem_magic.advise.prediction import largest_fitting_batch
 
+    if calibrate:
+        _calibrate(report)
     total = parse_size(budget) if isinstance(budget, str) else budget
-    return largest_fitting_batch(report, total, calibrate=calibrate, **knobs)
+    return largest_fitting_batch(report, total, **knobs)
+
+
+def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
+            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
+            replicas: int | None = None) -> WhatIf:
+    """The TF peak over the cell's baseline had the cell run with these knobs, without running it: `peak_bytes`,
+    its `basis`, `error_band`, `split` by part, whether it `fits` the report's budget and the `largest_batch` that
+    does. `batch_size` is the batch the model learns from (the global one with `replicas=n`, a data-parallel
+    strategy: the answer is one replica's); `accumulation_steps=k` runs batch_size / k samples per step;
+    `input_scale=2` twice the input elements per sample. `calibrate=True` first trains a clone of the model at three
+    batch sizes in a fresh process (seconds, once per report: the measured basis is saved with it)."""
+    from tfmem_magic.advise import prediction
+
+    if calibrate:
+        _calibrate(report)
+    return prediction.predict(report, batch_size=batch_size, policy=policy, optimizer=optimizer,
+                              accumulation_steps=accumulation_steps, input_scale=input_scale, replicas=replicas)
+
+
+def _calibrate(report: Report) -> None:
+    from tfmem_magic.advise.calibration import measured_basis  # probes in a fresh process; imported when asked
+
+    measured_basis(report)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

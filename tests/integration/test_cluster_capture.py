@@ -92,7 +92,8 @@ def test_two_workers_captured_at_once_side_by_side(workers, tmp_path):
         report = rows[address].report
         assert report is not None, rows[address].error
         assert report.main_device_name == "CPU:0" and report.trace.events > 100
-        assert {"wide"} & {g.layer for g in report.trace.by_layer} or report.trace.by_op, report.trace.by_layer
+        # the worker's graph ops carry the Keras layer's name scope: the breakdown names the layer
+        assert "wide" in {g.layer for g in report.trace.by_layer}, report.trace.by_layer
         # the report's peak is the worker's allocator's peak in its own trace
         assert report.main_device.peak_bytes == report.trace.allocators[0].peak_bytes
     assert rows[nobody].report is None and "unreachable" in rows[nobody].error

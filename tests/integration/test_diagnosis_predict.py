@@ -10,6 +10,7 @@ import psutil
 import pytest
 from fresh import run_in_fresh_shell, run_python
 
+import tfmem_magic
 from tfmem_magic.advise import prediction
 from tfmem_magic.core.errors import TfmemUsageError
 
@@ -88,7 +89,7 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
         assert any("had freed it before its peak" in n for n in same.notes)
     assert set(same.split) == {"weights", "gradients", "optimizer", "activations", "input", "other"}
     guess = prediction.predict(rep, batch_size=128)
-    measured = prediction.predict(rep, batch_size=128, calibrate=True)
+    measured = tfmem_magic.predict(rep, batch_size=128, calibrate=True)
     assert measured.basis == "measured" and measured.error_band == prediction.MEASURED_BAND
     assert guess.basis == "analytic" and guess.error_band == prediction.ANALYTIC_BAND
     assert guess.peak_bytes > same.peak_bytes and measured.peak_bytes > same.peak_bytes
@@ -116,7 +117,7 @@ sh.run_cell("%%tfmem --as rep\\nm = cnn()\\nm.fit(x[:256], y[:256], batch_size=3
 from tfmem_magic.advise import prediction
 rep = sh.user_ns["rep"]
 print(json.dumps([prediction.predict(rep, batch_size=128).peak_bytes,
-                  prediction.predict(rep, batch_size=128, calibrate=True).peak_bytes]))
+                  tfmem_magic.predict(rep, batch_size=128, calibrate=True).peak_bytes]))
 """
 
 

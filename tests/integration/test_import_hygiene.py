@@ -79,7 +79,9 @@ print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in
                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["loaded"] == []  # neither "IPython" nor "ipywidgets" (nor a submodule) is in sys.modules
+    # the refusing finder was in the way (Keras 3 itself asks for IPython at import: keras/src/saving/file_editor.py),
+    # and none of the attempts it refused came from tfmem_magic's code
+    assert any(a["name"].split(".")[0] == "IPython" and not a["ours"] for a in seen["attempts"]), seen["attempts"]
     assert [a for a in seen["attempts"] if a["ours"]] == [], seen["attempts"]
 
 

@@ -98,7 +98,7 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == 3 and outcomes.get("failed") == 6, out
     # the plugin set TensorFlow's allocator up (BFC) before the first op: every allocation is counted
-    assert "oneDNN CPU allocator tracks only" not in out
+    assert "note: TensorFlow's CPU allocator" not in out, out  # what the plugin says when it could not
     over = re.search(r"tfmem_limit: TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, "
                      r"over its 16 MiB limit", out)
     assert over and 60 <= float(over.group(1)) <= 70, out  # 32 MiB for x and 32 MiB for x * 2, both live
@@ -119,6 +119,7 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert re.search(r"\.pytest_cache/d/tfmem/test_limits\.py_test_over-[0-9a-f]{8}\.json$", paths[0]), paths
     report = Report.load(paths[0])
     assert report.label.endswith("test_over") and report.tf_peak_bytes > 16 * MiB
+    assert report.env.allocator == "bfc_cpu_allocator_for_gpu" and report.env.allocator_complete
     # device=: the limit is judged on that device's allocator, over and under it
     device_over = re.search(r"TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, over its "
                             r"40 MiB limit", failure(out, "test_device_over"))

@@ -361,36 +361,31 @@ def tf_budget_within(report: Report, total: int) -> int:
     return max(0, total - report.rss.baseline_bytes)
 
 
-def largest_fitting_batch(report: Report, budget: int | None = None, calibrate: bool = False,
-                          **knobs: Any) -> int | None:
+def largest_fitting_batch(report: Report, budget: int | None = None, **knobs: Any) -> int | None:
     """The largest batch (as people type it) whose upper estimate fits: `budget` is the memory the cell may use in
     all (the process's on a CPU, the GPU's for TensorFlow on a GPU; default: the report's own budget). The other
     knobs are `predict`'s. None when not even the smallest batch fits, or the report has no budget. A batch larger
     than the rows the cell trained on is those rows: fit runs them as one batch."""
     tf_budget = None if budget is None else tf_budget_within(report, budget)
-    batch = predict(report, calibrate=calibrate, tf_budget=tf_budget, **knobs).largest_batch
+    batch = predict(report, tf_budget=tf_budget, **knobs).largest_batch
     rows = report.model.samples if report.model is not None else None
     return min(batch, rows) if batch is not None and rows else batch
 
 
 def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
-            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
-            replicas: int | None = None, tf_budget: int | None = None) -> WhatIf:
+            accumulation_steps: int = 1, input_scale: float = 1.0, replicas: int | None = None,
+            tf_budget: int | None = None) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
     samples. With `replicas=n` (a data-parallel tf.distribute strategy over n GPUs or workers) it is the global
     batch, and the answer is one replica's peak: all the weights, gradients and slots, the activations of
-    batch_size / n samples, and all-reduce buffers. `calibrate=True` trains a clone of the model at three batch
-    sizes (seconds) unless the report has it. `tf_budget` replaces what the TF peak may reach (default: the report's
-    budget less what was held at the cell's start, `budget_for_tf`).
+    batch_size / n samples, and all-reduce buffers. The basis is the report's (`basis_of`: the measured one once
+    calibration.measured_basis ran, which `tfmem_magic.predict(..., calibrate=True)` does). `tf_budget` replaces
+    what the TF peak may reach (default: the report's budget less what was held at the cell's start,
+    `budget_for_tf`).
     """
-    if calibrate:
-        from tfmem_magic.advise.calibration import measured_basis  # calibration builds on this module's model
-
-        basis = measured_basis(report)
-    else:
-        basis = basis_of(report)
+    basis = basis_of(report)
     now = basis.knobs
     knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
                   optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),

@@ -70,7 +70,7 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
                                 optimizer=(optimizer_w.value if report.model is not None and report.model.training
                                            else None),
                                 accumulation_steps=min(accumulation_w.value, batch_w.value),
-                                input_scale=scale_w.value, calibrate=use_measured["on"], replicas=replicas_w.value)
+                                input_scale=scale_w.value, replicas=replicas_w.value)
         except TfmemUsageError as exc:
             result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
             return
