@@ -174,7 +174,8 @@ def test_figures_are_png_and_none_without_data(fit_report):
 def test_kernel_displays_static_twin_then_live_panel(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        nbformat.v4.new_code_cell("%%tfmem\nimport tensorflow as tf\nx = tf.ones((128, 128))"),
+        # long enough for the sampler's timeline (a cell of a few sampling periods draws none)
+        nbformat.v4.new_code_cell("%%tfmem\nimport time, tensorflow as tf\nx = tf.ones((128, 128))\ntime.sleep(0.5)"),
         nbformat.v4.new_code_cell("%%tfmem --no-panel\ny = 1"),
     ])
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})

@@ -54,6 +54,10 @@ def _figure(width_in: float, height_in: float, rows: int = 1) -> tuple[Figure, S
 
 _renders = 0
 COLLECT_EVERY = 16
+# A series of fewer points (a cell of a few sampling periods: its start, its end, a sample or two) draws no line
+# worth reading, and the chart is most of what a short profiled cell costs: ~0.2 s of matplotlib against ~10 ms for
+# the rest (benchmarks/overhead.py). The headline's peaks are exact without it.
+MIN_POINTS = 4
 
 
 def _png(fig: Figure) -> bytes:
@@ -119,9 +123,9 @@ def timeline_figure(report: Report) -> Figure | None:
         tf_label = f"TF live bytes (sampled, {sampled[0]})" if sampled is not None else "TF live bytes (sampled)"
         series_device = sampled[0] if sampled is not None else None
     rss_points = report.rss.samples
-    if len(tf_points) < 2 and len(rss_points) < 2:
+    has_tf, has_rss = len(tf_points) >= MIN_POINTS, len(rss_points) >= MIN_POINTS
+    if not (has_tf or has_rss):
         return None
-    has_tf, has_rss = len(tf_points) >= 2, len(rss_points) >= 2
     rows = int(has_tf) + int(has_rss)
     fig, axes = _figure(8.6, 1.9 * rows + 0.4, rows)
     if has_tf:

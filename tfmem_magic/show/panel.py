@@ -116,7 +116,8 @@ def breakdown_tab(report: Report) -> widgets.Widget:
 def timeline_tab(report: Report, png: bytes | None = None) -> widgets.Widget:
     png = png if png is not None else figures.timeline_png(report)
     if not png:
-        return _empty("The cell was too short to sample: no timeline.")
+        return _empty(f"The cell ran {report.wall_s:.2f} s, too short for a timeline (fewer than "
+                      f"{figures.MIN_POINTS} samples); the peaks above are exact.")
     return widgets.Image(value=png, format="png", layout=widgets.Layout(max_width="900px"))
 
 
