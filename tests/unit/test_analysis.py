@@ -135,6 +135,20 @@ def test_attribute_path(path, expected):
     assert (att.op, att.layer, att.phase) == expected
 
 
+@pytest.mark.parametrize("path, expected", [
+    ("StatefulPartitionedCall/worker_1/wide_1/Relu", ("Relu", "wide", "forward")),
+    ("StatefulPartitionedCall/gradient_tape/worker_1/wide_1/MatMul/MatMul_1", ("MatMul", "wide", "backward")),
+    ("StatefulPartitionedCall/gradient_tape/worker_1/head_1/BiasAdd/BiasAddGrad", ("BiasAddGrad", "head", "backward")),
+    ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+])
+def test_a_trace_without_the_model_names_the_layer_not_the_forward_op(path, expected):
+    """A saved or captured trace: no layer names are known, the enclosing scope is the layer, and a gradient's
+    path, which names its forward op as a scope, still gives the layer (a captured worker's breakdown once listed
+    'MatMul' and 'BiasAdd' as layers)."""
+    att = analysis.attribute_path(path, analysis.TraceContext())
+    assert (att.op, att.layer, att.phase) == expected
+
+
 def test_downsample_keeps_the_peak_and_bounds_points():
     t = np.arange(100_000, dtype=float)
     y = np.sin(t / 1000) * 1000

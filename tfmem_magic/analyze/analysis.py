@@ -74,8 +74,15 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
         return Attribution("function runtime", None, "other")
     scopes = [_SUFFIX.sub("", p) for p in parts[:-1]]
     layer = next((s for s in reversed(scopes) if s in ctx.layer_names), None)
-    if layer is None and ctx.layer_names == set() and len(scopes) >= 2 and scopes[-1] not in _RUNTIME_SCOPES:
-        layer = scopes[-1]  # nothing known about the model: the enclosing scope is the best guess of a layer
+    if layer is None and ctx.layer_names == set():
+        # nothing known about the model (a saved or captured trace): the enclosing scope is the best guess of a
+        # layer, once the scopes of the op itself are dropped: a gradient's path names its forward op as a scope
+        # (`gradient_tape/.../wide_1/MatMul/MatMul_1`, `.../head_1/BiasAdd/BiasAddGrad`)
+        named = list(scopes)
+        while len(named) >= 2 and op.startswith(named[-1]):
+            named.pop()
+        if len(named) >= 2 and named[-1] not in _RUNTIME_SCOPES:
+            layer = named[-1]
     if "gradient_tape" in scopes or any(p.startswith("gradients") for p in parts[:-1]):
         phase = "backward"
     elif any(s.lower() in ctx.optimizer_scopes for s in scopes):
