@@ -17,6 +17,7 @@ from tfmem_magic.measure import environment
 from tfmem_magic.measure.sampling import (fold_into_measuring, memory_info, process_rss, read_hwm, reset_hwm,
                                           tf_device_names)
 
+
 class Peaks(NamedTuple):
     tf_bytes: int | None  # TensorFlow's peak bytes in use on the device; None: its allocator keeps no statistics
     rss_bytes: int  # the process's RSS peak

@@ -55,8 +55,8 @@ def _figure(width_in: float, height_in: float, rows: int = 1) -> tuple[Figure, S
 _renders = 0
 COLLECT_EVERY = 16
 # A series of fewer points (a cell of a few sampling periods: its start, its end, a sample or two) draws no line
-# worth reading, and the chart is most of what a short profiled cell costs: ~0.2 s of matplotlib against ~10 ms for
-# the rest (benchmarks/overhead.py). The headline's peaks are exact without it.
+# worth reading, and the chart was most of what a short profiled cell cost: ~109 ms with it, 3.1 ms without in quick
+# mode (benchmarks/cell_cost.py, docs/overhead.md). The headline's peaks are exact without it.
 MIN_POINTS = 4
 
 

@@ -41,7 +41,7 @@ def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None 
         [report.env.allocator_note] if report.env.allocator_note else [])
     return ReportView(report=report, verdict=verdict(report), level=verdict_level(report),
                       summary=summary_items(report),
-                      whatifs=whatif_rows(report) if whatifs is None else whatifs,
+                      whatifs=whatif_rows(report, base) if whatifs is None else whatifs,
                       base=base, base_problem=problem, calibrated=prediction.is_calibrated(report),
                       notes=notes)
 
@@ -60,14 +60,16 @@ def knobs_text(knobs: Knobs) -> str:
     return ", ".join(parts)
 
 
-def whatif_rows(report: Report) -> list[tuple[str, prediction.WhatIf]]:
-    """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer."""
+def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[tuple[str, prediction.WhatIf]]:
+    """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer.
+    `base`: the prediction at the cell's own settings, when the caller has it (each one searches the largest batch)."""
     if report.prediction is None or report.model is None:
         return []
-    try:
-        base = prediction.predict(report)
-    except TfmemUsageError:
-        return []
+    if base is None:
+        try:
+            base = prediction.predict(report)
+        except TfmemUsageError:
+            return []
     batch = base.knobs.batch_size
     out = [(f"as run (batch {batch})", base)]
 

@@ -62,7 +62,6 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
                                          "and use the measured slope: ±10% instead of ±30%",
                                  layout=widgets.Layout(width="240px"))
     progress = widgets.IntProgress(value=0, min=0, max=100, layout=widgets.Layout(width="200px", visibility="hidden"))
-    use_measured = {"on": False}
 
     def show(_: Any = None) -> None:
         try:
@@ -86,7 +85,6 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
 
         try:
             calibration.measured_basis(report, progress=step)
-            use_measured["on"] = True
             calibrate_w.description = "Calibrated"
         except TfmemUsageError as exc:
             result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
@@ -100,7 +98,6 @@ def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget
         control.observe(show, names="value")
     calibrate_w.on_click(calibrate)
     if view.calibrated:
-        use_measured["on"] = True
         calibrate_w.description, calibrate_w.disabled = "Calibrated", True
     show()
     note = widgets.HTML("<div class='tfmem-empty'>Batch size is the batch the model learns from; with accumulation "
