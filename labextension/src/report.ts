@@ -235,6 +235,7 @@ export interface Basis {
   copy_missing: number;
   increment_fragmentation: number | null;
   growth_fragmentation: number | null;
+  replay: ReplayCurve | null;
 }
 /**
  * The settings a what-if changes (advise/prediction.py, predict).
@@ -246,6 +247,26 @@ export interface Knobs {
   accumulation_steps: number;
   input_scale: number;
   replicas: number;
+}
+/**
+ * The step replay (analyze/step_replay.py): the model's allocation sequence, traced from a fresh allocator at two odd probe batches, replayed through the BFC simulator at a grid of batches. Stored with the basis, so a saved report predicts as the live one; advise/prediction.py interpolates it and anchors it on the cell's peak.
+ */
+export interface ReplayCurve {
+  probes: number[];
+  events: number;
+  allocations: number;
+  aligned: number;
+  own_error: number;
+  cross_error: number;
+  traced_peaks: number[];
+  batches: number[];
+  peaks: number[];
+  second_peaks: number[];
+  region_peaks: number[];
+  passed: boolean;
+  why_not: string;
+  seconds: number;
+  retried: boolean;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

@@ -90,15 +90,19 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
     assert set(same.split) == {"weights", "gradients", "optimizer", "activations", "input", "other"}
     guess = prediction.predict(rep, batch_size=128)
     measured = tfmem_magic.predict(rep, batch_size=128, calibrate=True)
-    assert measured.basis == "measured" and measured.error_band == prediction.MEASURED_BAND
+    # the step replay (two fresh probe processes traced from their first allocation) predicts the batch knob
+    assert measured.basis == "replay" and measured.error_band == prediction.REPLAY_BAND, rep.whatif_basis.replay
+    curve = rep.whatif_basis.replay
+    assert curve.passed and curve.own_error < 0.01 and curve.aligned >= 0.95 * curve.allocations
+    assert any(n.startswith("Replayed:") for n in measured.notes)
     assert guess.basis == "analytic" and guess.error_band == prediction.ANALYTIC_BAND
     assert guess.peak_bytes > same.peak_bytes and measured.peak_bytes > same.peak_bytes
     # knobs move the parts they should
     guess = prediction.predict(rep, batch_size=128)  # once calibrated, the report's predictions use the probes
-    assert guess.basis == "measured" and guess.peak_bytes == measured.peak_bytes
+    assert guess.basis == "replay" and guess.peak_bytes == measured.peak_bytes
     bf16 = prediction.predict(rep, batch_size=128, policy="mixed_bfloat16")
     assert bf16.split["activations"] == pytest.approx(guess.split["activations"] / 2, rel=0.01)
-    assert bf16.error_band == prediction.ANALYTIC_BAND  # the probes ran in float32
+    assert bf16.error_band == prediction.ANALYTIC_BAND and bf16.basis == "measured"  # the probes ran in float32
     sgd = prediction.predict(rep, batch_size=128, optimizer="sgd")
     assert sgd.split["optimizer"] == 0 and sgd.peak_bytes < guess.peak_bytes
     acc = prediction.predict(rep, batch_size=128, accumulation_steps=4)

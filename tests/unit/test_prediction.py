@@ -28,7 +28,7 @@ def calibrated(monkeypatch, peaks: dict[int, tuple[int, int]]):
     calibration.remember_model(rep, model)
     asked = []
     monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: asked.append(batches) or peaks)
-    basis = calibration.measured_basis(rep)
+    basis = calibration.measured_basis(rep, replay=False)  # the parts alone (test_step_replay.py: the replay)
     return rep, basis, asked, model
 
 
@@ -85,7 +85,7 @@ def test_after_an_oom_the_probes_line_is_used_both_ways_in_the_probes_chunks(mon
     peaks = {b: (round(1.2 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (32, 64, 128)}
     monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: peaks)
     assert calibration.probe_batches(rep, prediction.analytic_basis(rep)) == [32, 64, 128]
-    basis = calibration.measured_basis(rep)
+    basis = calibration.measured_basis(rep, replay=False)  # the parts alone (test_step_replay.py: the replay)
     assert basis.measured_peak is None and basis.activations_per_sample_below is None
     assert basis.activations_per_sample + basis.input_per_sample == pytest.approx(0.2 * MiB, rel=1e-6)
     at_128, at_64 = (prediction.predict(rep, batch_size=b).peak_bytes for b in (128, 64))

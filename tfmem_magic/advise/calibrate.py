@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
@@ -72,6 +73,11 @@ if spec["custom"]:  # classes defined in the notebook, sent by value (cloudpickl
         tolerant(value)
 scope = keras.saving.custom_object_scope(custom)
 scope.__enter__()  # for the whole probe: compile_from_config may name custom losses and metrics too
+if spec.get("replay"):  # a replay probe: everything the allocator does for the model, from its first allocation
+    import time
+    from tfmem_magic.measure import tracer as tracing, xplane
+    recorder = tracing.Tracer(time.perf_counter(), max_seconds=0, budget_bytes=0)  # no cap, no budget, no pause
+    recorder.start()
 model = keras.models.model_from_json(spec["model"])
 from tfmem_magic.measure.kerases import flavour_of
 print("TFMEM-CLONE " + flavour_of(model), flush=True)  # the Keras whose classes built the clone (its MRO's)
@@ -129,16 +135,34 @@ for i, batch in enumerate(spec["batches"]):
     if spec["pipeline"]:  # the cell gave fit/predict its arrays: Keras' own input pipeline, as there
         # as tensors made before the probe: fit copies numpy arrays, and a copy of the probe's arrays would grow
         # with the probe's batch (the cell's copy is a part of its own, from the arrays' size)
-        x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in data(batch * STEPS)]
+        # a replay probe's arrays have the same rows at every probe batch (spec["rows"]): the cell's arrays do not
+        # grow with its batch either, so the step replay must not see them grow (the steps' own tensors do)
+        rows = spec.get("rows") or batch * STEPS
+        x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in data(rows)]
         if spec["train"]:
-            step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+            step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False,
+                                     steps_per_epoch=STEPS)
         else:
-            step = lambda: model.predict(x, batch_size=batch, verbose=0)
+            step = lambda: model.predict(x, batch_size=batch, verbose=0, steps=STEPS)
+    elif spec.get("replay") and spec.get("feed") in ("dataset", "generator", "pydataset"):
+        # a replay probe of a cell fed by a pipeline: a tf.data pipeline too (its prefetched batches are memory, and
+        # its ops are part of the sequence the replay follows)
+        parts = tuple(v for v in data(spec["rows"]) if v is not None)
+        ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
+        step = ((lambda: model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=0)) if spec["train"] else
+                (lambda: model.predict(ds, steps=STEPS, verbose=0)))
     else:
         x, y, w = data(batch)
         step = ((lambda: model.train_on_batch(x, y, sample_weight=w)) if spec["train"] else
                 (lambda: model.predict_on_batch(x)))
     step()  # the first run builds the optimizer's slots and traces the graph
+    if spec.get("replay"):  # then one steady step, and the whole sequence goes to the kernel (step_replay.py)
+        step()
+        trace = xplane.read_segments(recorder.finish())
+        from tfmem_magic.analyze.step_replay import save_events
+        save_events(trace.events, spec["replay"])
+        print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
+        sys.exit(0)
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))
     with probe:
         step()
@@ -157,6 +181,57 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str
     The requested bytes grow in a straight line with the batch; the allocator's chunks add BFC's fragmentation on
     top, which varies from run to run (docs/design.md, 'Allocator statistics and BFC'). `progress(text, fraction)`
     hears of each stage as it starts."""
+    spec = _spec(model, batches, train, structure, pipeline)
+    stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
+    tell = progress or (lambda text, done: None)
+    tell("starting TensorFlow", 0.02)
+    returncode, lines, last_error = _run_probe(json.dumps(spec),
+                                               lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
+    line = _answer(model, spec, "TFMEM-PROBE ", returncode, lines, last_error)
+    peaks = {int(k): tuple(v) for k, v in json.loads(line).items()}
+    if any(None in v for v in peaks.values()):
+        raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
+                              "have")
+    return peaks
+
+
+def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, folder: str,
+                  pipeline: bool = False, progress: Callable[[str, float], None] | None = None,
+                  parallel: bool = False, feed: str = "", rows: int | None = None) -> dict[int, str]:
+    """The step replay's probes (analyze/step_replay.py): per batch, a fresh process builds the clone and runs its
+    step twice (as probe_peaks runs it) while the profiler records everything its allocator does, from its first
+    allocation for the model, with no pause and no budget: a trace from a fresh allocator replays to the byte.
+    Each process writes its allocator's events to an .npz file in `folder`; returns batch -> that file. With
+    `parallel`, the processes run at once (the caller checked that the machine has the memory for both).
+    The probes are fed as the cell was (`feed`: fit's arrays, or a tf.data pipeline for a dataset, generator or
+    PyDataset), from `rows` synthetic rows (the cell's own count where the caller can afford it: the allocator's
+    regions then grow as the cell's did), the same at every probe batch."""
+    tell = progress or (lambda text, done: None)
+    # the same arrays for every probe (see the probe script), with more batches than the steps at every probe
+    # batch: fit's iterator prefetches two more than it runs, as in the cell, and a probe whose arrays ended with its
+    # last step made fewer tensors than the other; a multiple of no probe batch (it would read as batch-shaped)
+    rows = max(rows or 0, (PIPELINE_STEPS + 3) * max(batches) + 1)
+    rows += any(rows % b == 0 for b in batches)
+    specs = {b: {**_spec(model, [b], train, structure, pipeline), "replay": os.path.join(folder, f"replay-{b}.npz"),
+                 "rows": rows, "feed": feed} for b in batches}
+    names = " and ".join(str(b) for b in batches)
+    tell(f"replay probes at batch {names}" if parallel else f"replay probe at batch {batches[0]}", 0.05)
+
+    def one(batch: int) -> None:
+        returncode, lines, last_error = _run_probe(json.dumps(specs[batch]), lambda _: None)
+        _answer(model, specs[batch], "TFMEM-REPLAY ", returncode, lines, last_error)
+        if not parallel and batch != batches[-1]:
+            tell(f"replay probe at batch {batches[batches.index(batch) + 1]}", 0.5)
+
+    with ThreadPoolExecutor(max_workers=len(batches) if parallel else 1) as pool:
+        for done in [pool.submit(one, b) for b in batches]:
+            done.result()  # the first failure raises here (its TfmemUsageError says why)
+    return {b: str(spec["replay"]) for b, spec in specs.items()}
+
+
+def _spec(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
+          ) -> dict[str, Any]:
+    """What the probe script needs: the model's config, how to compile and feed it, the notebook's classes."""
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
     try:
@@ -170,17 +245,19 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str
                 "compile": model.get_compile_config() if train else None,
                 "policy": keras.mixed_precision.global_policy().name,
                 "custom": _custom_objects(model, keras), "path": [p for p in sys.path if isinstance(p, str)]}
-        payload = json.dumps(spec)
+        json.dumps(spec)
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
         raise TfmemUsageError(f"calibration could not send the model to the probe process ({type(exc).__name__}: "
                               f"{str(exc)[:200]}); the analytic basis stays in use") from exc
-    stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
-    tell = progress or (lambda text, done: None)
-    tell("starting TensorFlow", 0.02)
-    returncode, lines, last_error = _run_probe(payload, lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
+    return spec
+
+
+def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str],
+            last_error: str) -> str:
+    """The probe's answer line (after `prefix`), or a TfmemUsageError that says why there is none."""
     if returncode is None:
         raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use")
-    line = next((x for x in lines if x.startswith("TFMEM-PROBE ")), None)
+    line = next((x for x in lines if x.startswith(prefix)), None)
     if returncode != 0 or line is None:
         if "OOM" in last_error and "GPU" in last_error or "CUDA_ERROR_OUT_OF_MEMORY" in last_error:
             raise TfmemUsageError(f"calibration: {GPU_BUSY} ({last_error[:200]})")
@@ -189,14 +266,10 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str
             raise TfmemUsageError(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
         raise TfmemUsageError(f"calibration probes failed ({last_error[:300]}); the analytic basis stays in use")
     clone = next((x.split(" ", 1)[1] for x in lines if x.startswith("TFMEM-CLONE ")), None)
-    if clone != flavour:  # another Keras' clone measures another implementation: no number rather than a wrong one
+    if clone != spec["keras"]:  # another Keras' clone measures another implementation: no number, not a wrong one
         raise TfmemUsageError(f"calibration: the probe process built the clone with {clone or 'no Keras'}, not with "
-                              f"the model's {flavour}; the analytic basis stays in use")
-    peaks = {int(k): tuple(v) for k, v in json.loads(line.split(" ", 1)[1]).items()}
-    if any(None in v for v in peaks.values()):
-        raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
-                              "have")
-    return peaks
+                              f"the model's {spec['keras']}; the analytic basis stays in use")
+    return line.split(" ", 1)[1]
 
 
 def _own_classes(model: Any) -> list[Any]:

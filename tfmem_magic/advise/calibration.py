@@ -4,15 +4,17 @@ stored on the report, so a saved and reloaded report predicts what the live pane
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from tfmem_magic.advise import calibrate
-from tfmem_magic.advise.prediction import (analytic_basis, budget_for_tf, peak_at, summary)
+from tfmem_magic.advise.prediction import (CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary)
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Basis, Report
+from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 
 
@@ -48,12 +50,16 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
     return sorted({max(1, high // 4), max(1, high // 2), high})
 
 
-def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
+def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None, replay: bool = True
+                   ) -> Basis:
     """Calibrate: a clone of the cell's model trains on synthetic data at three batch sizes; the slopes of the
-    requested bytes' peak between them replace the analytic one. The result is the report's basis from then on
+    requested bytes' peak between them replace the analytic one. Then (with `replay`) the step replay: two more
+    probes, each in a fresh process, trace the clone's allocations from the start at two odd batches, and the
+    replay of those sequences at other batches (analyze/step_replay.py) predicts the batch knob wherever its
+    self-check passed (the basis is then named "replay"). The result is the report's basis from then on
     (`Report.whatif_basis`, saved with it), and its `prediction` block is redone on it."""
     stored = report.whatif_basis
-    if stored is not None and stored.name == "measured":
+    if stored is not None and stored.name in CALIBRATED:
         return stored
     basis = analytic_basis(report)
     if basis.knobs.replicas > 1:
@@ -74,7 +80,13 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     started = time.perf_counter()
     train = report.model.training if report.model else True
     pipeline = report.model.fed_arrays if report.model else False
-    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline, progress)
+    share = 0.5 if replay else 1.0  # of the progress bar: the replay's probes take about as long
+    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline,
+                                  None if progress is None else lambda text, done: progress(text, share * done))
+    curve = (replay_curve(model, basis, train, entry[2], pipeline,
+                          None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
+                          report.model.feed if report.model else "", report.model.samples if report.model else None)
+             if replay else None)
     if progress:
         progress("done", 1.0)
     anchor = basis.knobs.batch_size
@@ -122,7 +134,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
              + (above + basis.input_per_sample) * anchor)
     other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
              if basis.measured_peak is not None else 0)
-    measured = replace(basis, name="measured", activations_per_sample=above, activations_per_sample_below=below,
+    name = "replay" if curve is not None and curve.passed else "measured"
+    measured = replace(basis, name=name, replay=curve, activations_per_sample=above, activations_per_sample_below=below,
                        other=other, slope_source="probe runs", increment_fragmentation=min(2.0, max(1.0, chunks)),
                        calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
                                     "requested_bytes": [peaks[b][1] for b in batches],
@@ -130,6 +143,85 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     report.whatif_basis = measured
     report.prediction = summary(report)
     return measured
+
+
+def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any] | None, pipeline: bool,
+                 progress: Callable[[str, float], None] | None = None, feed: str = "", samples: int | None = None
+                 ) -> ReplayCurve:
+    """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
+    cell's (calibrate.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
+    their sequences are replayed at a grid of batches (step_replay.curve). A curve that could not be made says why
+    (`why_not`); it is not used then."""
+    from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a calibration runs
+
+    cell = basis.knobs.batch_size
+    avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
+    probes = step_replay.odd_probes(cell, avoid)
+    if basis.measured_peak is None:
+        return ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
+                           traced_peaks=[], why_not="the cell's own peak was not measured (it stopped early, or "
+                           "TensorFlow's allocator statistics were missing): the replay is anchored on it")
+    started = time.perf_counter()
+    folder = tempfile.mkdtemp(prefix="tfmem-replay-")
+    tries, first = 0, ""
+    try:
+        parallel = _room_for_two(basis, probes[1])
+        rows = _affordable_rows(basis, samples) if pipeline else None
+        while True:
+            tries += 1
+            paths = calibrate.replay_traces(model, list(probes), train, structure, folder, pipeline, progress,
+                                            parallel, feed, rows)
+            if progress:
+                progress("replaying the step through the allocator", 0.95)
+            low, high = (step_replay.load_events(paths[b]) for b in probes)
+            growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
+            out = step_replay.curve(low, high, *probes, cell, gpu_growth=growth)
+            # about one large model's probe trace in twenty does not replay to the byte (docs/bfc-replay.md); the
+            # next run of the same probes does: one more try, not more (a model that never replays says why)
+            if out.passed or out.own_error <= step_replay.OWN_TOLERANCE or tries == 2:
+                break
+            first = out.why_not
+    except TfmemUsageError as exc:
+        out = ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
+                          traced_peaks=[], why_not=f"its probes failed: {exc}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if tries == 2:  # the first try's self-check failed: say so, and why the second failed too if it did
+        out.retried = True
+        out.why_not = f"{out.why_not} (second try; the first: {first})" if not out.passed else ""
+    out.seconds = round(time.perf_counter() - started, 2)
+    return out
+
+
+# a probe process's own memory besides its step: TensorFlow's runtime and the profiler's recorder (measured: 0.5-0.7
+# GiB of RSS for a small model traced from the start)
+PROBE_PROCESS_BYTES = 768 << 20
+
+
+# the most memory a replay probe's synthetic copy of the cell's arrays may take (with at most an eighth of what the
+# machine has available): past it, the probes train on a few batches' worth of rows
+ROWS_BYTES = 1 << 30
+
+
+def _affordable_rows(basis: Basis, samples: int | None) -> int | None:
+    """The cell's own row count for the replay probes' arrays, when a synthetic copy of them is affordable: the
+    allocator's regions then grow as the cell's did (a probe on fewer rows grew other regions, and its staircase of
+    chunks moved: docs/bfc-replay.md). None otherwise (the probes use a few batches' worth)."""
+    import psutil
+
+    if not samples:
+        return None
+    size = samples * basis.input_per_sample
+    return samples if size <= min(ROWS_BYTES, psutil.virtual_memory().available / 8) else None
+
+
+def _room_for_two(basis: Basis, batch: int) -> bool:
+    """Whether the machine's available memory holds both replay probes at once with room to spare (then they run
+    in parallel: half the wait on two cores). A user near the end of their memory gets them one after the other."""
+    import psutil
+
+    one = peak_at(basis, replace(basis.knobs, batch_size=batch)) + PROBE_PROCESS_BYTES
+    return bool(2 * one < 0.5 * psutil.virtual_memory().available)
 
 
 def _line_slope(xs: list[int], ys: Sequence[float]) -> float:

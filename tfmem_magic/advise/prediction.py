@@ -30,12 +30,13 @@ This module imports no TensorFlow or Keras; the probes run in another process (c
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, Report
+from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, ReplayCurve, Report
 from tfmem_magic.core.sizes import format_bytes
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
@@ -54,6 +55,11 @@ GROWTH_FRAGMENTATION = 1.10
 ANALYTIC_BAND = 0.30
 UPPER_BOUND_SOURCE = "the cell's peak (the trace stopped before it: an upper bound)"
 MEASURED_BAND = 0.10
+# the step replay's band (analyze/step_replay.py), as measured on the zoo (benchmarks/predict_accuracy.py --zoo,
+# docs/what-if.md): 69 of 70 points within 15% of the range of three fresh runs (63 within 10%), below the cell's
+# batch all 28 (the parts' worst there: 20%, which is why the measured basis shows the analytic band below it)
+REPLAY_BAND = 0.15
+CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
                    "adamax": 2, "lion": 1, "adafactor": 1, "ftrl": 2, "lamb": 2}
 POLICIES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -121,7 +127,7 @@ def basis_of(report: Report) -> Basis:
 
 def is_calibrated(report: Report) -> bool:
     """The report's what-if stands on probe runs (`calibration.measured_basis`)."""
-    return report.whatif_basis is not None and report.whatif_basis.name == "measured"
+    return report.whatif_basis is not None and report.whatif_basis.name in CALIBRATED
 
 
 def analytic_basis(report: Report) -> Basis:
@@ -254,10 +260,11 @@ def _trace_saw_peak(report: Report) -> bool:
 
 # ---- prediction -----------------------------------------------------------------------------------------------------
 
-def parts_at(basis: Basis, knobs: Knobs) -> dict[str, float]:
-    """The requested-bytes parts of the peak at `knobs`."""
+def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str, float]:
+    """The requested-bytes parts of the peak at `knobs` (at the micro-batch `micro` instead of the knobs' own, when
+    given: the step replay's share of a prediction, see peak_at)."""
     now = basis.knobs
-    micro = knobs.batch_size / knobs.split
+    micro = knobs.batch_size / knobs.split if micro is None else micro
     dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
     below = basis.activations_per_sample_below
     now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
@@ -291,9 +298,50 @@ def gradient_copies(knobs: Knobs) -> int:
 
 
 def peak_at(basis: Basis, knobs: Knobs) -> int:
-    """The allocator's peak at `knobs`: the cell's parts in the cell's own chunks (so its settings give back its
-    measurement), and what the knobs change in the chunks the probes measured for such changes."""
-    total = sum(parts_at(basis, knobs).values())
+    """The allocator's peak at `knobs`. Where the step replay applies (`replay_applies`), the cell's measured peak
+    moved by what the replay finds between the cell's batch and the asked one, plus what the other knobs change (an
+    optimizer's slots, accumulation's buffers: the parts below, at the cell's batch). Otherwise the parts: the
+    cell's in the cell's own chunks (so its settings give back its measurement), and what the knobs change in the
+    chunks the probes measured for such changes."""
+    if not replay_applies(basis, knobs):
+        return _parts_peak(basis, knobs)
+    assert basis.replay is not None
+    now_micro = basis.knobs.batch_size / basis.knobs.split
+    others = _parts_peak(basis, knobs, now_micro)
+    # the larger of the two orders' changes: the safe side both ways (a shrink that frees less, a growth that adds more)
+    moved = replay_change(basis.replay, knobs.batch_size / knobs.split, now_micro)[1]
+    return max(0, round(others + moved))
+
+
+def replay_applies(basis: Basis, knobs: Knobs) -> bool:
+    """The step replay predicts the batch knob: its self-check passed, the cell's peak anchors it, and the knobs keep
+    what the probes ran with (precision, input size, one replica)."""
+    curve, now = basis.replay, basis.knobs
+    return (curve is not None and curve.passed and bool(curve.peaks) and basis.measured_peak is not None
+            and knobs.policy == now.policy and knobs.input_scale == now.input_scale and knobs.replicas == now.replicas)
+
+
+def replay_change(curve: ReplayCurve, micro: float, now_micro: float) -> tuple[float, float]:
+    """What the replay finds between the cell's step batch and `micro`, in each of the two probes' op orders: (the
+    smaller change, the larger). Each order is compared with itself: a spike one order has at the cell's batch
+    (MobileNetV2's orders differ by 19 MiB there) must not become a drop at every other batch."""
+    changes = sorted(replay_peak(curve, micro, order) - replay_peak(curve, now_micro, order) for order in (0, 1))
+    return changes[0], changes[1]
+
+
+def replay_peak(curve: ReplayCurve, micro: float, order: int = 0) -> float:
+    """The replayed peak at a step's batch `micro` in probe one's op order (`order` 1: probe two's): interpolated
+    between the curve's batches, extended in a line past its ends."""
+    xs, ys = curve.batches, (curve.second_peaks if order and curve.second_peaks else curve.peaks)
+    if len(xs) == 1:
+        return float(ys[0])
+    k = min(max(bisect.bisect_left(xs, micro), 1), len(xs) - 1)  # the segment [k-1, k] holding micro (or the end)
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    return max(0.0, y0 + (y1 - y0) * (micro - x0) / (x1 - x0))
+
+
+def _parts_peak(basis: Basis, knobs: Knobs, micro: float | None = None) -> int:
+    total = sum(parts_at(basis, knobs, micro).values())
     own = sum(parts_at(basis, basis.knobs).values())
     # growth in the chunks large tensors get (measured: GROWTH_FRAGMENTATION, or the probes'); a shrink frees the
     # cell's own (below the cell's batch the growth ratio over-predicted: benchmarks/predict_accuracy.py --zoo),
@@ -398,18 +446,41 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
                      "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
                      "prediction was 1% below to 30% above each worker's peak.")
-    band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
-    if basis.name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
+    replayed = replay_applies(basis, knobs)
+    name = "replay" if replayed else "measured" if basis.name in CALIBRATED else basis.name
+    band = REPLAY_BAND if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
+    curve = basis.replay
+    micro = knobs.batch_size / knobs.split
+    if replayed:
+        assert curve is not None
+        now_micro = now.batch_size / now.split
+        low, high = replay_change(curve, micro, now_micro)
+        spread = ""
+        if high - low > 0.01 * max(1, basis.measured_peak or 0):
+            spread = (f" The two probes ran the step's ops in different orders, which moves the change by "
+                      f"{format_bytes(round(high - low))}: the larger change is given.")
+        notes.append(f"Replayed: the model's step, traced from a fresh allocator at batches {curve.probes[0]} and "
+                     f"{curve.probes[1]}, replayed at batch {micro:g} through a simulation of TensorFlow's BFC "
+                     f"allocator, and anchored on this cell's measured peak.{spread}")
+        if micro > 2 * curve.batches[-1]:
+            band = ANALYTIC_BAND
+            notes.append(f"The replay's curve ends at batch {curve.batches[-1]}: beyond it the peak is extended in a "
+                         "line, so the analytic error band applies.")
+    elif curve is not None and curve.passed and basis.measured_peak is not None:
+        notes.append("The step replay ran at the cell's precision and input size with one replica: for these "
+                     "settings the probes' parts predict (the measured basis).")
+    elif curve is not None and curve.why_not and name == "measured":
+        notes.append(f"The step replay is not used: {curve.why_not}.")
+    if name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
         band = ANALYTIC_BAND
         notes.append("The probes ran at the cell's precision and input size: for another, the slope is scaled "
                      "from the model, so the analytic error band applies.")
     probed = basis.calibration.get("batches") or []
-    micro = knobs.batch_size / knobs.split
-    if basis.name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
+    if name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
         band = ANALYTIC_BAND  # a band is earned where the probes ran, not far outside it
         notes.append(f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
                      "extrapolated, so the analytic error band applies.")
-    elif basis.name == "measured" and micro < now.batch_size:
+    elif name == "measured" and micro < now.batch_size:
         # measured on 14 models (benchmarks/predict_accuracy.py --zoo): above the cell's batch the measured basis is
         # within 10% on most points; below it, the cell's own run (its first step, whether fit's copy of the
         # arrays was still live at its peak) is most of a small batch's peak, and misses reached 30-60%
@@ -438,7 +509,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     fits = None if budget is None else peak * (1 + band) <= budget
     biggest = None if budget is None else largest_batch(basis, knobs, budget, band)
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
-    return WhatIf(peak_bytes=peak, basis=basis.name, error_band=band,
+    return WhatIf(peak_bytes=peak, basis=name, error_band=band,
                   split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
                   fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
                   knobs=knobs, budget_bytes=budget,
@@ -467,7 +538,7 @@ def summary(report: Report) -> Prediction | None:
         basis = basis_of(report)
     except TfmemUsageError:
         return None
-    band = MEASURED_BAND if basis.name == "measured" else ANALYTIC_BAND
+    band = {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
     parts = parts_at(basis, basis.knobs)  # with a replica's all-reduce copy of the gradients
     fixed = parts["weights"] + parts["gradients"] + parts["optimizer"] + basis.input_copy + max(0, basis.other)
     # per sample of the batch the model line names (the global one: a replica runs 1/replicas of it)

@@ -343,7 +343,7 @@ class BeforeAfter:
 
 @dataclass
 class Prediction:
-    basis: str  # "measured" | "analytic"
+    basis: str  # "replay" | "measured" | "analytic"
     static_bytes: int
     per_sample_bytes: int
     fragmentation_ratio: float
@@ -369,11 +369,35 @@ class Knobs:
 
 
 @dataclass
+class ReplayCurve:
+    """The step replay (analyze/step_replay.py): the model's allocation sequence, traced from a fresh allocator at two
+    odd probe batches, replayed through the BFC simulator at a grid of batches. Stored with the basis, so a saved
+    report predicts as the live one; advise/prediction.py interpolates it and anchors it on the cell's peak."""
+
+    probes: list[int]  # the two probe batches (one step each, after a first one)
+    events: int  # probe one's memory events
+    allocations: int
+    aligned: int  # of which found their match in probe two's trace
+    own_error: float  # the larger of the probes' sequences replayed as traced, against their traced peaks
+    # the larger of: one probe's sequence at the other's sizes, against the other's traced peak (the op order's part)
+    cross_error: float
+    traced_peaks: list[int]  # each probe's traced peak (bytes in use, from its allocator's start)
+    batches: list[int] = field(default_factory=list)  # the grid (one step's batch: a micro-batch)
+    peaks: list[int] = field(default_factory=list)  # the simulated allocator peak (bytes in use) at each, probe one's
+    second_peaks: list[int] = field(default_factory=list)  # ... and in probe two's op order (its sequence)
+    region_peaks: list[int] = field(default_factory=list)  # the simulated bytes held in regions (what RSS sees)
+    passed: bool = False  # the self-check passed: the curve is used
+    why_not: str = ""  # why not, when it did not
+    seconds: float = 0.0  # the probe processes' and the replays' time
+    retried: bool = False  # the first probes' self-check failed, and the probes ran once more
+
+
+@dataclass
 class Basis:
     """How the cell's peak splits, in requested bytes, at the cell's own settings: what the what-if predicts from
     (advise/prediction.py). Stored on the report (`Report.whatif_basis`), so a saved report predicts as the live one."""
 
-    name: str  # "analytic" | "measured"
+    name: str  # "analytic" | "measured" (calibrated) | "replay" (calibrated, its step replay passed)
     weights: int
     gradients: int
     optimizer: int
@@ -394,6 +418,8 @@ class Basis:
     # the analytic basis' ratio for what a knob adds (GROWTH_FRAGMENTATION, when the cell's trace measured a higher
     # ratio of its own); None: the cell's own fragmentation
     growth_fragmentation: float | None = None
+    # the step replay (calibration's two fresh-process probes): the peak at any batch where its self-check passed
+    replay: ReplayCurve | None = None
 
 
 @dataclass

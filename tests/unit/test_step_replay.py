@@ -1,0 +1,280 @@
+"""The step replay (analyze/step_replay.py) on recorded probe traces (tests/data/replay: a CNN and an MLP, each traced
+from a fresh allocator at batches 23 and 37 by calibrate.replay_traces), and the what-if it feeds
+(advise/prediction.py). The probe processes themselves run for real in tests/integration/test_diagnosis_predict.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_fixes import report
+
+from tfmem_magic.advise import prediction
+from tfmem_magic.analyze import bfc, step_replay
+from tfmem_magic.core.report import Basis, Knobs, ReplayCurve, Report
+
+DATA = Path(__file__).parents[1] / "data" / "replay"
+MiB = 2**20
+
+
+def probes(name: str):
+    return step_replay.load_events(DATA / f"{name}-23.npz"), step_replay.load_events(DATA / f"{name}-37.npz")
+
+
+@pytest.fixture(scope="module")
+def cnn_curve() -> ReplayCurve:
+    low, high = probes("cnn")
+    return step_replay.curve(low, high, 23, 37, 32)
+
+
+def test_saved_events_load_back_column_for_column(tmp_path):
+    low, _ = probes("cnn")
+    step_replay.save_events(low, tmp_path / "again.npz")
+    again = step_replay.load_events(tmp_path / "again.npz")
+    for column in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "shape", "thread"):
+        assert np.array_equal(getattr(low, column), getattr(again, column)), column
+    assert again.strings == low.strings and again.allocator == low.allocator == "bfc_cpu_allocator_for_gpu"
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp-fit"])
+def test_a_probe_traced_from_a_fresh_allocator_replays_to_the_byte(name):
+    for events in probes(name):
+        check = bfc.self_check(events)
+        assert check.passed and check.peak_error == 0 and check.events_exact == check.events
+
+
+def test_aligned_lines_scale_the_batchs_tensors_and_keep_the_weights():
+    low, high = probes("cnn")
+    lines = step_replay.align(low, high, 23, 37)
+    assert lines.aligned >= 0.99 * lines.allocations
+    shapes = [low.string(int(i)) for i in low.shape]
+    ops = [low.string(int(i)) or "" for i in low.op]
+    relu = [i for i in range(len(low)) if low.is_alloc[i] and shapes[i] == "[23,62,62,32]" and ops[i].endswith("Relu")]
+    assert relu and all(lines.sizes(64)[i] == 64 * 62 * 62 * 32 * 4 for i in relu)  # a batch-shaped output: exact
+    slots = [i for i in range(len(low)) if low.is_alloc[i] and shapes[i] == "[3,3,32,64]"]
+    assert slots and all(lines.slope[i] == 0 for i in slots)  # a kernel-shaped tensor does not grow
+    # a flat oneDNN workspace carries the batch without a batch dimension: matched by its multiple of the batch
+    flat = [i for i in range(len(low)) if low.is_alloc[i] and shapes[i] == "[707296]"]
+    assert flat and all(lines.sizes(37)[i] == 1137824 for i in flat)
+
+
+def test_the_curve_holds_each_probes_own_peak_between_its_two_op_orders(cnn_curve):
+    low, high = probes("cnn")
+    assert cnn_curve.passed and not cnn_curve.why_not
+    for batch, events in ((23, low), (37, high)):
+        k = cnn_curve.batches.index(batch)
+        traced = int(events.live.max())
+        # each probe's own order at its own batch is its trace, to the byte
+        assert (cnn_curve.peaks if batch == 23 else cnn_curve.second_peaks)[k] == traced
+    # these two probes ran the step's ops in different orders: the orders' replays differ (by 12% at batch 37)
+    k = cnn_curve.batches.index(37)
+    assert cnn_curve.peaks[k] > 1.05 * cnn_curve.second_peaks[k]
+    assert cnn_curve.cross_error == pytest.approx((cnn_curve.peaks[k] - int(high.live.max())) / int(high.live.max()),
+                                                  abs=1e-4)
+    assert cnn_curve.batches[0] == 1 and cnn_curve.batches[-1] >= 4096 and 32 in cnn_curve.batches
+    # its activations dominate: 64x the batch is more than 30x the peak
+    assert cnn_curve.peaks[cnn_curve.batches.index(4096)] > 30 * cnn_curve.peaks[cnn_curve.batches.index(64)]
+
+
+def test_an_mlp_whose_step_hardly_grows_gets_a_flat_curve_not_one_that_grows_as_the_batch_shrinks():
+    curve = step_replay.curve(*probes("mlp-fit"), 23, 37, 32)
+    assert curve.passed
+    at = dict(zip(curve.batches, curve.peaks, strict=True))
+    # matched by rank alone, batch 8 came out 1 MiB (2.6%) above batch 32
+    assert at[8] <= at[32] and at[32] - at[8] < 0.02 * at[32]
+    assert at[4096] > 3 * at[32]
+
+
+def test_probes_of_two_different_models_are_refused_with_the_reason():
+    cnn, _ = probes("cnn")
+    _, mlp = probes("mlp-fit")
+    curve = step_replay.curve(cnn, mlp, 23, 37, 32)
+    assert not curve.passed and not curve.peaks and "found their match" in curve.why_not
+
+
+def test_probe_batches_are_odd_and_avoid_the_models_widths():
+    assert step_replay.odd_probes(32) == (23, 37)
+    assert step_replay.odd_probes(32, {23, 37}) == (25, 39)
+    assert step_replay.odd_probes(1) == (3, 5) and step_replay.odd_probes(2) == (3, 5)
+    low, high = step_replay.odd_probes(1000)
+    assert low % 2 and high % 2 and 650 <= low < 1000 < high <= 1200
+    assert step_replay.grid(32, (23, 37), per_replay_s=100.0) == [1, 2, 4, 8, 16, 23, 32, 37, 64, 128, 256, 512,
+                                                                   1024, 2048, 4096]
+    assert {20, 24, 28, 40, 48} <= set(step_replay.grid(32, (23, 37), per_replay_s=0.001))
+
+
+# ---- the prediction it feeds ---------------------------------------------------------------------------------------
+
+def replayed(curve: ReplayCurve) -> Report:
+    rep = report(batch=32)
+    basis = prediction.analytic_basis(rep)
+    rep.whatif_basis = replace(basis, name="replay", replay=curve, calibration={"batches": [8, 32, 128]})
+    return rep
+
+
+def flat_curve(**changes) -> ReplayCurve:
+    # 10 MiB + 1 MiB per sample, with a staircase at 40 (a region that no longer fits)
+    batches = [1, 2, 4, 8, 16, 23, 32, 37, 40, 64, 128]
+    peaks = [10 * MiB + b * MiB + (8 * MiB if b >= 40 else 0) for b in batches]
+    return replace(ReplayCurve(probes=[23, 37], events=100, allocations=50, aligned=50, own_error=0.0,
+                               cross_error=0.0, traced_peaks=[33 * MiB, 47 * MiB], batches=batches, peaks=peaks,
+                               second_peaks=[p - MiB for p in peaks], passed=True), **changes)
+
+
+def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_batches():
+    rep = replayed(flat_curve())
+    measured = rep.whatif_basis.measured_peak
+    assert prediction.predict(rep).peak_bytes == measured  # its own settings: its measurement
+    w = prediction.predict(rep, batch_size=8)
+    assert w.basis == "replay" and w.error_band == prediction.REPLAY_BAND
+    assert w.peak_bytes == measured - 24 * MiB
+    assert prediction.predict(rep, batch_size=64).peak_bytes == measured + 32 * MiB + 8 * MiB  # the staircase too
+    assert prediction.predict(rep, batch_size=36).peak_bytes == measured + 4 * MiB  # interpolated
+    assert prediction.predict(rep, batch_size=256).peak_bytes == measured + 224 * MiB + 8 * MiB  # extended
+    assert any("Replayed" in n and "23 and 37" in n for n in w.notes)
+
+
+def test_other_knobs_than_the_batch_keep_the_parts_and_say_so():
+    rep = replayed(flat_curve())
+    w = prediction.predict(rep, batch_size=8, policy="mixed_bfloat16")
+    assert w.basis == "measured" and any("precision and input size" in n for n in w.notes)
+    parts = replace(rep.whatif_basis, replay=None, name="measured")
+    sgd = prediction.predict(rep, optimizer="sgd")  # an optimizer's slots: the parts' change at the cell's batch
+    assert sgd.basis == "replay"
+    assert sgd.peak_bytes == prediction.peak_at(parts, replace(parts.knobs, optimizer="sgd"))
+
+
+def test_a_replay_that_failed_its_self_check_is_not_used_and_the_prediction_says_why():
+    rep = replayed(flat_curve(passed=False, peaks=[], second_peaks=[], batches=[],
+                              why_not="probe 23's own sequence replayed to +4.0% of its traced peak"))
+    rep.whatif_basis = replace(rep.whatif_basis, name="measured")
+    w = prediction.predict(rep, batch_size=64)
+    assert w.basis == "measured" and any("The step replay is not used: probe 23's own" in n for n in w.notes)
+
+
+def test_a_saved_report_predicts_what_the_replay_predicted_live():
+    rep = replayed(flat_curve())
+    again = Report.from_dict(json.loads(json.dumps(rep.to_dict())))
+    assert isinstance(again.whatif_basis, Basis) and isinstance(again.whatif_basis.replay, ReplayCurve)
+    for batch in (8, 36, 64, 1000):
+        assert prediction.predict(again, batch_size=batch) == prediction.predict(rep, batch_size=batch)
+
+
+def test_the_largest_batch_that_fits_is_searched_on_the_replay():
+    rep = replayed(flat_curve())
+    measured = rep.whatif_basis.measured_peak
+    budget = measured + 60 * MiB
+    w = prediction.predict(rep, tf_budget=budget)
+    best = w.largest_batch
+    assert best is not None
+    fits = lambda b: prediction.predict(rep, batch_size=b).peak_bytes * (1 + w.error_band) <= budget  # noqa: E731
+    assert fits(best) and not fits(best + 8)
+    assert isinstance(Knobs, type)
+
+
+# ---- calibration's glue: the probes are the collaborator here (their processes: test_diagnosis_predict.py) --------
+
+class _Model:
+    weights: list = []
+
+
+def calibrated_with(monkeypatch, traces) -> Report:
+    import shutil
+
+    from tfmem_magic.advise import calibrate, calibration
+
+    rep = report(batch=32)
+    rep.env.budget_bytes = 24 * 1024 * MiB
+    model = _Model()
+    calibration.remember_model(rep, model)
+    peaks = {b: (round(1.1 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (8, 32, 128)}
+    monkeypatch.setattr(calibrate, "probe_peaks", lambda *args, **kwargs: peaks)
+
+    tries = list(traces) if isinstance(traces, list) else [traces]
+
+    def replay_traces(model, batches, train, structure, folder, *rest):
+        given = tries.pop(0) if len(tries) > 1 else tries[0]
+        if isinstance(given, Exception):
+            raise given
+        for b in batches:
+            source = given / f"{b}.npz" if isinstance(given, Path) else DATA / f"{given}-{b}.npz"
+            shutil.copy(source, Path(folder) / f"replay-{b}.npz")
+        return {b: str(Path(folder) / f"replay-{b}.npz") for b in batches}
+
+    monkeypatch.setattr(calibrate, "replay_traces", replay_traces)
+    calibration.measured_basis(rep)
+    return rep
+
+
+def test_calibration_stores_the_replay_and_predicts_from_it(monkeypatch):
+    rep = calibrated_with(monkeypatch, "cnn")
+    basis = rep.whatif_basis
+    assert basis.name == "replay" and basis.replay.passed and basis.replay.probes == [23, 37]
+    assert rep.prediction.basis == "replay" and prediction.is_calibrated(rep)
+    w = prediction.predict(rep, batch_size=64)
+    at = dict(zip(basis.replay.batches, basis.replay.peaks, strict=True))
+    assert w.basis == "replay" and w.peak_bytes == basis.measured_peak + at[64] - at[32]
+
+
+def test_calibration_whose_replay_probes_failed_keeps_the_parts_and_says_why(monkeypatch):
+    from tfmem_magic.core.errors import TfmemUsageError
+
+    rep = calibrated_with(monkeypatch, TfmemUsageError("calibration probes took more than 600 s"))
+    assert rep.whatif_basis.name == "measured" and not rep.whatif_basis.replay.passed
+    w = prediction.predict(rep, batch_size=64)
+    assert w.basis == "measured"
+    assert any("The step replay is not used: its probes failed: calibration probes took" in n for n in w.notes)
+
+
+def test_each_op_order_is_compared_with_itself_and_the_larger_change_is_given():
+    # probe two's order has a 20 MiB spike at the cell's batch (MobileNetV2's orders differed by 19 MiB there):
+    # compared with probe one's order, every other batch would look 20 MiB smaller
+    curve = flat_curve()
+    k = curve.batches.index(32)
+    curve.second_peaks = list(curve.peaks)
+    curve.second_peaks[k] += 20 * MiB
+    rep = replayed(curve)
+    measured = rep.whatif_basis.measured_peak
+    w = prediction.predict(rep, batch_size=8)
+    assert w.peak_bytes == measured - 24 * MiB  # probe one's drop, the smaller one: the safe side
+    assert any("moves the change by 20 MiB" in n for n in w.notes), w.notes
+    assert prediction.predict(rep, batch_size=64).peak_bytes == measured + 40 * MiB  # and the larger growth
+
+
+def with_a_pair_missing(folder: Path) -> Path:
+    """The CNN's probes, probe 23's trace without the largest allocation live at its peak (and its free): TF's bytes
+    in use still count it, as when a trace misses an allocation, so its own replay no longer gives back its peak."""
+    from tfmem_magic.measure.xplane import MemoryEvents
+
+    low, _ = probes("cnn")
+    check = bfc.self_check(low)
+    largest = max(check.result.live_at_peak, key=lambda a: a.chunk).index
+    freed = next(j for j in range(largest + 1, len(low)) if not low.is_alloc[j] and low.addr[j] == low.addr[largest])
+    keep = np.ones(len(low), bool)
+    keep[[largest, freed]] = False
+    columns = {k: getattr(low, k)[keep] for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype",
+                                                   "op", "region", "shape", "thread", "limit")}
+    folder.mkdir()
+    step_replay.save_events(MemoryEvents(**columns, strings=low.strings, threads=low.threads,
+                                         allocator=low.allocator), folder / "23.npz")
+    import shutil
+
+    shutil.copy(DATA / "cnn-37.npz", folder / "37.npz")
+    return folder
+
+
+def test_a_probe_trace_that_does_not_replay_is_refused_and_the_probes_run_once_more(monkeypatch, tmp_path):
+    broken = with_a_pair_missing(tmp_path / "broken")
+    curve = step_replay.curve(step_replay.load_events(broken / "23.npz"), step_replay.load_events(broken / "37.npz"),
+                              23, 37, 32)
+    assert not curve.passed and "probe 23's own sequence replayed to -" in curve.why_not
+    rep = calibrated_with(monkeypatch, [broken, "cnn"])  # the second try's traces replay
+    assert rep.whatif_basis.name == "replay" and rep.whatif_basis.replay.retried
+    assert rep.whatif_basis.replay.why_not == ""
+    rep = calibrated_with(monkeypatch, [broken, broken])  # twice: the measured basis, and both reasons
+    curve = rep.whatif_basis.replay
+    assert rep.whatif_basis.name == "measured" and curve.retried
+    assert curve.why_not.count("probe 23's own sequence") == 2 and "(second try; the first: " in curve.why_not

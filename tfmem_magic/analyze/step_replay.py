@@ -1,0 +1,261 @@
+"""The step replay: a model's allocation sequence, traced from a fresh allocator at two probe batches, replayed at any
+batch through the BFC simulator (analyze/bfc.py).
+
+Each probe process (advise/calibrate.py) traces everything its allocator does from TensorFlow's first allocation
+for the model: the clone built, then its step run twice (the first traces the graph and makes the optimizer's slots,
+the second is a steady step). Such a trace replays to the byte (docs/bfc-replay.md), so the only thing a prediction
+at another batch has to get right is each allocation's size there:
+
+- the two probes run at odd batches (no layer width collides with them: a width equal to the batch made a tensor
+  look batch-shaped in the first attempt), and their allocations are aligned by (op, dtype, rank) and order of
+  occurrence;
+- each aligned allocation gets a line through its two sizes (intercept + slope x batch): what scales and what does
+  not (weights, slots, the iterator's copy, oneDNN workspaces that carry the batch in a flat shape) falls out of the
+  two sizes, not out of a rule about shapes;
+- probe one's sequence is replayed with the sizes the lines give at the asked batch. Allocations that did not align
+  keep probe one's size.
+
+Both sequences are replayed: TensorFlow's executor runs a step's ops in another order from run to run, and the order
+decides which tensors meet at the peak (a CNN's two probe orders, replayed at one batch, differ by 12%). The curve
+keeps both, and a prediction takes the larger of the two orders' changes (advise/prediction.py).
+
+Self-check, before a curve is used: each probe's own sequence must give back its traced peak (`bfc.self_check`,
+1%), and at least `MIN_ALIGNED` of each probe's allocations must find their match in the other's.
+
+The result is a `ReplayCurve` (core/report.py): the simulated peak at a grid of batches, stored on the report's
+basis so that a saved report predicts what the live one did; advise/prediction.py anchors it on the cell's
+measured peak (cell peak + replay(B) - replay(cell's batch)). Pure Python and NumPy: no TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tfmem_magic.analyze import bfc
+from tfmem_magic.core.report import ReplayCurve
+from tfmem_magic.measure.xplane import MemoryEvents
+
+OWN_TOLERANCE = 0.01  # probe one's sequence replayed as traced: bfc.self_check's tolerance
+# the share of each probe's allocations that must find their match in the other's trace: two runs of one model make
+# the same tensors; fewer matches mean another graph (a retrace, another algorithm), whose lines would be guesses
+MIN_ALIGNED = 0.95
+# replays far beyond a limit would stop at a simulated out-of-memory: the curve is the model's, not this machine's
+UNLIMITED = 1 << 50
+# the replays' time a curve may take (a MobileNetV2 step of ~100,000 events replays in ~0.5 s): the grid is finer
+# where that allows
+REPLAY_BUDGET_S = 15.0
+_COLUMNS = ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "region", "shape", "thread")
+
+
+def save_events(events: MemoryEvents, path: str | Path) -> None:
+    """Write one allocator's events (the probe process's trace) to an .npz file `load_events` reads."""
+    names = json.dumps({"strings": events.strings, "threads": events.threads, "allocator": events.allocator})
+    limit = events.limit if events.limit is not None else np.zeros(len(events), np.int64)
+    np.savez_compressed(path, names=np.array(names), limit=limit, **{k: getattr(events, k) for k in _COLUMNS})
+
+
+def load_events(path: str | Path) -> MemoryEvents:
+    with np.load(path) as data:
+        names = json.loads(str(data["names"]))
+        return MemoryEvents(**{k: data[k] for k in _COLUMNS}, strings=names["strings"], threads=names["threads"],
+                            allocator=names["allocator"], limit=data["limit"])
+
+
+def _masked(shape: str | None, batch: int) -> str | None:
+    """A shape with the batch written as B: a dimension equal to the (odd) probe batch, or a multiple of it (a
+    reshaped or flat tensor: oneDNN's workspaces are `[707296]` = 23 x 30752 at batch 23), which the other probe's
+    shape then has at its own batch."""
+    if not shape or not shape.startswith("["):
+        return shape
+    dims = []
+    for part in shape.strip("[]").split(","):
+        try:
+            d = int(part)
+        except ValueError:
+            dims.append(part)
+            continue
+        dims.append("B" if d == batch else f"{d // batch}B" if d > batch and d % batch == 0 else str(d))
+    return "[" + ",".join(dims) + "]"
+
+
+def _keyed(events: MemoryEvents, batch: int, masked: bool) -> dict[tuple[str | None, int, str | int | None], list[int]]:
+    """The allocations' positions by (op, dtype, shape with the batch masked) or, with `masked` False, by (op,
+    dtype, rank), in order of occurrence."""
+    out: dict[tuple[str | None, int, str | int | None], list[int]] = {}
+    for i in np.nonzero(events.is_alloc)[0].tolist():
+        shape = events.string(int(events.shape[i]))
+        if masked:
+            form: str | int | None = _masked(shape, batch)
+        else:
+            form = (shape.count(",") + 1 if shape.strip("[]") else 0) if shape else -1
+        out.setdefault((_op_name(events.string(int(events.op[i]))), int(events.dtype[i]), form), []).append(i)
+    return out
+
+
+_FUNCTION_UID = re.compile(r"(__(?:inference|forward|backward)_\w+?)_\d+\b")
+
+
+def _op_name(name: str | None) -> str | None:
+    """An op's name without the uid TensorFlow gives each traced function (`__inference_multi_step_on_iterator_674`
+    in one probe is `..._665` in the other: the counter counts every function the process traced before)."""
+    return _FUNCTION_UID.sub(r"\1", name) if name and "__" in name else name
+
+
+@dataclass
+class Lines:
+    """Each of probe one's events' requested bytes as intercept + slope x batch (frees: their own size, unused)."""
+
+    intercept: np.ndarray  # float64, per event of probe one
+    slope: np.ndarray  # float64
+    aligned: int  # probe one's allocations that found their match in probe two
+    allocations: int
+
+    def sizes(self, batch: float) -> list[int]:
+        sizes: list[int] = np.maximum(1, np.rint(self.intercept + self.slope * batch)).astype(np.int64).tolist()
+        return sizes
+
+
+def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int) -> Lines:
+    """Lines through the sizes of the allocations the two probes share: matched first by (op, dtype, shape with the
+    batch masked) in order of occurrence, then what is left by (op, dtype, rank), where a pair is kept only when its
+    two sizes are equal or grow roughly as the batch does (between halfway and 1.25x the batches' ratio). Matching
+    by rank alone paired tensors of different layers where a step's ops ran in another order (allocations with no
+    op name or shape are many): a line through two unrelated sizes, extended to batch 8, made an MLP's peak grow
+    as its batch shrank, and one extended to 256 put it 47% over the real one."""
+    if high_batch == low_batch:
+        raise ValueError("the probes must run at two different batches")
+    intercept = low.requested.astype(np.float64)
+    slope = np.zeros(len(low), np.float64)
+    matched_low: set[int] = set()
+    matched_high: set[int] = set()
+    for masked in (True, False):
+        others = _keyed(high, high_batch, masked)
+        for key, rows in _keyed(low, low_batch, masked).items():
+            mine = [i for i in rows if i not in matched_low]
+            theirs = [j for j in others.get(key, []) if j not in matched_high]
+            n = min(len(mine), len(theirs))
+            if not n:
+                continue
+            left, right = np.array(mine[:n]), np.array(theirs[:n])
+            a = low.requested[left].astype(np.float64)
+            b = high.requested[right].astype(np.float64)
+            if not masked:  # paired by rank alone: only what is the same size, or grows as the batch does
+                ratio = b / np.maximum(a, 1)
+                expected = high_batch / low_batch
+                keep = (a == b) | ((ratio > 1 + (expected - 1) * 0.5) & (ratio < expected * 1.25))
+                left, right, a, b = left[keep], right[keep], a[keep], b[keep]
+            s = (b - a) / (high_batch - low_batch)
+            slope[left] = s
+            intercept[left] = a - s * low_batch
+            matched_low.update(left.tolist())
+            matched_high.update(right.tolist())
+    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)))
+
+
+@dataclass
+class StepReplay:
+    """One probe's sequence, prepared for replays, with the lines that size it at any batch."""
+
+    prepared: bfc.PreparedTrace
+    lines: Lines
+    own: bfc.SelfCheck
+
+    def run(self, batch: float) -> bfc.ReplayResult:
+        return bfc.replay_prepared(self.prepared, requested=self.lines.sizes(batch), memory_limit=UNLIMITED)
+
+
+def grid(cell_batch: int, probes: tuple[int, int], per_replay_s: float = 0.0, budget_s: float = REPLAY_BUDGET_S,
+         top: int | None = None) -> list[int]:
+    """The batches the curve is replayed at: the powers of two up to 64x the cell's batch (at least 4096), the
+    cell's batch and the probes'; then, as far as `budget_s` allows at `per_replay_s` a replay (each batch is
+    replayed in both orders), 1.5x the powers of two within 8x of the cell's batch, and 1.25x and 1.75x within 4x.
+    Between them the peak is interpolated: BFC's chunks make it a staircase (a CNN's step peaked at 47.7 MiB at
+    batch 32 and 69.6 at 37, where a 18 MB tensor no longer fit a 16 MiB region), so a finer grid where shrinking or
+    growing the batch is asked most."""
+    top = top or max(4096, 64 * cell_batch)
+    out = {cell_batch, *probes}
+    power = 1
+    while power <= top:
+        out.add(power)
+        power *= 2
+    for factors, span in (((1.5,), 8), ((1.25, 1.75), 4)):
+        more = set()
+        power = 1
+        while power <= top:
+            more |= {round(power * f) for f in factors if cell_batch / span <= power * f <= cell_batch * span}
+            power *= 2
+        if 2 * per_replay_s * len(out | more) > budget_s:
+            break
+        out |= more
+    return sorted(out)
+
+
+def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int, cell_batch: int,
+          batches: list[int] | None = None, gpu_growth: bool = True) -> ReplayCurve:
+    """Replay both probes' sequences at every batch of the grid, after the self-check. Two sequences, because the
+    order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors meet at
+    the peak (measured: a CNN's two probe orders replayed at one batch differ by 12%): the curve keeps both orders'
+    peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the caller keeps the
+    other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's probe processes
+    do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
+    started = time.perf_counter()
+    replays = []
+    why = []
+    for mine, theirs, b_mine, b_theirs in ((low, high, low_batch, high_batch), (high, low, high_batch, low_batch)):
+        growth = gpu_growth if (mine.allocator or "").startswith("GPU_") else None
+        own = bfc.self_check(mine, allow_growth=growth, tolerance=OWN_TOLERANCE)
+        assert own.prepared is not None
+        replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs), own))
+        if not own.passed:
+            where = (f" (first divergence at event {own.first_divergence} of {own.events})"
+                     if own.first_divergence is not None else "")
+            why.append(f"probe {b_mine}'s own sequence replayed to {own.peak_error:+.1%} of its traced peak{where}, "
+                       f"over the {OWN_TOLERANCE:.0%} the replay needs")
+    first, second = replays
+    aligned = min(r.lines.aligned / max(1, r.lines.allocations) for r in replays)
+    if aligned < MIN_ALIGNED:
+        why.append(f"only {aligned:.0%} of a probe's allocations found their match in the other probe's trace "
+                   f"(the replay needs {MIN_ALIGNED:.0%}): the two runs did not make the same tensors")
+    # each sequence at the other probe's sizes against that probe's traced peak: how much the order alone moves it
+    cross: list[float] = [(r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
+             for r, other, b in ((first, second, high_batch), (second, first, low_batch))]
+    out = ReplayCurve(probes=[low_batch, high_batch], events=len(low), allocations=first.lines.allocations,
+                      aligned=first.lines.aligned, own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
+                      cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
+                      traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)])
+    if why:
+        out.why_not = "; ".join(why)
+        out.seconds = round(time.perf_counter() - started, 2)
+        return out
+    timed = time.perf_counter()
+    first.run(cell_batch)
+    per_replay = time.perf_counter() - timed
+    for batch in batches or grid(cell_batch, (low_batch, high_batch), per_replay):
+        results = [r.run(batch) for r in replays]
+        out.batches.append(batch)
+        out.peaks.append(int(results[0].peak_bytes_in_use))
+        out.second_peaks.append(int(results[1].peak_bytes_in_use))
+        out.region_peaks.append(max(int(r.peak_region_bytes) for r in results))
+    out.passed = True
+    out.seconds = round(time.perf_counter() - started, 2)
+    return out
+
+
+def odd_probes(cell_batch: int, avoid: set[int] | frozenset[int] = frozenset()) -> tuple[int, int]:
+    """Two odd probe batches around the cell's (about 0.7x and 1.15x it, as 23 and 37 are for 32), none equal to a
+    dimension in `avoid` (the model's weight shapes: a probe batch equal to a layer's width makes its tensors
+    ambiguous), at least 3 and 5."""
+    def odd_near(target: float, above: int = 0) -> int:
+        n = max(3, above + 2, int(round(target)) | 1)
+        while n in avoid or n <= above:
+            n += 2
+        return n
+
+    low = odd_near(0.7 * cell_batch)
+    return low, odd_near(max(1.15 * cell_batch, low + 2), above=low)
