@@ -239,6 +239,7 @@ def main() -> None:
     # |error|, batch; "replay": the calibrated prediction (the replay where its self-check passed, else the parts),
     # "replay range": 0 when the real median lies between the replay's two op orders' changes, else the nearer one's
     errors: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": [], "replay range": []}
+    between: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": []}
     rows = []
     print(f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} "
           f"{'replay':>8} {'range':>8}")
@@ -261,6 +262,9 @@ def main() -> None:
             for basis, key in (("analytic", "analytic"), ("measured", "parts"), ("replay", "calibrated")):
                 row[basis][batch] = [(anchor[key][str(batch)] - alloc) / alloc for anchor in anchors]
                 errors[basis] += [(abs(e), batch) for e in row[basis][batch]]
+                # against the runs' range: 0 between the lowest and the highest run (a two-valued peak's honest
+                # score), else the distance to the nearer one
+                between[basis] += [(abs(_outside(anchor[key][str(batch)], lo, hi)), batch) for anchor in anchors]
             ranged = []
             for anchor in anchors:
                 a, b = sorted((anchor["calibrated"][str(batch)], anchor["replay_low"][str(batch)]))
@@ -289,9 +293,25 @@ def main() -> None:
         print(f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} "
               f"points; within 10% / 15% / 20%: {_within(values)}; above the cell's batch: {_within(above)} of "
               f"{len(above)}, max {max(above, default=0):.1%}")
+    for basis, scored in between.items():
+        values = [e for e, _ in scored]
+        above = [e for e, batch in scored if batch > args.anchor]
+        below = [e for e, batch in scored if batch < args.anchor]
+        print(f"{basis + ' vs the runs range':>26}: within 10% / 15% / 20%: {_within(values)} of {len(values)}, max "
+              f"{max(values):.1%}; below the cell's batch {_within(below)} of {len(below)}, max "
+              f"{max(below, default=0):.1%}; above it {_within(above)} of {len(above)}, "
+              f"max {max(above, default=0):.1%}")
     print(f"took {(time.perf_counter() - started) / 60:.1f} min")
     if args.table:
         print_table(rows, [b for b in batches if b != args.anchor])
+
+
+def _outside(predicted: float, low: float, high: float) -> float:
+    """The error against a range of runs: 0 inside it, else relative to its nearer end."""
+    if low <= predicted <= high:
+        return 0.0
+    end = low if predicted < low else high
+    return (predicted - end) / end
 
 
 def _within(values: list[float]) -> str:

@@ -125,8 +125,10 @@ def data(batch):  # x, y, sample_weight of one synthetic batch, shaped and typed
     weights = build(FED["sample_weight"], batch) if complete(FED.get("sample_weight")) else None
     if complete(FED.get("y")):
         return x, build(FED["y"], batch), weights
-    out = model(x)  # no targets seen (a generator of x only, a loss added in the model): shaped like the outputs
-    y = tf.nest.map_structure(lambda o: np.zeros(tuple(o.shape), "float32"), out)
+    # no targets seen (a generator of x only, a loss added in the model): shaped like the outputs, read from one row
+    # (a call on all the rows would be a forward pass as large as the step, inside a replay probe's trace)
+    out = model(tf.nest.map_structure(lambda a: a[:1], x))
+    y = tf.nest.map_structure(lambda o: np.zeros((batch, *tuple(o.shape)[1:]), "float32"), out)
     return x, y, weights
 
 peaks = {}
@@ -147,7 +149,11 @@ for i, batch in enumerate(spec["batches"]):
     elif spec.get("replay") and spec.get("feed") in ("dataset", "generator", "pydataset"):
         # a replay probe of a cell fed by a pipeline: a tf.data pipeline too (its prefetched batches are memory, and
         # its ops are part of the sequence the replay follows)
-        parts = tuple(v for v in data(spec["rows"]) if v is not None)
+        def tupled(v):  # tf.data stacks a list into one tensor: several inputs (or outputs) must be a tuple
+            return tuple(tupled(a) for a in v) if isinstance(v, list) else (
+                {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
+
+        parts = tuple(tupled(v) for v in data(spec["rows"]) if v is not None)
         ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
         step = ((lambda: model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=0)) if spec["train"] else
                 (lambda: model.predict(ds, steps=STEPS, verbose=0)))
@@ -211,7 +217,8 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     # batch: fit's iterator prefetches two more than it runs, as in the cell, and a probe whose arrays ended with its
     # last step made fewer tensors than the other; a multiple of no probe batch (it would read as batch-shaped)
     rows = max(rows or 0, (PIPELINE_STEPS + 3) * max(batches) + 1)
-    rows += any(rows % b == 0 for b in batches)
+    while any(rows % b == 0 for b in batches):
+        rows += 1
     specs = {b: {**_spec(model, [b], train, structure, pipeline), "replay": os.path.join(folder, f"replay-{b}.npz"),
                  "rows": rows, "feed": feed} for b in batches}
     names = " and ".join(str(b) for b in batches)

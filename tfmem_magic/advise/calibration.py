@@ -85,7 +85,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                                   None if progress is None else lambda text, done: progress(text, share * done))
     curve = (replay_curve(model, basis, train, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
-                          report.model.feed if report.model else "", report.model.samples if report.model else None)
+                          report.model.feed if report.model else "", report.model.samples if report.model else None,
+                          report.on_gpu)
              if replay else None)
     if progress:
         progress("done", 1.0)
@@ -146,8 +147,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
 
 
 def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any] | None, pipeline: bool,
-                 progress: Callable[[str, float], None] | None = None, feed: str = "", samples: int | None = None
-                 ) -> ReplayCurve:
+                 progress: Callable[[str, float], None] | None = None, feed: str = "", samples: int | None = None,
+                 on_gpu: bool = False) -> ReplayCurve:
     """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
     cell's (calibrate.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
     their sequences are replayed at a grid of batches (step_replay.curve). A curve that could not be made says why
@@ -165,7 +166,7 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     folder = tempfile.mkdtemp(prefix="tfmem-replay-")
     tries, first = 0, ""
     try:
-        parallel = _room_for_two(basis, probes[1])
+        parallel = not on_gpu and _room_for_two(basis, probes[1])  # a GPU's room is not the host's RAM
         rows = _affordable_rows(basis, samples) if pipeline else None
         while True:
             tries += 1
@@ -184,6 +185,10 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     except TfmemUsageError as exc:
         out = ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
                           traced_peaks=[], why_not=f"its probes failed: {exc}")
+    except Exception as exc:  # an empty or unreadable trace: the replay is an addition, the probes' parts stand
+        out = ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
+                          traced_peaks=[], why_not=f"its traces could not be replayed ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if tries == 2:  # the first try's self-check failed: say so, and why the second failed too if it did

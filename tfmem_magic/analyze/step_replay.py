@@ -12,11 +12,11 @@ at another batch has to get right is each allocation's size there:
 - each aligned allocation gets a line through its two sizes (intercept + slope x batch): what scales and what does
   not (weights, slots, the iterator's copy, oneDNN workspaces that carry the batch in a flat shape) falls out of the
   two sizes, not out of a rule about shapes;
-- probe one's sequence is replayed with the sizes the lines give at the asked batch. Allocations that did not align
-  keep probe one's size.
+- each probe's sequence is replayed with the sizes its lines give at the asked batch. Allocations that did not
+  align keep their own size.
 
 Both sequences are replayed: TensorFlow's executor runs a step's ops in another order from run to run, and the order
-decides which tensors meet at the peak (a CNN's two probe orders, replayed at one batch, differ by 12%). The curve
+decides which tensors meet at the peak (a CNN's two probe orders, replayed at one batch, differed by 12-18%). The curve
 keeps both, and a prediction takes the larger of the two orders' changes (advise/prediction.py).
 
 Self-check, before a curve is used: each probe's own sequence must give back its traced peak (`bfc.self_check`,
@@ -146,8 +146,10 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             a = low.requested[left].astype(np.float64)
             b = high.requested[right].astype(np.float64)
             if not masked:  # paired by rank alone: only what is the same size, or grows as the batch does
-                ratio = b / np.maximum(a, 1)
-                expected = high_batch / low_batch
+                # (in either direction: the curve aligns probe two with probe one too, its batches the other way)
+                grows = high_batch > low_batch
+                ratio = np.where(grows, b, a) / np.maximum(np.where(grows, a, b), 1)
+                expected = max(high_batch, low_batch) / min(high_batch, low_batch)
                 keep = (a == b) | ((ratio > 1 + (expected - 1) * 0.5) & (ratio < expected * 1.25))
                 left, right, a, b = left[keep], right[keep], a[keep], b[keep]
             s = (b - a) / (high_batch - low_batch)
@@ -200,10 +202,10 @@ def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
           batches: list[int] | None = None, gpu_growth: bool = True) -> ReplayCurve:
     """Replay both probes' sequences at every batch of the grid, after the self-check. Two sequences, because the
     order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors meet at
-    the peak (measured: a CNN's two probe orders replayed at one batch differ by 12%): the curve keeps both orders'
-    peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the caller keeps the
-    other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's probe processes
-    do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
+    the peak (measured: a CNN's two probe orders replayed at one batch differed by 12-18%): the curve keeps both
+    orders' peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the caller
+    keeps the other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's probe
+    processes do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
     started = time.perf_counter()
     replays = []
     why = []
