@@ -186,8 +186,13 @@ def test_each_feeding_style_and_model_kind_profiles_predicts_and_calibrates(resu
         assert "get_config()" in got["error"] and "\n" not in got["error"]  # why, and what to do, in one line
         return
     assert "error" not in got, got.get("error")
-    # the step replay: its two probe processes fed as the cell was, their traces replayed through the allocator
-    assert got["basis"] == "replay" and got["replay"]["passed"], got["replay"]
+    # the step replay: its two probe processes fed as the cell was, their traces replayed through the allocator; or,
+    # where a probe's trace did not replay to the byte twice (MobileNetV3Small's, at times: docs/bfc-replay.md), the
+    # probes' parts, with the reason
+    replay = got["replay"]
+    assert got["basis"] == ("replay" if replay["passed"] else "measured"), replay
+    assert replay["passed"] or "own sequence replayed to" in replay["why_not"], replay
+    assert replay["aligned"] >= 0.95, replay
     assert got["measured"] >= 0.95 * got["peak"]
     # three ways (the model's shapes with the trace; the probes' parts; the step replay) agree
     assert abs(got["analytic"] - got["parts"]) <= 0.35 * got["parts"], got

@@ -164,9 +164,10 @@ def test_the_what_if_answers_analytically_and_from_probes(shell, monkeypatch):
     # the step replay where its self-check passed on this stack, else the probes' parts, saying why
     curve = report.whatif_basis.replay
     assert measured.basis == ("replay" if curve.passed else "measured") and (curve.passed or curve.why_not), curve
-    # the probe process says which Keras built the clone: the model's own (calibrate.probe_peaks refuses another)
+    # each probe process (calibration's, then the step replay's two, or four when they ran twice) says which Keras
+    # built the clone: the model's own (calibrate refuses another)
     clones = [line.split(" ", 1)[1] for line in probe_lines if line.startswith("TFMEM-CLONE ")]
-    assert clones == [report.model.keras_package] == [EXPECTED_KERAS], probe_lines
+    assert len(clones) in (3, 5) and set(clones) == {report.model.keras_package} == {EXPECTED_KERAS}, probe_lines
     # the 512-batch step holds its activations (2 MiB per 1024 units and 512 rows, a few times over) and the
     # model's weights, gradients and slots (~4 MiB); the probes' answer lies in between those bounds
     assert 4 * MiB < measured.peak_bytes < 64 * MiB, measured

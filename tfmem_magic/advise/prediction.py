@@ -56,8 +56,8 @@ ANALYTIC_BAND = 0.30
 UPPER_BOUND_SOURCE = "the cell's peak (the trace stopped before it: an upper bound)"
 MEASURED_BAND = 0.10
 # the step replay's band (analyze/step_replay.py), as measured on the zoo (benchmarks/predict_accuracy.py --zoo,
-# docs/what-if.md): 69 of 70 points within 15% of the range of three fresh runs (63 within 10%), below the cell's
-# batch all 28 (the parts' worst there: 20%, which is why the measured basis shows the analytic band below it)
+# docs/what-if.md): in two runs, 69 and 67 of 70 points within 15% of the range of three fresh runs (63 and 60
+# within 10%), on both sides of the cell's batch
 REPLAY_BAND = 0.15
 CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
