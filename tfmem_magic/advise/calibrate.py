@@ -219,8 +219,9 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     rows = max(rows or 0, (PIPELINE_STEPS + 3) * max(batches) + 1)
     while any(rows % b == 0 for b in batches):
         rows += 1
-    specs = {b: {**_spec(model, [b], train, structure, pipeline), "replay": os.path.join(folder, f"replay-{b}.npz"),
-                 "rows": rows, "feed": feed} for b in batches}
+    spec = _spec(model, [], train, structure, pipeline)  # the model's config and classes, made once for both
+    specs = {b: {**spec, "batches": [b], "replay": os.path.join(folder, f"replay-{b}.npz"), "rows": rows,
+                 "feed": feed} for b in batches}
     names = " and ".join(str(b) for b in batches)
     tell(f"replay probes at batch {names}" if parallel else f"replay probe at batch {batches[0]}", 0.05)
 

@@ -159,15 +159,15 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
     probes = step_replay.odd_probes(cell, avoid)
     if basis.measured_peak is None:
-        return ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
-                           traced_peaks=[], why_not="the cell's own peak was not measured (it stopped early, or "
-                           "TensorFlow's allocator statistics were missing): the replay is anchored on it")
+        return _unused(probes, "the cell's own peak was not measured (it stopped early, or TensorFlow's allocator "
+                       "statistics were missing): the replay is anchored on it")
     started = time.perf_counter()
     folder = tempfile.mkdtemp(prefix="tfmem-replay-")
     tries, first = 0, ""
     try:
         parallel = not on_gpu and _room_for_two(basis, probes[1])  # a GPU's room is not the host's RAM
         rows = _affordable_rows(basis, samples) if pipeline else None
+        growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
         while True:
             tries += 1
             paths = calibrate.replay_traces(model, list(probes), train, structure, folder, pipeline, progress,
@@ -175,7 +175,6 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
             if progress:
                 progress("replaying the step through the allocator", 0.95)
             low, high = (step_replay.load_events(paths[b]) for b in probes)
-            growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
             out = step_replay.curve(low, high, *probes, cell, gpu_growth=growth)
             # about one large model's probe trace in twenty does not replay to the byte (docs/bfc-replay.md); the
             # next run of the same probes does: one more try, not more (a model that never replays says why)
@@ -183,12 +182,9 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
                 break
             first = out.why_not
     except TfmemUsageError as exc:
-        out = ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
-                          traced_peaks=[], why_not=f"its probes failed: {exc}")
+        out = _unused(probes, f"its probes failed: {exc}")
     except Exception as exc:  # an empty or unreadable trace: the replay is an addition, the probes' parts stand
-        out = ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
-                          traced_peaks=[], why_not=f"its traces could not be replayed ({type(exc).__name__}: "
-                          f"{str(exc)[:200]})")
+        out = _unused(probes, f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if tries == 2:  # the first try's self-check failed: say so, and why the second failed too if it did
@@ -196,6 +192,12 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
         out.why_not = f"{out.why_not} (second try; the first: {first})" if not out.passed else ""
     out.seconds = round(time.perf_counter() - started, 2)
     return out
+
+
+def _unused(probes: tuple[int, int], why: str) -> ReplayCurve:
+    """A curve that was not made: no peaks, and the reason every prediction's notes give."""
+    return ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
+                       traced_peaks=[], why_not=why)
 
 
 # a probe process's own memory besides its step: TensorFlow's runtime and the profiler's recorder (measured: 0.5-0.7

@@ -7,8 +7,8 @@ the second is a steady step). Such a trace replays to the byte (docs/bfc-replay.
 at another batch has to get right is each allocation's size there:
 
 - the two probes run at odd batches (no layer width collides with them: a width equal to the batch made a tensor
-  look batch-shaped in the first attempt), and their allocations are aligned by (op, dtype, rank) and order of
-  occurrence;
+  look batch-shaped in the first attempt), and their allocations are aligned in order of occurrence by (op, dtype,
+  shape with the batch masked), then what is left by (op, dtype, rank) (`align`);
 - each aligned allocation gets a line through its two sizes (intercept + slope x batch): what scales and what does
   not (weights, slots, the iterator's copy, oneDNN workspaces that carry the batch in a flat shape) falls out of the
   two sizes, not out of a rule about shapes;
