@@ -691,31 +691,27 @@ def self_check(events: MemoryEvents, memory_limit: int | None = None, allow_grow
     a guess, so a trace that begins mid-run can differ from TensorFlow where its first allocations reuse holes the
     trace never saw (measured: docs/bfc-replay.md).
 
-    The regions' addresses are learnt from a first replay and the replay is run again with them (see the loop below).
+    The regions' addresses are TensorFlow's where the trace shows them (`regions_seen`: a region's chunks tile it
+    from its low end, so the address ranges its allocations covered merge into one span per region); else they are
+    learnt from a first replay and the replay is run again with them (see the loop below).
     """
     trace = prepare(events, memory_limit, allow_growth, garbage_collection, seed_layout)
-    n, is_alloc, addr, chunk, live = trace.events, trace.is_alloc, trace.addr, trace.chunk, trace.live
-    memory_limit, allow_growth = trace.memory_limit, trace.allow_growth
-    pre, start = trace.pre, trace.start
-
-    def run(region_addresses: list[int]) -> ReplayResult:
-        return replay_prepared(trace, region_addresses=region_addresses)
-
-    def shifts_of(result: ReplayResult) -> dict[int, Counter[int]]:
-        """simulated region base -> (TF address - simulated address) -> allocations"""
-        shifts: dict[int, Counter[int]] = {}
-        for i in range(len(result.chunk_bytes)):
-            if is_alloc[i] and addr[i] >= 0 and result.chunk_bytes[i]:
-                shifts.setdefault(result.region_bases[i], Counter())[addr[i] - result.addresses[i]] += 1
-        return shifts
-
-    # Regions get TensorFlow's addresses, learnt from a first replay (each simulated region's most common shift to
-    # TF's addresses), so that ties between equal-sized free chunks of different regions break as TF's did; a
-    # replay whose placements then differ again teaches the next one, up to three times.
+    # Regions get TensorFlow's addresses, so that ties between equal-sized free chunks of different regions break as
+    # TF's did (glibc maps the larger regions downwards: a later region has a lower address, and BFC prefers it).
+    # First read from the trace: that holds where every region the simulator makes is one the trace shows.
+    seen = regions_seen(trace)
+    if seen:
+        result = replay_prepared(trace, region_addresses=seen)
+        made = result.simulator.regions_made if result.simulator else []
+        if len(seen) >= len(made) and result.oom_index is None:
+            trace.region_addresses = seen
+            return _check_result(trace, result, tolerance)
+    # Else learnt from a first replay (each simulated region's most common shift to TF's addresses); a replay whose
+    # placements then differ again teaches the next one, up to three times.
     region_addresses: list[int] = []
-    result = run(region_addresses)
+    result = replay_prepared(trace, region_addresses=region_addresses)
     for _ in range(3):
-        shifts = shifts_of(result)
+        shifts = _shifts(trace, result)
         made = result.simulator.regions_made if result.simulator else []
         learnt = [(base + shifts[base].most_common(1)[0][0] if base in shifts else base, size) for base, size in made]
         spans = sorted(learnt)
@@ -723,8 +719,45 @@ def self_check(events: MemoryEvents, memory_limit: int | None = None, allow_grow
         if [a for a, _ in learnt] == region_addresses or overlapping:  # settled, or a shift that cannot be TF's
             break
         region_addresses = [a for a, _ in learnt]
-        result = run(region_addresses)
+        result = replay_prepared(trace, region_addresses=region_addresses)
     trace.region_addresses = list(region_addresses)  # for replays of the same trace at other request sizes
+    return _check_result(trace, result, tolerance)
+
+
+def _shifts(trace: PreparedTrace, result: ReplayResult) -> dict[int, Counter[int]]:
+    """simulated region base -> (TF address - simulated address) -> allocations"""
+    shifts: dict[int, Counter[int]] = {}
+    is_alloc, addr = trace.is_alloc, trace.addr
+    for i in range(len(result.chunk_bytes)):
+        if is_alloc[i] and addr[i] >= 0 and result.chunk_bytes[i]:
+            shifts.setdefault(result.region_bases[i], Counter())[addr[i] - result.addresses[i]] += 1
+    return shifts
+
+
+def regions_seen(trace: PreparedTrace) -> list[int]:
+    """TensorFlow's regions as the trace shows them, in the order they were made: the address ranges of its chunks
+    (allocations, and frees of chunks allocated before it) merged where they touch or overlap. BFC hands out a
+    region from its low end and splits the remainder off the high end, so the part of a region no chunk ever took is
+    its tail: each region is one span, which starts at the region's address. Ordered by first use (a region is made
+    when an allocation does not fit the ones before it). Empty when the trace has no addresses."""
+    first_use: dict[tuple[int, int], int] = {}
+    for i, (a, is_a, c) in enumerate(zip(trace.addr, trace.is_alloc, trace.chunk, strict=True)):
+        if a >= 0 and c > 0 and (is_a or a in trace.pre):
+            first_use.setdefault((a, a + c), -1 if not is_a else i)
+    spans: list[list[int]] = []  # [start, end, first use]
+    for (start, end), used in sorted(first_use.items()):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+            spans[-1][2] = min(spans[-1][2], used)
+        else:
+            spans.append([start, end, used])
+    return [start for start, _, _ in sorted(spans, key=lambda s: (s[2], s[0]))]
+
+
+def _check_result(trace: PreparedTrace, result: ReplayResult, tolerance: float) -> SelfCheck:
+    """The self-check's comparison of one replay with the trace."""
+    n, is_alloc, chunk, live = trace.events, trace.is_alloc, trace.chunk, trace.live
+    memory_limit, allow_growth, pre, start = trace.memory_limit, trace.allow_growth, trace.pre, trace.start
     sim_live = result.bytes_in_use
     errors = [s - t for s, t in zip(sim_live, live[:len(sim_live)], strict=True)]
     worst = max(range(len(errors)), key=lambda i: abs(errors[i])) if errors else 0
@@ -739,7 +772,7 @@ def self_check(events: MemoryEvents, memory_limit: int | None = None, allow_grow
         exact += s == t
         larger_traced += t > s
         larger_sim += s > t
-    placed = sum(counts.most_common(1)[0][1] for counts in shifts_of(result).values())
+    placed = sum(counts.most_common(1)[0][1] for counts in _shifts(trace, result).values())
     peak_error = (result.peak_bytes_in_use - traced_peak) / traced_peak if traced_peak else 0.0
     notes = []
     if result.oom_index is not None:
