@@ -109,6 +109,7 @@ export interface TraceInfo {
   profiler_rss_bytes: number;
   batch_bytes_at_peak: number | null;
   replica_batch_size: number | null;
+  batch_bytes_most: number | null;
   xla_runs: number;
   xla_at_peak_bytes: number;
   held_at_end: LiveGroup[];

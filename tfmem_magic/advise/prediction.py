@@ -59,6 +59,9 @@ MEASURED_BAND = 0.10
 # docs/what-if.md): in two runs, 69 and 67 of 70 points within 15% of the range of three fresh runs (63 and 60
 # within 10%), on both sides of the cell's batch
 REPLAY_BAND = 0.15
+# the trace's busiest moment (most bytes in tensors with the batch dimension) sets the slope above the cell's batch
+# when it holds this much more of them than the peak did (the GRU of tests/integration/test_largest_batch.py: 3.5x)
+MOMENT_RATIO = 1.2
 CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
 OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
                    "adamax": 2, "lion": 1, "adafactor": 1, "ftrl": 2, "lamb": 2}
@@ -155,8 +158,16 @@ def analytic_basis(report: Report) -> Basis:
     static = weights + gradients * gradient_copies(knobs) + optimizer + input_copy
     activations, other, source = prior, 0, "layer outputs"
     traced = traced_per_sample(report)
+    below: float | None = None
     if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
         activations, source = max(0.0, traced - input_per_sample), "the trace (tensors with the batch dimension)"
+        busiest = traced_per_sample(report, at_peak=False)
+        if busiest is not None and busiest > traced * MOMENT_RATIO:
+            # the peak came at a moment that holds few of the batch's tensors: above the cell's batch another
+            # moment, with more of them, overtakes it; its slope (from the cell's peak: an upper bound, by the
+            # difference of the two moments at the cell's batch) above, the peak's below
+            below, activations = activations, max(0.0, busiest - input_per_sample)
+            source = "the trace (tensors with the batch dimension, at the moment that holds most of them)"
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
@@ -166,7 +177,9 @@ def analytic_basis(report: Report) -> Basis:
         # 292/472/2013 MiB: a line whose intercept, 232 MiB, is below its Adam slots and gradients, 294 MiB)
         unborn = gradients if training else 0
         most = max(0.0, (anchor - static + unborn) / per_replica - input_per_sample)
-        if activations > most:  # the slope over-explains the peak (fused or freed ops): trust the measurement
+        if below is not None:  # the two moments' slopes: the peak's is bounded as a single slope is (below)
+            below = min(below, most)
+        elif activations > most:  # the slope over-explains the peak (fused or freed ops): trust the measurement
             activations, source = most, "the cell's peak (layer outputs over-explain it)"
         elif traced is None and report.trace is not None and report.trace.events and report.trace.budget_spent:
             # traced, but the trace stopped before the peak (its budget): the layer outputs miss what a recurrent
@@ -177,12 +190,13 @@ def analytic_basis(report: Report) -> Basis:
     growth = GROWTH_FRAGMENTATION if fragmentation > GROWTH_FRAGMENTATION and _measured_fragmentation(report) else None
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing,
-                 growth_fragmentation=growth)
+                 growth_fragmentation=growth, activations_per_sample_below=below)
 
 
-def traced_per_sample(report: Report) -> float | None:
+def traced_per_sample(report: Report, at_peak: bool = True) -> float | None:
     """Bytes per sample of the tensors that carried the batch dimension at the traced peak (requested bytes), when
-    the trace saw the cell's batch and its peak; None otherwise."""
+    the trace saw the cell's batch and its peak; None otherwise. `at_peak=False`: at the moment that held most of
+    them (the same scaling for what the trace did not see)."""
     trace, model = report.trace, report.model
     if (trace is None or model is None or not trace.batch_bytes_at_peak
             or trace.replica_batch_size != model.replica_batch):
@@ -199,7 +213,10 @@ def traced_per_sample(report: Report) -> float | None:
     seen = trace.requested_at_peak_bytes
     if untraced > 3 * seen:
         return None
-    return trace.batch_bytes_at_peak * (seen + untraced) / max(seen, 1) / trace.replica_batch_size
+    carried = trace.batch_bytes_at_peak if at_peak else trace.batch_bytes_most
+    if carried is None:
+        return None
+    return carried * (seen + untraced) / max(seen, 1) / trace.replica_batch_size
 
 
 def _input_copy(report: Report) -> tuple[int, int]:

@@ -373,6 +373,31 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
                and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
 
 
+def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
+                      live_at_peak: np.ndarray) -> int | None:
+    """The most requested bytes live at any one moment in tensors that carry the batch dimension (the tensors
+    `_batch_bytes` counts at the peak). A step can peak at a moment that holds few of them (a GRU's, in half the runs
+    at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another moment held
+    71 KB): this is what grows fastest with the batch. Allocations never freed in the trace count only where they
+    are live at the peak (else a free lost between two trace segments would keep them live)."""
+    batch = ctx.batch_size
+    if batch is None or batch < 3:
+        return None
+    n = len(ev)
+    skip = [PHASES.index(p) for p in ("weights", "optimizer", "pre-existing", "untraced")]
+    copy = att.ops.index("input copy (numpy → tensor)")
+    shapes = np.unique(ev.shape[ev.is_alloc])
+    carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
+                       and batch_dimension(ev.string(k), batch, ctx.step_dims)]
+    carrying = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
+                & ((freed_at < n) | live_at_peak))
+    delta = np.zeros(n, dtype=np.int64)
+    delta[carrying] = ev.requested[carrying]
+    freed = carrying & (freed_at < n)
+    np.subtract.at(delta, freed_at[freed], ev.requested[freed])
+    return int(max(np.cumsum(delta).max(), 0))
+
+
 def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
     """The trace part of a report: timeline, peak, and the live set at the peak broken down several ways."""
     ev = trace.events
@@ -429,6 +454,8 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
                        int(ev.chunk[i]), int(ev.requested[i])) for i in idx]
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
+    if info.batch_bytes_at_peak is not None:
+        info.batch_bytes_most = _batch_bytes_most(ev, att, ctx, freed_at, live_at_peak)
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
     rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
         ("(allocated before the trace)", "pre-existing", preexisting_at_peak),

@@ -171,6 +171,8 @@ class TraceInfo:
     # (ModelInfo.replica_batch), named apart from ModelInfo.batch_size, the global batch
     batch_bytes_at_peak: int | None = None
     replica_batch_size: int | None = None
+    # ... and the most such bytes live at any one moment of the trace (the peak can come while few are live)
+    batch_bytes_most: int | None = None
     # XLA: runs of compiled computations in the trace (a jit_compile step, an auto-clustered launch; 0: none seen),
     # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
     xla_runs: int = 0
