@@ -72,6 +72,42 @@ def test_alignment_works_both_ways():
     assert second[8] <= second[32] and second[4096] > 3 * second[32]
 
 
+def unshaped_events(sizes: list[int]):
+    """Allocations with no op and no shape, as the trace records some buffers, each freed right after."""
+    from tfmem_magic.measure.xplane import MemoryEvents
+
+    n = 2 * len(sizes)
+    requested = np.repeat(np.array(sizes, np.int64), 2)
+    live = np.tile([1, 0], len(sizes)) * requested
+    return MemoryEvents(t_ps=np.arange(n, dtype=np.int64), is_alloc=np.tile([True, False], len(sizes)), live=live,
+                        requested=requested, chunk=requested, addr=np.repeat(np.arange(len(sizes)) * 2**30, 2),
+                        dtype=np.ones(n, np.int64), op=np.full(n, -1, np.int32), region=np.full(n, -1, np.int32),
+                        shape=np.full(n, -1, np.int32), thread=np.zeros(n, np.int32), strings=[], threads=["main"],
+                        allocator="bfc_cpu_allocator_for_gpu")
+
+
+def test_buffers_with_no_shape_pair_by_size_before_order():
+    # a GRU's probes: one more 2 KB buffer before the 1.6 MB one (which does not grow) at batch 37; paired in order,
+    # the 1.6 MB buffer got a line from 2 KB at 23 and grew 119 KB per sample (+80% at batch 256)
+    low, high = unshaped_events([2080, 1_664_000, 512]), unshaped_events([2080, 2080, 1_664_000, 512])
+    lines = step_replay.align(low, high, 23, 37)
+    assert lines.aligned == 3 and not lines.slope.any()
+    assert lines.sizes(256)[2] == 1_664_000
+
+
+def test_a_batch_copy_only_one_probe_made_grows_with_the_batch():
+    # the CNN's probe at 37 holds two copies of its [37,64,64,3] input with no shape, the probe at 23 none
+    # (TensorFlow copies a NumPy array only when it is not aligned as it needs): they grow with the batch
+    low, high = probes("cnn")
+    lines = step_replay.align(high, low, 37, 23)
+    copies = [i for i in range(len(high)) if high.is_alloc[i] and high.requested[i] == 37 * 49152
+              and not high.string(int(high.shape[i]))]
+    assert len(copies) == 2 and all(lines.sizes(256)[i] == 256 * 49152 for i in copies)
+    # a large unshaped buffer that is not a multiple of the odd probe batch stays the size it was
+    lone = unshaped_events([1_664_001])
+    assert step_replay.align(lone, unshaped_events([512]), 23, 37).sizes(256) == [1_664_001, 1_664_001]
+
+
 def test_the_curve_holds_each_probes_own_peak_between_its_two_op_orders(cnn_curve):
     low, high = probes("cnn")
     assert cnn_curve.passed and not cnn_curve.why_not
@@ -226,8 +262,10 @@ def test_calibration_stores_the_replay_and_predicts_from_it(monkeypatch):
     assert basis.name == "replay" and basis.replay.passed and basis.replay.probes == [23, 37]
     assert rep.prediction.basis == "replay" and prediction.is_calibrated(rep)
     w = prediction.predict(rep, batch_size=64)
-    at = dict(zip(basis.replay.batches, basis.replay.peaks, strict=True))
-    assert w.basis == "replay" and w.peak_bytes == basis.measured_peak + at[64] - at[32]
+    one = dict(zip(basis.replay.batches, basis.replay.peaks, strict=True))
+    two = dict(zip(basis.replay.batches, basis.replay.second_peaks, strict=True))
+    change = max(one[64] - one[32], two[64] - two[32])  # the larger of the two op orders' changes
+    assert w.basis == "replay" and w.peak_bytes == basis.measured_peak + change
 
 
 def test_calibration_whose_replay_probes_failed_keeps_the_parts_and_says_why(monkeypatch):

@@ -45,6 +45,8 @@ OWN_TOLERANCE = 0.01  # probe one's sequence replayed as traced: bfc.self_check'
 # the share of each probe's allocations that must find their match in the other's trace: two runs of one model make
 # the same tensors; fewer matches mean another graph (a retrace, another algorithm), whose lines would be guesses
 MIN_ALIGNED = 0.95
+# an unmatched allocation with no shape, at least this large and a multiple of its probe's batch, grows with it
+UNSHAPED_BATCH_BYTES = 64 << 10
 # replays far beyond a limit would stop at a simulated out-of-memory: the curve is the model's, not this machine's
 UNLIMITED = 1 << 50
 # the replays' time a curve may take (a MobileNetV2 step of ~100,000 events replays in ~0.5 s): the grid is finer
@@ -84,7 +86,11 @@ def _masked(shape: str | None, batch: int) -> str | None:
     return "[" + ",".join(dims) + "]"
 
 
-def _keyed(events: MemoryEvents, batch: int, masked: bool) -> dict[tuple[str | None, int, str | int | None], list[int]]:
+# allocations' positions by (op, dtype, masked shape or rank)
+Keys = dict[tuple[str | None, int, str | int | None], list[int]]
+
+
+def _keyed(events: MemoryEvents, batch: int, masked: bool) -> Keys:
     """The allocations' positions by (op, dtype, shape with the batch masked) or, with `masked` False, by (op,
     dtype, rank), in order of occurrence."""
     out: dict[tuple[str | None, int, str | int | None], list[int]] = {}
@@ -121,13 +127,22 @@ class Lines:
         return sizes
 
 
-def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int) -> Lines:
+def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int,
+          keyed: dict[tuple[int, bool], Keys] | None = None) -> Lines:
     """Lines through the sizes of the allocations the two probes share: matched first by (op, dtype, shape with the
     batch masked) in order of occurrence, then what is left by (op, dtype, rank), where a pair is kept only when its
     two sizes are equal or grow roughly as the batch does (between halfway and 1.25x the batches' ratio). Matching
     by rank alone paired tensors of different layers where a step's ops ran in another order (allocations with no
     op name or shape are many): a line through two unrelated sizes, extended to batch 8, made an MLP's peak grow
-    as its batch shrank, and one extended to 256 put it 47% over the real one."""
+    as its batch shrank, and one extended to 256 put it 47% over the real one. `keyed`: the probes' allocations
+    by key, per (probe batch, masked), when the caller aligns the same two probes both ways (`curve`)."""
+    keyed = {} if keyed is None else keyed
+
+    def keys(events: MemoryEvents, batch: int, masked: bool) -> Keys:
+        if (batch, masked) not in keyed:
+            keyed[batch, masked] = _keyed(events, batch, masked)
+        return keyed[batch, masked]
+
     if high_batch == low_batch:
         raise ValueError("the probes must run at two different batches")
     intercept = low.requested.astype(np.float64)
@@ -135,18 +150,21 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
     matched_low: set[int] = set()
     matched_high: set[int] = set()
     for masked in (True, False):
-        others = _keyed(high, high_batch, masked)
-        for key, rows in _keyed(low, low_batch, masked).items():
+        others = keys(high, high_batch, masked)
+        for key, rows in keys(low, low_batch, masked).items():
             mine = [i for i in rows if i not in matched_low]
             theirs = [j for j in others.get(key, []) if j not in matched_high]
             n = min(len(mine), len(theirs))
             if not n:
                 continue
-            left, right = np.array(mine[:n]), np.array(theirs[:n])
+            unshaped = masked and key[2] is None
+            left, right = _same_sizes_first(low, high, mine, theirs) if unshaped else (np.array(mine[:n]),
+                                                                                       np.array(theirs[:n]))
             a = low.requested[left].astype(np.float64)
             b = high.requested[right].astype(np.float64)
-            if not masked:  # paired by rank alone: only what is the same size, or grows as the batch does
-                # (in either direction: the curve aligns probe two with probe one too, its batches the other way)
+            if not masked or unshaped:
+                # paired by rank alone, or with no shape at all: only what is the same size, or grows as the batch
+                # does (either way: the curve aligns probe two with probe one too, its batches reversed)
                 grows = high_batch > low_batch
                 ratio = np.where(grows, b, a) / np.maximum(np.where(grows, a, b), 1)
                 expected = max(high_batch, low_batch) / min(high_batch, low_batch)
@@ -157,7 +175,45 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             intercept[left] = a - s * low_batch
             matched_low.update(left.tolist())
             matched_high.update(right.tolist())
+    for i in _batch_sized_unshaped(low, low_batch, matched_low):
+        slope[i], intercept[i] = low.requested[i] / low_batch, 0.0
     return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)))
+
+
+def _batch_sized_unshaped(events: MemoryEvents, batch: int, matched: set[int]) -> list[int]:
+    """Allocations with no shape that found no match, of at least `UNSHAPED_BATCH_BYTES` and a multiple of the
+    probe's (odd, chosen for this: `odd_probes`) batch: a copy of the batch that one probe made and the other did
+    not. TensorFlow copies a NumPy array that is not aligned as it needs and wraps one that is: a CNN's probe at
+    batch 37 had two copies of its [37,64,64,3] input (1,818,624 bytes, no shape in the trace), the one at 23 none,
+    and replayed with them as fixed bytes its order fell 23% short at batch 256. They grow with the batch."""
+    return [i for i in np.nonzero(events.is_alloc)[0].tolist()
+            if i not in matched and not events.string(int(events.shape[i]))
+            and events.requested[i] >= UNSHAPED_BATCH_BYTES and events.requested[i] % batch == 0]
+
+
+def _same_sizes_first(low: MemoryEvents, high: MemoryEvents, mine: list[int], theirs: list[int]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of allocations with no shape (the trace names none for some buffers) under one key: the same sizes
+    first, in order of occurrence, then what is left in order. Paired in order alone, a GRU's probes matched a 2 KB
+    buffer with a 1.6 MB one that does not grow (one probe had one more of them before it): its replay grew 119 KB
+    per sample too fast, +80% at batch 256."""
+    waiting: dict[int, list[int]] = {}
+    for j in theirs:
+        waiting.setdefault(int(high.requested[j]), []).append(j)
+    left: list[int] = []
+    right: list[int] = []
+    rest: list[int] = []
+    for i in mine:
+        same = waiting.get(int(low.requested[i]))
+        if same:
+            left.append(i)
+            right.append(same.pop(0))
+        else:
+            rest.append(i)
+    taken = set(right)
+    others = [j for j in theirs if j not in taken]
+    n = min(len(rest), len(others))
+    return np.array(left + rest[:n], dtype=np.int64), np.array(right + others[:n], dtype=np.int64)
 
 
 @dataclass
@@ -209,11 +265,12 @@ def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
     started = time.perf_counter()
     replays = []
     why = []
+    keyed: dict[tuple[int, bool], Keys] = {}  # each probe's allocations by key, made once for both directions
     for mine, theirs, b_mine, b_theirs in ((low, high, low_batch, high_batch), (high, low, high_batch, low_batch)):
         growth = gpu_growth if (mine.allocator or "").startswith("GPU_") else None
         own = bfc.self_check(mine, allow_growth=growth, tolerance=OWN_TOLERANCE)
         assert own.prepared is not None
-        replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs), own))
+        replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs, keyed), own))
         if not own.passed:
             where = (f" (first divergence at event {own.first_divergence} of {own.events})"
                      if own.first_divergence is not None else "")
