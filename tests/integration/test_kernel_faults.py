@@ -300,8 +300,11 @@ def test_a_stop_that_keras_swallows_inside_fit_still_ends_the_cell_failed(kernel
     assert plain["error"] is None and "FIT-RAN-TO-END" in plain["stdout"] and plain["presses"] >= 1
     cell = kernel.run("%%tfmem --as r\n" + FIT_SWALLOWED, interrupt_after=0.5)
     assert cell["error"] == "KeyboardInterrupt" and "FIT-RAN-TO-END" not in cell["stdout"], cell
-    assert cell["presses"] == 1  # the first press did it, at the next batch end
     notes = kernel.run(f"print({MARK!r} + json.dumps([r.status, r.notes]))")["data"]
+    # the first press did it, at the next batch end (batch 4: a lost first press would have been raised by the
+    # second, AGAIN_S later, batches on). Not the count of presses: the harness presses again when the cell has
+    # not ended AGAIN_S after the first, and on a loaded CI machine the report of the stopped fit can take that
+    # long to make and show (it did once: 2 presses, the cell stopped at batch 4 all the same)
     assert notes[0] == "interrupted" and any("raised it again after batch 4 of fit()" in n for n in notes[1]), notes
     assert_clean_and_next_cell_complete(kernel)
 

@@ -287,7 +287,8 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
     if below is None or micro >= now_micro:
         per_batch = basis.activations_per_sample * micro
-    else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one)
+    else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one; an analytic
+        # basis': its trace's peak's, where the busiest moment set the slope above)
         per_batch = max(0.0, basis.activations_per_sample * now_micro - below * (now_micro - micro))
     activations = per_batch * dtype_ratio * knobs.input_scale / now.input_scale
     batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
