@@ -38,6 +38,9 @@ _OPTIMIZER_SCOPES = {"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "
                      "lamb", "loss_scale_optimizer", "optimizer"}
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
 XLA_OP = "XLA computation"
+INPUT_COPY_OP = "input copy (numpy → tensor)"  # fit's copy of the arrays: the data, not one batch of it
+# phases whose tensors never carry the batch: what `_batch_bytes` and `_batch_bytes_most` leave out
+_NOT_BATCH_PHASES = ("weights", "optimizer", "pre-existing", "untraced")
 
 
 @dataclass
@@ -196,7 +199,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     ev, spans = trace.events, trace.spans
     span_layers = {s.name.split("/", 1)[1] for s in spans if s.name.startswith("layer/")}
     ctx = replace(ctx, layer_names=ctx.layer_names | span_layers)
-    ops: list[str] = ["(untagged)", "input copy (numpy → tensor)", XLA_OP]
+    ops: list[str] = ["(untagged)", INPUT_COPY_OP, XLA_OP]
     layers: list[str] = []
     op_index = {name: i for i, name in enumerate(ops)}
     layer_index: dict[str, int] = {}
@@ -252,7 +255,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     untagged = (ev.op < 0) & (layer < 0) & (phase == phase_of["other"])
     if ctx.input_array_bytes:
         copy = untagged & np.isin(ev.requested, list(ctx.input_array_bytes))
-        op[copy], phase[copy] = op_index["input copy (numpy → tensor)"], phase_of["input"]
+        op[copy], phase[copy] = op_index[INPUT_COPY_OP], phase_of["input"]
 
     xla = _innermost_spans(ev, spans, XLA_SPAN) >= 0
     functions = {f for f in map(xla_function, trace.xla_modules) if f}
@@ -368,8 +371,7 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
-    skip = {"weights", "optimizer", "pre-existing", "untraced"}
-    return sum(r.requested for r in rows if r.phase not in skip and not r.op.startswith("input copy")
+    return sum(r.requested for r in rows if r.phase not in _NOT_BATCH_PHASES and r.op != INPUT_COPY_OP
                and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
 
 
@@ -384,8 +386,8 @@ def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, free
     if batch is None or batch < 3:
         return None
     n = len(ev)
-    skip = [PHASES.index(p) for p in ("weights", "optimizer", "pre-existing", "untraced")]
-    copy = att.ops.index("input copy (numpy → tensor)")
+    skip = [PHASES.index(p) for p in _NOT_BATCH_PHASES]
+    copy = att.ops.index(INPUT_COPY_OP)
     shapes = np.unique(ev.shape[ev.is_alloc])
     carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
                        and batch_dimension(ev.string(k), batch, ctx.step_dims)]
@@ -443,7 +445,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     untraced_at_peak = untracked_at_peak - preexisting_at_peak
 
     att = attribute_events(trace, ctx)
-    copies = np.nonzero(own_alloc & (att.op == att.ops.index("input copy (numpy → tensor)")))[0]
+    copies = np.nonzero(own_alloc & (att.op == att.ops.index(INPUT_COPY_OP)))[0]
     info.input_copies = [
         InputCopy(int(ev.chunk[i]), int(ev.requested[i]), round(float(t_s[i]), 6),
                   round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]),

@@ -93,7 +93,7 @@ Keys = dict[tuple[str | None, int, str | int | None], list[int]]
 def _keyed(events: MemoryEvents, batch: int, masked: bool) -> Keys:
     """The allocations' positions by (op, dtype, shape with the batch masked) or, with `masked` False, by (op,
     dtype, rank), in order of occurrence."""
-    out: dict[tuple[str | None, int, str | int | None], list[int]] = {}
+    out: Keys = {}
     for i in np.nonzero(events.is_alloc)[0].tolist():
         shape = events.string(int(events.shape[i]))
         if masked:
