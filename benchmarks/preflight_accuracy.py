@@ -1,14 +1,17 @@
-"""Accuracy and cost of the pre-flight: its prediction of a call's step at a large batch (from two probe steps of a
-clone at 1/16 and 1/8 of the batch) against the same call run for real, each model in a fresh process.
+"""Accuracy and cost of the pre-flight: its prediction of a call's step at a large batch against the same call run
+for real, each model in a fresh process, by both of its bases side by side: the step replay (a clone's steps traced
+at two small odd batches, about 1/14 and 1/9 of the call's, replayed through the BFC simulator) and the line
+through two probe steps at 1/16 and 1/8 of the batch (what stands in where the replay cannot be used).
 
 For each model, one process builds it, trains one small batch (TensorFlow is running, as in a notebook), asks the
-pre-flight (advise/preflight.py: `check` with no room, so the probes always run) and then runs the call at the
-batch, unguarded, under tfmem's quick mode. It prints the predicted and measured TF allocator growth of the step,
-the predicted and measured process peak (RSS), their errors, and the seconds the pre-flight took.
+pre-flight both ways (advise/preflight.py: `check` with no room, so the probes always run) and then runs the call at
+the batch, unguarded, under tfmem's quick mode. It prints the predicted and measured TF allocator growth of the
+step, the predicted and measured process peak (RSS), its error over the peak and over what the process grew by in
+the call (what the band widens), and the seconds each pre-flight took.
 
     .venv/bin/python benchmarks/preflight_accuracy.py [--models cnn,mlp,...]
 
-The band the pre-flight uses (preflight.BAND) is set from these errors: docs/preflight.md.
+The bands the pre-flight uses (preflight.REPLAY_BAND, preflight.BAND) are set from these errors: docs/preflight.md.
 """
 
 from __future__ import annotations
@@ -64,19 +67,26 @@ batch = {batch}
 seen = {{}}
 
 def spy(model, call, use, threshold, rss, source, current, held):  # the cell's own pre-flight, forced to probe
-    started = time.perf_counter()
-    info = preflight.check(model, call, use, 0, rss, current, held)
-    info.seconds = round(time.perf_counter() - started, 2)
-    seen["info"] = info
+    for basis in ("replay", "probes"):  # side by side, before the call runs
+        started = time.perf_counter()
+        if basis == "probes":  # the line through two probe steps, as where the replay cannot be used
+            def refuse(*args, **kwargs):
+                raise preflight.NoReplay("the benchmark's other basis")
+            preflight.replayed_step = refuse
+        info = preflight.check(model, call, use, 0, rss, current, held)
+        info.seconds = round(time.perf_counter() - started, 2)
+        seen[basis] = info
 
 with tfmem_magic.profile(mode="quick", preflight=True) as p:
     p._measurement._preflight = spy
     p._measurement.instrumentation.preflight = p._measurement._preflight_check()
     m.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=2, verbose=0)
-info, r = seen["info"], p.report
-print(json.dumps({{"step_predicted": info.step_bytes, "step_measured": r.tf_peak_bytes,
-                  "rss_predicted": info.predicted_rss_bytes, "rss_measured": r.rss.peak_bytes,
-                  "probes": info.probe_batches, "seconds": info.seconds}}))
+r = p.report
+print(json.dumps({{basis: {{"step_predicted": info.step_bytes, "step_measured": r.tf_peak_bytes,
+                           "rss_predicted": info.predicted_rss_bytes, "rss_measured": r.rss.peak_bytes,
+                           "rss_before": info.rss_bytes, "probes": info.probe_batches, "seconds": info.seconds,
+                           "basis": info.basis, "note": info.replay_note}}
+                  for basis, info in seen.items()}}))
 """
 
 
@@ -97,19 +107,28 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"{'model':<12} {'batch':>5} {'probes':>9} | {'step pred':>9} {'measured':>9} {'error':>6} | "
-          f"{'RSS pred':>9} {'measured':>9} {'error':>6} | {'seconds':>7}")
-    errors = []
+          f"{'RSS pred':>9} {'measured':>9} {'error':>6} {'growth':>7} | {'seconds':>7} basis")
+    errors: dict[str, list[float]] = {}
+    growths: dict[str, list[float]] = {}
     for name in args.models.split(","):
-        r = run(name)
-        step_error = (r["step_predicted"] - r["step_measured"]) / r["step_measured"]
-        rss_error = (r["rss_predicted"] - r["rss_measured"]) / r["rss_measured"]
-        errors.append(rss_error)
-        mib = 2**20
-        print(f"{name:<12} {MODELS[name][0]:>5} {'/'.join(map(str, r['probes'])):>9} | "
-              f"{r['step_predicted'] / mib:>8.0f}M {r['step_measured'] / mib:>8.0f}M {step_error:>+6.1%} | "
-              f"{r['rss_predicted'] / mib:>8.0f}M {r['rss_measured'] / mib:>8.0f}M {rss_error:>+6.1%} | "
-              f"{r['seconds']:>7.1f}", flush=True)
-    print(f"process peak: max |error| {max(abs(e) for e in errors):.1%}; took {time.perf_counter() - started:.0f} s")
+        for basis, r in run(name).items():
+            step_error = (r["step_predicted"] - r["step_measured"]) / r["step_measured"]
+            rss_error = (r["rss_predicted"] - r["rss_measured"]) / r["rss_measured"]
+            # what the band widens: what the process grows by over what it held before the call
+            growth_error = (r["rss_predicted"] - r["rss_measured"]) / max(1, r["rss_measured"] - r["rss_before"])
+            errors.setdefault(r["basis"], []).append(rss_error)
+            growths.setdefault(r["basis"], []).append(growth_error)
+            mib = 2**20
+            print(f"{name:<12} {MODELS[name][0]:>5} {'/'.join(map(str, r['probes'])):>9} | "
+                  f"{r['step_predicted'] / mib:>8.0f}M {r['step_measured'] / mib:>8.0f}M {step_error:>+6.1%} | "
+                  f"{r['rss_predicted'] / mib:>8.0f}M {r['rss_measured'] / mib:>8.0f}M {rss_error:>+6.1%} "
+                  f"{growth_error:>+7.1%} | {r['seconds']:>7.1f} {r['basis']}", flush=True)
+            if r["note"] and r["basis"] != basis:
+                print(f"    the replay was not used: {r['note']}")
+    for basis in errors:
+        print(f"{basis}: process peak max |error| {max(abs(e) for e in errors[basis]):.1%}, its growth over the "
+              f"call's start max |error| {max(abs(e) for e in growths[basis]):.1%}")
+    print(f"took {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

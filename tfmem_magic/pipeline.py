@@ -138,9 +138,7 @@ class Profiler:
         info = report.preflight = checks.results[-1]
         if info.verdict != "refused":
             reached = report.rss.peak_bytes
-            how = (f"{info.seconds:.1f} s, probes at batches {' and '.join(map(str, info.probe_batches))}"
-                   if info.basis == "probes" else "no probes needed: the model's own parts, taken several times "
-                   "over, fit")
+            how = preflight.how_predicted(info)
             report.notes.append(
                 f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted at most "
                 f"~{format_bytes(info.predicted_rss_bytes)} for the process (±{info.band:.0%}) against "

@@ -281,7 +281,7 @@ export interface GuardInfo {
   tripped_rss_bytes: number | null;
 }
 /**
- * The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran one step at two small batches in another process, and the line through their peaks predicted the call's step at its own batch.
+ * The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran its steps at two small batches in another process, and the step replay of their allocations (or, where it could not be used, the line through their peaks) predicted the call's step at its own batch.
  */
 export interface PreflightInfo {
   call: string;
@@ -295,6 +295,7 @@ export interface PreflightInfo {
   band: number;
   verdict: string;
   basis: string;
+  replay_note: string;
   largest_batch: number | null;
   seconds: number;
 }

@@ -1,17 +1,22 @@
-"""The pre-flight's arithmetic: the line through two probe steps, the verdict against the guard's threshold, the
-largest batch, and the refusal's words. The probes themselves (a clone in another process) are a collaborator
-here: they run for real in tests/integration/test_preflight.py."""
+"""The pre-flight's arithmetic: the step replay on recorded probe traces and what it takes off, the line through two
+probe steps where the replay cannot be used, the verdict against the guard's threshold, the largest batch, and the
+refusal's words. The probes themselves (a clone in another process) are a collaborator here: they run for real in
+tests/integration/test_preflight.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tfmem_magic.advise import preflight
-from tfmem_magic.advise.preflight import BAND, line_through
+from tfmem_magic.advise.preflight import BAND, NoReplay, line_through
+from tfmem_magic.analyze import step_replay
 from tfmem_magic.core.report import PreflightInfo
 from tfmem_magic.measure.instrument import ModelUse
 
 MiB = 2**20
+DATA = Path(__file__).parents[1] / "data" / "replay"  # a CNN's probe traces at batches 23 and 37 (test_step_replay)
 
 
 def test_the_line_extrapolates_requested_bytes_in_large_tensors_chunks():
@@ -32,6 +37,85 @@ def test_a_probe_whose_trace_missed_frees_gives_the_allocators_line():
 class _Model:
     optimizer = None
     trainable_variables: list = []
+    weights: list = []
+
+
+class _Variable:
+    def __init__(self, *shape: int) -> None:
+        self.shape, self.dtype = shape, "float32"
+
+
+@pytest.fixture
+def no_replay(monkeypatch):
+    """The replay cannot be used: the probes' line stands in."""
+    def refuse(*args, **kwargs):
+        raise NoReplay("its self-check failed")
+
+    monkeypatch.setattr(preflight, "replayed_step", refuse)
+
+
+def recorded_traces(fed: int = 0):
+    """calibrate.replay_traces, answered with the recorded CNN traces (the probes a call at batch 320 asks for)."""
+    def replay_traces(model, batches, train, structure, folder, **kwargs):
+        assert batches == [23, 37] and kwargs["pipeline"]
+        out = {}
+        for b in batches:
+            events = step_replay.load_events(DATA / f"cnn-{b}.npz")
+            out[b] = str(Path(folder) / f"replay-{b}.npz")
+            step_replay.save_events(events, out[b], fed_bytes=fed)
+        return out
+
+    return replay_traces
+
+
+def test_the_replay_predicts_what_the_calls_steps_add_to_what_the_kernel_holds(monkeypatch):
+    """The probe process's sequence starts from its first allocation: the weights (and the slots, once the live
+    optimizer has them) are held by the kernel already, and the probes' own synthetic data is no part of the call:
+    both come off the replayed peak, the larger of the two probes' op orders."""
+    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces(fed=3 * MiB))
+    model = _Model()
+    model.weights = [_Variable(256, 1024)]  # 1 MiB
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, probes = preflight.replayed_step(model, use, True, 320)
+    assert probes == [23, 37]
+    check = step_replay.checked(*(step_replay.load_events(DATA / f"cnn-{b}.npz") for b in probes), *probes)
+    for batch in (32, 320, 1000):
+        replayed = max(r.peak_bytes_in_use for r in check.peaks(batch))
+        assert at(batch) == replayed - 4 * MiB
+    assert at(320) > 3 * at(32) > 0  # the step's tensors grow with the batch
+
+    class Built:  # an optimizer that has made its slots: the kernel holds them, the probes made them again
+        built, variables = True, [_Variable(512, 1024)]  # 2 MiB
+
+    model.optimizer = Built()
+    again, _ = preflight.replayed_step(model, use, True, 320)
+    assert again(320) == at(320) - 2 * MiB
+    assert preflight.replayed_step(model, use, False, 320)[0](320) == at(320)  # predict() does not use the slots
+
+
+def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fits(monkeypatch):
+    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, _ = preflight.replayed_step(_Model(), use, True, 320)
+    threshold = round(100 * MiB + at(320) * 0.6)  # the call needs far more than is left
+    info = preflight.check(_Model(), "fit", use, threshold, rss=100 * MiB)
+    assert info.basis == "replay" and info.band == preflight.REPLAY_BAND and info.verdict == "refused"
+    assert info.step_bytes == round(at(320)) and info.probe_batches == [23, 37]
+    largest = info.largest_batch
+    assert largest is not None and largest == preflight.typeable_batch(largest)
+    assert 100 * MiB + at(largest) * (1 + info.band) <= threshold  # it fits with its band
+    bigger = next(b for b in range(largest + 1, 320) if preflight.typeable_batch(b) > largest)
+    assert 100 * MiB + at(bigger) * (1 + info.band) > threshold  # and the next one typed does not
+    text = preflight.refusal(info, "--limit")
+    assert "traced at batches 23 and 37 and replayed at batch 320" in text
+
+
+def test_where_the_replay_cannot_be_used_the_probes_line_stands_in_and_says_why(monkeypatch, no_replay):
+    monkeypatch.setattr(preflight.calibrate, "probe_peaks",
+                        lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
+    info = preflight.check(_Model(), "fit", _use(1024), 600 * MiB, rss=100 * MiB)
+    assert info.basis == "probes" and info.replay_note == "its self-check failed"
+    assert "the replay was not used: its self-check failed" in preflight.refusal(info, "--limit")
 
 
 def _use(batch: int) -> ModelUse:
@@ -40,7 +124,7 @@ def _use(batch: int) -> ModelUse:
 
 @pytest.mark.parametrize("threshold, verdict", [(10_000 * MiB, "fits"), (1_100 * MiB, "uncertain"),
                                                 (600 * MiB, "refused")])
-def test_the_verdict_uses_the_band_both_ways(monkeypatch, threshold, verdict):
+def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, verdict):
     # a step that needs 1 MiB per sample (chunks 1.0x), no probes' floor: 1 GiB at batch 1024, 100 MiB held now
     monkeypatch.setattr(preflight.calibrate, "probe_peaks",
                         lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
@@ -53,7 +137,7 @@ def test_the_verdict_uses_the_band_both_ways(monkeypatch, threshold, verdict):
         assert info.largest_batch == preflight.typeable_batch(expected)
 
 
-def test_the_allocators_free_regions_absorb_the_growth(monkeypatch):
+def test_the_allocators_free_regions_absorb_the_growth(monkeypatch, no_replay):
     """RSS never shrinks: regions TF already holds (an earlier, larger step) are reused before the process grows."""
     monkeypatch.setattr(preflight.calibrate, "probe_peaks",
                         lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
@@ -75,6 +159,6 @@ def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to
     assert "Not even batch 1 fits" in preflight.refusal(info, "--limit")
 
 
-def test_a_batch_too_small_to_extrapolate_is_left_to_the_guard():
+def test_a_batch_too_small_to_extrapolate_is_left_to_the_guard(no_replay):
     with pytest.raises(preflight.TfmemUsageError, match="too small"):
         preflight.check(_Model(), "fit", _use(1), 10**9, rss=0)

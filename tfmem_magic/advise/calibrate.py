@@ -140,7 +140,9 @@ for i, batch in enumerate(spec["batches"]):
         # a replay probe's arrays have the same rows at every probe batch (spec["rows"]): the cell's arrays do not
         # grow with its batch either, so the step replay must not see them grow (the steps' own tensors do)
         rows = spec.get("rows") or batch * STEPS
-        x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in data(rows)]
+        arrays = data(rows)
+        fed = sum(a.nbytes for a in tf.nest.flatten(arrays) if a is not None)  # the pre-flight's fixed part
+        x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in arrays]
         if spec["train"]:
             step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False,
                                      steps_per_epoch=STEPS)
@@ -154,11 +156,13 @@ for i, batch in enumerate(spec["batches"]):
                 {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
 
         parts = tuple(tupled(v) for v in data(spec["rows"]) if v is not None)
+        fed = sum(a.nbytes for a in tf.nest.flatten(parts))
         ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
         step = ((lambda: model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=0)) if spec["train"] else
                 (lambda: model.predict(ds, steps=STEPS, verbose=0)))
     else:
         x, y, w = data(batch)
+        fed = 0  # made at every step: the step's own tensors
         step = ((lambda: model.train_on_batch(x, y, sample_weight=w)) if spec["train"] else
                 (lambda: model.predict_on_batch(x)))
     step()  # the first run builds the optimizer's slots and traces the graph
@@ -166,7 +170,7 @@ for i, batch in enumerate(spec["batches"]):
         step()
         trace = xplane.read_segments(recorder.finish())
         from tfmem_magic.analyze.step_replay import save_events
-        save_events(trace.events, spec["replay"])
+        save_events(trace.events, spec["replay"], fed_bytes=fed)
         print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
         sys.exit(0)
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))

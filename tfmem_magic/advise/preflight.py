@@ -5,30 +5,34 @@ between steps. One training step is one C++ call, so a step that outgrows the li
 CNN's `fit` at batch 1024 under `--limit 3GB` took the process to 5.22 GiB before the batch-end check could stop
 it; on a machine with 3 GB the kernel would have died).
 
-How: a clone of the model runs a step at two small batches in another process (`calibrate.probe_peaks`: each
-probe's TF allocator peak over its step's start, and the bytes its step requested), and the line through the two
-predicts the call's step at its own batch: requested bytes grow in a straight line with the batch, and what the
-batch adds gets the chunks the probes measured for it. Added to it, from the live model: the optimizer's slots when
-the optimizer is not built yet, and fit's copy of numpy arrays. The allocator's regions already held (RSS never
+How: the model's own parts first: when its layer outputs, several times over, fit, no probe runs and the pre-flight
+costs nothing. Otherwise the step replay (analyze/step_replay.py): a clone of the model runs its steps at two small
+odd batches (about 1/14 and 1/9 of the call's) in two other processes, each traced from its allocator's first
+allocation; the two sequences are aligned allocation by allocation, and replayed at the call's batch through the BFC
+simulator (analyze/bfc.py). What the replay's peak holds that the kernel holds already (the weights, the slots of a
+built optimizer) and the probes' own data come off it; fit's copy of numpy arrays goes on. Where the replay cannot
+be used (its self-check failed, its probes could not run), the line through two probe steps' peaks at 1/16 and 1/8
+of the batch stands in (`probed_step`), and the report says why. The allocator's regions already held (RSS never
 shrinks: TF keeps them) absorb part of the growth. The process's memory then is compared with the guard's
-threshold, with a band for the extrapolation:
-- the low end of the band (on what the process grows by) does not fit: the call is refused before its first step
-  (`PreflightRefused`), with the predicted peak, the room and the largest batch that fits;
+threshold, with its basis' band (measured in docs/preflight.md) on what the process grows by:
+- the low end does not fit: the call is refused before its first step (`PreflightRefused`), with the predicted
+  peak, the room and the largest batch that fits (searched on the replay: each batch asked is replayed);
 - the high end fits: the call runs, and the report compares the prediction with what was measured;
 - in between: the call runs, and the guard watches it as before.
-Most calls fit with room to spare: when the model's own parts (its layer outputs, several times over) fit, no probe
-runs and the pre-flight costs nothing. The probes run at 1/16 and 1/8 of the batch (a step that needs 4 GB costs
-them 250 and 500 MB, in their own process), so the line is extrapolated 8x: BAND is that extrapolation's error,
-measured in docs/preflight.md.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
+
+import psutil
 
 from tfmem_magic.advise import calibrate
+from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
 from tfmem_magic.advise.prediction import GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, activation_bytes, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
@@ -36,7 +40,13 @@ from tfmem_magic.core.report import PreflightInfo
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.measure.instrument import ModelUse
 
-BAND = 0.25  # the extrapolation's error: docs/preflight.md
+BAND = 0.25  # the probe line's extrapolation error: docs/preflight.md
+# the step replay's, from probes about 1/9 of the batch: what the process grew by in the call was within 17% of the
+# prediction on five models in two runs each, TF's allocator within 8% but for an MLP (+19%, +29%: over, the safe
+# side); the misses beyond 15% are the process's memory outside TF's allocator, which moved by 90 MiB between two
+# runs of the same LSTM call (docs/preflight.md)
+REPLAY_BAND = 0.20
+REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
 PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the smaller half of that
 
@@ -99,6 +109,82 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
         return PreflightInfo(call=call, batch_size=batch, step_bytes=generous, extra_bytes=extra, rss_bytes=rss,
                              predicted_rss_bytes=round(rss + growth(generous)), threshold_bytes=threshold, band=BAND,
                              verdict="fits", basis="model")
+    info = PreflightInfo(call=call, batch_size=batch, extra_bytes=extra, rss_bytes=rss, threshold_bytes=threshold,
+                         band=BAND)
+    try:
+        step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
+        info.basis, info.band = "replay", REPLAY_BAND
+        info.extra_bytes = extra = extra - _slots_to_build(model) if train else extra  # the replay built them
+    except NoReplay as exc:
+        info.replay_note = str(exc)
+        step_at, info.probe_batches = probed_step(model, use, train, batch)
+    info.step_bytes = round(step_at(batch))
+    band = info.band
+    grows = growth(step_at(batch))
+    info.predicted_rss_bytes = round(rss + grows)
+    # the band is the prediction's error: it widens what the process grows by, not what it holds already
+    if rss + grows * (1 - band) > threshold:
+        info.verdict = "refused"
+    elif rss + grows * (1 + band) <= threshold:
+        info.verdict = "fits"
+    else:
+        info.verdict = "uncertain"
+    info.largest_batch = _largest(lambda b: rss + growth(step_at(b)) * (1 + band) <= threshold, batch)
+    return info
+
+
+class NoReplay(Exception):
+    """The step replay could not predict the call (its probes failed, or its self-check did): says why."""
+
+
+def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None
+                  ) -> tuple[Callable[[float], float], list[int]]:
+    """The call's step at any batch, by the step replay (analyze/step_replay.py): a clone's allocation sequence,
+    traced from a fresh allocator at two small odd batches (about 1/14 and 1/9 of the call's), replayed through
+    the BFC simulator at batches up to the call's. What the probe process held that the kernel holds already (the
+    model's weights, the optimizer's slots once built) and the probes' own synthetic data are taken off: the rest
+    is what the call's steps add (the slots when it builds them, gradients, the step's tensors and workspaces, in
+    BFC's chunks). Returns (batch -> bytes the steps add, the probe batches); raises NoReplay."""
+    from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
+
+    avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
+    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), avoid)
+    one_probe = PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
+    parallel = 2 * one_probe < 0.5 * psutil.virtual_memory().available
+    folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
+    try:
+        paths = calibrate.replay_traces(model, list(probes), train, use.structure, folder,
+                                        pipeline=use.feed == "arrays", parallel=parallel, feed=use.feed or "")
+        low, high = (step_replay.load_events(paths[b]) for b in probes)
+        fed = step_replay.fed_bytes(paths[probes[0]])
+        check = step_replay.checked(low, high, *probes)
+    except TfmemUsageError as exc:
+        raise NoReplay(f"its probes failed: {exc}") from exc
+    except Exception as exc:  # an empty or unreadable trace: the two probe steps' line stands in
+        raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if check.curve.why_not:
+        raise NoReplay(check.curve.why_not)
+    optimizer = getattr(model, "optimizer", None)
+    held = variable_bytes(getattr(model, "weights", []))
+    if train and optimizer is not None and getattr(optimizer, "built", False):
+        held += variable_bytes(getattr(optimizer, "variables", []))
+    fixed = held + fed
+    replayed: dict[int, float] = {}
+
+    def at(b: float) -> float:  # the larger of the two probes' op orders (they meet at the peak differently)
+        n = max(1, round(b))
+        if n not in replayed:  # replayed only where asked: a long sequence (an LSTM's) takes ~0.3 s a replay
+            replayed[n] = max(r.peak_bytes_in_use for r in check.peaks(n))
+        return max(0.0, replayed[n] - fixed)
+
+    return at, list(probes)
+
+
+def probed_step(model: Any, use: ModelUse, train: bool, batch: int) -> tuple[Callable[[float], float], list[int]]:
+    """The call's step at any batch from one step of a clone at 1/16 and 1/8 of the batch (`line_through`): what
+    stands in where the replay cannot be used."""
     high = max(2, batch // PROBE_FRACTION)
     low = max(1, high // 2)
     if high >= batch:  # a tiny batch: probing it is as cheap as running it, and it is guarded anyway
@@ -107,21 +193,7 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
     if len(batches) < 2:
         raise TfmemUsageError(f"batch {batch} is too small to extrapolate from (it is guarded as it runs)")
     peaks = calibrate.probe_peaks(model, batches, train, use.structure, pipeline=use.feed == "arrays")
-    step_at = line_through(peaks)
-    info = PreflightInfo(call=call, batch_size=batch, probe_batches=batches, step_bytes=round(step_at(batch)),
-                         extra_bytes=extra, rss_bytes=rss, threshold_bytes=threshold, band=BAND)
-
-    grows = growth(step_at(batch))
-    info.predicted_rss_bytes = round(rss + grows)
-    # the band is the prediction's error: it widens what the process grows by, not what it holds already
-    if rss + grows * (1 - BAND) > threshold:
-        info.verdict = "refused"
-    elif rss + grows * (1 + BAND) <= threshold:
-        info.verdict = "fits"
-    else:
-        info.verdict = "uncertain"
-    info.largest_batch = _largest(lambda b: rss + growth(step_at(b)) * (1 + BAND) <= threshold, batch)
-    return info
+    return line_through(peaks), batches
 
 
 def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
@@ -174,7 +246,9 @@ def _largest(fits: Any, batch: int) -> int | None:
     if fits(batch):
         return batch
     low, high = 1, batch  # fits(low), not fits(high)
-    while high - low > 1:
+    # until every batch left between them is typed as the same one (from 16 up, typeable_batch rounds to 8s): each
+    # `fits` may be a replay of the whole step
+    while high - low > 1 and typeable_batch(high - 1) != typeable_batch(low):
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     return typeable_batch(low)
@@ -192,5 +266,16 @@ def refusal(info: PreflightInfo, source: str) -> str:
             + (f", plus {format_bytes(info.extra_bytes)} the call adds (optimizer slots, copies of numpy arrays)"
                if info.extra_bytes else "")
             + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {fix} "
-            f"(Predicted from one step of a clone at batches {' and '.join(map(str, info.probe_batches))}, "
-            f"{info.seconds:.1f} s; --no-preflight skips it.)")
+            f"({how_predicted(info)}; --no-preflight skips it.)")
+
+
+def how_predicted(info: PreflightInfo) -> str:
+    """How a pre-flight came to its prediction, and what it cost, in words."""
+    batches = " and ".join(map(str, info.probe_batches))
+    if info.basis == "model":
+        return "no probes needed: the model's own parts, taken several times over, fit"
+    if info.basis == "replay":
+        return (f"a clone's steps traced at batches {batches} and replayed at batch {info.batch_size} through a "
+                f"simulation of TensorFlow's allocator, {info.seconds:.1f} s")
+    why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
+    return f"predicted from one step of a clone at batches {batches}, {info.seconds:.1f} s{why}"

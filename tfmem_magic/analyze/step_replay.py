@@ -55,11 +55,20 @@ REPLAY_BUDGET_S = 15.0
 _COLUMNS = ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "region", "shape", "thread")
 
 
-def save_events(events: MemoryEvents, path: str | Path) -> None:
-    """Write one allocator's events (the probe process's trace) to an .npz file `load_events` reads."""
+def save_events(events: MemoryEvents, path: str | Path, fed_bytes: int = 0) -> None:
+    """Write one allocator's events (the probe process's trace) to an .npz file `load_events` reads. `fed_bytes`:
+    the probe's synthetic data made as tensors before its steps (`fed_bytes` reads it back)."""
     names = json.dumps({"strings": events.strings, "threads": events.threads, "allocator": events.allocator})
     limit = events.limit if events.limit is not None else np.zeros(len(events), np.int64)
-    np.savez_compressed(path, names=np.array(names), limit=limit, **{k: getattr(events, k) for k in _COLUMNS})
+    np.savez_compressed(path, names=np.array(names), limit=limit, fed=np.int64(fed_bytes),
+                        **{k: getattr(events, k) for k in _COLUMNS})
+
+
+def fed_bytes(path: str | Path) -> int:
+    """The bytes of a probe's data made as tensors before its steps (0 in a file written without them): in the
+    probe's sequence from its first allocation, as the model's weights are, and not part of what a call adds."""
+    with np.load(path) as data:
+        return int(data["fed"]) if "fed" in data.files else 0
 
 
 def load_events(path: str | Path) -> MemoryEvents:
@@ -254,14 +263,24 @@ def grid(cell_batch: int, probes: tuple[int, int], per_replay_s: float = 0.0, bu
     return sorted(out)
 
 
-def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int, cell_batch: int,
-          batches: list[int] | None = None, gpu_growth: bool = True) -> ReplayCurve:
-    """Replay both probes' sequences at every batch of the grid, after the self-check. Two sequences, because the
-    order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors meet at
-    the peak (measured: a CNN's two probe orders replayed at one batch differed by 12-18%): the curve keeps both
-    orders' peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the caller
-    keeps the other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's probe
-    processes do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
+@dataclass
+class CheckedReplays:
+    """Both probes' sequences, ready to replay at any batch, and the curve's record of their self-check (no peaks
+    yet). `replays` is usable only where `curve.why_not` is empty."""
+
+    replays: list[StepReplay]
+    curve: ReplayCurve
+    started: float  # perf_counter at the start of the check: the curve's seconds count from it
+
+    def peaks(self, batch: float) -> list[bfc.ReplayResult]:
+        """Each probe's op order replayed at `batch`."""
+        return [r.run(batch) for r in self.replays]
+
+
+def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int,
+            gpu_growth: bool = True) -> CheckedReplays:
+    """The self-check of both probes' sequences and their alignment, before any prediction (see `curve`): each
+    sequence must give back its own traced peak, and most allocations must find their match in the other's."""
     started = time.perf_counter()
     replays = []
     why = []
@@ -287,22 +306,32 @@ def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
     out = ReplayCurve(probes=[low_batch, high_batch], events=len(low), allocations=first.lines.allocations,
                       aligned=first.lines.aligned, own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
                       cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
-                      traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)])
-    if why:
-        out.why_not = "; ".join(why)
-        out.seconds = round(time.perf_counter() - started, 2)
-        return out
-    timed = time.perf_counter()
-    first.run(cell_batch)
-    per_replay = time.perf_counter() - timed
-    for batch in batches or grid(cell_batch, (low_batch, high_batch), per_replay):
-        results = [r.run(batch) for r in replays]
-        out.batches.append(batch)
-        out.peaks.append(int(results[0].peak_bytes_in_use))
-        out.second_peaks.append(int(results[1].peak_bytes_in_use))
-        out.region_peaks.append(max(int(r.peak_region_bytes) for r in results))
-    out.passed = True
-    out.seconds = round(time.perf_counter() - started, 2)
+                      traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)], why_not="; ".join(why))
+    return CheckedReplays(replays, out, started)
+
+
+def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int, cell_batch: int,
+          batches: list[int] | None = None, gpu_growth: bool = True) -> ReplayCurve:
+    """Replay both probes' sequences at every batch of the grid, after the self-check (`checked`). Two sequences,
+    because the order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors
+    meet at the peak (measured: a CNN's two probe orders replayed at one batch differed by 12-18%): the curve keeps
+    both orders' peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the
+    caller keeps the other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's
+    probe processes do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
+    check = checked(low, high, low_batch, high_batch, gpu_growth)
+    out = check.curve
+    if not out.why_not:
+        timed = time.perf_counter()
+        check.replays[0].run(cell_batch)
+        per_replay = time.perf_counter() - timed
+        for batch in batches or grid(cell_batch, (low_batch, high_batch), per_replay):
+            results = check.peaks(batch)
+            out.batches.append(batch)
+            out.peaks.append(int(results[0].peak_bytes_in_use))
+            out.second_peaks.append(int(results[1].peak_bytes_in_use))
+            out.region_peaks.append(max(int(r.peak_region_bytes) for r in results))
+        out.passed = True
+    out.seconds = round(time.perf_counter() - check.started, 2)
     return out
 
 

@@ -186,8 +186,9 @@ class TraceInfo:
 
 @dataclass
 class PreflightInfo:
-    """The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran one step at two small
-    batches in another process, and the line through their peaks predicted the call's step at its own batch."""
+    """The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran its steps at two small
+    batches in another process, and the step replay of their allocations (or, where it could not be used, the line
+    through their peaks) predicted the call's step at its own batch."""
 
     call: str  # "fit" | "evaluate" | "predict"
     batch_size: int
@@ -199,9 +200,11 @@ class PreflightInfo:
     threshold_bytes: int = 0  # what the guard lets the process reach (the limit, or the cell's start + margin)
     band: float = 0.0
     verdict: str = ""  # "fits" | "refused" | "uncertain" (within the band: the call runs, the guard watches)
-    # "probes" (two probe steps of a clone), or "model" (the model's own parts showed it fits with room to spare:
-    # no probes were run)
+    # "replay" (two probe traces of a clone replayed through the BFC simulator at the call's batch), "probes" (the
+    # line through two probe steps' peaks), or "model" (the model's own parts showed it fits with room to spare: no
+    # probes were run)
     basis: str = "probes"
+    replay_note: str = ""  # why the replay was not used, where the probes' line stood in
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it
     seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
 
