@@ -19,6 +19,9 @@ Scenarios and what each checks:
 - mixed:    mixed_float16 lowers the peak of the same fit; the what-if works (LossScaleOptimizer)
 - fixes:    the memory-growth and gpu-memory-limit fix cells run in a fresh process and take effect there
 - calibrate: the calibrated what-if (probes in a child process, next to this one's reservation) answers
+- trace:    a fit at batch 32 recorded with TensorFlow's own profiler (as a user on a GPU machine would), read back
+            with analyze_xplane(batch_size=32): the trace's own sequence replays (its self-check), and the what-if
+            from it predicts batches 64 and 128 within its ±30% band of measured fits at those batches
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import time
 
-SCENARIOS = ("device", "xla", "oom", "whatif", "mixed", "fixes", "calibrate")
+SCENARIOS = ("device", "xla", "oom", "whatif", "mixed", "fixes", "calibrate", "trace")
 MiB = 2**20
 
 
@@ -145,6 +148,33 @@ def scenario(name: str) -> dict:
                        ok=answer.basis in ("replay", "measured") and abs(answer.peak_bytes / measured - 1) <= 0.3)
         except Exception as exc:  # the check reports it: a crash of the probes must not take this process down
             out.update(error=f"{type(exc).__name__}: {exc}"[:300], ok=False)
+    elif name == "trace":
+        import glob
+        import tempfile
+
+        x, y = _data()
+        model = _model(keras)
+        model.fit(x[:32], y[:32], batch_size=32, epochs=1, verbose=0)  # built and traced before the recording
+        logdir = tempfile.mkdtemp(prefix="tfmem-gpu-trace-")
+        tf.profiler.experimental.start(logdir)
+        model.fit(x[:128], y[:128], batch_size=32, epochs=1, verbose=0)
+        tf.profiler.experimental.stop()
+        path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[0]
+        report = tfmem_magic.analyze_xplane(path, batch_size=32)
+        basis = report.whatif_basis
+        curve = basis.replay if basis is not None else None
+        rows, ok = [], curve is not None
+        for batch in (64, 128):
+            predicted = tfmem_magic.predict(report, batch_size=batch).peak_bytes if curve is not None else None
+            measured = _fit(tfmem_magic, keras, batch, label=f"b{batch}").tf_peak_bytes
+            error = None if predicted is None else round(predicted / measured - 1, 3)
+            rows.append({"batch": batch, "predicted_mib": None if predicted is None else round(predicted / MiB, 1),
+                         "measured_mib": round(measured / MiB, 1), "error": error})
+            ok = ok and error is not None and abs(error) <= 0.3
+        why = [n for n in report.notes if n.startswith("No what-if")]
+        out.update(main=report.main_device_name, allocator=report.trace.allocator, events=report.trace.events,
+                   replay={"passed": curve.passed, "own_error": curve.own_error, "scaled": curve.scaled}
+                   if curve is not None else {"passed": False, "why_not": why[:1]}, rows=rows, ok=ok)
     return out
 
 

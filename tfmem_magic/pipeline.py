@@ -222,11 +222,20 @@ def cluster_from(folder: Any) -> Any:
     return cluster.from_directory(folder, read_trace=analyze_xplane)
 
 
-def analyze_xplane(path: Any, device: str | None = None, label: str | None = None) -> Report:
+def analyze_xplane(path: Any, device: str | None = None, label: str | None = None,
+                   batch_size: int | None = None) -> Report:
     """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
     `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the
-    busiest GPU's. It is not added to this session's history."""
-    report = saved_trace.bare_report(path, device, label)
+    busiest GPU's. Where the trace's own sequence replays, `tfmem_magic.predict(report, batch_size=...)` predicts
+    that device's peak at another batch from it (`batch_size`: the batch its step ran, per replica; by default read
+    from the tensors' shapes). It is not added to this session's history."""
+    if batch_size is not None and batch_size < 1:
+        raise TfmemUsageError(f"batch_size={batch_size}: give the batch one step of the trace's device ran (per "
+                              "replica), 1 or more; or leave it out to read it from the tensors' shapes")
+    report = saved_trace.bare_report(path, device, label, batch_size)
+    report.prediction = prediction.summary(report)
+    if report.whatif_basis is not None:
+        report.notes.append(prediction.trace_whatif_note(report))
     report.findings = diagnose.findings(report)
     report.fixes = fixes.build(report, fixes.FixContext())
     return report

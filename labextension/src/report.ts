@@ -268,6 +268,8 @@ export interface ReplayCurve {
   why_not: string;
   seconds: number;
   retried: boolean;
+  source: string;
+  scaled: number;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

@@ -79,7 +79,7 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert "fits GPU:6 with" in text and "GPU:6: 14.4 GiB" in text and "\nRSS " not in text
     # the allocation sequence replays through tfmem's BFC simulator to the byte (GPU defaults: one region of the
     # whole limit, garbage collection), the ground the step replay stands on (analyze/bfc.py)
-    replayed = [n for n in report.notes if "simulation of TensorFlow's BFC allocator" in n]
+    replayed = [n for n in report.notes if n.startswith("tfmem's simulation of TensorFlow's BFC allocator")]
     assert len(replayed) == 1 and "one region of the whole limit" in replayed[0]
     assert "969 memory events of GPU_6_bfc" in replayed[0] and "after every event" in replayed[0]
 
@@ -145,6 +145,67 @@ def test_a_device_can_be_asked_for_and_a_missing_one_is_named():
     assert list(report.tf) == ["GPU:4"] and report.trace.allocator == "GPU_4_bfc"
     with pytest.raises(TfmemUsageError, match=r"device='GPU:0'.*GPU:1, GPU:4, GPU:6"):
         tfmem_magic.analyze_xplane(PUBLIC, device="GPU:0")
+
+
+def test_the_public_gpu_trace_predicts_other_batches_from_its_own_replayed_sequence():
+    """Issue 29's what-if from a saved GPU trace: the trace's own 969 events replay to the byte, its batch (4 per
+    replica: the leading dimension of most shaped bytes) is read from the shapes, and the batch-shaped allocations
+    scaled and replayed through the simulator with the GPU's settings give the peak at other batches, anchored on
+    the trace's. Checked against bounds from the trace itself: doubling the batch adds at least what the
+    batch-shaped tensors live at the peak hold, and at most every batch-shaped allocation's size."""
+    from tfmem_magic.analyze import analysis, bfc, step_replay
+    from tfmem_magic.advise.prediction import ANALYTIC_BAND
+
+    report = tfmem_magic.analyze_xplane(PUBLIC)
+    basis = report.whatif_basis
+    assert basis is not None and basis.replay.source == "trace" and basis.replay.passed and basis.knobs.batch_size == 4
+    assert basis.replay.own_error == 0.0 and basis.replay.events == 969
+    assert any("reads this trace's batch as 4" in n for n in report.notes)
+    note = next(n for n in report.notes if n.startswith("Predicted from a GPU trace (GPU:6, GPU_6_bfc)"))
+    assert "largest batch whose upper estimate fits" in note
+
+    now = tfmem_magic.predict(report)
+    assert now.peak_bytes == report.tf_peak_bytes and now.basis == "replay" and now.error_band == ANALYTIC_BAND
+    # the budget is the GPU's: its allocator's limit less what it held at the trace's start
+    assert now.budget_bytes == report.env.device_limit_bytes["GPU:6"] - report.tf["GPU:6"].baseline_bytes
+    peaks = {b: tfmem_magic.predict(report, batch_size=b).peak_bytes for b in (1, 2, 4, 8, 16)}
+    assert peaks[1] < peaks[2] < peaks[4] < peaks[8] < peaks[16]
+
+    events = xplane.read_segments([(gzip.decompress(PUBLIC.read_bytes()), 0)], None).events
+    own = bfc.self_check(events)
+    at_peak = bfc.replay_prepared(own.prepared)
+    shaped = [i for i in range(len(events)) if events.is_alloc[i]
+              and analysis.batch_dimension(events.string(int(events.shape[i])), 4)]
+    live_shaped = sum(a.requested for a in at_peak.live_at_peak
+                      if a.index >= 0 and analysis.batch_dimension(events.string(int(events.shape[a.index])), 4))
+    assert live_shaped > 0.3 * report.tf_peak_bytes  # activations are most of a BERT step's peak
+    added = peaks[8] - peaks[4]
+    assert 0.95 * live_shaped <= added <= 1.01 * sum(int(events.requested[i]) for i in shaped)
+
+    largest = tfmem_magic.largest_batch(report)
+    assert largest is not None and tfmem_magic.predict(report, batch_size=largest).fits
+    assert not tfmem_magic.predict(report, batch_size=largest + 8).fits
+    with pytest.raises(TfmemUsageError, match="predicts the batch only"):
+        tfmem_magic.predict(report, policy="mixed_float16")
+    # a batch given is taken as is (no note that it was read), and a bad one is a usage error
+    given = tfmem_magic.analyze_xplane(PUBLIC, batch_size=4)
+    assert given.whatif_basis.knobs.batch_size == 4 and not any("reads this trace's batch" in n for n in given.notes)
+    assert step_replay.trace_batch(events)[0] == 4
+    with pytest.raises(TfmemUsageError, match="batch_size=0"):
+        tfmem_magic.analyze_xplane(PUBLIC, batch_size=0)
+
+
+def test_tfmem_show_predicts_from_a_trace_at_the_batch_given(tmp_path, capsys):
+    assert cli.main(["show", str(PUBLIC), "--batch-size", "4", "--html", str(tmp_path / "page.html")]) == 0
+    out = capsys.readouterr().out
+    assert "Predicted from a GPU trace" in out and "reads this trace's batch" not in out
+    page = (tmp_path / "page.html").read_text()
+    assert "What if" in page and "batch 8" in page  # the static what-if table, the batch its only knob
+    saved = tmp_path / "r.json"
+    tfmem_magic.analyze_xplane(PUBLIC).save(saved)
+    with pytest.raises(SystemExit):  # argparse's usage error
+        cli.main(["show", str(saved), "--batch-size", "4"])
+    assert "--batch-size are for a saved trace" in capsys.readouterr().err
 
 
 def test_tfmem_show_reads_a_folder_of_traces(tmp_path, capsys):

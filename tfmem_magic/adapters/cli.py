@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                                      ".xplane.pb (gzipped too), or a folder of them (TensorBoard's plugins/profile)")
     show.add_argument("--device", metavar="NAME", help="of a trace: the device whose allocator to read (GPU:1); "
                                                       "default: the busiest GPU, else the CPU")
+    show.add_argument("--batch-size", metavar="N", type=int, help="of a trace: the batch one step of its device "
+                                                                  "ran, per replica, for the what-if from it "
+                                                                  "(default: read from the tensors' shapes)")
     show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
     show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
                                                               "a trace goes along for the Profile tab, a saved "
@@ -71,12 +74,12 @@ def _show(ns: argparse.Namespace) -> int:
     """A saved report, or a saved trace (a .xplane.pb, or a folder of them: one report per file)."""
     if saved_trace.is_xspace_path(ns.report):
         traces = saved_trace.xspace_files(ns.report)
-        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name) for f in traces]
+        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name, batch_size=ns.batch_size) for f in traces]
         files: list[Path | None] = list(traces)
     else:
-        if ns.device:
-            raise TfmemUsageError("--device picks the allocator of a saved trace (.xplane.pb); a saved report "
-                                  "already has its device")
+        if ns.device or ns.batch_size:
+            raise TfmemUsageError("--device and --batch-size are for a saved trace (.xplane.pb); a saved report "
+                                  "already has its device and its batch")
         files = [None]
         reports = [Report.load(ns.report)]
     for i, (report, file) in enumerate(zip(reports, files, strict=True)):

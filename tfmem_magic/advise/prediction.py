@@ -331,6 +331,49 @@ def peak_at(basis: Basis, knobs: Knobs) -> int:
     return max(0, round(others + moved))
 
 
+def from_trace(basis: Basis) -> bool:
+    """The basis is a saved trace's own sequence replayed (analyze/saved_trace.trace_whatif), not the cell's model."""
+    return basis.replay is not None and basis.replay.source == "trace"
+
+
+def is_from_trace(report: Report) -> bool:
+    """The report's what-if stands on a saved trace's own sequence (no model: the batch is its only knob)."""
+    return report.whatif_basis is not None and from_trace(report.whatif_basis)
+
+
+def basis_band(basis: Basis) -> float:
+    """The error band a basis earned: the replay's on the zoo (two probes aligned), the measured basis', or the
+    analytic one (also a saved trace's, whose allocations are scaled by their shapes alone)."""
+    if from_trace(basis):
+        return ANALYTIC_BAND
+    return {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
+
+
+def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
+    """How a saved trace's what-if is made, in words (the start of a sentence)."""
+    device = report.main_device_name or "its device"
+    kind = "a GPU trace" if device.startswith("GPU") else "a saved trace"
+    return (f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
+            f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
+            "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
+            "settings, anchored on the trace's peak")
+
+
+def trace_whatif_note(report: Report) -> str:
+    """The report's note on a saved trace's what-if: how it is made, the peak at a few batches, the largest batch."""
+    basis = basis_of(report)
+    assert basis.replay is not None
+    batch = basis.knobs.batch_size
+    asked = sorted({max(1, batch // 2), 2 * batch, 4 * batch} - {batch})
+    at = ", ".join(f"batch {b}: {format_bytes(predict(report, batch_size=b).peak_bytes)}" for b in asked)
+    now = predict(report)
+    budget = ("" if now.budget_bytes is None else
+              f"; the largest batch whose upper estimate fits the {format_bytes(now.budget_bytes)} left on "
+              f"{report.main_device_name}: {now.largest_batch if now.largest_batch else 'none'}")
+    return (f"{trace_replay_words(report, basis.replay)}. Over the trace's start, at ±{now.error_band:.0%}: "
+            f"{at}{budget}. tfmem_magic.predict(report, batch_size=N) asks for others.")
+
+
 def replay_applies(basis: Basis, knobs: Knobs) -> bool:
     """The step replay predicts the batch knob: its self-check passed, the cell's peak anchors it, and the knobs keep
     what the probes ran with (precision, input size, one replica)."""
@@ -457,6 +500,10 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                   optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
                   input_scale=float(input_scale), replicas=int(now.replicas if replicas is None else replicas))
     _check(knobs)
+    if from_trace(basis) and replace(knobs, batch_size=now.batch_size) != now:
+        raise TfmemUsageError("a saved trace predicts the batch only (it holds TensorFlow's allocations, not the "
+                              "model): give batch_size, and profile the model itself (%%tfmem) for precision, "
+                              "optimizer, accumulation, input size or replicas")
     notes = []
     if knobs.replicas > 1:
         notes.append(f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
@@ -466,10 +513,15 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      "prediction was 1% below to 30% above each worker's peak.")
     replayed = replay_applies(basis, knobs)
     name = "replay" if replayed else "measured" if basis.name in CALIBRATED else basis.name
-    band = REPLAY_BAND if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
+    band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
     curve = basis.replay
     micro = knobs.batch_size / knobs.split
-    if replayed:
+    if replayed and from_trace(basis):
+        assert curve is not None
+        notes.append(trace_replay_words(report, curve) + f", replayed at batch {micro:g}. The band is the analytic "
+                     "one: scaling by shape alone misses what carries the batch without a batch dimension "
+                     "(measured on CPU models: docs/bfc-replay.md).")
+    elif replayed:
         assert curve is not None
         now_micro = now.batch_size / now.split
         low, high = replay_change(curve, micro, now_micro)
@@ -556,7 +608,7 @@ def summary(report: Report) -> Prediction | None:
         basis = basis_of(report)
     except TfmemUsageError:
         return None
-    band = {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
+    band = basis_band(basis)
     parts = parts_at(basis, basis.knobs)  # with a replica's all-reduce copy of the gradients
     fixed = parts["weights"] + parts["gradients"] + parts["optimizer"] + basis.input_copy + max(0, basis.other)
     # per sample of the batch the model line names (the global one: a replica runs 1/replicas of it)

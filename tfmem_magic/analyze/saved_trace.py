@@ -13,7 +13,7 @@ from pathlib import Path
 from tfmem_magic.analyze import analysis, bfc
 from tfmem_magic.analyze.build import gpu_limits, xla_note
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import DeviceMemory, EnvInfo, Report
+from tfmem_magic.core.report import Basis, DeviceMemory, EnvInfo, Knobs, Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import xplane
 
@@ -42,9 +42,11 @@ def xspace_files(path: str | Path) -> list[Path]:
     return found
 
 
-def bare_report(path: str | Path, device: str | None = None, label: str | None = None) -> Report:
+def bare_report(path: str | Path, device: str | None = None, label: str | None = None,
+                batch_size: int | None = None) -> Report:
     """The report of one saved XSpace file (`.xplane.pb`, or gzipped). `device` picks the allocator ("GPU:1"); by
-    default the busiest GPU's, else the CPU's."""
+    default the busiest GPU's, else the CPU's. `batch_size`: the batch one step of that device ran (per replica),
+    for the what-if from the trace (`trace_whatif`); by default read from the tensors' shapes."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -102,11 +104,47 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
     replayed = replay_check_note(trace.events)
     if replayed:
         report.notes.append(replayed)
+        report.whatif_basis = trace_whatif(report, trace.events, batch_size)
     if len(info.allocators) > 1:
         report.notes.append("Other allocators in the trace: " + "; ".join(
             f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"
             for a in info.allocators[1:]) + f". The breakdown is about {info.allocator}.")
     return report
+
+
+def trace_whatif(report: Report, events: xplane.MemoryEvents, batch_size: int | None = None) -> Basis | None:
+    """The what-if basis of a saved trace: its own allocation sequence replayed at other batches
+    (`step_replay.trace_curve`: the allocations whose shape carries the batch scaled), anchored on the trace's peak
+    over what its allocator held at the start. The batch is `batch_size`, else the leading dimension that holds most
+    of the shaped bytes (a note says which, and how to give another). None (with a note) where the replay cannot be
+    used: no shapes, or a self-check that failed. Only the batch is a knob here: the trace holds no model."""
+    from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only for a trace short enough to replay
+
+    peak = report.tf_peak_bytes
+    if peak is None:
+        return None
+    guessed, share = step_replay.trace_batch(events)
+    batch = batch_size or guessed
+    if not batch:
+        report.notes.append("No what-if from this trace: none of its allocations has a shape to read a batch from.")
+        return None
+    curve = step_replay.trace_curve(events, batch)
+    if not curve.passed:
+        report.notes.append(f"No what-if from this trace at batch {batch}: {curve.why_not}.")
+        return None
+    if batch_size is None:
+        report.notes.append(f"The what-if reads this trace's batch as {batch}: the leading dimension of {share:.0%} "
+                            "of the bytes its shaped tensors requested (the batch one step of this device ran, per "
+                            "replica). If it is not, give it: analyze_xplane(path, batch_size=N), or tfmem show "
+                            "--batch-size N.")
+    i = curve.batches.index(batch)
+    after = next((j for j, b in enumerate(curve.batches) if b >= 2 * batch), len(curve.batches) - 1)
+    slope = (curve.peaks[after] - curve.peaks[i]) / max(1, curve.batches[after] - batch)
+    # the parts: what the batch adds per sample on the replay's curve, the rest of the peak fixed (the parts give the
+    # summary's split and the anchor; the batch knob moves the peak by the replay's change)
+    return Basis(name="replay", weights=0, gradients=0, optimizer=0, input_copy=0, activations_per_sample=slope,
+                 input_per_sample=0.0, other=round(peak - slope * batch), fragmentation=1.0, measured_peak=peak,
+                 knobs=Knobs(batch_size=batch), slope_source="a saved trace's batch-shaped allocations", replay=curve)
 
 
 # the self-check replays every event in Python, up to four times while it learns the regions' addresses (~12 µs per

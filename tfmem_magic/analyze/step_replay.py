@@ -335,6 +335,74 @@ def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
     return out
 
 
+def shape_lines(events: MemoryEvents, batch: int) -> Lines:
+    """Lines for one trace at one batch, from the shapes alone: an allocation whose shape carries the batch as its
+    first or second dimension (`analysis.batch_dimension`) grows in proportion to it, every other keeps its size.
+    What two probes' alignment finds and shapes cannot see (flat workspaces that carry the batch, a width equal to
+    the batch) is missed: measured on CPU models, docs/bfc-replay.md ("shape-scaled")."""
+    from tfmem_magic.analyze.analysis import batch_dimension
+
+    intercept = events.requested.astype(np.float64)
+    slope = np.zeros(len(events), np.float64)
+    scaled = 0
+    for i in np.nonzero(events.is_alloc)[0].tolist():
+        if batch_dimension(events.string(int(events.shape[i])), batch):
+            slope[i], intercept[i] = events.requested[i] / batch, 0.0
+            scaled += 1
+    return Lines(intercept, slope, scaled, int(np.count_nonzero(events.is_alloc)))
+
+
+def trace_batch(events: MemoryEvents) -> tuple[int | None, float]:
+    """The batch a trace most likely ran at, read from its tensors' shapes: the leading dimension that holds the most
+    requested bytes among allocations with a shape, and its share of them. (None, 0.0) without shapes."""
+    held: dict[int, int] = {}
+    for i in np.nonzero(events.is_alloc)[0].tolist():
+        shape = events.string(int(events.shape[i]))
+        if shape and shape.startswith("[") and shape.strip("[]"):
+            first = shape.strip("[]").split(",")[0].strip()
+            if first.isdigit() and int(first) > 1:
+                held[int(first)] = held.get(int(first), 0) + int(events.requested[i])
+    if not held:
+        return None, 0.0
+    batch = max(held, key=lambda b: held[b])
+    return batch, held[batch] / sum(held.values())
+
+
+def trace_curve(events: MemoryEvents, batch: int, batches: list[int] | None = None) -> ReplayCurve:
+    """The replay curve of one saved trace (a GPU machine's, say) at its own `batch`: its own sequence, with its
+    batch-shaped allocations scaled (`shape_lines`), replayed at a grid of batches through the simulator with the
+    trace's own allocator settings (a GPU's limit, no growth, garbage collection: `bfc.self_check`'s defaults). The
+    self-check comes first: the trace's sequence must give back its own peak; a curve that could not be made says
+    why (`why_not`)."""
+    started = time.perf_counter()
+    own = bfc.self_check(events, tolerance=OWN_TOLERANCE)
+    assert own.prepared is not None
+    lines = shape_lines(events, batch)
+    out = ReplayCurve(probes=[batch], events=len(events), allocations=lines.allocations, aligned=lines.allocations,
+                      own_error=round(abs(own.peak_error), 5), cross_error=0.0, traced_peaks=[int(own.traced_peak)],
+                      source="trace", scaled=lines.aligned)
+    if not own.passed:
+        where = f" (first divergence at event {own.first_divergence})" if own.first_divergence is not None else ""
+        out.why_not = (f"the trace's own sequence replayed to {own.peak_error:+.1%} of its peak{where}, over the "
+                       f"{OWN_TOLERANCE:.0%} the replay needs")
+    elif not lines.aligned:
+        out.why_not = f"no allocation of the trace has a shape that carries batch {batch}"
+    else:
+        replay = StepReplay(own.prepared, lines, own)
+        timed = time.perf_counter()
+        replay.run(batch)
+        per_replay = time.perf_counter() - timed
+        for b in batches or grid(batch, (batch, batch), per_replay):
+            result = replay.run(b)
+            out.batches.append(b)
+            out.peaks.append(int(result.peak_bytes_in_use))
+            out.region_peaks.append(int(result.peak_region_bytes))
+        out.second_peaks = list(out.peaks)  # one trace, one op order
+        out.passed = True
+    out.seconds = round(time.perf_counter() - started, 2)
+    return out
+
+
 def odd_probes(cell_batch: int, avoid: set[int] | frozenset[int] = frozenset()) -> tuple[int, int]:
     """Two odd probe batches around the cell's (about 0.7x and 1.15x it, as 23 and 37 are for 32), none equal to a
     dimension in `avoid` (the model's weight shapes: a probe batch equal to a layer's width makes its tensors

@@ -379,7 +379,7 @@ class ReplayCurve:
     odd probe batches, replayed through the BFC simulator at a grid of batches. Stored with the basis, so a saved
     report predicts as the live one; advise/prediction.py interpolates it and anchors it on the cell's peak."""
 
-    probes: list[int]  # the two probe batches (one step each, after a first one)
+    probes: list[int]  # the two probe batches (one step each, after a first one); a saved trace's: its one batch
     events: int  # probe one's memory events
     allocations: int
     aligned: int  # of which found their match in probe two's trace
@@ -395,6 +395,10 @@ class ReplayCurve:
     why_not: str = ""  # why not, when it did not
     seconds: float = 0.0  # the probe processes' and the replays' time
     retried: bool = False  # the first probes' self-check failed, and the probes ran once more
+    # "probes" (two fresh-process probe traces, aligned) or "trace" (one saved trace, its batch-shaped allocations
+    # scaled: `step_replay.trace_curve`)
+    source: str = "probes"
+    scaled: int = 0  # a saved trace's allocations whose shape carries the batch (the ones that were scaled)
 
 
 @dataclass

@@ -30,7 +30,7 @@ class ReportView:
 def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> ReportView:
     """The view of `report` (`whatifs`: rows the caller already has)."""
     base, problem = None, None
-    if report.prediction is not None and report.model is not None:
+    if report.prediction is not None and (report.model is not None or prediction.is_from_trace(report)):
         try:
             base = prediction.predict(report)
         except TfmemUsageError as exc:
@@ -63,7 +63,7 @@ def knobs_text(knobs: Knobs) -> str:
 def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[tuple[str, prediction.WhatIf]]:
     """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer.
     `base`: the prediction at the cell's own settings, when the caller has it (each one searches the largest batch)."""
-    if report.prediction is None or report.model is None:
+    if report.prediction is None or (report.model is None and not prediction.is_from_trace(report)):
         return []
     if base is None:
         try:
@@ -82,6 +82,8 @@ def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[t
     for factor in (0.5, 2, 4):
         if int(batch * factor) >= 1 and int(batch * factor) != batch:
             add(f"batch {int(batch * factor)}", batch_size=int(batch * factor))
+    if report.model is None:  # a saved trace's: the batch is its only knob
+        return out
     gpu = any("GPU" in d for d in report.env.devices)
     if report.model.training and base.knobs.policy == "float32":
         policy = "mixed_float16" if gpu else "mixed_bfloat16"

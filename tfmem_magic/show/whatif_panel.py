@@ -12,7 +12,7 @@ from tfmem_magic.advise import calibration, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.show.render import SPLIT_COLORS, split_bar, whatif_summary
+from tfmem_magic.show.render import SPLIT_COLORS, split_bar, whatif_html, whatif_summary
 from tfmem_magic.show.view import ReportView, view_of
 
 OPTIMIZER_CHOICES = [("Adam / AdamW (2 slots)", "adam"), ("SGD with momentum (1 slot)", "sgd+momentum"),
@@ -31,6 +31,8 @@ def _policies(report: Report, current: str) -> list[tuple[str, str]]:
 def whatif_tab(report: Report, view: ReportView | None = None) -> widgets.Widget:
     view = view or view_of(report)
     base = view.base
+    if base is not None and report.model is None and view.whatifs:  # a saved trace's: the batch is its only knob
+        return widgets.HTML(whatif_html(report, view.whatifs))
     if base is None or report.model is None:
         return widgets.HTML(f"<div class='tfmem-empty'>{escape(view.base_problem or '')}</div>")
     knobs = base.knobs
