@@ -263,10 +263,16 @@ def refusal(info: PreflightInfo, source: str) -> str:
     return (f"tfmem's pre-flight stopped {info.call}() before its first step: at batch {info.batch_size} the process "
             f"would reach ~{format_bytes(info.predicted_rss_bytes)} (±{info.band:.0%}: it holds "
             f"{format_bytes(info.rss_bytes)} now, the step needs ~{format_bytes(info.step_bytes)}"
-            + (f", plus {format_bytes(info.extra_bytes)} the call adds (optimizer slots, copies of numpy arrays)"
-               if info.extra_bytes else "")
+            + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes
+               else "")
             + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {fix} "
             f"({how_predicted(info)}; --no-preflight skips it.)")
+
+
+def _extra_words(info: PreflightInfo) -> str:
+    """What `extra_bytes` holds: fit's copy of numpy arrays, and on the probes' line the slots to build (the
+    replay's peak has them)."""
+    return "its copy of numpy arrays" if info.basis == "replay" else "optimizer slots, copies of numpy arrays"
 
 
 def how_predicted(info: PreflightInfo) -> str:
