@@ -193,6 +193,12 @@ def test_the_public_gpu_trace_predicts_other_batches_from_its_own_replayed_seque
     assert step_replay.trace_batch(events)[0] == 4
     with pytest.raises(TfmemUsageError, match="batch_size=0"):
         tfmem_magic.analyze_xplane(PUBLIC, batch_size=0)
+    # below 3 the batch cannot be told from weights' dimensions: no what-if, and the note says why
+    tiny = tfmem_magic.analyze_xplane(PUBLIC, batch_size=2)
+    assert tiny.whatif_basis is None and any("below 3" in n for n in tiny.notes)
+    # a trace has no model to calibrate: a usage error, not a silent no-op
+    with pytest.raises(TfmemUsageError, match="no model to calibrate"):
+        tfmem_magic.predict(report, batch_size=8, calibrate=True)
 
 
 def test_tfmem_show_predicts_from_a_trace_at_the_batch_given(tmp_path, capsys):

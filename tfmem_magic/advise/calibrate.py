@@ -131,6 +131,13 @@ def data(batch):  # x, y, sample_weight of one synthetic batch, shaped and typed
     y = tf.nest.map_structure(lambda o: np.zeros((batch, *tuple(o.shape)[1:]), "float32"), out)
     return x, y, weights
 
+def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
+    try:
+        return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
+                                                      else "CPU:0")["current"]
+    except ValueError:  # no allocator statistics: the probes' answer says so
+        return 0
+
 peaks = {}
 for i, batch in enumerate(spec["batches"]):
     print(f"TFMEM-PROGRESS {i + 1}", flush=True)
@@ -141,8 +148,9 @@ for i, batch in enumerate(spec["batches"]):
         # grow with its batch either, so the step replay must not see them grow (the steps' own tensors do)
         rows = spec.get("rows") or batch * STEPS
         arrays = data(rows)
-        fed = sum(a.nbytes for a in tf.nest.flatten(arrays) if a is not None)  # the pre-flight's fixed part
+        before = in_use()
         x, y, w = [None if v is None else tf.nest.map_structure(tf.constant, v) for v in arrays]
+        fed = in_use() - before  # the pre-flight's fixed part (TF wraps an aligned array: no allocation, 0)
         if spec["train"]:
             step = lambda: model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1, verbose=0, shuffle=False,
                                      steps_per_epoch=STEPS)
@@ -156,8 +164,9 @@ for i, batch in enumerate(spec["batches"]):
                 {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
 
         parts = tuple(tupled(v) for v in data(spec["rows"]) if v is not None)
-        fed = sum(a.nbytes for a in tf.nest.flatten(parts))
+        before = in_use()
         ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
+        fed = in_use() - before  # where the traced allocator holds the rows (a GPU's pipeline keeps them on the host)
         step = ((lambda: model.fit(ds, epochs=1, steps_per_epoch=STEPS, verbose=0)) if spec["train"] else
                 (lambda: model.predict(ds, steps=STEPS, verbose=0)))
     else:

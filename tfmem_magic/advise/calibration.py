@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from tfmem_magic.advise import calibrate
-from tfmem_magic.advise.prediction import (CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary)
+from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
@@ -59,6 +59,9 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     self-check passed (the basis is then named "replay"). The result is the report's basis from then on
     (`Report.whatif_basis`, saved with it), and its `prediction` block is redone on it."""
     stored = report.whatif_basis
+    if stored is not None and from_trace(stored):
+        raise TfmemUsageError("this report is a saved trace's: it has no model to calibrate, and its what-if is "
+                              "already the trace's own allocations replayed (predict without calibrate=True)")
     if stored is not None and stored.name in CALIBRATED:
         return stored
     basis = analytic_basis(report)

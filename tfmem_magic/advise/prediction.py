@@ -364,7 +364,7 @@ def trace_whatif_note(report: Report) -> str:
     basis = basis_of(report)
     assert basis.replay is not None
     batch = basis.knobs.batch_size
-    asked = sorted({max(1, batch // 2), 2 * batch, 4 * batch} - {batch})
+    asked = sorted(b for b in {max(1, batch // 2), 2 * batch, 4 * batch} - {batch} if b <= MAX_BATCH)
     at = ", ".join(f"batch {b}: {format_bytes(predict(report, batch_size=b).peak_bytes)}" for b in asked)
     now = predict(report)
     budget = ("" if now.budget_bytes is None else

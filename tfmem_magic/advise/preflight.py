@@ -24,6 +24,7 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -38,9 +39,10 @@ from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import PreflightInfo
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
+from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 
-BAND = 0.25  # the probe line's extrapolation error: docs/preflight.md
+BAND = 0.30  # the probes' line's extrapolation error (an MLP's growth -26.6% in one run): docs/preflight.md
 # the step replay's, from probes about 1/9 of the batch: what the process grew by in the call was within 17% of the
 # prediction on five models in two runs each, TF's allocator within 8% but for an MLP (+19%, +29%: over, the safe
 # side); the misses beyond 15% are the process's memory outside TF's allocator, which moved by 90 MiB between two
@@ -93,48 +95,61 @@ class Preflight:
 
 def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0,
           tf_held: int = 0) -> PreflightInfo:
-    """Predict `call`'s step at its batch from two probe steps of a clone, and say whether the process stays under
-    `threshold` (bytes): a PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
+    """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes, else the
+    probes' line), and say whether the process stays under `threshold` (bytes): a PreflightInfo with its verdict.
+    Raises TfmemUsageError when the probes cannot run."""
     batch = int(use.batch_size or 0)
     train = call == "fit"
-    extra = _slots_to_build(model) if train else 0
-    extra += sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
-
-    def growth(step: float) -> float:  # what the process grows by: the allocator's regions held are reused first
-        return max(0.0, tf_current + step + extra - max(tf_held, tf_current))
-
+    copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
+    slots = _slots_to_build(model) if train else 0
     generous = model_upper_bound(use, train, batch)
-    if generous is not None and rss + growth(generous) <= threshold:
+    if generous is not None and _growth(generous, slots + copies, tf_current, tf_held) + rss <= threshold:
         # the model's own parts, at several times what they usually are, fit: no need to spend seconds on probes
-        return PreflightInfo(call=call, batch_size=batch, step_bytes=generous, extra_bytes=extra, rss_bytes=rss,
-                             predicted_rss_bytes=round(rss + growth(generous)), threshold_bytes=threshold, band=BAND,
-                             verdict="fits", basis="model")
-    info = PreflightInfo(call=call, batch_size=batch, extra_bytes=extra, rss_bytes=rss, threshold_bytes=threshold,
-                         band=BAND)
+        return PreflightInfo(call=call, batch_size=batch, step_bytes=generous, extra_bytes=slots + copies,
+                             rss_bytes=rss, threshold_bytes=threshold, band=BAND, verdict="fits", basis="model",
+                             predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
+    info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold)
     try:
         step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
-        info.basis, info.band = "replay", REPLAY_BAND
-        info.extra_bytes = extra = extra - _slots_to_build(model) if train else extra  # the replay built them
+        # the replay's peak has the slots the call builds: only the arrays' copy is added
+        info.basis, info.band, info.extra_bytes = "replay", REPLAY_BAND, copies
+        return _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
     except NoReplay as exc:
         info.replay_note = str(exc)
-        step_at, info.probe_batches = probed_step(model, use, train, batch)
+    step_at, info.probe_batches = probed_step(model, use, train, batch)
+    info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
+    return _judge(info, step_at, tf_current, tf_held)
+
+
+def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
+    """What the process grows by when TF's allocator needs `step` + `extra` more: the regions it holds already (its
+    peak so far) are reused first (RSS never shrinks: TF keeps them)."""
+    return max(0.0, tf_current + step + extra - max(tf_held, tf_current))
+
+
+def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: int, tf_held: int) -> PreflightInfo:
+    """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits."""
+    rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
+
+    def grows(b: float) -> float:
+        return _growth(step_at(b), info.extra_bytes, tf_current, tf_held)
+
     info.step_bytes = round(step_at(batch))
-    band = info.band
-    grows = growth(step_at(batch))
-    info.predicted_rss_bytes = round(rss + grows)
+    info.predicted_rss_bytes = round(rss + grows(batch))
     # the band is the prediction's error: it widens what the process grows by, not what it holds already
-    if rss + grows * (1 - band) > threshold:
+    if rss + grows(batch) * (1 - band) > threshold:
         info.verdict = "refused"
-    elif rss + grows * (1 + band) <= threshold:
+    elif rss + grows(batch) * (1 + band) <= threshold:
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
-    info.largest_batch = _largest(lambda b: rss + growth(step_at(b)) * (1 + band) <= threshold, batch)
+    info.largest_batch = _largest(lambda b: rss + grows(b) * (1 + band) <= threshold, batch)
     return info
 
 
 class NoReplay(Exception):
-    """The step replay could not predict the call (its probes failed, or its self-check did): says why."""
+    """The step replay could not predict the call (its self-check failed, its traces could not be read, or the batch
+    is too small for probes below it): says why. The probes' line stands in."""
 
 
 def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None
@@ -142,44 +157,60 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
     """The call's step at any batch, by the step replay (analyze/step_replay.py): a clone's allocation sequence,
     traced from a fresh allocator at two small odd batches (about 1/14 and 1/9 of the call's), replayed through
     the BFC simulator at batches up to the call's. What the probe process held that the kernel holds already (the
-    model's weights, the optimizer's slots once built) and the probes' own synthetic data are taken off: the rest
-    is what the call's steps add (the slots when it builds them, gradients, the step's tensors and workspaces, in
-    BFC's chunks). Returns (batch -> bytes the steps add, the probe batches); raises NoReplay."""
+    model's weights, the optimizer's variables it has made) and the probes' own data are taken off: the rest is what
+    the call's steps add (the slots when it builds them, gradients, the step's tensors and workspaces, in BFC's
+    chunks). Returns (batch -> bytes the steps add, the probe batches). Raises NoReplay where the probes' line is to
+    stand in, and TfmemUsageError where the probes themselves cannot run (the line's would not either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
     avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
     probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), avoid)
+    if probes[1] >= batch:
+        raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
+    on_gpu = _on_gpu()
     one_probe = PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
-    parallel = 2 * one_probe < 0.5 * psutil.virtual_memory().available
+    parallel = not on_gpu and 2 * one_probe < 0.5 * psutil.virtual_memory().available  # a GPU's room is not RAM
+    growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
         paths = calibrate.replay_traces(model, list(probes), train, use.structure, folder,
                                         pipeline=use.feed == "arrays", parallel=parallel, feed=use.feed or "")
-        low, high = (step_replay.load_events(paths[b]) for b in probes)
-        fed = step_replay.fed_bytes(paths[probes[0]])
-        check = step_replay.checked(low, high, *probes)
-    except TfmemUsageError as exc:
-        raise NoReplay(f"its probes failed: {exc}") from exc
-    except Exception as exc:  # an empty or unreadable trace: the two probe steps' line stands in
-        raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
+        try:
+            low, high = (step_replay.load_events(paths[b]) for b in probes)
+            fed = step_replay.fed_bytes(paths[probes[0]])
+            check = step_replay.checked(low, high, *probes, gpu_growth=growth)
+        except Exception as exc:  # an empty or unreadable trace: the two probe steps' line stands in
+            raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if check.curve.why_not:
         raise NoReplay(check.curve.why_not)
-    optimizer = getattr(model, "optimizer", None)
     held = variable_bytes(getattr(model, "weights", []))
-    if train and optimizer is not None and getattr(optimizer, "built", False):
-        held += variable_bytes(getattr(optimizer, "variables", []))
+    if train:  # the optimizer's variables the kernel holds already (none before its first step)
+        held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     fixed = held + fed
     replayed: dict[int, float] = {}
 
     def at(b: float) -> float:  # the larger of the two probes' op orders (they meet at the peak differently)
         n = max(1, round(b))
         if n not in replayed:  # replayed only where asked: a long sequence (an LSTM's) takes ~0.3 s a replay
-            replayed[n] = max(r.peak_bytes_in_use for r in check.peaks(n))
+            try:
+                replayed[n] = max(r.peak_bytes_in_use for r in check.peaks(n))
+            except Exception as exc:  # a bug of ours must not reach the user's fit: the probes' line stands in
+                raise NoReplay(f"its replay at batch {n} failed ({type(exc).__name__}: {str(exc)[:200]})") from exc
         return max(0.0, replayed[n] - fixed)
 
     return at, list(probes)
+
+
+def _on_gpu() -> bool:
+    """Whether this process's TensorFlow (running already: the pre-flight checks calls of a running model) has a
+    GPU."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        return bool(tf is not None and tf.config.list_logical_devices("GPU"))
+    except Exception:
+        return False
 
 
 def probed_step(model: Any, use: ModelUse, train: bool, batch: int) -> tuple[Callable[[float], float], list[int]]:
@@ -230,13 +261,15 @@ def line_through(peaks: dict[int, tuple[int, int]]) -> Any:
 
 
 def _slots_to_build(model: Any) -> int:
-    """The optimizer's slot variables fit will make in its first step, when the optimizer is not built yet."""
+    """The optimizer's slot variables fit will make in its first step, when the optimizer has not made them yet
+    (fewer variables than half its slots: an optimizer's own counters are a few scalars; tf_keras' legacy
+    optimizers have no `built` and give their variables by a method)."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or getattr(optimizer, "built", True) and getattr(optimizer, "variables", None):
+    if optimizer is None:
         return 0
-    name = type(optimizer).__name__.lower()
-    slots = OPTIMIZER_SLOTS.get(name, 2)
-    return slots * variable_bytes(getattr(model, "trainable_variables", []))
+    slots = OPTIMIZER_SLOTS.get(type(optimizer).__name__.lower(), 2)
+    expected = slots * variable_bytes(getattr(model, "trainable_variables", []))
+    return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 
 def _largest(fits: Any, batch: int) -> int | None:

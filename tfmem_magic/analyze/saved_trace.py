@@ -105,6 +105,10 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
     if replayed:
         report.notes.append(replayed)
         report.whatif_basis = trace_whatif(report, trace.events, batch_size)
+    elif len(trace.events) > REPLAY_CHECK_MAX_EVENTS:
+        report.notes.append(f"No what-if from this trace: its {len(trace.events):,} memory events are more than "
+                            f"tfmem replays for a saved trace ({REPLAY_CHECK_MAX_EVENTS:,}, about 12 µs each, many "
+                            "times): record a few steps (tf.profiler.experimental.start / stop around them).")
     if len(info.allocators) > 1:
         report.notes.append("Other allocators in the trace: " + "; ".join(
             f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"
@@ -127,6 +131,10 @@ def trace_whatif(report: Report, events: xplane.MemoryEvents, batch_size: int | 
     batch = batch_size or guessed
     if not batch:
         report.notes.append("No what-if from this trace: none of its allocations has a shape to read a batch from.")
+        return None
+    if batch < 3:  # 1 and 2 lead many weights' shapes (1x1 kernels, biases): no telling the batch's tensors
+        report.notes.append(f"No what-if from this trace at batch {batch}: below 3, the batch cannot be told from "
+                            "the weights' dimensions in the tensors' shapes.")
         return None
     curve = step_replay.trace_curve(events, batch)
     if not curve.passed:

@@ -368,12 +368,17 @@ def trace_batch(events: MemoryEvents) -> tuple[int | None, float]:
     return batch, held[batch] / sum(held.values())
 
 
+# a saved trace's curve is made while its report is built (each file of a folder or a cluster): its grid is thinner
+TRACE_REPLAY_BUDGET_S = 3.0
+
+
 def trace_curve(events: MemoryEvents, batch: int, batches: list[int] | None = None) -> ReplayCurve:
     """The replay curve of one saved trace (a GPU machine's, say) at its own `batch`: its own sequence, with its
     batch-shaped allocations scaled (`shape_lines`), replayed at a grid of batches through the simulator with the
-    trace's own allocator settings (a GPU's limit, no growth, garbage collection: `bfc.self_check`'s defaults). The
-    self-check comes first: the trace's sequence must give back its own peak; a curve that could not be made says
-    why (`why_not`)."""
+    trace's own allocator settings (a GPU's: one region, no growth, garbage collection: `bfc.self_check`'s
+    defaults), without its limit (a peak past it is what would not fit: the what-if compares it with the budget).
+    The self-check comes first: the trace's sequence must give back its own peak; a curve that could not be made
+    says why (`why_not`). Region bytes are kept only for a growing allocator (a GPU's one region is its limit)."""
     started = time.perf_counter()
     own = bfc.self_check(events, tolerance=OWN_TOLERANCE)
     assert own.prepared is not None
@@ -392,11 +397,12 @@ def trace_curve(events: MemoryEvents, batch: int, batches: list[int] | None = No
         timed = time.perf_counter()
         replay.run(batch)
         per_replay = time.perf_counter() - timed
-        for b in batches or grid(batch, (batch, batch), per_replay):
+        for b in batches or grid(batch, (batch, batch), per_replay, budget_s=TRACE_REPLAY_BUDGET_S):
             result = replay.run(b)
             out.batches.append(b)
             out.peaks.append(int(result.peak_bytes_in_use))
-            out.region_peaks.append(int(result.peak_region_bytes))
+            if own.prepared.allow_growth:
+                out.region_peaks.append(int(result.peak_region_bytes))
         out.second_peaks = list(out.peaks)  # one trace, one op order
         out.passed = True
     out.seconds = round(time.perf_counter() - started, 2)

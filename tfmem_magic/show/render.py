@@ -265,8 +265,15 @@ def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None
     return (f"<h4>What if</h4><div>{escape(whatif_summary(rows[0][1]))}</div>"
             "<table class='tfmem-whatif'><tr><th>setting</th><th class='num'>TF peak</th><th class='num'>error</th>"
             f"<th>fits</th><th>split (bar: the largest of these or the budget)</th></tr>{body}</table>"
-            f"<div class='tfmem-muted'>{legend}. The live panel has sliders; from Python: "
-            "tfmem_magic.predict(report, batch_size=..., policy=..., optimizer=..., accumulation_steps=...).</div>")
+            f"<div class='tfmem-muted'>{legend}. {_whatif_how(report)}</div>")
+
+
+def _whatif_how(report: Report) -> str:
+    """Where else the what-if is asked: a saved trace's has the batch only."""
+    if prediction.is_from_trace(report):
+        return "Predicted from the trace's own allocations; from Python: tfmem_magic.predict(report, batch_size=...)."
+    return ("The live panel has sliders; from Python: "
+            "tfmem_magic.predict(report, batch_size=..., policy=..., optimizer=..., accumulation_steps=...).")
 
 
 def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
