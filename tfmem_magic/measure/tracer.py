@@ -53,7 +53,9 @@ MiB = 1024 * 1024
 # model's first steps (an LSTM over 120 time steps writes ~3.4 MB per step) in rotated segments. MLP and CNN cells
 # write a tenth of one segment in their 10 traced steps.
 TRACE_BUDGET_BYTES = 12 * MiB
-SEGMENT_BYTES = 3 * MiB  # the most one segment may record before it is exported (its transient cost)
+# the most one segment may record before it is exported (its transient cost): 3 MiB let an LSTM forecaster's trace
+# add 121 MiB of RSS over --quick, 2 MiB 101 (docs/overhead.md)
+SEGMENT_BYTES = 2 * MiB
 MIN_SEGMENT_BYTES = SEGMENT_BYTES // 4  # less budget than this left: stop rather than restart (a short
 # segment adds a gap, its export, to the trace more than it adds events)
 STOP_AT = 0.8  # stop when the estimate reaches this share of what is left: the watcher looks every WATCH_S
