@@ -373,6 +373,18 @@ def probe_environment() -> dict[str, str]:
 
 
 GPU_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
+def probes_grow_gpu() -> bool:
+    """Whether the probe processes' GPU allocator grows (`probe_environment`): the step replay's self-check replays
+    their traces with that setting."""
+    return probe_environment().get(GPU_GROWTH_ENV, "").lower() == "true"
+
+
+def weight_dims(model: Any) -> set[int]:
+    """Every dimension of the model's weights: the step replay's probe batches avoid them (a probe batch equal to a
+    layer's width makes its tensors ambiguous, step_replay.odd_probes)."""
+    return {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
 GPU_BUSY = ("the probe process found no room on the GPU: the kernel's TensorFlow reserves nearly all of a GPU's "
             "memory unless memory growth is on. Turn it on at the top of the notebook (the memory-growth fix, then "
             "restart) to calibrate on the GPU; the analytic basis stays in use")

@@ -159,8 +159,7 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a calibration runs
 
     cell = basis.knobs.batch_size
-    avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
-    probes = step_replay.odd_probes(cell, avoid)
+    probes = step_replay.odd_probes(cell, calibrate.weight_dims(model))
     if basis.measured_peak is None:
         return _unused(probes, "the cell's own peak was not measured (it stopped early, or TensorFlow's allocator "
                        "statistics were missing): the replay is anchored on it")
@@ -170,7 +169,7 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     try:
         parallel = not on_gpu and _room_for_two(basis, probes[1])  # a GPU's room is not the host's RAM
         rows = _affordable_rows(basis, samples) if pipeline else None
-        growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
+        growth = calibrate.probes_grow_gpu()
         while True:
             tries += 1
             paths = calibrate.replay_traces(model, list(probes), train, structure, folder, pipeline, progress,

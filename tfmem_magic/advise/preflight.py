@@ -135,11 +135,12 @@ def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: i
         return _growth(step_at(b), info.extra_bytes, tf_current, tf_held)
 
     info.step_bytes = round(step_at(batch))
-    info.predicted_rss_bytes = round(rss + grows(batch))
+    growth = grows(batch)
+    info.predicted_rss_bytes = round(rss + growth)
     # the band is the prediction's error: it widens what the process grows by, not what it holds already
-    if rss + grows(batch) * (1 - band) > threshold:
+    if rss + growth * (1 - band) > threshold:
         info.verdict = "refused"
-    elif rss + grows(batch) * (1 + band) <= threshold:
+    elif rss + growth * (1 + band) <= threshold:
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
@@ -163,14 +164,13 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
     stand in, and TfmemUsageError where the probes themselves cannot run (the line's would not either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
-    avoid = {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
-    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), avoid)
+    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), calibrate.weight_dims(model))
     if probes[1] >= batch:
         raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
     on_gpu = _on_gpu()
     one_probe = PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
     parallel = not on_gpu and 2 * one_probe < 0.5 * psutil.virtual_memory().available  # a GPU's room is not RAM
-    growth = calibrate.probe_environment().get(calibrate.GPU_GROWTH_ENV, "").lower() == "true"
+    growth = calibrate.probes_grow_gpu()
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
         paths = calibrate.replay_traces(model, list(probes), train, use.structure, folder,

@@ -101,10 +101,10 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
     xla = xla_note(report)
     if xla:
         report.notes.append(xla)
-    replayed = replay_check_note(trace.events)
-    if replayed:
-        report.notes.append(replayed)
-        report.whatif_basis = trace_whatif(report, trace.events, batch_size)
+    if 0 < len(trace.events) <= REPLAY_CHECK_MAX_EVENTS:
+        check = bfc.self_check(trace.events)  # once: the note says what it gave back, the what-if stands on it
+        report.notes.append(replay_check_note(check, trace.events))
+        report.whatif_basis = trace_whatif(report, trace.events, check, batch_size)
     elif len(trace.events) > REPLAY_CHECK_MAX_EVENTS:
         report.notes.append(f"No what-if from this trace: its {len(trace.events):,} memory events are more than "
                             f"tfmem replays for a saved trace ({REPLAY_CHECK_MAX_EVENTS:,}, about 12 µs each, many "
@@ -116,12 +116,14 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
     return report
 
 
-def trace_whatif(report: Report, events: xplane.MemoryEvents, batch_size: int | None = None) -> Basis | None:
+def trace_whatif(report: Report, events: xplane.MemoryEvents, own: bfc.SelfCheck,
+                 batch_size: int | None = None) -> Basis | None:
     """The what-if basis of a saved trace: its own allocation sequence replayed at other batches
     (`step_replay.trace_curve`: the allocations whose shape carries the batch scaled), anchored on the trace's peak
     over what its allocator held at the start. The batch is `batch_size`, else the leading dimension that holds most
     of the shaped bytes (a note says which, and how to give another). None (with a note) where the replay cannot be
-    used: no shapes, or a self-check that failed. Only the batch is a knob here: the trace holds no model."""
+    used: no shapes, or a self-check (`own`, the trace's sequence replayed as traced) that failed. Only the batch is a
+    knob here: the trace holds no model."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only for a trace short enough to replay
 
     peak = report.tf_peak_bytes
@@ -136,7 +138,7 @@ def trace_whatif(report: Report, events: xplane.MemoryEvents, batch_size: int | 
         report.notes.append(f"No what-if from this trace at batch {batch}: below 3, the batch cannot be told from "
                             "the weights' dimensions in the tensors' shapes.")
         return None
-    curve = step_replay.trace_curve(events, batch)
+    curve = step_replay.trace_curve(events, batch, own)
     if not curve.passed:
         report.notes.append(f"No what-if from this trace at batch {batch}: {curve.why_not}.")
         return None
@@ -160,13 +162,10 @@ def trace_whatif(report: Report, events: xplane.MemoryEvents, batch_size: int | 
 REPLAY_CHECK_MAX_EVENTS = 20_000
 
 
-def replay_check_note(events: xplane.MemoryEvents) -> str | None:
+def replay_check_note(check: bfc.SelfCheck, events: xplane.MemoryEvents) -> str:
     """What replaying the trace's allocation sequence through tfmem's simulator of TensorFlow's BFC allocator
-    (analyze/bfc.py) gives back: the foundation of predictions from a trace at another batch (docs/bfc-replay.md).
-    None for a trace too long to check here, or one without events."""
-    if not 0 < len(events) <= REPLAY_CHECK_MAX_EVENTS:
-        return None
-    check = bfc.self_check(events)
+    (analyze/bfc.py, `check`) gives back: the foundation of predictions from a trace at another batch
+    (docs/bfc-replay.md)."""
     regions = "growing regions" if check.allow_growth else "one region of the whole limit"
     what = (f"tfmem's simulation of TensorFlow's BFC allocator ({regions}), replaying this trace's {check.events} "
             f"memory events of {events.allocator or 'its allocator'}")

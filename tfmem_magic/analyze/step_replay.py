@@ -372,15 +372,17 @@ def trace_batch(events: MemoryEvents) -> tuple[int | None, float]:
 TRACE_REPLAY_BUDGET_S = 3.0
 
 
-def trace_curve(events: MemoryEvents, batch: int, batches: list[int] | None = None) -> ReplayCurve:
+def trace_curve(events: MemoryEvents, batch: int, own: bfc.SelfCheck | None = None,
+                batches: list[int] | None = None) -> ReplayCurve:
     """The replay curve of one saved trace (a GPU machine's, say) at its own `batch`: its own sequence, with its
     batch-shaped allocations scaled (`shape_lines`), replayed at a grid of batches through the simulator with the
     trace's own allocator settings (a GPU's: one region, no growth, garbage collection: `bfc.self_check`'s
     defaults), without its limit (a peak past it is what would not fit: the what-if compares it with the budget).
     The self-check comes first: the trace's sequence must give back its own peak; a curve that could not be made
-    says why (`why_not`). Region bytes are kept only for a growing allocator (a GPU's one region is its limit)."""
+    says why (`why_not`). Region bytes are kept only for a growing allocator (a GPU's one region is its limit).
+    `own`: the trace's self-check when the caller has made it (at OWN_TOLERANCE, `bfc.self_check`'s default)."""
     started = time.perf_counter()
-    own = bfc.self_check(events, tolerance=OWN_TOLERANCE)
+    own = bfc.self_check(events, tolerance=OWN_TOLERANCE) if own is None else own
     assert own.prepared is not None
     lines = shape_lines(events, batch)
     out = ReplayCurve(probes=[batch], events=len(events), allocations=lines.allocations, aligned=lines.allocations,
