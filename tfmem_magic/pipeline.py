@@ -141,7 +141,7 @@ class Profiler:
             how = preflight.how_predicted(info)
             report.notes.append(
                 f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted at most "
-                f"~{format_bytes(info.predicted_rss_bytes)} for the process (±{info.band:.0%}) against "
+                f"~{format_bytes(info.predicted_rss_bytes)} for the process ({preflight.band_words(info)}) against "
                 f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}.")
 
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:

@@ -295,6 +295,7 @@ export interface PreflightInfo {
   predicted_rss_bytes: number;
   threshold_bytes: number;
   band: number;
+  band_below: number;
   verdict: string;
   basis: string;
   replay_note: string;

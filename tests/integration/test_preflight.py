@@ -49,7 +49,10 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     assert pre["verdict"] == "refused" and pre["basis"] == "replay", pre["replay_note"]
     low, high = pre["probe_batches"]
     assert low % 2 == high % 2 == 1 and low < high < 1024 // 8
-    assert pre["predicted_rss_bytes"] * (1 - pre["band"]) > LIMIT
+    # even the low end of the band on what the process grows by passes the guard's threshold (under the limit)
+    growth = pre["predicted_rss_bytes"] - pre["rss_bytes"]
+    assert pre["rss_bytes"] + growth * (1 - pre["band_below"]) > pre["threshold_bytes"]
+    assert pre["threshold_bytes"] <= LIMIT
     assert r["rss_peak"] < LIMIT  # nothing of the step ran: the process never came near the limit
     assert r["status"] == "oom" and "before its first step" in r["error"] and f"to {pre['largest_batch']}" in r["error"]
     # the fix cell carries the pre-flight's batch, and that batch runs within the limit (the guard never trips)

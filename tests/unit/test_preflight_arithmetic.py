@@ -131,6 +131,23 @@ def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fit
     assert 100 * MiB + at(bigger) * (1 + info.band) > threshold  # and the next one typed does not
     text = preflight.refusal(info, "--limit")
     assert "traced at batches 23 and 37 and replayed at batch 320" in text
+    assert "(-20%/+30%: it holds" in text  # the replay's two ends: over by at most 20%, under by at most 30%
+
+
+def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypatch):
+    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, _ = preflight.replayed_step(_Model(), use, True, 320)
+    step = at(320)
+    # the growth's low end (-20%) passes the threshold: refused, although the symmetric band (-30%) would not
+    refused = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 0.75), rss=100 * MiB)
+    assert refused.verdict == "refused" and refused.band_below == preflight.REPLAY_BAND_BELOW == 0.20
+    # between the two ends: the call runs under the guard
+    between = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 1.1), rss=100 * MiB)
+    assert between.verdict == "uncertain"
+    # the high end (+30%) fits
+    fits = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 1.31), rss=100 * MiB)
+    assert fits.verdict == "fits" and preflight.band_words(fits) == "-20%/+30%"
 
 
 def test_where_the_replay_cannot_be_used_the_probes_line_stands_in_and_says_why(monkeypatch, no_replay):

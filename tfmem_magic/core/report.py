@@ -198,7 +198,9 @@ class PreflightInfo:
     rss_bytes: int = 0  # the process memory at the start of the call
     predicted_rss_bytes: int = 0  # rss_bytes + step_bytes + extra_bytes
     threshold_bytes: int = 0  # what the guard lets the process reach (the limit, or the cell's start + margin)
-    band: float = 0.0
+    band: float = 0.0  # how far over the prediction the process may grow: its high end ("fits", the largest batch)
+    # how far under it (its low end, which must pass the threshold for a refusal); 0: `band` both ways
+    band_below: float = 0.0
     verdict: str = ""  # "fits" | "refused" | "uncertain" (within the band: the call runs, the guard watches)
     # "replay" (two probe traces of a clone replayed through the BFC simulator at the call's batch), "probes" (the
     # line through two probe steps' peaks), or "model" (the model's own parts showed it fits with room to spare: no
