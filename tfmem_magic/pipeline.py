@@ -155,7 +155,10 @@ class Profiler:
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
-        report.fixes = fixes.build(report, self._fix_context(report, use))
+        context = self._fix_context(report, use)
+        report.fixes = fixes.build(report, context)
+        if self.options.publish:
+            fixes.remember_context(report, context)
 
     def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
         """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""

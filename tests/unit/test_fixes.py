@@ -194,3 +194,72 @@ def test_a_fix_that_saves_nothing_at_the_peak_says_so():
     peak = r.tf_peak_bytes
     assert "saves nothing at this cell's peak" in fixes._saving(r, peak + 1000)
     assert "(saves " in fixes._saving(r, peak // 2)
+
+
+def test_shrink_batch_picks_its_batch_on_the_calibrated_basis_and_a_calibration_rewrites_the_fixes():
+    from dataclasses import replace
+
+    from tfmem_magic.advise import prediction
+
+    rep, context = report(), ctx()
+    rep.whatif_basis = prediction.analytic_basis(rep)
+    fixes.remember_context(rep, context)
+    rep.fixes = fixes.build(rep, context)
+    analytic = by_id(rep.fixes)["shrink-batch"]
+    assert "analytic basis" in analytic.why
+    # probes measured twice the per-sample bytes the model's shapes gave: a calibration's basis
+    basis = rep.whatif_basis
+    rep.whatif_basis = replace(basis, name="measured", activations_per_sample=2 * basis.activations_per_sample,
+                               slope_source="probe runs")
+    assert fixes.rewrite_after_calibration(rep)
+    measured = by_id(rep.fixes)["shrink-batch"]
+    new = int(body(measured.code).split("batch_size=")[1].split(",")[0])
+    assert new == prediction.predict(rep).largest_batch < int(body(analytic.code).split("batch_size=")[1].split(",")[0])
+    assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
+    assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
+    # a report whose fix context is not known (loaded from a file) keeps its fixes
+    other = report()
+    other.fixes = list(rep.fixes)
+    assert not fixes.rewrite_after_calibration(other) and other.fixes == rep.fixes
+
+
+def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
+    """The panel's wiring: after Calibrate, the Fixes tab shows the fixes the calibration wrote. The calibration
+    itself (probe processes, real TensorFlow: tests/integration) is replaced by its effect on the report."""
+    from dataclasses import replace
+
+    import ipywidgets as widgets
+
+    from tfmem_magic.advise import calibration, prediction
+    from tfmem_magic.show.panel import build_panel
+
+    rep, context = report(), ctx()
+    rep.whatif_basis = prediction.analytic_basis(rep)
+    rep.prediction = prediction.summary(rep)
+    rep.fixes = fixes.build(rep, context)
+    fixes.remember_context(rep, context)
+
+    def calibrated(r, progress=None):
+        r.whatif_basis = replace(r.whatif_basis, name="measured",
+                                 activations_per_sample=2 * r.whatif_basis.activations_per_sample)
+        fixes.rewrite_after_calibration(r)
+        return r.whatif_basis
+
+    monkeypatch.setattr(calibration, "measured_basis", calibrated)
+    panel = build_panel(rep, timeline=b"")
+    tabs = next(w for w in panel.children if isinstance(w, widgets.Tab))
+
+    def shown(widget):  # the HTML of every widget under `widget`
+        if isinstance(widget, widgets.HTML):
+            return widget.value
+        return "".join(shown(c) for c in getattr(widget, "children", ()))
+
+    def button(widget):
+        if isinstance(widget, widgets.Button) and widget.description.startswith("Calibrate"):
+            return widget
+        return next((b for c in getattr(widget, "children", ()) if (b := button(c)) is not None), None)
+
+    assert "analytic basis" in shown(tabs.children[4])
+    button(tabs.children[3]).click()
+    assert "measured basis" in shown(tabs.children[4]) and "analytic basis" not in shown(tabs.children[4])
+    assert tabs.titles[4] == f"Fixes ({len(rep.fixes)})"

@@ -11,7 +11,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from tfmem_magic.advise import calibrate
+from tfmem_magic.advise import calibrate, fixes
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
@@ -146,6 +146,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                                     "seconds": round(time.perf_counter() - started, 2)})
     report.whatif_basis = measured
     report.prediction = summary(report)
+    fixes.rewrite_after_calibration(report)  # shrink-batch's batch and every fix's predicted peak, on this basis
     return measured
 
 

@@ -9,15 +9,16 @@ stable (docs/design.md, 'Fix ids'). Nothing here runs code: it only writes it.
 from __future__ import annotations
 
 import ast
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, largest_batch, predict,
-                                           typeable_batch)
+from tfmem_magic.advise.prediction import budget_for_tf, predict, typeable_batch
 from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.rewrite import call_arguments, rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import BeforeAfter, Fix, ModelInfo, Report
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 
 GPU_NOTE = "needs a kernel restart: TensorFlow reads it when it first touches the GPU"
@@ -99,8 +100,9 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     budget = budget_for_tf(report)
     if model is None or not model.batch_size or budget is None:
         return None
-    basis = analytic_basis(report)
-    fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND)
+    # on the report's basis: the analytic one when the cell ends, the measured one (the step replay) once calibrated
+    now = predict(report)
+    fit = now.largest_batch
     pre = report.preflight
     refused = pre is not None and pre.verdict == "refused" and pre.batch_size == model.batch_size
     if refused and pre is not None and pre.largest_batch:
@@ -115,8 +117,8 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
                   f"{format_bytes(budget)} left, so the prediction is not to be trusted here")
     else:
         new = max(1, fit)
-        chosen = (f"the largest batch whose predicted peak (+{ANALYTIC_BAND:.0%} margin) fits the "
-                  f"{format_bytes(budget)} left")
+        chosen = (f"the largest batch whose predicted peak (+{now.error_band:.0%} margin, {now.basis} basis) fits "
+                  f"the {format_bytes(budget)} left")
     source, message = _with_batch(report, ctx, new)
     after = predict(report, batch_size=new)
     why = (f"Batch {model.batch_size} → {new}, {chosen}: {_saving(report, after.peak_bytes)}. Smaller batches also "
@@ -126,6 +128,24 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
                    f"# {message}\n", after.peak_bytes)
     return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Changed: {message}.",
                _header(ctx, "shrink-batch") + source, after.peak_bytes)
+
+
+def remember_context(report: Report, ctx: FixContext) -> None:
+    """Keep what `report`'s fixes were written from while the report lives, for `rewrite_after_calibration`."""
+    for key in [k for k, (ref, _) in SESSION.fix_contexts.items() if ref() is None]:
+        del SESSION.fix_contexts[key]
+    SESSION.fix_contexts[id(report)] = (weakref.ref(report), ctx)
+
+
+def rewrite_after_calibration(report: Report) -> bool:
+    """Write `report`'s fixes again on its basis as it is now (after a calibration: the measured basis, or the step
+    replay): the batch shrink-batch picks and every fix's predicted peak then come from the probes' runs, as the
+    what-if's do. False where the report's fix context is not known (a report loaded from a file)."""
+    entry = SESSION.fix_contexts.get(id(report))
+    if entry is None or entry[0]() is not report:
+        return False
+    report.fixes = build(report, entry[1])
+    return True
 
 
 NO_ACCUMULATION_IN_TF_KERAS = ("Gradient accumulation is not offered for this tf_keras (Keras 2) model: its "

@@ -32,6 +32,9 @@ class Session:
         # report id -> (report ref, model ref, what a batch held): the models calibration may clone (advise.calibration)
         self.models: dict[int, tuple[Any, Any, Any]] = {}
         self.seen_models: weakref.WeakSet[Any] = weakref.WeakSet()  # every Keras model a profiled cell has used
+        # report id -> (report ref, advise.fixes.FixContext): what its fixes were written from, so that a calibration
+        # rewrites them on the measured basis (advise.fixes.rewrite_after_calibration)
+        self.fix_contexts: dict[int, tuple[Any, Any]] = {}
         self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on

@@ -229,11 +229,22 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
     """
     view = view or view_of(report)
     header = widgets.HTML(PANEL_CSS + header_html(report, view) + before_after_html(report))
-    tabs = widgets.Tab(children=[breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
-                                 whatif_tab(report, view), fixes_tab(report, cell_id), held_tab(report),
-                                 details_tab(report, view)])
-    tabs.titles = ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
-                   f"Fixes ({len(report.fixes)})", "Held after", "Details")
+    tabs = widgets.Tab()
+
+    def titles() -> tuple[str, ...]:
+        return ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
+                f"Fixes ({len(report.fixes)})", "Held after", "Details")
+
+    def calibrated() -> None:  # the fixes were written again on the measured basis (fixes.rewrite_after_calibration)
+        children = list(tabs.children)
+        children[4] = fixes_tab(report, cell_id)
+        tabs.children = tuple(children)
+        tabs.titles = titles()
+
+    tabs.children = (breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
+                     whatif_tab(report, view, on_calibrated=calibrated), fixes_tab(report, cell_id),
+                     held_tab(report), details_tab(report, view))
+    tabs.titles = titles()
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")
     return panel
