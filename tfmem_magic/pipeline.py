@@ -146,8 +146,9 @@ class Profiler:
 
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:
         use = build.add_analysis(report, m)
+        context = self._fix_context(report, use)
         if report.model is not None and use is not None and self.options.publish:
-            calibration.remember_model(report, use.model_ref(), use.structure)
+            calibration.remember_model(report, use.model_ref(), use.structure, context)
         try:  # stored, so that a saved report predicts what the live one does (None: no model to predict from)
             report.whatif_basis = prediction.analytic_basis(report)
         except TfmemUsageError:
@@ -155,10 +156,7 @@ class Profiler:
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
-        context = self._fix_context(report, use)
         report.fixes = fixes.build(report, context)
-        if self.options.publish:
-            fixes.remember_context(report, context)
 
     def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
         """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""

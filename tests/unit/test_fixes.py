@@ -196,56 +196,58 @@ def test_a_fix_that_saves_nothing_at_the_peak_says_so():
     assert "(saves " in fixes._saving(r, peak // 2)
 
 
-def test_shrink_batch_picks_its_batch_on_the_calibrated_basis_and_a_calibration_rewrites_the_fixes():
-    from dataclasses import replace
+def _calibrating(rep: Report, context, monkeypatch):
+    """`rep` remembered as a profiled cell's report is (its live model, the context its fixes were written from),
+    and the probe process that calibration runs replaced by what it would measure: twice the per-sample bytes the
+    model's shapes gave (the probes are TensorFlow runs: tests/integration). Returns the model stand-in (the report
+    holds it weakly)."""
+    from tfmem_magic.advise import calibrate, calibration, prediction
 
-    from tfmem_magic.advise import prediction
+    class Model:
+        pass
 
-    rep, context = report(), ctx()
-    rep.whatif_basis = prediction.analytic_basis(rep)
-    fixes.remember_context(rep, context)
-    rep.fixes = fixes.build(rep, context)
-    analytic = by_id(rep.fixes)["shrink-batch"]
-    assert "analytic basis" in analytic.why
-    # probes measured twice the per-sample bytes the model's shapes gave: a calibration's basis
-    basis = rep.whatif_basis
-    rep.whatif_basis = replace(basis, name="measured", activations_per_sample=2 * basis.activations_per_sample,
-                               slope_source="probe runs")
-    assert fixes.rewrite_after_calibration(rep)
-    measured = by_id(rep.fixes)["shrink-batch"]
-    new = int(body(measured.code).split("batch_size=")[1].split(",")[0])
-    assert new == prediction.predict(rep).largest_batch < int(body(analytic.code).split("batch_size=")[1].split(",")[0])
-    assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
-    assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
-    # a report whose fix context is not known (loaded from a file) keeps its fixes
-    other = report()
-    other.fixes = list(rep.fixes)
-    assert not fixes.rewrite_after_calibration(other) and other.fixes == rep.fixes
-
-
-def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
-    """The panel's wiring: after Calibrate, the Fixes tab shows the fixes the calibration wrote. The calibration
-    itself (probe processes, real TensorFlow: tests/integration) is replaced by its effect on the report."""
-    from dataclasses import replace
-
-    import ipywidgets as widgets
-
-    from tfmem_magic.advise import calibration, prediction
-    from tfmem_magic.show.panel import build_panel
-
-    rep, context = report(), ctx()
+    model = Model()
     rep.whatif_basis = prediction.analytic_basis(rep)
     rep.prediction = prediction.summary(rep)
     rep.fixes = fixes.build(rep, context)
-    fixes.remember_context(rep, context)
+    calibration.remember_model(rep, model, None, context)
+    per_sample = 2 * (rep.whatif_basis.activations_per_sample + rep.whatif_basis.input_per_sample)
+    peaks = {b: (round(1.1 * (20 * MiB + b * per_sample)), round(20 * MiB + b * per_sample))
+             for b in calibration.probe_batches(rep, rep.whatif_basis)}
+    monkeypatch.setattr(calibrate, "probe_peaks", lambda *args, **kwargs: peaks)
+    return model
 
-    def calibrated(r, progress=None):
-        r.whatif_basis = replace(r.whatif_basis, name="measured",
-                                 activations_per_sample=2 * r.whatif_basis.activations_per_sample)
-        fixes.rewrite_after_calibration(r)
-        return r.whatif_basis
 
-    monkeypatch.setattr(calibration, "measured_basis", calibrated)
+def _batch(fix) -> int:
+    return int(body(fix.code).split("batch_size=")[1].split(",")[0])
+
+
+def test_a_calibration_writes_the_fixes_again_on_its_basis(monkeypatch):
+    from tfmem_magic.advise import calibration, prediction
+
+    rep = report()
+    model = _calibrating(rep, ctx(), monkeypatch)
+    analytic = by_id(rep.fixes)["shrink-batch"]
+    assert "analytic basis" in analytic.why
+    calibration.measured_basis(rep, replay=False)
+    measured = by_id(rep.fixes)["shrink-batch"]
+    new = _batch(measured)
+    assert new == prediction.predict(rep).largest_batch != _batch(analytic)  # the measured basis, with its ±10%
+    assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
+    assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
+    assert model is not None
+
+
+def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
+    import ipywidgets as widgets
+
+    from tfmem_magic.advise import calibration
+    from tfmem_magic.show.panel import build_panel
+
+    rep = report()
+    model = _calibrating(rep, ctx(), monkeypatch)
+    monkeypatch.setattr(calibration, "measured_basis",  # the panel's call, without the step replay's probes
+                        lambda r, progress=None, real=calibration.measured_basis: real(r, progress, replay=False))
     panel = build_panel(rep, timeline=b"")
     tabs = next(w for w in panel.children if isinstance(w, widgets.Tab))
 
@@ -263,3 +265,4 @@ def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
     button(tabs.children[3]).click()
     assert "measured basis" in shown(tabs.children[4]) and "analytic basis" not in shown(tabs.children[4])
     assert tabs.titles[4] == f"Fixes ({len(rep.fixes)})"
+    assert model is not None

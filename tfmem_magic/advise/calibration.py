@@ -18,12 +18,14 @@ from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 
 
-def remember_model(report: Report, model: Any, structure: dict[str, Any] | None = None) -> None:
-    """Keep a weak link from a report to the live Keras model it measured (for calibrate), and what one of its
-    batches held (feeding.spec_of: the probes make synthetic batches like it)."""
+def remember_model(report: Report, model: Any, structure: dict[str, Any] | None = None,
+                   fix_context: fixes.FixContext | None = None) -> None:
+    """Keep a weak link from a report to the live Keras model it measured (for calibrate), what one of its
+    batches held (feeding.spec_of: the probes make synthetic batches like it), and what its fixes were written from
+    (a calibration writes them again on its basis)."""
     _forget_dead()
     try:
-        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), structure)
+        SESSION.models[id(report)] = (weakref.ref(report), weakref.ref(model), structure, fix_context)
     except TypeError:  # not weak-referenceable
         pass
 
@@ -146,7 +148,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                                     "seconds": round(time.perf_counter() - started, 2)})
     report.whatif_basis = measured
     report.prediction = summary(report)
-    fixes.rewrite_after_calibration(report)  # shrink-batch's batch and every fix's predicted peak, on this basis
+    if entry[3] is not None:  # shrink-batch's batch and every fix's predicted peak, on this basis
+        report.fixes = fixes.build(report, entry[3])
     return measured
 
 

@@ -9,7 +9,6 @@ stable (docs/design.md, 'Fix ids'). Nothing here runs code: it only writes it.
 from __future__ import annotations
 
 import ast
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -18,7 +17,6 @@ from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.rewrite import call_arguments, rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import BeforeAfter, Fix, ModelInfo, Report
-from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 
 GPU_NOTE = "needs a kernel restart: TensorFlow reads it when it first touches the GPU"
@@ -128,24 +126,6 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
                    f"# {message}\n", after.peak_bytes)
     return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Changed: {message}.",
                _header(ctx, "shrink-batch") + source, after.peak_bytes)
-
-
-def remember_context(report: Report, ctx: FixContext) -> None:
-    """Keep what `report`'s fixes were written from while the report lives, for `rewrite_after_calibration`."""
-    for key in [k for k, (ref, _) in SESSION.fix_contexts.items() if ref() is None]:
-        del SESSION.fix_contexts[key]
-    SESSION.fix_contexts[id(report)] = (weakref.ref(report), ctx)
-
-
-def rewrite_after_calibration(report: Report) -> bool:
-    """Write `report`'s fixes again on its basis as it is now (after a calibration: the measured basis, or the step
-    replay): the batch shrink-batch picks and every fix's predicted peak then come from the probes' runs, as the
-    what-if's do. False where the report's fix context is not known (a report loaded from a file)."""
-    entry = SESSION.fix_contexts.get(id(report))
-    if entry is None or entry[0]() is not report:
-        return False
-    report.fixes = build(report, entry[1])
-    return True
 
 
 NO_ACCUMULATION_IN_TF_KERAS = ("Gradient accumulation is not offered for this tf_keras (Keras 2) model: its "

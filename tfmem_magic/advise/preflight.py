@@ -141,7 +141,7 @@ def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: i
     growth = grows(batch)
     info.predicted_rss_bytes = round(rss + growth)
     # the band is the prediction's error: it widens what the process grows by, not what it holds already
-    if rss + growth * (1 - (info.band_below or band)) > threshold:
+    if rss + growth * (1 - band_below(info)) > threshold:
         info.verdict = "refused"
     elif rss + growth * (1 + band) <= threshold:
         info.verdict = "fits"
@@ -305,9 +305,14 @@ def refusal(info: PreflightInfo, source: str) -> str:
             f"({how_predicted(info)}; --no-preflight skips it.)")
 
 
+def band_below(info: PreflightInfo) -> float:
+    """How far under the prediction the process may grow (a report saved before the two ends differed has 0)."""
+    return info.band_below or info.band
+
+
 def band_words(info: PreflightInfo) -> str:
     """The prediction's band on what the process grows by: "±30%", or "-20%/+30%" where its two ends differ."""
-    below = info.band_below or info.band
+    below = band_below(info)
     return f"±{info.band:.0%}" if below == info.band else f"-{below:.0%}/+{info.band:.0%}"
 
 

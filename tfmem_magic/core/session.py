@@ -29,12 +29,10 @@ class Session:
         self.last: Any = None  # the last published Report
         self.published = 0  # reports published so far: each gets the next number
         self.runs: dict[str, deque[Any]] = {}  # cell key -> what each run left behind (diagnose.RunSummary)
-        # report id -> (report ref, model ref, what a batch held): the models calibration may clone (advise.calibration)
-        self.models: dict[int, tuple[Any, Any, Any]] = {}
+        # report id -> (report ref, model ref, what a batch held, what its fixes were written from): the models
+        # calibration may clone, and the context it writes the report's fixes again with (advise.calibration)
+        self.models: dict[int, tuple[Any, Any, Any, Any]] = {}
         self.seen_models: weakref.WeakSet[Any] = weakref.WeakSet()  # every Keras model a profiled cell has used
-        # report id -> (report ref, advise.fixes.FixContext): what its fixes were written from, so that a calibration
-        # rewrites them on the measured basis (advise.fixes.rewrite_after_calibration)
-        self.fix_contexts: dict[int, tuple[Any, Any]] = {}
         self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on

@@ -235,7 +235,7 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
         return ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
                 f"Fixes ({len(report.fixes)})", "Held after", "Details")
 
-    def calibrated() -> None:  # the fixes were written again on the measured basis (fixes.rewrite_after_calibration)
+    def calibrated() -> None:  # the calibration wrote the fixes again on its basis (calibration.measured_basis)
         children = list(tabs.children)
         children[4] = fixes_tab(report, cell_id)
         tabs.children = tuple(children)
