@@ -10,7 +10,11 @@ is ~11 KB per sample where another moment holds 71 KB, and the analytic basis na
 budget used). Not the MLP's: it named the whole data (8192 rows) once, whose real peak was 117% of the budget (left
 for a later session). The replay was timid on the GRU (batch 64 named where 616 fits, in CI): its probes paired a
 2 KB buffer with no shape with a 1.6 MB one that does not grow, and its curve grew 60-82% too fast; buffers with no
-shape now pair by size first (docs/bfc-replay.md), and it names 680 (55% of the budget used when run)."""
+shape now pair by size first (docs/bfc-replay.md), and it names 680 (55% of the budget used when run).
+
+The named batch is run in a fresh process, as the zoo's points are: run again in the process that measured the
+cell, the GRU's peak at batch 440 was 39.9 MB in CI (36% of the budget: the test failed as timid) and 64.9 MB here,
+where four fresh processes gave 73.7-74.9 MB (the analytic basis predicted 69.6 MB)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,25 @@ MODELS = {
 }
 
 
+def fitted(shape: str, model: str, batch: int) -> int:
+    """TensorFlow's peak over a one-epoch fit at `batch`, in a fresh process: what a user who runs the named batch
+    gets in a new kernel. Not in the process that measured the cell: there the GRU's peak at one batch was 39.9 MB
+    (CI) or 64.9 MB (here) as a later fit, and 73.7-74.9 MB in four fresh processes (batch 440)."""
+    return run_python(textwrap.dedent(f"""
+        import json, numpy as np, tfmem_magic
+        tfmem_magic.prepare()
+        import keras
+        keras.utils.set_random_seed(0)
+        m = {model}
+        m.compile("adam", "sparse_categorical_crossentropy")
+        x = np.random.rand(8192, *{shape}).astype("float32")
+        y = np.random.randint(0, 10, 8192)
+        with tfmem_magic.profile() as p:
+            m.fit(x, y, batch_size={batch}, epochs=1, verbose=0)
+        print(json.dumps({{"peak": p.report.tf_peak_bytes}}))
+    """))["peak"]
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
     shape, model = MODELS[name]
@@ -39,35 +62,33 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         import json, numpy as np, tfmem_magic
         tfmem_magic.prepare()
         import keras
-        def fitted(batch):
-            keras.utils.set_random_seed(0)
-            m = {model}
-            m.compile("adam", "sparse_categorical_crossentropy")
-            x = np.random.rand(8192, *{shape}).astype("float32")
-            y = np.random.randint(0, 10, 8192)
-            with tfmem_magic.profile() as p:
-                m.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-            kept.append(m)  # reports hold their model weakly: calibration needs it alive, as a notebook keeps it
-            return p.report
-        kept = []
-        at32 = fitted(32)
+        keras.utils.set_random_seed(0)
+        m = {model}
+        m.compile("adam", "sparse_categorical_crossentropy")
+        x = np.random.rand(8192, *{shape}).astype("float32")
+        y = np.random.randint(0, 10, 8192)
+        with tfmem_magic.profile() as p:
+            m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        at32 = p.report  # holds its model weakly: calibration needs `m` alive, as a notebook keeps it
         tf_budget = 3 * at32.tf_peak_bytes  # what TensorFlow may add over the cell's start
         budget = at32.rss.baseline_bytes + tf_budget  # as a user gives it: the process's memory in all
         batch = tfmem_magic.largest_batch(at32, budget=budget)
         too_small = tfmem_magic.largest_batch(at32, budget=at32.rss.baseline_bytes + 1024)
         whole = tfmem_magic.largest_batch(at32, budget="64GB")  # everything fits: the whole data, as one batch
-        real = fitted(batch).tf_peak_bytes if batch else None
         replayed = tfmem_magic.largest_batch(at32, budget=budget, calibrate=True)
-        basis = at32.whatif_basis.name
-        real_replayed = fitted(replayed).tf_peak_bytes if replayed else None
-        print(json.dumps({{"batch": batch, "tf_budget": tf_budget, "real": real, "at32": at32.tf_peak_bytes,
+        print(json.dumps({{"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes,
                           "too_small": too_small, "whole": whole, "replayed": replayed,
-                          "real_replayed": real_replayed, "basis": basis}}))
+                          "basis": at32.whatif_basis.name}}))
     """))
-    print(f"\n{name}: batch {data['batch']}, real {data['real'] / data['tf_budget']:.0%} of the budget; "
-          f"on the {data['basis']} basis {data['replayed']}, real {data['real_replayed'] / data['tf_budget']:.0%}")
+    analytic_checked = name in ("cnn", "gru")
+    data["real"] = fitted(shape, model, data["batch"]) if data["batch"] and analytic_checked else None
+    data["real_replayed"] = fitted(shape, model, data["replayed"]) if data["replayed"] else None
+    def used(real: int | None) -> str:
+        return f"{real / data['tf_budget']:.0%} of the budget" if real else "not run"
+    print(f"\n{name}: batch {data['batch']}, real {used(data['real'])}; "
+          f"on the {data['basis']} basis {data['replayed']}, real {used(data['real_replayed'])}")
     assert data["too_small"] is None and data["whole"] == 8192
-    checked = [("replayed", "real_replayed")] + ([("batch", "real")] if name in ("cnn", "gru") else [])
+    checked = [("replayed", "real_replayed")] + ([("batch", "real")] if analytic_checked else [])
     for batch, real in checked:
         assert data[batch] is not None, data
         # what it promises: the named batch's real peak fits the budget ...
