@@ -223,33 +223,37 @@ def _batch(fix) -> int:
 
 
 def test_a_calibration_writes_the_fixes_again_on_its_basis(monkeypatch):
-    from tfmem_magic.advise import calibration, prediction
+    from tfmem_magic.advise import calibration, diagnose_model, prediction
 
     rep = report()
     model = _calibrating(rep, ctx(), monkeypatch)
+    rep.findings = [diagnose_model.large_batch(rep), *rep.findings[1:]]  # the rule's own finding, as a cell gets it
     analytic = by_id(rep.fixes)["shrink-batch"]
     assert "analytic basis" in analytic.why
+    assert f"(with a 30% margin, analytic basis) is {_batch(analytic)}." in rep.findings[0].evidence
     calibration.measured_basis(rep, replay=False)
     measured = by_id(rep.fixes)["shrink-batch"]
     new = _batch(measured)
     assert new == prediction.predict(rep).largest_batch != _batch(analytic)  # the measured basis, with its ±10%
     assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
     assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
+    # the finding says the same batch as the fix, on the same basis
+    (finding,) = [f for f in rep.findings if f.id == "large-batch"]
+    margin = prediction.predict(rep).error_band
+    assert f"(with a {margin:.0%} margin, measured basis) is {new}." in finding.evidence
     assert model is not None
 
 
 def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
     import ipywidgets as widgets
 
-    from tfmem_magic.advise import calibration
+    from tfmem_magic.advise import calibration, diagnose_model
     from tfmem_magic.show.panel import build_panel
 
     rep = report()
     model = _calibrating(rep, ctx(), monkeypatch)
     monkeypatch.setattr(calibration, "measured_basis",  # the panel's call, without the step replay's probes
                         lambda r, progress=None, real=calibration.measured_basis: real(r, progress, replay=False))
-    panel = build_panel(rep, timeline=b"")
-    tabs = next(w for w in panel.children if isinstance(w, widgets.Tab))
 
     def shown(widget):  # the HTML of every widget under `widget`
         if isinstance(widget, widgets.HTML):
@@ -261,8 +265,12 @@ def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
             return widget
         return next((b for c in getattr(widget, "children", ()) if (b := button(c)) is not None), None)
 
-    assert "analytic basis" in shown(tabs.children[4])
+    rep.findings = [diagnose_model.large_batch(rep)]
+    panel = build_panel(rep, timeline=b"")
+    tabs = next(w for w in panel.children if isinstance(w, widgets.Tab))
+    assert "analytic basis" in shown(tabs.children[4]) and "analytic basis" in shown(tabs.children[2])
     button(tabs.children[3]).click()
     assert "measured basis" in shown(tabs.children[4]) and "analytic basis" not in shown(tabs.children[4])
+    assert "measured basis" in shown(tabs.children[2]) and "analytic basis" not in shown(tabs.children[2])
     assert tabs.titles[4] == f"Fixes ({len(rep.fixes)})"
     assert model is not None

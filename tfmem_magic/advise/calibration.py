@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from tfmem_magic.advise import calibrate, fixes
+from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
@@ -150,6 +151,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     report.prediction = summary(report)
     if entry[3] is not None:  # shrink-batch's batch and every fix's predicted peak, on this basis
         report.fixes = fixes.build(report, entry[3])
+    # the large-batch finding names the largest batch that fits, as the shrink-batch fix does: on this basis too
+    report.findings = [(large_batch(report) or f) if f.id == "large-batch" else f for f in report.findings]
     return measured
 
 

@@ -6,8 +6,7 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from tfmem_magic.advise.prediction import (ANALYTIC_BAND, analytic_basis, budget_for_tf, growth_ratio, largest_batch,
-                                          parts_at)
+from tfmem_magic.advise.prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, growth_ratio, parts_at, predict
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -54,8 +53,13 @@ def large_batch(report: Report) -> Finding | None:
     if peak <= 0 or activations < DOMINANT * peak or not _under_pressure(report, peak):
         return None
     budget = budget_for_tf(report)
-    fit = largest_batch(basis, basis.knobs, budget, ANALYTIC_BAND) if budget else None
-    advice = (f" The largest batch predicted to fit (with a {ANALYTIC_BAND:.0%} margin) is {fit}." if fit
+    fit, band, on = None, ANALYTIC_BAND, "analytic"
+    if budget:
+        # on the report's basis, as the shrink-batch fix: the analytic one when the cell ends, the measured one (the
+        # step replay) once calibrated (calibration.measured_basis writes this finding again)
+        now = predict(report)
+        fit, band, on = now.largest_batch, now.error_band, now.basis
+    advice = (f" The largest batch predicted to fit (with a {band:.0%} margin, {on} basis) is {fit}." if fit
               else " Even batch 1 is predicted not to fit: the model itself needs a look." if budget else "")
     return Finding(
         id="large-batch", severity="critical" if report.status == "oom" else "warn",

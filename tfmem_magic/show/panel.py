@@ -235,9 +235,9 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
         return ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
                 f"Fixes ({len(report.fixes)})", "Held after", "Details")
 
-    def calibrated() -> None:  # the calibration wrote the fixes again on its basis (calibration.measured_basis)
+    def calibrated() -> None:  # the calibration wrote the fixes (and large-batch's advice) again on its basis
         children = list(tabs.children)
-        children[4] = fixes_tab(report, cell_id)
+        children[2], children[4] = findings_tab(report), fixes_tab(report, cell_id)
         tabs.children = tuple(children)
         tabs.titles = titles()
 
