@@ -35,9 +35,9 @@ from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 UNDO_ATTEMPTS = 3
 GC_BEFORE_SCAN_BYTES = 2**20  # variables alive but named by nothing, worth a garbage collection before the scan
 # What a collection could not clear: the unnamed bytes found right after the last one (a model kept alive by an object
-# no name reaches: a test framework's frames, a closure, another module). Only unnamed bytes above it are worth the
-# next collection: without it every cell collected (a full collection of a large heap: 0.7 s per `--quick` cell in a
-# long pytest process, 191 s for the leak test's 264 cells in CI).
+# no name reaches: a test framework's frames, a closure, another module). Only unnamed bytes that moved from it are
+# worth the next collection: without it every cell collected (a full collection of a large heap: 0.7 s per
+# `--quick` cell in a long pytest process, 191 s for the leak test's 264 cells in CI).
 _settled_unnamed = 0
 
 
@@ -313,12 +313,12 @@ class Measurement:
     def _collected_if_dropped(self, pinned: release.Pinned, handles: set[int]) -> release.Pinned:
         """A model the cell dropped is often in a reference cycle the collector has not reached yet: it is gone for
         the user, and its memory is the registry's from the next collection on. So collect (~50 ms in a small
-        process, more in a large heap) and scan again, but only when the unnamed bytes grew past what the last
-        collection left (`_settled_unnamed`): what no collection clears is not worth one every cell."""
+        process, more in a large heap) and scan again, but only when the unnamed bytes moved from what the last
+        collection left (`_settled_unnamed`): what no collection clears is not worth one every cell. A fall counts
+        too: what was kept went away, and what is unnamed now may be a model just dropped."""
         global _settled_unnamed
         unnamed = pinned.unnamed_bytes
-        if unnamed - _settled_unnamed < GC_BEFORE_SCAN_BYTES or self.options.namespace is None:
-            _settled_unnamed = min(_settled_unnamed, unnamed)  # some of it went away by itself
+        if abs(unnamed - _settled_unnamed) < GC_BEFORE_SCAN_BYTES or self.options.namespace is None:
             return pinned
         gc.collect()
         pinned = release.registry_pinned(handles)
