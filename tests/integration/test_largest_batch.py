@@ -37,11 +37,9 @@ MODELS = {
 }
 
 
-def fitted(shape: str, model: str, batch: int) -> int:
-    """TensorFlow's peak over a one-epoch fit at `batch`, in a fresh process: what a user who runs the named batch
-    gets in a new kernel. Not in the process that measured the cell: there the GRU's peak at one batch was 39.9 MB
-    (CI) or 64.9 MB (here) as a later fit, and 73.7-74.9 MB in four fresh processes (batch 440)."""
-    return run_python(textwrap.dedent(f"""
+def fit_code(shape: str, model: str, batch: int) -> str:
+    """A fresh process's code up to a profiled one-epoch fit of the model at `batch` (its report: `p.report`)."""
+    return textwrap.dedent(f"""
         import json, numpy as np, tfmem_magic
         tfmem_magic.prepare()
         import keras
@@ -52,24 +50,20 @@ def fitted(shape: str, model: str, batch: int) -> int:
         y = np.random.randint(0, 10, 8192)
         with tfmem_magic.profile() as p:
             m.fit(x, y, batch_size={batch}, epochs=1, verbose=0)
-        print(json.dumps({{"peak": p.report.tf_peak_bytes}}))
-    """))["peak"]
+    """)
+
+
+def fitted(shape: str, model: str, batch: int) -> int:
+    """TensorFlow's peak over a one-epoch fit at `batch`, in a fresh process: what a user who runs the named batch
+    gets in a new kernel. Not in the process that measured the cell: there the GRU's peak at one batch was 39.9 MB
+    (CI) or 64.9 MB (here) as a later fit, and 73.7-74.9 MB in four fresh processes (batch 440)."""
+    return run_python(fit_code(shape, model, batch) + 'print(json.dumps({"peak": p.report.tf_peak_bytes}))')["peak"]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
     shape, model = MODELS[name]
-    data = run_python(textwrap.dedent(f"""
-        import json, numpy as np, tfmem_magic
-        tfmem_magic.prepare()
-        import keras
-        keras.utils.set_random_seed(0)
-        m = {model}
-        m.compile("adam", "sparse_categorical_crossentropy")
-        x = np.random.rand(8192, *{shape}).astype("float32")
-        y = np.random.randint(0, 10, 8192)
-        with tfmem_magic.profile() as p:
-            m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    data = run_python(fit_code(shape, model, 32) + textwrap.dedent("""
         at32 = p.report  # holds its model weakly: calibration needs `m` alive, as a notebook keeps it
         tf_budget = 3 * at32.tf_peak_bytes  # what TensorFlow may add over the cell's start
         budget = at32.rss.baseline_bytes + tf_budget  # as a user gives it: the process's memory in all
@@ -77,15 +71,16 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         too_small = tfmem_magic.largest_batch(at32, budget=at32.rss.baseline_bytes + 1024)
         whole = tfmem_magic.largest_batch(at32, budget="64GB")  # everything fits: the whole data, as one batch
         replayed = tfmem_magic.largest_batch(at32, budget=budget, calibrate=True)
-        print(json.dumps({{"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes,
+        print(json.dumps({"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes,
                           "too_small": too_small, "whole": whole, "replayed": replayed,
-                          "basis": at32.whatif_basis.name}}))
+                          "basis": at32.whatif_basis.name}))
     """))
     analytic_checked = name in ("cnn", "gru")
     named = {"real": data["batch"] if analytic_checked else None, "real_replayed": data["replayed"]}
     with ThreadPoolExecutor(2) as pool:  # two fresh processes at once: each its own allocator, two cores
         running = {key: pool.submit(fitted, shape, model, batch) for key, batch in named.items() if batch}
         data.update({key: running[key].result() if key in running else None for key in named})
+
     def used(real: int | None) -> str:
         return f"{real / data['tf_budget']:.0%} of the budget" if real else "not run"
     print(f"\n{name}: batch {data['batch']}, real {used(data['real'])}; "
