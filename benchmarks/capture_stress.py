@@ -35,6 +35,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from _fresh import fresh_env
+
 # one replica's training step, in both jobs' scripts (a custom loop: Keras 3's fit fails under MWMS on TF 2.21)
 REPLICA_STEP = """def replica(b):
     with tf.GradientTape() as tape:
@@ -150,10 +152,9 @@ SENSITIZE = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0", "MALLOC_PERTURB_":
 
 
 def worker_env(sensitize: bool = False) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env = fresh_env()
     if ALLOW_CRASH_RISK:  # every worker serves, the non-chief MWMS ones too (serve()'s opt-in)
         env["TFMEM_ALLOW_MWMS_CAPTURE"] = "1"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONFAULTHANDLER"] = "1"
     if sensitize:
         env.update(SENSITIZE)

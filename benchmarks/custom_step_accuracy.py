@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
+
+from _fresh import KEEP_TRACE, run_fresh_json
 
 # each program: code run before the measured cell (model, data; TensorFlow already running), the measured cell
 PROGRAMS = {
@@ -154,16 +153,7 @@ print(json.dumps({{"peak": p.report.tf_peak_bytes}}))
 
 TRACED = """
 from tfmem_magic.analyze import bfc, step_replay
-from tfmem_magic.measure import xplane
-import tfmem_magic.analyze.build as build
-kept = {{}}
-read = xplane.read_segments
-
-def keep(*args, **kwargs):
-    kept["trace"] = trace = read(*args, **kwargs)
-    return trace
-
-build.xplane.read_segments = keep
+""" + KEEP_TRACE + """
 with tfmem_magic.profile() as p:
 {cell}
 report = p.report
@@ -196,12 +186,7 @@ def run(program: str, batch: int, traced: bool, asked: list[int]) -> dict:
     body = TRACED if traced else REAL
     code = (HEAD.format(batch=batch) + textwrap.dedent(setup)
             + body.format(cell=textwrap.indent(cell, "    "), asked=asked))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{program} at batch {batch} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh_json(code, f"{program} at batch {batch}")
 
 
 def error(predicted: float, real: list[int]) -> float:

@@ -27,10 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import textwrap
 import time
+
+from _fresh import run_fresh_json
 
 SAMPLES = 512  # rows of each synthetic dataset (arrays: the in-memory copy fit makes is the same at every batch)
 STEPS = 6  # training steps per run, at most
@@ -204,12 +204,7 @@ def run(model: str, mode: str, batch: int, batches: list[int]) -> dict:
     style, build = MODELS[model]
     code = WORKER.format(samples=SAMPLES, build=textwrap.dedent(build), mode=mode, style=style, batch=batch,
                          batches=batches, steps=STEPS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{model} {mode} batch {batch} failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_fresh_json(code, f"{model} {mode} batch {batch}")
     assert result["batch read"] == batch, (model, result["batch read"], batch)  # the batch read from what was fed
     return result
 

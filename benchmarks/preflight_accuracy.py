@@ -17,12 +17,10 @@ The bands the pre-flight uses (preflight.REPLAY_BAND, preflight.BAND) are set fr
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
+
+from _fresh import run_fresh_json
 
 MODELS = {  # name -> (batch, code that builds m, x, y)
     "cnn": (1024, """
@@ -93,12 +91,7 @@ print(json.dumps({{basis: {{"step_predicted": info.step_bytes, "step_measured": 
 def run(name: str) -> dict:
     batch, build = MODELS[name]
     code = WORKER.format(build=textwrap.dedent(build), batch=batch)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1200)
-    if out.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh_json(code, name, timeout=1200)
 
 
 def main() -> None:

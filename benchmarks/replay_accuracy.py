@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from _fresh import KEEP_TRACE, run_fresh
 
 MODELS = {
     "mobilenetv2": ("(64, 64, 3)", "keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10)"),
@@ -43,15 +43,7 @@ tfmem_magic.prepare()
 from tfmem_magic.measure import tracer, xplane
 tracer.TRACE_BUDGET_BYTES = 0  # one segment: nothing rotated, nothing lost between segments
 tracer.PLATEAU_S = 1e9  # never paused: graph building's flat stretches are part of the sequence
-import tfmem_magic.analyze.build as build
-kept = {{}}
-read = xplane.read_segments
-
-def keep(*args, **kwargs):
-    kept["trace"] = trace = read(*args, **kwargs)
-    return trace
-
-build.xplane.read_segments = keep
+""" + KEEP_TRACE + """
 import tensorflow as tf
 with tfmem_magic.profile(trace_seconds=1200) as p:
     import keras
@@ -76,11 +68,7 @@ def record(model: str, batch: int, folder: Path) -> dict:
     shape, build_model = MODELS[model]
     path = folder / f"{model}-{batch}.pkl"
     code = WORKER.format(build_model=textwrap.dedent(build_model), batch=batch, shape=shape, path=str(path))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"{model} at batch {batch} failed:\n{out.stderr[-3000:]}")
+    run_fresh(code, f"{model} at batch {batch}", timeout=1800)
     import pickle
 
     with open(path, "rb") as f:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from _fresh import fresh_env
 
 MiB = 2**20
 
@@ -87,8 +88,7 @@ def free_port() -> int:
 
 def run(script: Path, specs: list[dict], timeout: float = 240) -> list[dict]:
     """Start one process per spec (together: MWMS workers wait for each other) and collect their RESULT lines."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = fresh_env()
     procs = [subprocess.Popen([sys.executable, str(script), json.dumps(s)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for s in specs]
     results = []

@@ -19,6 +19,8 @@ import tempfile
 import textwrap
 import time
 
+from _fresh import fresh_env
+
 WORKER = textwrap.dedent("""
     import json, sys, time
     import tfmem_magic
@@ -59,8 +61,7 @@ def run_worker(serve: bool, seconds: float, capture_at: float | None) -> tuple[l
     script.write(WORKER)
     script.close()
     port = free_port() if serve else 0
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = fresh_env()
     proc = subprocess.Popen([sys.executable, script.name, str(port), str(seconds)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env)
     window = (0.0, 0.0)

@@ -140,7 +140,7 @@ class Profiler:
             reached = report.rss.peak_bytes
             how = preflight.how_predicted(info)
             report.notes.append(
-                f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted at most "
+                f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted "
                 f"~{format_bytes(info.predicted_rss_bytes)} for the process ({preflight.band_words(info)}) against "
                 f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}.")
 

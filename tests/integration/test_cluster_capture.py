@@ -1,5 +1,5 @@
 """A training job's workers captured from outside, for real, on loopback: two worker processes started with
-`tfmem_magic.serve(PORT)` train a small Keras model (one with a batch four times larger), and this process traces
+`tfmem_magic.serve(PORT)` train a small Keras model (one with a batch eight times larger), and this process traces
 both at once with TensorFlow's profiler client; a third address has no worker behind it."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def workers(tmp_path):
     env = worker_env()
     started = []
     try:
-        for batch in (64, 256):
+        for batch in (64, 512):
             port = free_port()
             proc = subprocess.Popen([sys.executable, str(script), str(port), str(batch), "90"], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -97,7 +97,7 @@ def test_two_workers_captured_at_once_side_by_side(workers, tmp_path):
         # the report's peak is the worker's allocator's peak in its own trace
         assert report.main_device.peak_bytes == report.trace.allocators[0].peak_bytes
     assert rows[nobody].report is None and "unreachable" in rows[nobody].error
-    # the worker with four times the batch holds more at its peak, and the view says so (by the peak, as the view
+    # the worker with eight times the batch holds more at its peak, and the view says so (by the peak, as the view
     # ranks them: the growth over a 2 s window depends on where in a step the window started)
     assert rows[large].peak_bytes > rows[small].peak_bytes, (rows[large].peak_bytes, rows[small].peak_bytes)
     assert view.worst.worker == large

@@ -6,6 +6,7 @@ benchmarks/replicas_check.py holds the runner and prints the full comparison (tw
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "replicas_check
 
 
 def load_benchmark():
+    if str(BENCHMARK.parent) not in sys.path:  # its helpers (benchmarks/_fresh.py), as when it runs as a script
+        sys.path.insert(0, str(BENCHMARK.parent))
     spec = importlib.util.spec_from_file_location("replicas_check", BENCHMARK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

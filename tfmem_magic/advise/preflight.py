@@ -46,10 +46,11 @@ BAND = 0.30  # the probes' line's extrapolation error (an MLP's growth -26.6% in
 # the step replay's, on what the process grows by. TF's allocator was within 8% of the replay on five models (an
 # MLP's +19%, +29%: over, the safe side), but the process's memory outside it is not in the replay: oneDNN's own
 # buffers appear at a size threshold (the CNN of tests/integration/test_preflight.py grew 1.80 GB at batch 560, as
-# its allocator did, and 2.28 GB at 568, with 1.86 GB in its allocator: a growth 25% over the replay's), and an LSTM's
+# its allocator did, and 2.28 GB at 568, with 1.72-1.86 GB predicted for its allocator: a growth up to 33% over the
+# replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an LSTM's
 # process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by at most
 # 11%: the low end, which must pass the threshold for a refusal, stays at 20%
-REPLAY_BAND = 0.30
+REPLAY_BAND = 0.40
 REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
@@ -311,7 +312,7 @@ def band_below(info: PreflightInfo) -> float:
 
 
 def band_words(info: PreflightInfo) -> str:
-    """The prediction's band on what the process grows by: "±30%", or "-20%/+30%" where its two ends differ."""
+    """The prediction's band on what the process grows by: "±30%", or "-20%/+40%" where its two ends differ."""
     below = band_below(info)
     return f"±{info.band:.0%}" if below == info.band else f"-{below:.0%}/+{info.band:.0%}"
 
