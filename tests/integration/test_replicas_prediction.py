@@ -18,11 +18,15 @@ BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "replicas_check
 
 
 def load_benchmark():
-    if str(BENCHMARK.parent) not in sys.path:  # its helpers (benchmarks/_fresh.py), as when it runs as a script
-        sys.path.insert(0, str(BENCHMARK.parent))
-    spec = importlib.util.spec_from_file_location("replicas_check", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # its helpers (benchmarks/_fresh.py), as when it runs as a script; only while it loads: benchmarks/panel.py
+    # would stand for the `panel` package in every later test of this process
+    sys.path.insert(0, str(BENCHMARK.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("replicas_check", BENCHMARK)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARK.parent))
     return module
 
 

@@ -139,7 +139,7 @@ def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypa
     use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
     at, _ = preflight.replayed_step(_Model(), use, True, 320)
     step = at(320)
-    # the growth's low end (-20%) passes the threshold: refused, although the symmetric band (-30%) would not
+    # the growth's low end (-20%) passes the threshold: refused, although a symmetric band (-40%) would not
     refused = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 0.75), rss=100 * MiB)
     assert refused.verdict == "refused" and refused.band_below == preflight.REPLAY_BAND_BELOW == 0.20
     # between the two ends: the call runs under the guard
