@@ -9,13 +9,16 @@ The candidate is the cell's own trace replayed: the trace's allocation sequence 
 replays. The cell's trace starts from a warm allocator (the model was built in an earlier cell), so its own
 replay need not give back its peak to the byte: only the change is used, and both replays share the seed's error.
 
-    .venv/bin/python benchmarks/custom_step_accuracy.py [--programs gan,distiller,tape] [--batch 32]
+The third column is what calibration does now for custom training: the cell's own step, saved with its variables
+and run by the step replay's two probe processes (advise/step_export.py; `predict(..., calibrate=True)`).
+
+    .venv/bin/python benchmarks/custom_step_accuracy.py [--programs gan,dcgan,distiller,tape] [--batch 32]
                                                         [--batches 16,64] [--runs 2]
 
 Per program it prints the self-check of the cell's trace (its own sequence against TensorFlow's peak) and per
 asked batch the real peaks (`--runs` fresh processes, each a cell run under `%%tfmem --quick`'s measurement), the
-analytic prediction and the trace replay's, each with its error against the nearest real peak. Results:
-docs/bfc-replay.md, "The cell's own trace, for custom training".
+analytic prediction, the trace replay's and the own step's, each with its error against the nearest real peak.
+Results: docs/bfc-replay.md, "The cell's own trace, for custom training" and "The cell's own step, saved".
 """
 
 from __future__ import annotations
@@ -69,6 +72,56 @@ PROGRAMS = {
                     keras.losses.BinaryCrossentropy(from_logits=True))
         data = tf.data.Dataset.from_tensor_slices(np.random.rand(4096, 28, 28, 1).astype("float32"))
         data = data.batch(BATCH).take(8)
+    """, "gan.fit(data, epochs=1, verbose=0)"),
+    # keras-io's DCGAN itself (its discriminator and generator, its train_step with two Adams and a seed generator),
+    # at 32x32x3 instead of 64x64x3 (one upsampling less) so that a CPU runs its steps in seconds
+    "dcgan": ("""
+        latent = 128
+        disc = keras.Sequential([keras.Input((32, 32, 3)), layers.Conv2D(64, 4, strides=2, padding="same"),
+                                 layers.LeakyReLU(0.2), layers.Conv2D(128, 4, strides=2, padding="same"),
+                                 layers.LeakyReLU(0.2), layers.Conv2D(128, 4, strides=2, padding="same"),
+                                 layers.LeakyReLU(0.2), layers.Flatten(), layers.Dropout(0.2),
+                                 layers.Dense(1, activation="sigmoid")])
+        gen = keras.Sequential([keras.Input((latent,)), layers.Dense(8 * 8 * 128), layers.Reshape((8, 8, 128)),
+                                layers.Conv2DTranspose(128, 4, strides=2, padding="same"), layers.LeakyReLU(0.2),
+                                layers.Conv2DTranspose(256, 4, strides=2, padding="same"), layers.LeakyReLU(0.2),
+                                layers.Conv2D(3, 5, padding="same", activation="sigmoid")])
+
+        class GAN(keras.Model):
+            def __init__(self, discriminator, generator, latent_dim):
+                super().__init__()
+                self.discriminator, self.generator, self.latent_dim = discriminator, generator, latent_dim
+                self.seed_generator = keras.random.SeedGenerator(1337)
+
+            def compile(self, d_optimizer, g_optimizer, loss_fn):
+                super().compile()
+                self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+                self.d_loss_metric = keras.metrics.Mean(name="d_loss")
+                self.g_loss_metric = keras.metrics.Mean(name="g_loss")
+
+            def train_step(self, real_images):
+                batch_size = tf.shape(real_images)[0]
+                noise = keras.random.normal((batch_size, self.latent_dim), seed=self.seed_generator)
+                combined = tf.concat([self.generator(noise), real_images], axis=0)
+                labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
+                labels += 0.05 * tf.random.uniform(tf.shape(labels))
+                with tf.GradientTape() as tape:
+                    d_loss = self.loss_fn(labels, self.discriminator(combined))
+                grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+                self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+                noise = keras.random.normal((batch_size, self.latent_dim), seed=self.seed_generator)
+                with tf.GradientTape() as tape:
+                    g_loss = self.loss_fn(tf.zeros((batch_size, 1)), self.discriminator(self.generator(noise)))
+                grads = tape.gradient(g_loss, self.generator.trainable_weights)
+                self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+                self.d_loss_metric.update_state(d_loss)
+                self.g_loss_metric.update_state(g_loss)
+                return {"d_loss": self.d_loss_metric.result(), "g_loss": self.g_loss_metric.result()}
+
+        gan = GAN(disc, gen, latent)
+        gan.compile(keras.optimizers.Adam(1e-4), keras.optimizers.Adam(1e-4), keras.losses.BinaryCrossentropy())
+        data = tf.data.Dataset.from_tensor_slices(np.random.rand(1024, 32, 32, 3).astype("float32"))
+        data = data.batch(BATCH).take(4)
     """, "gan.fit(data, epochs=1, verbose=0)"),
     # keras-io's knowledge distillation (Keras 3): compute_loss overridden, a teacher run inside the step
     "distiller": ("""
@@ -177,6 +230,14 @@ at_cell = simulated(BATCH)
 out["replayed"] = {{b: report.tf_peak_bytes + simulated(b) - at_cell for b in asked}}
 out["own_error"], out["diverged"] = own.peak_error, own.first_divergence
 out["replay_s"] = round(__import__("time").perf_counter() - started, 2)
+# the step replay of the cell's own step (advise/step_export.py): calibration saves it, two probes run it
+started = __import__("time").perf_counter()
+try:
+    out["step"] = {{b: tfmem_magic.predict(report, batch_size=b, calibrate=True).peak_bytes for b in asked}}
+    out["step_basis"] = report.whatif_basis.name
+except tfmem_magic.TfmemUsageError as exc:
+    out["step"], out["step_basis"] = None, str(exc)[:300]
+out["step_s"] = round(__import__("time").perf_counter() - started, 2)
 print(json.dumps(out))
 """
 
@@ -206,18 +267,21 @@ def main() -> None:
     args = parser.parse_args()
     asked = [int(b) for b in args.batches.split(",")]
     began = time.perf_counter()
-    table: dict[str, list[float]] = {"analytic": [], "replayed": []}
+    table: dict[str, list[float]] = {"analytic": [], "replayed": [], "step": []}
     for program in args.programs.split(","):
         cell = run(program, args.batch, True, asked)
         print(f"{program}: cell at batch {args.batch} peaked {cell['peak'] / 2**20:.1f} MiB ({cell['basis']} basis, "
               f"calls {cell['calls']}); its trace: {cell['events']} events, {cell['scaled']}/{cell['allocations']} "
               f"allocations batch-shaped; its own replay "
               f"{cell['own_error']:+.1%} of its peak (first divergence at event {cell['diverged']}); "
-              f"{cell['replay_s']} s for the replays", flush=True)
+              f"{cell['replay_s']} s for the replays; calibrated on its own step: {cell['step_basis']} basis in "
+              f"{cell['step_s']} s", flush=True)
         for b in asked:
             real = [run(program, b, False, asked)["peak"] for _ in range(args.runs)]
             words = []
             for name in table:
+                if not cell[name]:  # no prediction on this basis (the calibration said why, above)
+                    continue
                 predicted = cell[name][str(b)]
                 e = error(predicted, real)
                 table[name].append(abs(e))

@@ -11,11 +11,17 @@ import sys
 import textwrap
 
 
+def fresh_env() -> dict[str, str]:
+    """This process's environment without the allocator settings and limits `prepare()` (or a test) set here: a
+    child process's own `prepare()` sets its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+
+
 def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     """Run code in a fresh interpreter (TensorFlow's allocator starts empty, as in a new kernel); it prints one JSON
     line last, which is returned. This process's allocator settings and limits are not inherited: the code's own
     `prepare()` sets them."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    full_env = fresh_env()
     full_env.update(env or {})
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          env=full_env, timeout=300)

@@ -4,7 +4,6 @@ both at once with TensorFlow's profiler client; a third address has no worker be
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import threading
 import time
 
 import pytest
+from fresh import fresh_env
 
 from tfmem_magic import pipeline
 from tfmem_magic.adapters import cli
@@ -48,7 +48,7 @@ def free_port() -> int:
 
 def worker_env() -> dict[str, str]:
     """This environment without the allocator and oneDNN settings a worker makes itself (serve() does)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env = fresh_env()
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
 

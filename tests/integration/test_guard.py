@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ import textwrap
 import nbformat
 import psutil
 import pytest
+from fresh import fresh_env
 from nbclient import NotebookClient
 
 from tfmem_magic import pipeline
@@ -162,7 +162,7 @@ def test_watchdog_firing_during_an_allocator_refusal_gives_the_guards_error(tmp_
                        report.error.type, shell.showtraceback.__func__.__qualname__]
         print(json.dumps(out))
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env = fresh_env()
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from fresh import fresh_env
 
 HEAVY = ("IPython", "ipywidgets", "tensorflow", "keras", "matplotlib")
 
@@ -74,7 +75,7 @@ written = tfmem_magic.to_tensorboard(p.report, {str(tmp_path / "logs")!r}, p.xsp
 assert written.events and written.xplanes and monitor.report is not None
 print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in NOTEBOOK), "attempts": attempts}}))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env = fresh_env()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]

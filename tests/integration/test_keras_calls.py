@@ -256,7 +256,9 @@ xs = np.random.randint(0, 500, (512, 40)); ys = np.random.randint(0, 2, 512)
     assert what.basis == "replay" and what.error_band == 0.15 and what.peak_bytes > 0
 
 
-def test_a_subclassed_model_without_config_says_how_to_calibrate(shell):
+def test_a_subclassed_model_without_config_calibrates_on_its_step(shell):
+    """No config, so no clone: calibration sends the step the cell ran (Keras' own train_step, on this model) to the
+    step replay's probes instead (advise/step_export.py)."""
     run(shell, SETUP + """
 class TwoTowers(keras.Model):
     def __init__(self, tower):
@@ -270,12 +272,47 @@ model.compile("adam", "categorical_crossentropy")
 """)
     run(shell, "%%tfmem --as r\nmodel.fit(x, y, batch_size=32, epochs=1, verbose=0)")
     import tfmem_magic
-    from tfmem_magic.core.errors import TfmemUsageError
 
     report = shell.user_ns["r"]
     assert tfmem_magic.predict(report, batch_size=64).basis == "analytic"
-    with pytest.raises(TfmemUsageError, match="get_config"):
-        tfmem_magic.predict(report, batch_size=64, calibrate=True)
+    what = tfmem_magic.predict(report, batch_size=64, calibrate=True)
+    assert what.basis == "replay" and report.whatif_basis.replay.source == "step", report.whatif_basis.replay
+    assert any("TwoTowers.train_step, Keras' own" in note for note in what.notes), what.notes
+
+
+def test_which_steps_are_the_models_own_and_how_their_batches_are_passed(shell):
+    """Calibration sends the cell's own step (advise/step_export.py) for a model that overrides train_step or
+    compute_loss; a model with only its own call() trains in Keras' step, which a clone runs. The step's argument
+    is packed as Keras packs a batch: x alone, (x,) for a list of inputs, (x, y), (x, y, sample_weight)."""
+    run(shell, SETUP + """
+class Distiller(keras.Model):
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, allow_empty=False):
+        return super().compute_loss(x, y, y_pred, sample_weight, allow_empty)
+class Critic(keras.Model):
+    def train_step(self, data):
+        return {}
+class Later(Critic):
+    def call(self, x):
+        return x
+class OnlyCall(keras.Model):
+    def call(self, x):
+        return x
+""")
+    from tfmem_magic.advise import step_export
+
+    ns = shell.user_ns
+    assert step_export.own_step(ns["Distiller"]()) == "Distiller.compute_loss"
+    assert step_export.own_step(ns["Later"]()) == "Critic.train_step"  # inherited from the notebook's class
+    assert step_export.own_step(ns["OnlyCall"]()) is None and step_export.own_step(ns["small_cnn"]()) is None
+    image = {feeding.LEAF: [[16, 16, 1], "float64"]}
+    label = {feeding.LEAF: [[], "int64"]}
+    sig = step_export.data_signature({"x": image})
+    assert sig.shape.as_list() == [None, 16, 16, 1] and sig.dtype.name == "float32"  # floats as the probes make them
+    pair = step_export.data_signature({"x": image, "y": label})
+    assert isinstance(pair, tuple) and len(pair) == 2 and pair[1].dtype.name == "int64"
+    listed = step_export.data_signature({"x": [image, image]})
+    assert isinstance(listed, tuple) and len(listed) == 1 and len(listed[0]) == 2
+    assert len(step_export.data_signature({"x": image, "y": label, "sample_weight": label})) == 3
 
 
 def test_a_patch_made_during_the_cell_survives(shell):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fresh import fresh_env
 
 import tfmem_magic
 from tfmem_magic.adapters import cli
@@ -208,7 +208,7 @@ def test_the_readme_examples_run_as_pasted(heading, tmp_path):
               if not b.lstrip().startswith("%")]
     assert blocks, heading
     # as a user's script starts: none of this process's allocator settings (conftest's prepare())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
+    env = fresh_env()
     for block in blocks:
         out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True,
                              timeout=300, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})

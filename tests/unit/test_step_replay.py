@@ -184,6 +184,23 @@ def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_b
     assert any("Replayed" in n and "23 and 37" in n for n in w.notes)
 
 
+def test_the_cells_own_step_replayed_keeps_the_parts_floor_below_the_cells_batch():
+    """A curve from the cell's own saved step (source "step"): below the cell's batch the prediction is the larger
+    of the replay's and the parts', above it the replay's alone."""
+    steep = flat_curve(source="step", peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches],
+                       second_peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches])
+    rep = replayed(steep)
+    basis = rep.whatif_basis
+    parts = prediction.peak_at(replace(basis, replay=None, name="analytic"), replace(basis.knobs, batch_size=8))
+    assert parts > basis.measured_peak - 72 * MiB  # the replay's change (3 MiB x 24) goes below the parts' floor
+    assert prediction.predict(rep, batch_size=8).peak_bytes == parts
+    assert prediction.predict(rep, batch_size=64).peak_bytes == basis.measured_peak + 96 * MiB
+    rep.whatif_basis = replace(basis, calibration={"step": "GAN.train_step"})
+    assert any("own training step (GAN.train_step" in n for n in prediction.predict(rep, batch_size=64).notes)
+    as_clone = replayed(replace(steep, source="probes"))
+    assert prediction.predict(as_clone, batch_size=8).peak_bytes == basis.measured_peak - 72 * MiB
+
+
 def test_other_knobs_than_the_batch_keep_the_parts_and_say_so():
     rep = replayed(flat_curve())
     w = prediction.predict(rep, batch_size=8, policy="mixed_bfloat16")

@@ -78,10 +78,6 @@ if spec.get("replay"):  # a replay probe: everything the allocator does for the 
     from tfmem_magic.measure import tracer as tracing, xplane
     recorder = tracing.Tracer(time.perf_counter(), max_seconds=0, budget_bytes=0)  # no cap, no budget, no pause
     recorder.start()
-model = keras.models.model_from_json(spec["model"])
-from tfmem_magic.measure.kerases import flavour_of
-print("TFMEM-CLONE " + flavour_of(model), flush=True)  # the Keras whose classes built the clone (its MRO's)
-
 from tfmem_magic.measure.feeding import LEAF, complete
 RNG = np.random.default_rng(0)
 
@@ -105,6 +101,46 @@ def build(node, batch, known=None):
     if isinstance(node, dict):
         return {k: build(v, batch) for k, v in node.items()}
     return [build(v, batch) for v in node]
+
+def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
+    try:
+        return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
+                                                      else "CPU:0")["current"]
+    except ValueError:  # no allocator statistics: the probes' answer says so
+        return 0
+
+if spec.get("saved"):  # the cell's own train_step, saved with its variables (advise/step_export.py)
+    def tupled(v):  # as tf.data yields them, and as the step's signature was written (lists are tuples)
+        return tuple(tupled(a) for a in v) if isinstance(v, list) else (
+            {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
+
+    FED = spec["structure"]
+    loaded = tf.saved_model.load(spec["saved"])
+    print("TFMEM-CLONE saved-step", flush=True)
+    batch = spec["batches"][0]
+    print("TFMEM-PROGRESS 1", flush=True)
+    if "args" in FED:  # a loop's step function: a tuple of its arguments
+        parts = tuple(tupled(build(node, spec["rows"])) for node in FED["args"])
+    else:  # packed as Keras packs a batch for train_step (data_adapter_utils.pack_x_y_sample_weight)
+        x = tupled(build(FED["x"], spec["rows"]))
+        y = tupled(build(FED["y"], spec["rows"])) if complete(FED.get("y")) else None
+        w = (tupled(build(FED["sample_weight"], spec["rows"]))
+             if y is not None and complete(FED.get("sample_weight")) else None)
+        parts = ((x,) if isinstance(x, tuple) else x) if y is None else ((x, y) if w is None else (x, y, w))
+    before = in_use()
+    ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
+    fed = in_use() - before
+    for data in ds.take(spec["steps"]):  # the first step runs the graph's first time; then steady ones
+        loaded.step(data)
+    trace = xplane.read_segments(recorder.finish())
+    from tfmem_magic.analyze.step_replay import save_events
+    save_events(trace.events, spec["replay"], fed_bytes=fed)
+    print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
+    sys.exit(0)
+
+model = keras.models.model_from_json(spec["model"])
+from tfmem_magic.measure.kerases import flavour_of
+print("TFMEM-CLONE " + flavour_of(model), flush=True)  # the Keras whose classes built the clone (its MRO's)
 
 if spec["train"]:
     model.compile_from_config(spec["compile"])
@@ -130,13 +166,6 @@ def data(batch):  # x, y, sample_weight of one synthetic batch, shaped and typed
     out = model(tf.nest.map_structure(lambda a: a[:1], x))
     y = tf.nest.map_structure(lambda o: np.zeros((batch, *tuple(o.shape)[1:]), "float32"), out)
     return x, y, weights
-
-def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
-    try:
-        return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
-                                                      else "CPU:0")["current"]
-    except ValueError:  # no allocator statistics: the probes' answer says so
-        return 0
 
 peaks = {}
 for i, batch in enumerate(spec["batches"]):
@@ -216,7 +245,8 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str
 
 def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, folder: str,
                   pipeline: bool = False, progress: Callable[[str, float], None] | None = None,
-                  parallel: bool = False, feed: str = "", rows: int | None = None) -> dict[int, str]:
+                  parallel: bool = False, feed: str = "", rows: int | None = None, saved: str | None = None
+                  ) -> dict[int, str]:
     """The step replay's probes (analyze/step_replay.py): per batch, a fresh process builds the clone and runs its
     step twice (as probe_peaks runs it) while the profiler records everything its allocator does, from its first
     allocation for the model, with no pause and no budget: a trace from a fresh allocator replays to the byte.
@@ -224,7 +254,8 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     `parallel`, the processes run at once (the caller checked that the machine has the memory for both).
     The probes are fed as the cell was (`feed`: fit's arrays, or a tf.data pipeline for a dataset, generator or
     PyDataset), from `rows` synthetic rows (the cell's own count where the caller can afford it: the allocator's
-    regions then grow as the cell's did), the same at every probe batch."""
+    regions then grow as the cell's did), the same at every probe batch. With `saved` (a folder that
+    step_export.export_step wrote), the probes run that step, the cell's own, instead of a clone's fit."""
     tell = progress or (lambda text, done: None)
     # the same arrays for every probe (see the probe script), with more batches than the steps at every probe
     # batch: fit's iterator prefetches two more than it runs, as in the cell, and a probe whose arrays ended with its
@@ -232,7 +263,8 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     rows = max(rows or 0, (PIPELINE_STEPS + 3) * max(batches) + 1)
     while any(rows % b == 0 for b in batches):
         rows += 1
-    spec = _spec(model, [], train, structure, pipeline)  # the model's config and classes, made once for both
+    # the model's config and classes (or the saved step), made once for both
+    spec = (_saved_spec(model, structure, saved) if saved else _spec(model, [], train, structure, pipeline))
     specs = {b: {**spec, "batches": [b], "replay": os.path.join(folder, f"replay-{b}.npz"), "rows": rows,
                  "feed": feed} for b in batches}
     names = " and ".join(str(b) for b in batches)
@@ -258,7 +290,7 @@ def _spec(model: Any, batches: list[int], train: bool, structure: dict[str, Any]
     try:
         config = model.to_json()
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
-        raise TfmemUsageError(_not_rebuildable(model, exc)) from exc
+        raise NotRebuildable(_not_rebuildable(model, exc)) from exc
     try:
         spec = {"model": config, "keras": flavour, "batches": batches, "train": train, "pipeline": pipeline,
                 "steps": PIPELINE_STEPS,
@@ -273,6 +305,15 @@ def _spec(model: Any, batches: list[int], train: bool, structure: dict[str, Any]
     return spec
 
 
+def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dict[str, Any]:
+    """What the probe script needs to run a saved step (step_export.py): the folder, how to feed it."""
+    flavour = kerases.flavour_of(model)
+    keras = kerases.import_flavour(flavour)
+    return {"saved": saved, "keras": flavour, "batches": [], "train": True, "pipeline": False,
+            "steps": PIPELINE_STEPS, "structure": structure, "policy": keras.mixed_precision.global_policy().name,
+            "custom": None, "path": [p for p in sys.path if isinstance(p, str)]}
+
+
 def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str],
             last_error: str) -> str:
     """The probe's answer line (after `prefix`), or a TfmemUsageError that says why there is none."""
@@ -284,10 +325,11 @@ def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | Non
             raise TfmemUsageError(f"calibration: {GPU_BUSY} ({last_error[:200]})")
         missing = _MISSING_ARGUMENT.search(last_error)
         if missing:  # older Keras (3.3) writes a config for a class without get_config(); only rebuilding it fails
-            raise TfmemUsageError(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
+            raise NotRebuildable(_not_rebuildable(model, TypeError(missing.group(0)), missing.group(1)))
         raise TfmemUsageError(f"calibration probes failed ({last_error[:300]}); the analytic basis stays in use")
     clone = next((x.split(" ", 1)[1] for x in lines if x.startswith("TFMEM-CLONE ")), None)
-    if clone != spec["keras"]:  # another Keras' clone measures another implementation: no number, not a wrong one
+    # another Keras' clone measures another implementation: no number, not a wrong one
+    if clone != ("saved-step" if spec.get("saved") else spec["keras"]):
         raise TfmemUsageError(f"calibration: the probe process built the clone with {clone or 'no Keras'}, not with "
                               f"the model's {spec['keras']}; the analytic basis stays in use")
     return line.split(" ", 1)[1]
@@ -342,6 +384,10 @@ def _custom_objects(model: Any, keras: Any) -> str | None:
 
 _MISSING_ARGUMENT = re.compile(r"(?:[\w.]+\.)?(\w+)\.__init__\(\) missing \d+ required (?:positional |keyword-only )?"
                                r"arguments?: [^;)]*")
+
+
+class NotRebuildable(TfmemUsageError):
+    """The clone could not be built from the model's config (calibration can send the cell's step instead)."""
 
 
 def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None) -> str:

@@ -4,6 +4,7 @@ stored on the report, so a saved and reloaded report predicts what the live pane
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -11,7 +12,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from tfmem_magic.advise import calibrate, fixes
+from tfmem_magic.advise import calibrate, fixes, step_export
 from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
@@ -78,17 +79,36 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
                               "kernel (a report loaded from a file can only use the analytic basis)")
     calls = report.model.calls if report.model else []
+    own = step_export.own_step(model) or step_export.uncloneable(model)
+    if own is not None and report.model is not None and report.model.training and replay:
+        structure = entry[2]
+        return own_step_basis(report, basis, model, structure, own, entry[3], progress,
+                              lambda folder: step_export.export_step(model, structure, folder))
     if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):
-        raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop of "
-                              "its own (optimizer.apply): the probes cannot replay that loop. The analytic basis "
-                              "(from this cell's trace) stays in use, with its wider band.")
+        loop = step_export.loop_step(model) if replay else None
+        if loop is None:
+            raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop "
+                                  "of its own (optimizer.apply) whose step tfmem did not find as a tf.function "
+                                  "with batched tensor arguments: the probes cannot replay that loop. The analytic "
+                                  "basis (from this cell's trace) stays in use, with its wider band.")
+        python, name, structure = loop
+        return own_step_basis(report, basis, model, structure, f"{name}, a GradientTape loop's step", entry[3],
+                              progress, lambda folder: step_export.export_loop_step(python, structure, folder))
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True
     pipeline = report.model.fed_arrays if report.model else False
     share = 0.5 if replay else 1.0  # of the progress bar: the replay's probes take about as long
-    peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline,
-                                  None if progress is None else lambda text, done: progress(text, share * done))
+    try:
+        peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline,
+                                      None if progress is None else lambda text, done: progress(text, share * done))
+    except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
+        if not (train and replay):
+            raise
+        structure = entry[2]
+        return own_step_basis(report, basis, model, structure,
+                              f"{type(model).__name__}.train_step, Keras' own (its clone could not be rebuilt)",
+                              entry[3], progress, lambda folder: step_export.export_step(model, structure, folder))
     curve = (replay_curve(model, basis, train, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
                           report.model.feed if report.model else "", report.model.samples if report.model else None,
@@ -147,22 +167,59 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
                        calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
                                     "requested_bytes": [peaks[b][1] for b in batches],
                                     "seconds": round(time.perf_counter() - started, 2)})
-    report.whatif_basis = measured
+    _adopt(report, measured, entry[3])
+    return measured
+
+
+def _adopt(report: Report, basis: Basis, fix_context: fixes.FixContext | None) -> None:
+    """Make `basis` the report's: its prediction block, its fixes and its large-batch finding are redone on it."""
+    report.whatif_basis = basis
     report.prediction = summary(report)
-    if entry[3] is not None:  # shrink-batch's batch and every fix's predicted peak, on this basis
-        report.fixes = fixes.build(report, entry[3])
+    if fix_context is not None:  # shrink-batch's batch and every fix's predicted peak, on this basis
+        report.fixes = fixes.build(report, fix_context)
     # the large-batch finding names the largest batch that fits, as the shrink-batch fix does: on this basis too
     report.findings = [(large_batch(report) or f) if f.id == "large-batch" else f for f in report.findings]
-    return measured
+
+
+def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str, Any] | None, own: str,
+                   fix_context: fixes.FixContext | None, progress: Callable[[str, float], None] | None,
+                   export: Callable[[str], str]) -> Basis:
+    """Calibrate a model that trains in a step of its own (`own`: the method it overrides, e.g. GAN.train_step, or
+    a GradientTape loop's tf.function): that step is saved with its variables (`export(folder)`, step_export.py)
+    and run by the step replay's two probe processes, so
+    the replay follows the allocations of the step the cell ran, not of Keras' default one on a clone. There are
+    no parts probes (they need a clone): the replay predicts the batch, the cell's parts the other knobs. Raises a
+    TfmemUsageError that says why when the step cannot be saved or its replay's self-check fails (the analytic
+    basis stays)."""
+    folder = tempfile.mkdtemp(prefix="tfmem-step-")
+    try:
+        if progress:
+            progress(f"saving {own} for the probes", 0.02)
+        saved = export(os.path.join(folder, "step"))
+        assert report.model is not None
+        curve = replay_curve(model, basis, True, structure, report.model.fed_arrays, progress, report.model.feed,
+                             report.model.samples, report.on_gpu, saved=saved)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if progress:
+        progress("done", 1.0)
+    if not curve.passed:
+        raise TfmemUsageError(f"calibration ran this model's own training step ({own}) in two probe processes, and "
+                              f"its step replay cannot be used: {curve.why_not}. The analytic basis stays in use.")
+    curve.source = "step"
+    replayed = replace(basis, name="replay", replay=curve, slope_source=f"{own}, replayed",
+                       calibration={"step": own, "seconds": curve.seconds})
+    _adopt(report, replayed, fix_context)
+    return replayed
 
 
 def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any] | None, pipeline: bool,
                  progress: Callable[[str, float], None] | None = None, feed: str = "", samples: int | None = None,
-                 on_gpu: bool = False) -> ReplayCurve:
+                 on_gpu: bool = False, saved: str | None = None) -> ReplayCurve:
     """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
     cell's (calibrate.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
     their sequences are replayed at a grid of batches (step_replay.curve). A curve that could not be made says why
-    (`why_not`); it is not used then."""
+    (`why_not`); it is not used then. `saved`: the cell's own step (step_export.py) for the probes to run."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a calibration runs
 
     cell = basis.knobs.batch_size
@@ -180,7 +237,7 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
         while True:
             tries += 1
             paths = calibrate.replay_traces(model, list(probes), train, structure, folder, pipeline, progress,
-                                            parallel, feed, rows)
+                                            parallel, feed, rows, saved)
             if progress:
                 progress("replaying the step through the allocator", 0.95)
             low, high = (step_replay.load_events(paths[b]) for b in probes)

@@ -130,6 +130,9 @@ class Lines:
     slope: np.ndarray  # float64
     aligned: int  # probe one's allocations that found their match in probe two
     allocations: int
+    # of the unmatched, those with no op name under BFC's smallest chunk: tf.data's per-row tensors (a row's int64
+    # label, 8 bytes), whose count grows with the batch; the alignment's share leaves them out (`checked`)
+    negligible: int = 0
 
     def sizes(self, batch: float) -> list[int]:
         sizes: list[int] = np.maximum(1, np.rint(self.intercept + self.slope * batch)).astype(np.int64).tolist()
@@ -186,7 +189,9 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             matched_high.update(right.tolist())
     for i in _batch_sized_unshaped(low, low_batch, matched_low):
         slope[i], intercept[i] = low.requested[i] / low_batch, 0.0
-    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)))
+    negligible = sum(1 for i in np.nonzero(low.is_alloc & (low.requested < bfc.MIN_ALLOCATION_SIZE))[0].tolist()
+                     if i not in matched_low and not low.string(int(low.op[i])))
+    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)), negligible)
 
 
 def _batch_sized_unshaped(events: MemoryEvents, batch: int, matched: set[int]) -> list[int]:
@@ -296,7 +301,9 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
             why.append(f"probe {b_mine}'s own sequence replayed to {own.peak_error:+.1%} of its traced peak{where}, "
                        f"over the {OWN_TOLERANCE:.0%} the replay needs")
     first, second = replays
-    aligned = min(r.lines.aligned / max(1, r.lines.allocations) for r in replays)
+    # measured on a GradientTape loop's step fed by tf.data: 157 more 8-byte label rows at batch 37 than at 23
+    # (90% matched by count, 98% without them)
+    aligned = min(r.lines.aligned / max(1, r.lines.allocations - r.lines.negligible) for r in replays)
     if aligned < MIN_ALIGNED:
         why.append(f"only {aligned:.0%} of a probe's allocations found their match in the other probe's trace "
                    f"(the replay needs {MIN_ALIGNED:.0%}): the two runs did not make the same tensors")

@@ -397,8 +397,9 @@ class ReplayCurve:
     why_not: str = ""  # why not, when it did not
     seconds: float = 0.0  # the probe processes' and the replays' time
     retried: bool = False  # the first probes' self-check failed, and the probes ran once more
-    # "probes" (two fresh-process probe traces, aligned) or "trace" (one saved trace, its batch-shaped allocations
-    # scaled: `step_replay.trace_curve`)
+    # "probes" (two fresh-process probe traces of a clone, aligned), "step" (the same, of the cell's own training
+    # step: advise/step_export.py) or "trace" (one saved trace, its batch-shaped allocations scaled:
+    # `step_replay.trace_curve`)
     source: str = "probes"
     scaled: int = 0  # a saved trace's allocations whose shape carries the batch (the ones that were scaled)
 

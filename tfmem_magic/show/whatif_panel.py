@@ -63,8 +63,9 @@ def whatif_tab(report: Report, view: ReportView | None = None,
     calibrate_w = widgets.Button(description="Calibrate (probe runs)", icon="flask",
                                  tooltip="Train a clone of the model in fresh processes: three batch sizes, then two "
                                          "traced steps replayed through a simulation of TensorFlow's allocator (~15 s "
-                                         "for a small model, minutes for a large one): ±10-15% instead of ±30%. The "
-                                         "fixes are written again on the result",
+                                         "for a small model, minutes for a large one): ±10-15% instead of ±30%. A "
+                                         "model with a train_step or loop of its own: the step the cell ran, saved "
+                                         "and replayed (±30%). The fixes are written again on the result",
                                  layout=widgets.Layout(width="240px"))
     progress = widgets.IntProgress(value=0, min=0, max=100, layout=widgets.Layout(width="200px", visibility="hidden"))
 

@@ -1,0 +1,160 @@
+"""The cell's own training step, sent to the step replay's probe processes when the model trains in a step of its own.
+
+Calibration's probes rebuild a clone of the model from its Keras config and run Keras' `fit` on it. A model that
+overrides `train_step` (keras-io's GAN with two optimizers) or `compute_loss` (keras-io's distiller, a teacher run
+inside the step) is not trained by that step: a clone from its config (when it has one) would run Keras' default
+step with the `compile()` arguments Keras knows, not the model's own. So the step itself is sent instead: the
+model's `train_step`, traced into a `tf.function` whose batch dimension is free, with every variable it reads or
+writes (the models', both optimizers' slots, the metrics', a seed generator's state), saved as a SavedModel. A probe
+process loads it and runs it at its batch on synthetic data shaped as the cell's batches were: TensorFlow runs the
+same graph the cell ran, with nothing of the user's Python needed there.
+
+Tracing the step again costs the kernel a graph (no tensors: tracing runs no op) and writing the variables' values
+(the model's size, once, in a temporary folder).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.measure.feeding import LEAF, complete
+
+# the Model methods whose override makes a model's training step its own
+_STEP_METHODS = ("train_step", "compute_loss")
+
+
+def own_step(model: Any) -> str | None:
+    """'GAN.train_step' when the model's class overrides a method of Keras' training step (the first one found),
+    None when the step is Keras' own (a clone of the model then trains as the cell did)."""
+    for kind in type(model).__mro__:
+        module = (getattr(kind, "__module__", "") or "").split(".")[0]
+        if module in ("keras", "tf_keras", "tensorflow"):
+            return None  # reached Keras' own classes: nothing above them overrode the step
+        for name in _STEP_METHODS:
+            if name in vars(kind):
+                return f"{kind.__name__}.{name}"
+    return None
+
+
+def uncloneable(model: Any) -> str | None:
+    """'TwoTowers.train_step (...)' when Keras cannot write the model's config (a subclassed model without
+    get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model) is sent
+    instead. None when the config is written."""
+    to_json = getattr(model, "to_json", None)
+    if to_json is None or not hasattr(model, "train_step"):  # not a Keras model: calibration says what it needs
+        return None
+    try:
+        to_json()
+    except (TypeError, ValueError, NotImplementedError, AttributeError):
+        return f"{type(model).__name__}.train_step, Keras' own (the model has no config to clone it from)"
+    return None
+
+
+def data_signature(structure: dict[str, Any] | None) -> Any:
+    """The `tf.TensorSpec`s of one batch as Keras hands it to `train_step` (x; (x,) for a list of inputs; (x, y);
+    (x, y, sample_weight)), its batch dimension free. Lists become tuples, as tf.data yields them."""
+    structure = structure or {}
+    if "args" in structure:  # a loop's step function (loop_step): its own arguments, in order
+        return tuple(_specs(node) for node in structure["args"])
+    if not complete(structure.get("x")):
+        raise TfmemUsageError("the cell's batches have no shape tfmem could read (a Python list of labels, a "
+                              "generator it did not see): the probes cannot make synthetic ones")
+    x = _specs(structure["x"])
+    y = _specs(structure["y"]) if complete(structure.get("y")) else None
+    weights = _specs(structure["sample_weight"]) if complete(structure.get("sample_weight")) else None
+    if y is None:
+        return (x,) if isinstance(x, tuple) else x
+    return (x, y) if weights is None else (x, y, weights)
+
+
+def _specs(node: Any) -> Any:
+    """A structure's node (feeding.spec_of) as TensorSpecs with a free batch dimension."""
+    import tensorflow as tf
+
+    if isinstance(node, dict) and LEAF in node:
+        dims, dtype = node[LEAF]
+        dtype = "float32" if "float" in str(dtype) else str(dtype)  # as the probe's synthetic batches are
+        return tf.TensorSpec([None, *dims], tf.as_dtype(dtype))
+    if isinstance(node, dict):
+        return {k: _specs(v) for k, v in node.items()}
+    return tuple(_specs(v) for v in node)
+
+
+def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
+    """The `tf.function` a GradientTape loop trained `model` in (TensorFlow's "quickstart for experts": a
+    `@tf.function def train_step(images, labels)` of the notebook's): among the live tf.functions not of Keras' or
+    TensorFlow's own, one traced with every trainable variable of the model and more (an optimizer's). Returns its
+    Python function, its name and its arguments as a structure ({"args": [...]}, their batch dimension free), or
+    None when there is no such function, or its arguments are not all batched tensors (the probes could not make
+    them)."""
+    import gc
+
+    import tensorflow as tf
+
+    kind = getattr(tf.types.experimental, "PolymorphicFunction", None) or tf.types.experimental.GenericFunction
+    wanted = {id(getattr(v, "_value", v)) for v in getattr(model, "trainable_variables", [])}
+    if not wanted:
+        return None
+    found = None
+    for obj in gc.get_objects():
+        if not isinstance(obj, kind):
+            continue
+        python = getattr(obj, "python_function", None)
+        if (getattr(python, "__module__", "") or "").split(".")[0] in ("keras", "tf_keras", "tensorflow"):
+            continue  # Keras' own train function (an earlier fit) holds the same variables
+        try:
+            traced = obj._list_all_concrete_functions()  # private, no public listing (TF 2.12-2.21)
+        except Exception:
+            continue
+        for concrete in traced:
+            held = {id(v) for v in concrete.variables}
+            if wanted <= held and len(held) > len(wanted):
+                found = (python, getattr(obj, "__name__", "the step function"), bool(getattr(obj, "_autograph", True)),
+                         concrete.structured_input_signature)
+    if found is None:
+        return None
+    python, name, autograph, (args, kwargs) = found
+    leaves = []
+    for spec in args:
+        if kwargs or not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None or spec.shape.rank < 1:
+            return None
+        leaves.append({LEAF: [list(spec.shape)[1:], spec.dtype.name]})
+    return python, name, {"args": leaves, "autograph": autograph}
+
+
+def export_loop_step(python: Any, structure: dict[str, Any], folder: str) -> str:
+    """Save a loop's step function (loop_step) as export_step saves a Keras step: one argument, the tuple of the
+    function's own, converted by AutoGraph as the user's tf.function was."""
+    return _save(lambda data: python(*data), data_signature(structure), folder, bool(structure.get("autograph", True)))
+
+
+def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> str:
+    """Save the model's `train_step` with every variable it touches as a SavedModel in `folder` (its `step`
+    function takes one batch, shaped as `data_signature` says). Returns the folder. A step that cannot be traced
+    again or saved (a captured resource that is not a variable, Python state the graph cannot hold) raises a
+    TfmemUsageError that says why."""
+    # without AutoGraph, as Keras traces it (its trainers wrap the step in `do_not_convert`)
+    return _save(model.train_step, data_signature(structure), folder, autograph=False)
+
+
+def _save(function: Any, signature: Any, folder: str, autograph: bool) -> str:
+    """`function` traced with one argument of `signature` and saved, with every variable it touches."""
+    import tensorflow as tf
+
+    try:
+        step = tf.function(function, input_signature=[signature], autograph=autograph)
+        traced = step.get_concrete_function()
+        holder = tf.Module()
+        holder.step = step
+        holder.variables_read = list(traced.variables)  # the SavedModel saves what its object graph holds
+        os.makedirs(folder, exist_ok=True)
+        tf.saved_model.save(holder, folder)
+    except TfmemUsageError:
+        raise
+    except Exception as exc:
+        why = " ".join(str(exc).split())[:240]
+        raise TfmemUsageError(f"the model's own training step could not be traced again and saved for the probe "
+                              f"processes ({type(exc).__name__}: {why})") from exc
+    return folder
