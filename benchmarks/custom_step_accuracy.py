@@ -235,6 +235,9 @@ started = __import__("time").perf_counter()
 try:
     out["step"] = {{b: tfmem_magic.predict(report, batch_size=b, calibrate=True).peak_bytes for b in asked}}
     out["step_basis"] = report.whatif_basis.name
+    out["step_source"] = report.whatif_basis.replay.source if report.whatif_basis.replay else None
+    out["step_notes"] = tfmem_magic.predict(report, batch_size=asked[-1]).notes
+    out["step_own_error"] = report.whatif_basis.replay.own_error if report.whatif_basis.replay else None
 except tfmem_magic.TfmemUsageError as exc:
     out["step"], out["step_basis"] = None, str(exc)[:300]
 out["step_s"] = round(__import__("time").perf_counter() - started, 2)

@@ -4,11 +4,32 @@ for the life of the process. (pytest puts tests/ on sys.path for conftest.py, so
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from types import ModuleType
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (its programs and runners, for a test that checks a smaller case). Its
+    helpers (benchmarks/_fresh.py) import as when it runs as a script; benchmarks/ is on sys.path only while it
+    loads: benchmarks/panel.py would stand for the `panel` package in every later test of this process."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
 
 
 def fresh_env() -> dict[str, str]:

@@ -5,34 +5,17 @@ benchmarks/replicas_check.py holds the runner and prints the full comparison (tw
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from fresh import load_benchmark
 
 from tfmem_magic.advise.prediction import ANALYTIC_BAND
 
 pytestmark = pytest.mark.slow
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "replicas_check.py"
-
-
-def load_benchmark():
-    # its helpers (benchmarks/_fresh.py), as when it runs as a script; only while it loads: benchmarks/panel.py
-    # would stand for the `panel` package in every later test of this process
-    sys.path.insert(0, str(BENCHMARK.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("replicas_check", BENCHMARK)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARK.parent))
-    return module
 
 
 def test_one_replica_of_two_is_predicted_within_the_band_of_each_workers_measured_peak():
     pytest.importorskip("tf_keras")
-    bench = load_benchmark()
+    bench = load_benchmark("replicas_check")
     (row,) = bench.check("mlp", 256, [2], calibrate=False, say=lambda _line: None)
     predicted, measured = row["predicted"], row["measured"]
     # each worker measured its own allocator (the devices of a tf.distribute worker carry the task in their names)
