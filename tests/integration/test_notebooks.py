@@ -152,6 +152,12 @@ def test_the_model_notebook(tmp_path):
     assert any(f.id == "optimizer-state" for f in adam.findings)
     assert "lighter-optimizer" in {f.id for f in adam.fixes}
     assert reports["64 px"].tf_peak_bytes < 0.5 * reports["128 px"].tf_peak_bytes  # a quarter of the pixels
+    # the GAN's own train_step: both optimizers counted, and calibration replays the step the cell ran
+    gan = reports["GAN, own train_step"]
+    assert gan.status == "ok" and gan.model.optimizer_text == "Adam ×2 (d_optimizer, g_optimizer)"
+    printed = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    assert "batch 64 (analytic)" in printed and "batch 64 (replay)" in printed, printed[-2000:]
+    assert "own training step (GAN.train_step" in printed
 
 
 def test_myths_notebook(tmp_path):

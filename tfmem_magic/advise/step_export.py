@@ -150,7 +150,13 @@ def _save(function: Any, signature: Any, folder: str, autograph: bool) -> str:
         holder.step = step
         holder.variables_read = list(traced.variables)  # the SavedModel saves what its object graph holds
         os.makedirs(folder, exist_ok=True)
-        tf.saved_model.save(holder, folder)
+        logger = tf.get_logger()  # "INFO:tensorflow:Assets written to: /tmp/..." is not the user's business
+        level = logger.level
+        logger.setLevel("ERROR")
+        try:
+            tf.saved_model.save(holder, folder)
+        finally:
+            logger.setLevel(level)
     except TfmemUsageError:
         raise
     except Exception as exc:
