@@ -315,6 +315,35 @@ class OnlyCall(keras.Model):
     assert len(step_export.data_signature({"x": image, "y": label, "sample_weight": label})) == 3
 
 
+def test_a_loops_train_step_is_found_among_its_tf_functions(shell):
+    """A GradientTape loop's `@tf.function` train step is what calibration saves (step_export.loop_step): not the
+    test step beside it, which holds the model's variables and a metric's; its arguments become the probes'."""
+    run(shell, SETUP + """
+looped = small_cnn("looped")
+adam = keras.optimizers.Adam()
+accuracy = keras.metrics.CategoricalAccuracy()
+
+@tf.function
+def test_step(images, labels):
+    accuracy.update_state(labels, looped(images, training=False))
+
+@tf.function
+def train_step(images, labels):
+    with tf.GradientTape() as tape:
+        loss = keras.losses.categorical_crossentropy(labels, looped(images, training=True))
+    adam.apply_gradients(zip(tape.gradient(loss, looped.trainable_variables), looped.trainable_variables))
+
+for start in (0, 32):
+    train_step(x[start:start + 32], y[start:start + 32])
+    test_step(x[start:start + 32], y[start:start + 32])
+""")
+    from tfmem_magic.advise import step_export
+
+    python, name, structure = step_export.loop_step(shell.user_ns["looped"])
+    assert name == "train_step" and python is shell.user_ns["train_step"].python_function
+    assert structure["args"] == [{feeding.LEAF: [[16, 16, 1], "float32"]}, {feeding.LEAF: [[10], "float32"]}]
+
+
 def test_a_patch_made_during_the_cell_survives(shell):
     run(shell, SETUP + "model = small_cnn()")
     run(shell, "%%tfmem\noriginal_fit = keras.Model.fit\ncalls = []\n"

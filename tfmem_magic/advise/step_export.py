@@ -110,12 +110,14 @@ def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
             continue
         for concrete in traced:
             held = {id(v) for v in concrete.variables}
-            if wanted <= held and len(held) > len(wanted):
-                found = (python, getattr(obj, "__name__", "the step function"), bool(getattr(obj, "_autograph", True)),
-                         concrete.structured_input_signature)
+            # the model's and more; of several (a test step that updates a metric), the one that holds the most:
+            # an optimizer's slots are one or two more variables per weight
+            if wanted <= held and len(held) > len(wanted) and (found is None or len(held) > found[0]):
+                found = (len(held), python, getattr(obj, "__name__", "the step function"),
+                         bool(getattr(obj, "_autograph", True)), concrete.structured_input_signature)
     if found is None:
         return None
-    python, name, autograph, (args, kwargs) = found
+    _, python, name, autograph, (args, kwargs) = found
     leaves = []
     for spec in args:
         if kwargs or not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None or spec.shape.rank < 1:
