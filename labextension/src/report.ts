@@ -270,6 +270,7 @@ export interface ReplayCurve {
   retried: boolean;
   source: string;
   scaled: number;
+  negligible: number;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

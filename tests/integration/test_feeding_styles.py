@@ -36,7 +36,7 @@ def check(r):
             out["measured_low"] = calibrated.peak_bytes - round(high - low)
         out["replay"] = {"passed": curve.passed, "why_not": curve.why_not, "cross": curve.cross_error,
                          "source": curve.source,
-                         "aligned": curve.aligned / max(1, curve.allocations),
+                         "aligned": curve.aligned / max(1, curve.allocations - curve.negligible),
                          "curve": [[b, p, q] for b, p, q in zip(curve.batches, curve.peaks, curve.second_peaks)
                                    if r.model.batch_size // 2 <= b <= 4 * r.model.batch_size]}
         from dataclasses import replace

@@ -339,8 +339,8 @@ for start in (0, 32):
 """)
     from tfmem_magic.advise import step_export
 
-    python, name, structure = step_export.loop_step(shell.user_ns["looped"])
-    assert name == "train_step" and python is shell.user_ns["train_step"].python_function
+    function, name, structure = step_export.loop_step(shell.user_ns["looped"])
+    assert name == "train_step" and function is shell.user_ns["train_step"]
     assert structure["args"] == [{feeding.LEAF: [[16, 16, 1], "float32"]}, {feeding.LEAF: [[10], "float32"]}]
 
 

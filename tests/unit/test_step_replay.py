@@ -95,6 +95,18 @@ def test_buffers_with_no_shape_pair_by_size_before_order():
     assert lines.sizes(256)[2] == 1_664_000
 
 
+def test_tiny_unnamed_rows_one_probe_made_more_of_are_left_out_of_the_share_only():
+    # tf.data's per-row label tensors (8 bytes, no op name): 37 at batch 37, 23 at 23; each takes BFC's smallest
+    # chunk, their count grows with the batch. Left out of the aligned share, not of the replay's sequence
+    step = [2080, 1_664_000, 512]
+    low, high = unshaped_events(step + [8] * 23), unshaped_events(step + [8] * 37)
+    back = step_replay.align(high, low, 37, 23)
+    assert back.allocations == 3 + 37 and back.aligned == 3 + 23 and back.negligible == 14
+    assert back.aligned / (back.allocations - back.negligible) == 1.0
+    big = unshaped_events(step + [300] * 37)  # over 256 bytes: counted, as any other unmatched allocation
+    assert step_replay.align(big, unshaped_events(step + [300] * 23), 37, 23).negligible == 0
+
+
 def test_a_batch_copy_only_one_probe_made_grows_with_the_batch():
     # the CNN's probe at 37 holds two copies of its [37,64,64,3] input with no shape, the probe at 23 none
     # (TensorFlow copies a NumPy array only when it is not aligned as it needs): they grow with the batch
@@ -194,7 +206,12 @@ def test_the_cells_own_step_replayed_keeps_the_parts_floor_below_the_cells_batch
     parts = prediction.peak_at(replace(basis, replay=None, name="analytic"), replace(basis.knobs, batch_size=8))
     assert parts > basis.measured_peak - 72 * MiB  # the replay's change (3 MiB x 24) goes below the parts' floor
     assert prediction.predict(rep, batch_size=8).peak_bytes == parts
-    assert prediction.predict(rep, batch_size=64).peak_bytes == basis.measured_peak + 96 * MiB
+    above = prediction.predict(rep, batch_size=64)
+    assert above.peak_bytes == basis.measured_peak + 96 * MiB and above.error_band == prediction.OWN_STEP_BAND
+    # another precision: no parts probes ran for a saved step, so the parts are the analytic ones, and so the band
+    other = prediction.predict(rep, batch_size=64, policy="mixed_bfloat16")
+    assert other.basis == "analytic" and other.error_band == prediction.ANALYTIC_BAND
+    assert any("the parts the cell's trace measured predict" in n for n in other.notes)
     rep.whatif_basis = replace(basis, calibration={"step": "GAN.train_step"})
     assert any("own training step (GAN.train_step" in n for n in prediction.predict(rep, batch_size=64).notes)
     as_clone = replayed(replace(steep, source="probes"))

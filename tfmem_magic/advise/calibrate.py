@@ -78,7 +78,7 @@ if spec.get("replay"):  # a replay probe: everything the allocator does for the 
     from tfmem_magic.measure import tracer as tracing, xplane
     recorder = tracing.Tracer(time.perf_counter(), max_seconds=0, budget_bytes=0)  # no cap, no budget, no pause
     recorder.start()
-from tfmem_magic.measure.feeding import LEAF, complete
+from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 RNG = np.random.default_rng(0)
 
 def synthetic(dims, dtype, batch, known=None):
@@ -89,7 +89,7 @@ def synthetic(dims, dtype, batch, known=None):
     dtype = str(dtype)
     if "int" in dtype or dtype == "bool":
         return np.zeros(dims, dtype)
-    if dtype == "string":
+    if dtype == "string" or dtype.startswith(("str", "bytes")):  # tf's, or NumPy's text ("str160")
         return np.full(dims, "tfmem", dtype=object)
     return RNG.random(dims, dtype="float32")  # float64 arrays become floatx in Keras; bf16/f16 cast in the model
 
@@ -121,12 +121,12 @@ if spec.get("saved"):  # the cell's own train_step, saved with its variables (ad
     print("TFMEM-PROGRESS 1", flush=True)
     if "args" in FED:  # a loop's step function: a tuple of its arguments
         parts = tuple(tupled(build(node, spec["rows"])) for node in FED["args"])
-    else:  # packed as Keras packs a batch for train_step (data_adapter_utils.pack_x_y_sample_weight)
-        x = tupled(build(FED["x"], spec["rows"]))
+    else:  # packed as Keras packs a batch for train_step, as the saved step's signature was
+        x = tupled(build(FED["x"], spec["rows"], spec.get("known")))
         y = tupled(build(FED["y"], spec["rows"])) if complete(FED.get("y")) else None
         w = (tupled(build(FED["sample_weight"], spec["rows"]))
              if y is not None and complete(FED.get("sample_weight")) else None)
-        parts = ((x,) if isinstance(x, tuple) else x) if y is None else ((x, y) if w is None else (x, y, w))
+        parts = pack_batch(x, y, w)
     before = in_use()
     ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)
     fed = in_use() - before
@@ -309,9 +309,14 @@ def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dic
     """What the probe script needs to run a saved step (step_export.py): the folder, how to feed it."""
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
+    try:  # the model's input dims, for what the cell's batches left open (a variable length), as a clone's probe
+        inputs = list(getattr(model, "inputs", None) or [])
+    except (AttributeError, ValueError):  # a subclassed model that was never called symbolically
+        inputs = []
+    known = [None if d is None else int(d) for d in list(inputs[0].shape)[1:]] if len(inputs) == 1 else None
     return {"saved": saved, "keras": flavour, "batches": [], "train": True, "pipeline": False,
             "steps": PIPELINE_STEPS, "structure": structure, "policy": keras.mixed_precision.global_policy().name,
-            "custom": None, "path": [p for p in sys.path if isinstance(p, str)]}
+            "custom": None, "path": [p for p in sys.path if isinstance(p, str)], "known": known}
 
 
 def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str],

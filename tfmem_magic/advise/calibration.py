@@ -79,21 +79,21 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
                               "kernel (a report loaded from a file can only use the analytic basis)")
     calls = report.model.calls if report.model else []
-    own = step_export.own_step(model) or step_export.uncloneable(model)
-    if own is not None and report.model is not None and report.model.training and replay:
-        structure = entry[2]
-        return own_step_basis(report, basis, model, structure, own, entry[3], progress,
-                              lambda folder: step_export.export_step(model, structure, folder))
-    if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):
+    if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):  # a loop's cell
         loop = step_export.loop_step(model) if replay else None
         if loop is None:
             raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop "
                                   "of its own (optimizer.apply) whose step tfmem did not find as a tf.function "
                                   "with batched tensor arguments: the probes cannot replay that loop. The analytic "
                                   "basis (from this cell's trace) stays in use, with its wider band.")
-        python, name, structure = loop
+        function, name, structure = loop
         return own_step_basis(report, basis, model, structure, f"{name}, a GradientTape loop's step", entry[3],
-                              progress, lambda folder: step_export.export_loop_step(python, structure, folder))
+                              progress, lambda folder: step_export.export_loop_step(function, structure, folder))
+    own = step_export.own_step(model) or step_export.uncloneable(model)
+    if own is not None and report.model is not None and report.model.training and replay:
+        structure = entry[2]
+        return own_step_basis(report, basis, model, structure, own, entry[3], progress,
+                              lambda folder: step_export.export_step(model, structure, folder))
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True
@@ -191,12 +191,15 @@ def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str
     no parts probes (they need a clone): the replay predicts the batch, the cell's parts the other knobs. Raises a
     TfmemUsageError that says why when the step cannot be saved or its replay's self-check fails (the analytic
     basis stays)."""
+    if report.model is None or basis.measured_peak is None:  # before saving anything: the replay is anchored on it
+        raise TfmemUsageError("calibration replays the cell's own step anchored on the cell's measured peak, and "
+                              "this cell has none (it stopped early, or TensorFlow's allocator statistics were "
+                              "missing): the analytic basis stays in use")
     folder = tempfile.mkdtemp(prefix="tfmem-step-")
     try:
         if progress:
             progress(f"saving {own} for the probes", 0.02)
         saved = export(os.path.join(folder, "step"))
-        assert report.model is not None
         curve = replay_curve(model, basis, True, structure, report.model.fed_arrays, progress, report.model.feed,
                              report.model.samples, report.on_gpu, saved=saved)
     finally:

@@ -528,9 +528,11 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
                      "prediction was 1% below to 30% above each worker's peak.")
     replayed = replay_applies(basis, knobs)
-    name = "replay" if replayed else "measured" if basis.name in CALIBRATED else basis.name
-    band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
     curve = basis.replay
+    own_step = curve is not None and curve.source == "step"  # no parts probes ran: its parts are the analytic ones
+    name = ("replay" if replayed else "analytic" if own_step else "measured" if basis.name in CALIBRATED
+            else basis.name)
+    band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
     micro = knobs.batch_size / knobs.split
     if replayed and from_trace(basis):
         assert curve is not None
@@ -564,7 +566,8 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                          "line, so the analytic error band applies.")
     elif curve is not None and curve.passed and basis.measured_peak is not None:
         notes.append("The step replay ran at the cell's precision and input size with one replica: for these "
-                     "settings the probes' parts predict (the measured basis).")
+                     "settings " + ("the parts the cell's trace measured predict (the analytic basis)." if own_step
+                                    else "the probes' parts predict (the measured basis)."))
     elif curve is not None and curve.why_not and name == "measured":
         notes.append(f"The step replay is not used: {curve.why_not}.")
     if name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):

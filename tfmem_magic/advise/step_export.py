@@ -2,8 +2,9 @@
 
 Calibration's probes rebuild a clone of the model from its Keras config and run Keras' `fit` on it. A model that
 overrides `train_step` (keras-io's GAN with two optimizers) or `compute_loss` (keras-io's distiller, a teacher run
-inside the step) is not trained by that step: a clone from its config (when it has one) would run Keras' default
-step with the `compile()` arguments Keras knows, not the model's own. So the step itself is sent instead: the
+inside the step) is not trained as the cell trained it by such a clone: its class is rebuilt (when it can be), but
+its `compile()` from Keras' compile config, which does not hold a `compile()` of its own's arguments (two
+optimizers, loss functions, a temperature). So the step itself is sent instead: the
 model's `train_step`, traced into a `tf.function` whose batch dimension is free, with every variable it reads or
 writes (the models', both optimizers' slots, the metrics', a seed generator's state), saved as a SavedModel. A probe
 process loads it and runs it at its batch on synthetic data shaped as the cell's batches were: TensorFlow runs the
@@ -19,7 +20,7 @@ import os
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.measure.feeding import LEAF, complete
+from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 
 # the Model methods whose override makes a model's training step its own
 _STEP_METHODS = ("train_step", "compute_loss")
@@ -61,12 +62,9 @@ def data_signature(structure: dict[str, Any] | None) -> Any:
     if not complete(structure.get("x")):
         raise TfmemUsageError("the cell's batches have no shape tfmem could read (a Python list of labels, a "
                               "generator it did not see): the probes cannot make synthetic ones")
-    x = _specs(structure["x"])
     y = _specs(structure["y"]) if complete(structure.get("y")) else None
-    weights = _specs(structure["sample_weight"]) if complete(structure.get("sample_weight")) else None
-    if y is None:
-        return (x,) if isinstance(x, tuple) else x
-    return (x, y) if weights is None else (x, y, weights)
+    weights = _specs(structure["sample_weight"]) if y is not None and complete(structure.get("sample_weight")) else None
+    return pack_batch(_specs(structure["x"]), y, weights)
 
 
 def _specs(node: Any) -> Any:
@@ -75,7 +73,9 @@ def _specs(node: Any) -> Any:
 
     if isinstance(node, dict) and LEAF in node:
         dims, dtype = node[LEAF]
-        dtype = "float32" if "float" in str(dtype) else str(dtype)  # as the probe's synthetic batches are
+        dtype = str(dtype)
+        # as the probe's synthetic batches are: floats float32, NumPy's text ("str160", "bytes8") strings
+        dtype = "float32" if "float" in dtype else "string" if dtype.startswith(("str", "bytes")) else dtype
         return tf.TensorSpec([None, *dims], tf.as_dtype(dtype))
     if isinstance(node, dict):
         return {k: _specs(v) for k, v in node.items()}
@@ -85,8 +85,9 @@ def _specs(node: Any) -> Any:
 def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
     """The `tf.function` a GradientTape loop trained `model` in (TensorFlow's "quickstart for experts": a
     `@tf.function def train_step(images, labels)` of the notebook's): among the live tf.functions not of Keras' or
-    TensorFlow's own, one traced with every trainable variable of the model and more (an optimizer's). Returns its
-    Python function, its name and its arguments as a structure ({"args": [...]}, their batch dimension free), or
+    TensorFlow's own, one traced with every trainable variable of the model and more (an optimizer's) that takes
+    gradients. Returns that tf.function, its name and its arguments as a structure ({"args": [...]}, their batch
+    dimension free), or
     None when there is no such function, or its arguments are not all batched tensors (the probes could not make
     them)."""
     import gc
@@ -110,26 +111,38 @@ def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
             continue
         for concrete in traced:
             held = {id(v) for v in concrete.variables}
-            # the model's and more; of several (a test step that updates a metric), the one that holds the most:
-            # an optimizer's slots are one or two more variables per weight
-            if wanted <= held and len(held) > len(wanted) and (found is None or len(held) > found[0]):
-                found = (len(held), python, getattr(obj, "__name__", "the step function"),
-                         bool(getattr(obj, "_autograph", True)), concrete.structured_input_signature)
+            # the model's and more, and gradients taken (a test step that updates metrics holds more variables too);
+            # of several, the one that holds the most: an optimizer's slots are one or two more per weight
+            if (wanted <= held and len(held) > len(wanted) and _takes_gradients(concrete)
+                    and (found is None or len(held) > found[0])):
+                found = (len(held), obj, getattr(obj, "__name__", "the step function"),
+                         concrete.structured_input_signature)
     if found is None:
         return None
-    _, python, name, autograph, (args, kwargs) = found
+    _, function, name, (args, kwargs) = found
     leaves = []
     for spec in args:
         if kwargs or not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None or spec.shape.rank < 1:
             return None
         leaves.append({LEAF: [list(spec.shape)[1:], spec.dtype.name]})
-    return python, name, {"args": leaves, "autograph": autograph}
+    return function, name, {"args": leaves}
 
 
-def export_loop_step(python: Any, structure: dict[str, Any], folder: str) -> str:
-    """Save a loop's step function (loop_step) as export_step saves a Keras step: one argument, the tuple of the
-    function's own, converted by AutoGraph as the user's tf.function was."""
-    return _save(lambda data: python(*data), data_signature(structure), folder, bool(structure.get("autograph", True)))
+def _takes_gradients(concrete: Any) -> bool:
+    """Whether a traced function computes gradients (a GradientTape's ops are named `gradient_tape/...`) or
+    applies them (tf_keras' fused `ResourceApply*` ops)."""
+    try:
+        operations = concrete.graph.get_operations()
+    except Exception:
+        return False
+    return any(op.name.startswith("gradient_tape") or op.type.startswith("ResourceApply") for op in operations)
+
+
+def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> str:
+    """Save a loop's step (loop_step: the user's tf.function itself, called inside the saved one, so that its own
+    AutoGraph and `jit_compile` settings hold) as export_step saves a Keras step: one argument, the tuple of the
+    function's own."""
+    return _save(lambda data: function(*data), structure, folder, autograph=False)
 
 
 def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> str:
@@ -137,16 +150,24 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> st
     function takes one batch, shaped as `data_signature` says). Returns the folder. A step that cannot be traced
     again or saved (a captured resource that is not a variable, Python state the graph cannot hold) raises a
     TfmemUsageError that says why."""
-    # without AutoGraph, as Keras traces it (its trainers wrap the step in `do_not_convert`)
-    return _save(model.train_step, data_signature(structure), folder, autograph=False)
+    from tfmem_magic.measure.kerases import flavour_of
+
+    legacy = flavour_of(model) == "tf_keras"
+    # Keras 3 traces the step without AutoGraph (its trainers wrap it in `do_not_convert`), tf_keras with it; and
+    # with XLA where the model compiles with it (Keras 3's "auto": on a GPU), as the cell's fit ran it
+    jit = getattr(model, "jit_compile", None)
+    return _save(model.train_step, structure, folder, autograph=legacy, jit_compile=bool(jit) or None)
 
 
-def _save(function: Any, signature: Any, folder: str, autograph: bool) -> str:
-    """`function` traced with one argument of `signature` and saved, with every variable it touches."""
+def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool,
+          jit_compile: bool | None = None) -> str:
+    """`function` traced with one argument shaped as `structure` says (data_signature) and saved, with every
+    variable it touches."""
     import tensorflow as tf
 
     try:
-        step = tf.function(function, input_signature=[signature], autograph=autograph)
+        signature = data_signature(structure)
+        step = tf.function(function, input_signature=[signature], autograph=autograph, jit_compile=jit_compile)
         traced = step.get_concrete_function()
         holder = tf.Module()
         holder.step = step

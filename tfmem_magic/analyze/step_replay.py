@@ -311,7 +311,8 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
     cross: list[float] = [(r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
              for r, other, b in ((first, second, high_batch), (second, first, low_batch))]
     out = ReplayCurve(probes=[low_batch, high_batch], events=len(low), allocations=first.lines.allocations,
-                      aligned=first.lines.aligned, own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
+                      aligned=first.lines.aligned, negligible=first.lines.negligible,
+                      own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
                       cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
                       traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)], why_not="; ".join(why))
     return CheckedReplays(replays, out, started)

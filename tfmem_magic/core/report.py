@@ -402,6 +402,8 @@ class ReplayCurve:
     # `step_replay.trace_curve`)
     source: str = "probes"
     scaled: int = 0  # a saved trace's allocations whose shape carries the batch (the ones that were scaled)
+    # of probe one's unmatched allocations, those the alignment's share leaves out (step_replay.Lines.negligible)
+    negligible: int = 0
 
 
 @dataclass
