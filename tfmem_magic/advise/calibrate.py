@@ -102,6 +102,11 @@ def build(node, batch, known=None):
         return {k: build(v, batch) for k, v in node.items()}
     return [build(v, batch) for v in node]
 
+def tupled(v):  # tf.data stacks a list into one tensor: several inputs (or outputs) must be a tuple (as the saved
+    # step's signature was written too)
+    return tuple(tupled(a) for a in v) if isinstance(v, list) else (
+        {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
+
 def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
     try:
         return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
@@ -110,10 +115,6 @@ def in_use():  # the traced allocator's bytes in use (its device: the GPU's when
         return 0
 
 if spec.get("saved"):  # the cell's own train_step, saved with its variables (advise/step_export.py)
-    def tupled(v):  # as tf.data yields them, and as the step's signature was written (lists are tuples)
-        return tuple(tupled(a) for a in v) if isinstance(v, list) else (
-            {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
-
     FED = spec["structure"]
     loaded = tf.saved_model.load(spec["saved"])
     print("TFMEM-CLONE saved-step", flush=True)
@@ -188,10 +189,6 @@ for i, batch in enumerate(spec["batches"]):
     elif spec.get("replay") and spec.get("feed") in ("dataset", "generator", "pydataset"):
         # a replay probe of a cell fed by a pipeline: a tf.data pipeline too (its prefetched batches are memory, and
         # its ops are part of the sequence the replay follows)
-        def tupled(v):  # tf.data stacks a list into one tensor: several inputs (or outputs) must be a tuple
-            return tuple(tupled(a) for a in v) if isinstance(v, list) else (
-                {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
-
         parts = tuple(tupled(v) for v in data(spec["rows"]) if v is not None)
         before = in_use()
         ds = tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).prefetch(2)

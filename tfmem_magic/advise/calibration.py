@@ -89,11 +89,14 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         function, name, structure = loop
         return own_step_basis(report, basis, model, structure, f"{name}, a GradientTape loop's step", entry[3],
                               progress, lambda folder: step_export.export_loop_step(function, structure, folder))
+
+    def keras_step(own: str) -> Basis:  # the model's train_step (its own or Keras'), saved for the probes
+        return own_step_basis(report, basis, model, entry[2], own, entry[3], progress,
+                              lambda folder: step_export.export_step(model, entry[2], folder))
+
     own = step_export.own_step(model) or step_export.uncloneable(model)
     if own is not None and report.model is not None and report.model.training and replay:
-        structure = entry[2]
-        return own_step_basis(report, basis, model, structure, own, entry[3], progress,
-                              lambda folder: step_export.export_step(model, structure, folder))
+        return keras_step(own)
     batches = probe_batches(report, basis)
     started = time.perf_counter()
     train = report.model.training if report.model else True
@@ -105,10 +108,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
         if not (train and replay):
             raise
-        structure = entry[2]
-        return own_step_basis(report, basis, model, structure,
-                              f"{type(model).__name__}.train_step, Keras' own (its clone could not be rebuilt)",
-                              entry[3], progress, lambda folder: step_export.export_step(model, structure, folder))
+        return keras_step(f"{type(model).__name__}.train_step, Keras' own (its clone could not be rebuilt)")
     curve = (replay_curve(model, basis, train, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
                           report.model.feed if report.model else "", report.model.samples if report.model else None,

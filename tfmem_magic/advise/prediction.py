@@ -336,13 +336,19 @@ def peak_at(basis: Basis, knobs: Knobs) -> int:
     micro = knobs.batch_size / knobs.split
     moved = replay_change(basis.replay, micro, now_micro)[1]
     replayed = max(0, round(others + moved))
-    if basis.replay.source == "step" and micro < now_micro:
+    if own_step_replayed(basis) and micro < now_micro:
         # below the cell's batch, the cell's own step replayed fell 21% under the real peak where the parts model
         # did not (a GAN and a distiller at half the batch, benchmarks/custom_step_accuracy.py): the saved step's
         # probes restore the optimizers' slots before their first step, the cell built them in it. An
         # under-prediction here is a shrink-batch that runs out of memory: the larger of the two
         return max(replayed, _parts_peak(basis, knobs))
     return replayed
+
+
+def own_step_replayed(basis: Basis) -> bool:
+    """The basis's replay ran the cell's own saved step (custom training: advise/step_export.py), not a clone's:
+    no parts probes ran, so its parts are the analytic ones."""
+    return basis.replay is not None and basis.replay.source == "step"
 
 
 def from_trace(basis: Basis) -> bool:
@@ -360,7 +366,7 @@ def basis_band(basis: Basis) -> float:
     analytic one (also a saved trace's, whose allocations are scaled by their shapes alone)."""
     if from_trace(basis):
         return ANALYTIC_BAND
-    if basis.name == "replay" and basis.replay is not None and basis.replay.source == "step":
+    if basis.name == "replay" and own_step_replayed(basis):
         return OWN_STEP_BAND
     return {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
 
@@ -529,7 +535,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      "prediction was 1% below to 30% above each worker's peak.")
     replayed = replay_applies(basis, knobs)
     curve = basis.replay
-    own_step = curve is not None and curve.source == "step"  # no parts probes ran: its parts are the analytic ones
+    own_step = own_step_replayed(basis)
     name = ("replay" if replayed else "analytic" if own_step else "measured" if basis.name in CALIBRATED
             else basis.name)
     band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
@@ -547,13 +553,13 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         if high - low > 0.01 * max(1, basis.measured_peak or 0):
             spread = (f" The two probes ran the step's ops in different orders, which moves the change by "
                       f"{format_bytes(round(high - low))}: the larger change is given.")
-        step = ("the model's step" if curve.source != "step" else
+        step = ("the model's step" if not own_step else
                 f"this model's own training step ({basis.calibration.get('step', 'train_step')}, saved with its "
                 "variables)")
-        if curve.source == "step":
+        if own_step:
             spread += (f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
                        "only, up to 49% off where the real peak itself took two values (docs/bfc-replay.md).")
-        if curve.source == "step" and micro < now_micro:
+        if own_step and micro < now_micro:
             spread += (" Below the cell's batch the larger of this and the parts model's prediction is given: the "
                        "saved step's probes hold the optimizers' slots before their first step, the cell built them "
                        "in it, and the replay alone fell 21% short there once.")
