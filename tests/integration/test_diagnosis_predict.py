@@ -147,7 +147,7 @@ def test_prediction_needs_a_model(tf_shell):
 
 def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
     # 450 MiB of room: the finding needs a peak of a quarter of it (112 MiB); this fit's TF peak was 168-201 MiB in
-    # four runs here, its RSS grew by at most 243 MiB. With 600 MiB (150 needed) a CI run once had no finding
+    # six runs here, its RSS grew by at most 243 MiB. With 600 MiB (150 needed) a CI run once had no finding
     rep, _ = cell(tf_shell, "m = cnn()\nm.fit(x, y, batch_size=512, verbose=0)", headroom(450))
     assert rep.status == "ok"
     found = [f for f in rep.findings if f.id == "large-batch"]
