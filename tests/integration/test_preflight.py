@@ -1,10 +1,14 @@
 """Pre-flight in a real kernel: under a per-cell limit, with TensorFlow already running, a `fit` whose step will not fit
 is refused before its first step (the process never passes the limit), the batch it suggests runs within the limit,
-and a batch that fits runs without probes."""
+and a batch that fits runs without probes. A model whose `train_step` is its own (keras-io's DCGAN, two optimizers
+not built yet) is checked on that step, saved and run by the probes."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
+from fresh import load_benchmark
 from test_kernel_faults import MARK, Kernel
 
 pytestmark = pytest.mark.slow
@@ -75,3 +79,41 @@ def test_a_batch_that_fits_runs_without_probes(kernel):
 def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     cell, r = fit(kernel, 64, "--no-preflight")
     assert cell["error"] is None and r["preflight"] is None
+
+
+@pytest.fixture(scope="module")
+def gan_kernel(tmp_path_factory):
+    """keras-io's DCGAN (benchmarks/custom_step_accuracy.py's), compiled and never fitted: its two Adams have no
+    slots yet. TensorFlow runs (an op before it), so no allocator cap can protect the step."""
+    setup, _ = load_benchmark("custom_step_accuracy").PROGRAMS["dcgan"]
+    setup = textwrap.dedent(setup).replace("data = data.batch(BATCH).take(4)", "")
+    k = Kernel(tmp_path_factory.mktemp("preflight-gan"))
+    cell = k.run("%load_ext tfmem_magic\nimport json, numpy as np, keras, tensorflow as tf\nfrom keras import layers\n"
+                 f"tf.zeros((4, 4)) + 1\n{setup}")
+    assert cell["error"] is None, cell["stdout"][-2000:]
+    yield k
+    k.close()
+
+
+def fit_gan(kernel: Kernel, batch: int) -> tuple[dict, dict]:
+    cell = kernel.run(f"%%tfmem --quick --limit 2GB --as r\ngan.fit(data.batch({batch}).take(4), epochs=1, verbose=0)")
+    return cell, kernel.run(REPORT)["data"]
+
+
+def test_a_train_step_of_its_own_is_checked_on_that_step(gan_kernel):
+    cell, r = fit_gan(gan_kernel, 1024)
+    assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+    pre = r["preflight"]
+    # the step the probes ran is the model's own (a clone's fit would have trained it with Keras' default step)
+    assert pre["basis"] == "replay" and pre["own_step"] == "GAN.train_step", pre
+    assert "the model's own step, saved (GAN.train_step)" in r["error"]
+    growth = pre["predicted_rss_bytes"] - pre["rss_bytes"]
+    assert pre["rss_bytes"] + growth * (1 - pre["band_below"]) > pre["threshold_bytes"]
+    assert r["rss_peak"] < 2 * 10**9  # nothing of the step ran
+    # its suggestion runs within the limit: the replay of the saved step is the step fit then runs
+    suggested = pre["largest_batch"]
+    assert 32 <= suggested < 1024
+    cell, r = fit_gan(gan_kernel, suggested)
+    assert cell["error"] is None and r["status"] == "ok", (r["preflight"], pre, r["rss_peak"], r["notes"])
+    assert r["rss_peak"] < 2 * 10**9
+    assert r["preflight"]["verdict"] in ("fits", "uncertain")

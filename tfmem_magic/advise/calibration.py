@@ -108,7 +108,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
         if not (train and replay):
             raise
-        return keras_step(f"{type(model).__name__}.train_step, Keras' own (its clone could not be rebuilt)")
+        return keras_step(f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt")
     curve = (replay_curve(model, basis, train, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
                           report.model.feed if report.model else "", report.model.samples if report.model else None,
@@ -183,7 +183,7 @@ def _adopt(report: Report, basis: Basis, fix_context: fixes.FixContext | None) -
 
 def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str, Any] | None, own: str,
                    fix_context: fixes.FixContext | None, progress: Callable[[str, float], None] | None,
-                   export: Callable[[str], str]) -> Basis:
+                   export: Callable[[str], step_export.SavedStep]) -> Basis:
     """Calibrate a model that trains in a step of its own (`own`: the method it overrides, e.g. GAN.train_step, or
     a GradientTape loop's tf.function): that step is saved with its variables (`export(folder)`, step_export.py)
     and run by the step replay's two probe processes, so
@@ -199,7 +199,7 @@ def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str
     try:
         if progress:
             progress(f"saving {own} for the probes", 0.02)
-        saved = export(os.path.join(folder, "step"))
+        saved = export(os.path.join(folder, "step")).folder
         curve = replay_curve(model, basis, True, structure, report.model.fed_arrays, progress, report.model.feed,
                              report.model.samples, report.on_gpu, saved=saved)
     finally:

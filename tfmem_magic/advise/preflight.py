@@ -9,11 +9,13 @@ How: the model's own parts first: when its layer outputs, several times over, fi
 costs nothing. Otherwise the step replay (analyze/step_replay.py): a clone of the model runs its steps at two small
 odd batches (about 1/14 and 1/9 of the call's) in two other processes, each traced from its allocator's first
 allocation; the two sequences are aligned allocation by allocation, and replayed at the call's batch through the BFC
-simulator (analyze/bfc.py). What the replay's peak holds that the kernel holds already (the weights, the slots of a
-built optimizer) and the probes' own data come off it; fit's copy of numpy arrays goes on. Where the replay cannot
-be used (its self-check failed, its probes could not run), the line through two probe steps' peaks at 1/16 and 1/8
-of the batch stands in (`probed_step`), and the report says why. The allocator's regions already held (RSS never
-shrinks: TF keeps them) absorb part of the growth. The process's memory then is compared with the guard's
+simulator (analyze/bfc.py). A model that trains in a step of its own (an overridden `train_step`, a model Keras
+cannot clone) is not a clone's fit: its step is traced again and saved with its variables (advise/step_export.py, as
+calibration does), and the probes run that. What the replay's peak holds that the kernel holds already (the weights,
+the slots of a built optimizer) and the probes' own data come off it; fit's copy of numpy arrays goes on. Where the
+replay cannot be used (its self-check failed, its probes could not run), the line through two probe steps' peaks at
+1/16 and 1/8 of the batch stands in (`probed_step`), and the report says why. The allocator's regions already held
+(RSS never shrinks: TF keeps them) absorb part of the growth. The process's memory then is compared with the guard's
 threshold, with its basis' band (measured in docs/preflight.md) on what the process grows by:
 - the low end does not fit: the call is refused before its first step (`PreflightRefused`), with the predicted
   peak, the room and the largest batch that fits (searched on the replay: each batch asked is replayed);
@@ -23,6 +25,7 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -32,7 +35,7 @@ from typing import Any, Callable
 
 import psutil
 
-from tfmem_magic.advise import calibrate
+from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
 from tfmem_magic.advise.prediction import GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, activation_bytes, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model
@@ -41,6 +44,7 @@ from tfmem_magic.core.report import PreflightInfo
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
+from tfmem_magic.measure.sampling import bytes_in_use
 
 BAND = 0.30  # the probes' line's extrapolation error (an MLP's growth -26.6% in one run): docs/preflight.md
 # the step replay's, on what the process grows by. TF's allocator was within 8% of the replay on five models (an
@@ -99,9 +103,9 @@ class Preflight:
 
 def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0,
           tf_held: int = 0) -> PreflightInfo:
-    """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes, else the
-    probes' line), and say whether the process stays under `threshold` (bytes): a PreflightInfo with its verdict.
-    Raises TfmemUsageError when the probes cannot run."""
+    """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes or of the
+    model's own saved step, else the probes' line), and say whether the process stays under `threshold` (bytes): a
+    PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
     batch = int(use.batch_size or 0)
     train = call == "fit"
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
@@ -113,16 +117,49 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
                              rss_bytes=rss, threshold_bytes=threshold, band=BAND, verdict="fits", basis="model",
                              predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
     info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold)
+    # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
+    own = (step_export.own_step(model) or step_export.uncloneable(model)) if train else None
     try:
-        step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
-        # the replay's peak has the slots the call builds: only the arrays' copy is added
+        if own is None:
+            try:
+                step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
+            except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the model's own step
+                if not train:
+                    raise
+                own = f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt"
+        if own is not None:
+            step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous)
+            info.own_step, copies = own, copies + built
+        # the replay's peak has the slots the call builds: only the arrays' copy is added (and, for the model's own
+        # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.band_below, info.extra_bytes = "replay", REPLAY_BAND, REPLAY_BAND_BELOW, copies
         return _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
     except NoReplay as exc:
+        if own is not None:  # the probes' line needs a clone's fit
+            raise TfmemUsageError(f"the model's own step, saved ({own}), ran in two probe processes, and its "
+                                  f"replay cannot be used: {exc}") from exc
         info.replay_note = str(exc)
     step_at, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
     return _judge(info, step_at, tf_current, tf_held)
+
+
+def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | None
+                      ) -> tuple[Callable[[float], float], list[int], int]:
+    """replayed_step for a model that trains in a step of its own: the step is traced again and saved with its
+    variables (step_export.py), and the probes run it. Before the call's first step, that trace builds what the
+    step would (its optimizers' slots), and tracing and saving cost the kernel a graph: returns (batch -> bytes the
+    steps add, the probe batches, what the process grew by while the step was saved: after the call's `rss`)."""
+    process = psutil.Process()
+    before, rss = bytes_in_use() or 0, process.memory_info().rss
+    folder = tempfile.mkdtemp(prefix="tfmem-preflight-step-")
+    try:
+        saved = step_export.export_step(model, use.structure, os.path.join(folder, "step"))
+        grown = max((bytes_in_use() or 0) - before, process.memory_info().rss - rss, 0)
+        step_at, probes = replayed_step(model, use, True, batch, generous, saved)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return step_at, probes, grown
 
 
 def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
@@ -157,14 +194,15 @@ class NoReplay(Exception):
     is too small for probes below it): says why. The probes' line stands in."""
 
 
-def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None
-                  ) -> tuple[Callable[[float], float], list[int]]:
+def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None,
+                  saved: step_export.SavedStep | None = None) -> tuple[Callable[[float], float], list[int]]:
     """The call's step at any batch, by the step replay (analyze/step_replay.py): a clone's allocation sequence,
     traced from a fresh allocator at two small odd batches (about 1/14 and 1/9 of the call's), replayed through
     the BFC simulator at batches up to the call's. What the probe process held that the kernel holds already (the
     model's weights, the optimizer's variables it has made) and the probes' own data are taken off: the rest is what
     the call's steps add (the slots when it builds them, gradients, the step's tensors and workspaces, in BFC's
-    chunks). Returns (batch -> bytes the steps add, the probe batches). Raises NoReplay where the probes' line is to
+    chunks). With `saved` (the model's own step, step_export.py) the probes run that step instead of a clone's fit.
+    Returns (batch -> bytes the steps add, the probe batches). Raises NoReplay where the probes' line is to
     stand in, and TfmemUsageError where the probes themselves cannot run (the line's would not either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
@@ -178,7 +216,8 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
         paths = calibrate.replay_traces(model, list(probes), train, use.structure, folder,
-                                        pipeline=use.feed == "arrays", parallel=parallel, feed=use.feed or "")
+                                        pipeline=use.feed == "arrays", parallel=parallel, feed=use.feed or "",
+                                        saved=saved.folder if saved else None)
         try:
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             fed = step_replay.fed_bytes(paths[probes[0]])
@@ -189,9 +228,12 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
         shutil.rmtree(folder, ignore_errors=True)
     if check.curve.why_not:
         raise NoReplay(check.curve.why_not)
-    held = variable_bytes(getattr(model, "weights", []))
-    if train:  # the optimizer's variables the kernel holds already (none before its first step)
-        held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
+    if saved is not None:  # every variable the saved step holds: the kernel holds them now (its trace built them)
+        held = saved.variable_bytes
+    else:
+        held = variable_bytes(getattr(model, "weights", []))
+        if train:  # the optimizer's variables the kernel holds already (none before its first step)
+            held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     fixed = held + fed
     replayed: dict[int, float] = {}
 
@@ -235,9 +277,10 @@ def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
     """A generous upper bound of one step's allocator growth from the model's own parts, no run: the layer outputs
     (training: with their gradients, TRAIN_ACTIVATION_FACTOR) at MODEL_MARGIN times, in chunks up to 1.5x, plus
     the gradients. The analytic basis misses by up to 73% on the benchmark's zoo (a recurrent layer's insides):
-    only a step far inside the limit is let through on it. None when the model cannot be described."""
+    only a step far inside the limit is let through on it. None when the model cannot be described, or a layer's
+    output is not known yet (a subclassed model before its first call: its parts would count nothing)."""
     info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
-    if info is None or not info.layers:
+    if info is None or not info.layers or any(layer.output_shape is None for layer in info.layers):
         return None
     per_sample = activation_bytes(info)
     gradients = info.trainable_bytes if train else 0
@@ -319,8 +362,11 @@ def band_words(info: PreflightInfo) -> str:
 
 def _extra_words(info: PreflightInfo) -> str:
     """What `extra_bytes` holds: fit's copy of numpy arrays, and on the probes' line the slots to build (the
-    replay's peak has them)."""
-    return "its copy of numpy arrays" if info.basis == "replay" else "optimizer slots, copies of numpy arrays"
+    replay's peak has them; the model's own step built its slots in the kernel while it was saved)."""
+    if info.basis != "replay":
+        return "optimizer slots, copies of numpy arrays"
+    return ("its copy of numpy arrays; the slots and the graph of its step, saved for the probes" if info.own_step
+            else "its copy of numpy arrays")
 
 
 def how_predicted(info: PreflightInfo) -> str:
@@ -329,7 +375,8 @@ def how_predicted(info: PreflightInfo) -> str:
     if info.basis == "model":
         return "no probes needed: the model's own parts, taken several times over, fit"
     if info.basis == "replay":
-        return (f"a clone's steps traced at batches {batches} and replayed at batch {info.batch_size} through a "
+        steps = f"the model's own step, saved ({info.own_step}), traced" if info.own_step else "a clone's steps traced"
+        return (f"{steps} at batches {batches} and replayed at batch {info.batch_size} through a "
                 f"simulation of TensorFlow's allocator, {info.seconds:.1f} s")
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
     return f"predicted from one step of a clone at batches {batches}, {info.seconds:.1f} s{why}"

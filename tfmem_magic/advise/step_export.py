@@ -17,6 +17,7 @@ Tracing the step again costs the kernel a graph (no tensors: tracing runs no op)
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
@@ -24,6 +25,15 @@ from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 
 # the Model methods whose override makes a model's training step its own
 _STEP_METHODS = ("train_step", "compute_loss")
+
+
+@dataclass
+class SavedStep:
+    """A step saved for the probe processes: the SavedModel's folder, and the bytes of the variables it holds (the
+    model's, its optimizers' slots, metrics': what the kernel holds too, once the step is traced)."""
+
+    folder: str
+    variable_bytes: int
 
 
 def own_step(model: Any) -> str | None:
@@ -40,7 +50,7 @@ def own_step(model: Any) -> str | None:
 
 
 def uncloneable(model: Any) -> str | None:
-    """'TwoTowers.train_step (...)' when Keras cannot write the model's config (a subclassed model without
+    """"TwoTowers.train_step, Keras' own: ..." when Keras cannot write the model's config (a subclassed model without
     get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model) is sent
     instead. None when the config is written."""
     to_json = getattr(model, "to_json", None)
@@ -49,7 +59,7 @@ def uncloneable(model: Any) -> str | None:
     try:
         to_json()
     except (TypeError, ValueError, NotImplementedError, AttributeError):
-        return f"{type(model).__name__}.train_step, Keras' own (the model has no config to clone it from)"
+        return f"{type(model).__name__}.train_step, Keras' own: the model has no config to clone it from"
     return None
 
 
@@ -138,17 +148,18 @@ def _takes_gradients(concrete: Any) -> bool:
     return any(op.name.startswith("gradient_tape") or op.type.startswith("ResourceApply") for op in operations)
 
 
-def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> str:
+def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> SavedStep:
     """Save a loop's step (loop_step: the user's tf.function itself, called inside the saved one, so that its own
     AutoGraph and `jit_compile` settings hold) as export_step saves a Keras step: one argument, the tuple of the
     function's own."""
     return _save(lambda data: function(*data), structure, folder, autograph=False)
 
 
-def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> str:
+def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> SavedStep:
     """Save the model's `train_step` with every variable it touches as a SavedModel in `folder` (its `step`
-    function takes one batch, shaped as `data_signature` says). Returns the folder. A step that cannot be traced
-    again or saved (a captured resource that is not a variable, Python state the graph cannot hold) raises a
+    function takes one batch, shaped as `data_signature` says). Before the model's first step (the pre-flight) the
+    trace builds what that step would: its optimizers' slots, a subclassed model's layers. A step that cannot be
+    traced again or saved (a captured resource that is not a variable, Python state the graph cannot hold) raises a
     TfmemUsageError that says why."""
     from tfmem_magic.measure.kerases import flavour_of
 
@@ -160,10 +171,12 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> st
 
 
 def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool,
-          jit_compile: bool | None = None) -> str:
+          jit_compile: bool | None = None) -> SavedStep:
     """`function` traced with one argument shaped as `structure` says (data_signature) and saved, with every
     variable it touches."""
     import tensorflow as tf
+
+    from tfmem_magic.core.sizes import variable_bytes
 
     try:
         signature = data_signature(structure)
@@ -186,4 +199,4 @@ def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograp
         why = " ".join(str(exc).split())[:240]
         raise TfmemUsageError(f"the model's own training step could not be traced again and saved for the probe "
                               f"processes ({type(exc).__name__}: {why})") from exc
-    return folder
+    return SavedStep(folder, variable_bytes(holder.variables_read))

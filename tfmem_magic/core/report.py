@@ -207,6 +207,8 @@ class PreflightInfo:
     # probes were run)
     basis: str = "probes"
     replay_note: str = ""  # why the replay was not used, where the probes' line stood in
+    # the model's own step the probes ran, where a clone's fit would not train it ("GAN.train_step"); "": a clone's
+    own_step: str = ""
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it
     seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
 
