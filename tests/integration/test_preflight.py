@@ -112,7 +112,7 @@ def test_a_train_step_of_its_own_is_checked_on_that_step(gan_kernel):
     assert r["rss_peak"] < 2 * 10**9  # nothing of the step ran
     # its suggestion runs within the limit: the replay of the saved step is the step fit then runs
     suggested = pre["largest_batch"]
-    assert 32 <= suggested < 1024
+    assert 32 <= suggested < 1024 and f"data.batch({suggested})" in r["fixes"]["shrink-batch"], r["fixes"]
     cell, r = fit_gan(gan_kernel, suggested)
     assert cell["error"] is None and r["status"] == "ok", (r["preflight"], pre, r["rss_peak"], r["notes"])
     assert r["rss_peak"] < 2 * 10**9
