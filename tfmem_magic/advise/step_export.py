@@ -163,11 +163,23 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> Sa
     TfmemUsageError that says why."""
     from tfmem_magic.measure.kerases import flavour_of
 
+    if _distributed(model):  # traced outside its strategy's run, the step would build slots outside its scope
+        raise TfmemUsageError("the model's variables belong to a tf.distribute strategy, and its own step cannot be "
+                              "traced again outside that strategy's run() for the probe processes")
     legacy = flavour_of(model) == "tf_keras"
     # Keras 3 traces the step without AutoGraph (its trainers wrap it in `do_not_convert`), tf_keras with it; and
     # with XLA where the model compiles with it (Keras 3's "auto": on a GPU), as the cell's fit ran it
     jit = getattr(model, "jit_compile", None)
     return _save(model.train_step, structure, folder, autograph=legacy, jit_compile=bool(jit) or None)
+
+
+def _distributed(model: Any) -> bool:
+    """Whether the model's variables were made under a tf.distribute strategy (mirrored, one per replica)."""
+    import tensorflow as tf
+
+    for variable in list(getattr(model, "trainable_variables", []))[:1]:
+        return isinstance(getattr(variable, "_value", variable), tf.distribute.DistributedValues)
+    return False
 
 
 def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool,
