@@ -54,6 +54,28 @@ def test_slopes_come_from_requested_bytes_and_the_cells_peak_is_given_back(monke
     assert smaller.peak_bytes == prediction.peak_at(analytic, replace(analytic.knobs, batch_size=128))
 
 
+def test_below_the_cells_batch_the_measured_basis_takes_the_analytic_slope_below_it(monkeypatch):
+    # the cell's trace found a moment busier with the batch's tensors than its peak (a GRU's): the analytic basis
+    # has that moment's slope above the cell's batch and the peak's below it; the measured basis predicts below the
+    # batch as the analytic one does, with the peak's slope (the busier one took a GRU's batch 8 to 0 bytes)
+    plain = calibration.analytic_basis
+
+    def two_moments(rep):
+        basis = plain(rep)
+        return replace(basis, activations_per_sample=3 * basis.activations_per_sample,
+                       activations_per_sample_below=basis.activations_per_sample,
+                       other=basis.other - round(2 * basis.activations_per_sample * basis.knobs.batch_size))
+
+    monkeypatch.setattr(calibration, "analytic_basis", two_moments)
+    peaks = {b: (round(1.1 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (64, 256, 1024)}
+    rep, basis, _, _ = calibrated(monkeypatch, peaks)
+    analytic = two_moments(rep)
+    assert basis.activations_per_sample_below == analytic.activations_per_sample_below
+    for batch in (16, 64, 128):
+        asked = replace(analytic.knobs, batch_size=batch)
+        assert prediction.peak_at(basis, asked) == prediction.peak_at(analytic, asked) > 0
+
+
 def test_probes_out_of_order_give_one_least_squares_line_and_the_cells_chunks(monkeypatch):
     # a step that barely grows with the batch: the probes' requested peaks are noise (64 above 256)
     peaks = {64: (19 * MiB, 18 * MiB), 256: (15 * MiB, 14 * MiB), 1024: (20 * MiB, 19 * MiB)}

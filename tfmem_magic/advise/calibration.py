@@ -155,8 +155,11 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         # beat the probes' slope down to a quarter of the batch: three runs of each of the 14 zoo cells
         # (benchmarks/predict_accuracy.py --zoo), each scored both ways: 57 of 84 points below the cell within 10%
         # against 48, worst 59% against 67% (the probes' one run at a small batch carries its own first step and
-        # chunk reuse)
-        below = basis.activations_per_sample
+        # chunk reuse). Where the cell's trace found a busier moment than its peak, the analytic slope above the
+        # cell's batch is that moment's and its slope below is the peak's: the one below (the busier slope took a
+        # GRU's batch 8 to a predicted 0 bytes in a zoo run)
+        below = (basis.activations_per_sample_below if basis.activations_per_sample_below is not None
+                 else basis.activations_per_sample)
     parts = (basis.weights + basis.gradients + basis.optimizer + basis.input_copy
              + (above + basis.input_per_sample) * anchor)
     other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)

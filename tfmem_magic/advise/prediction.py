@@ -291,12 +291,18 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
     below = basis.activations_per_sample_below
     now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
+    shortfall = 0.0
     if below is None or micro >= now_micro:
         per_batch = basis.activations_per_sample * micro
     else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one; an analytic
         # basis': its trace's peak's, where the busiest moment set the slope above)
-        per_batch = max(0.0, basis.activations_per_sample * now_micro - below * (now_micro - micro))
-    activations = per_batch * dtype_ratio * knobs.input_scale / now.input_scale
+        per_batch = basis.activations_per_sample * now_micro - below * (now_micro - micro)
+        # a measured basis whose slope below (the cell's trace's) is steeper than its probes' above takes more out
+        # of the cell's peak than the activations it put in: the rest comes off "other", so that the total is the
+        # cell's peak less what leaves with the batch (clamped here, a GRU's batch 8 was predicted 0 bytes)
+        shortfall, per_batch = min(0.0, per_batch), max(0.0, per_batch)
+    scale = dtype_ratio * knobs.input_scale / now.input_scale
+    activations = per_batch * scale
     batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
     optimizer = float(basis.optimizer)
     changed_optimizer = knobs.optimizer != now.optimizer or knobs.accumulation_steps != now.accumulation_steps
@@ -311,7 +317,7 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     gradients = float(basis.gradients) * gradient_copies(knobs)
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
             "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
-            "other": float(basis.other)}
+            "other": float(basis.other) + shortfall * scale}
 
 
 def gradient_copies(knobs: Knobs) -> int:
