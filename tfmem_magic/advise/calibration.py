@@ -4,7 +4,6 @@ stored on the report, so a saved and reloaded report predicts what the live pane
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -94,7 +93,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         return own_step_basis(report, basis, model, entry[2], own, entry[3], progress,
                               lambda folder: step_export.export_step(model, entry[2], folder))
 
-    own = step_export.own_step(model) or step_export.uncloneable(model)
+    own = step_export.sent_step(model)
     if own is not None and report.model is not None and report.model.training and replay:
         return keras_step(own)
     batches = probe_batches(report, basis)
@@ -108,7 +107,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
         if not (train and replay):
             raise
-        return keras_step(f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt")
+        return keras_step(step_export.not_rebuilt(model))
     curve = (replay_curve(model, basis, train, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
                           report.model.feed if report.model else "", report.model.samples if report.model else None,
@@ -198,15 +197,11 @@ def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str
         raise TfmemUsageError("calibration replays the cell's own step anchored on the cell's measured peak, and "
                               "this cell has none (it stopped early, or TensorFlow's allocator statistics were "
                               "missing): the analytic basis stays in use")
-    folder = tempfile.mkdtemp(prefix="tfmem-step-")
-    try:
-        if progress:
-            progress(f"saving {own} for the probes", 0.02)
-        saved = export(os.path.join(folder, "step")).folder
+    if progress:
+        progress(f"saving {own} for the probes", 0.02)
+    with step_export.saved_for_probes(export, "tfmem-step-") as saved:
         curve = replay_curve(model, basis, True, structure, report.model.fed_arrays, progress, report.model.feed,
-                             report.model.samples, report.on_gpu, saved=saved)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+                             report.model.samples, report.on_gpu, saved=saved.folder)
     if progress:
         progress("done", 1.0)
     if not curve.passed:

@@ -25,7 +25,6 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -118,7 +117,7 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
                              predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
     info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold)
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
-    own = (step_export.own_step(model) or step_export.uncloneable(model)) if train else None
+    own = step_export.sent_step(model) if train else None
     try:
         if own is None:
             try:
@@ -126,7 +125,7 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
             except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the model's own step
                 if not train:
                     raise
-                own = f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt"
+                own = step_export.not_rebuilt(model)
         if own is not None:
             step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous)
             info.own_step, copies = own, copies + built
@@ -152,13 +151,10 @@ def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | Non
     steps add, the probe batches, what the process grew by while the step was saved: after the call's `rss`)."""
     process = psutil.Process()
     before, rss = bytes_in_use() or 0, process.memory_info().rss
-    folder = tempfile.mkdtemp(prefix="tfmem-preflight-step-")
-    try:
-        saved = step_export.export_step(model, use.structure, os.path.join(folder, "step"))
+    with step_export.saved_for_probes(lambda folder: step_export.export_step(model, use.structure, folder),
+                                      "tfmem-preflight-step-") as saved:
         grown = max((bytes_in_use() or 0) - before, process.memory_info().rss - rss, 0)
         step_at, probes = replayed_step(model, use, True, batch, generous, saved)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     return step_at, probes, grown
 
 

@@ -17,10 +17,15 @@ Tracing the step again costs the kernel a graph (no tensors: tracing runs no op)
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 
 # the Model methods whose override makes a model's training step its own
@@ -47,6 +52,19 @@ def own_step(model: Any) -> str | None:
             if name in vars(kind):
                 return f"{kind.__name__}.{name}"
     return None
+
+
+def sent_step(model: Any) -> str | None:
+    """What calibration and the pre-flight send to the probes instead of a clone's fit, named ('GAN.train_step'):
+    a step the model's class overrides, or Keras' own step of a model Keras cannot write a config for. None: a
+    clone trains as the cell did."""
+    return own_step(model) or uncloneable(model)
+
+
+def not_rebuilt(model: Any) -> str:
+    """The step sent where the model's config was written but its class could not be rebuilt from it in the probe
+    (calibrate.NotRebuildable): Keras' own, on this model."""
+    return f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt"
 
 
 def uncloneable(model: Any) -> str | None:
@@ -173,6 +191,16 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> Sa
     return _save(model.train_step, structure, folder, autograph=legacy, jit_compile=bool(jit) or None)
 
 
+@contextmanager
+def saved_for_probes(export: Callable[[str], SavedStep], prefix: str) -> Iterator[SavedStep]:
+    """`export(folder)` into a temporary folder that is removed when the probes are done with it."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield export(os.path.join(folder, "step"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _distributed(model: Any) -> bool:
     """Whether the model's variables were made under a tf.distribute strategy (mirrored, one per replica)."""
     import tensorflow as tf
@@ -187,8 +215,6 @@ def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograp
     """`function` traced with one argument shaped as `structure` says (data_signature) and saved, with every
     variable it touches."""
     import tensorflow as tf
-
-    from tfmem_magic.core.sizes import variable_bytes
 
     try:
         signature = data_signature(structure)
