@@ -85,14 +85,13 @@ def test_batch_size_notebook(tmp_path):
     execute(nb, tmp_path)
     reports = by_label(nb)
     b32, b128, acc = reports["batch 32"], reports["batch 128"], reports["4 x 32 accumulated"]
-    phase = lambda r: {g.phase: g.bytes for g in r.trace.by_phase}  # noqa: E731
-    # activations scale with the batch, the model's state does not. Forward and backward together: the peak comes in
-    # the backward pass, where layer outputs are traded for their gradients, and the split moves from run to run (CI
-    # saw forward at 128 only 2.4x forward at 32)
-    activations = lambda r: phase(r)["forward"] + phase(r)["backward"]  # noqa: E731
-    assert activations(b128) > 2.5 * activations(b32)
+    # activations scale with the batch, the model's state does not. Measured on the tensors with the batch dimension,
+    # the most live at any one moment: what is live at the peak is not (its forward/backward split moves from run to
+    # run; CI once saw forward + backward at 128 only 2.3x that at 32). This was 3.3-4.0x in 3 runs here, under 4x when
+    # a moment at batch 32 held a few more batch tensors than its usual busiest one
+    assert b128.trace.batch_bytes_most > 2.5 * b32.trace.batch_bytes_most
     assert b128.model.optimizer_bytes == b32.model.optimizer_bytes
-    assert "activations and their gradients at the peak" in "".join(outputs_text(c) for c in nb.cells)
+    assert "tensors with the batch dimension, the most live at once" in "".join(outputs_text(c) for c in nb.cells)
     # the prediction from batch 32 holds at batch 128, within its band
     text = "".join(outputs_text(c) for c in nb.cells)
     line = next(t for t in text.splitlines() if t.startswith("predicted ") and "measured" in t)
