@@ -110,6 +110,7 @@ export interface TraceInfo {
   batch_bytes_at_peak: number | null;
   replica_batch_size: number | null;
   batch_bytes_most: number | null;
+  live_at_batch_most_bytes: number | null;
   xla_runs: number;
   xla_at_peak_bytes: number;
   held_at_end: LiveGroup[];
@@ -232,6 +233,7 @@ export interface Basis {
     [k: string]: unknown | undefined;
   };
   activations_per_sample_below: number | null;
+  moment_gap: number;
   slope_source: string;
   copy_missing: number;
   increment_fragmentation: number | null;

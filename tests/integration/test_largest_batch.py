@@ -6,11 +6,12 @@ Both from the analytic basis and searched on the step replay (`calibrate=True`).
 The analytic answer is checked on the CNN and the GRU. The GRU's cell's trace peaks at one of two moments of
 nearly equal size at batch 32 (half the runs here); at the one where the step's tensors are small the peak's slope
 is ~11 KB per sample where another moment holds 71 KB, and the analytic basis named batch ~2000 where ~640 fits
-(seen in CI): it now takes the slope above the cell's batch from the trace's busiest moment (616 named, 79% of the
-budget used). Not the MLP's: it named the whole data (8192 rows) once, whose real peak was 117% of the budget (left
-for a later session). The replay was timid on the GRU (batch 64 named where 616 fits, in CI): its probes paired a
-2 KB buffer with no shape with a 1.6 MB one that does not grow, and its curve grew 60-82% too fast; buffers with no
-shape now pair by size first (docs/bfc-replay.md), and it names 680 (55% of the budget used when run).
+(seen in CI): it now takes the slope above the cell's batch from the trace's busiest moment, drawn from that
+moment's own total (608 named, 79% of the budget used; 616 when drawn from the cell's peak). Not the MLP's: it
+named the whole data (8192 rows) once, whose real peak was 117% of the budget (left for a later session). The
+replay was timid on the GRU (batch 64 named where 616 fits, in CI): its probes paired a 2 KB buffer with no shape
+with a 1.6 MB one that does not grow, and its curve grew 60-82% too fast; buffers with no shape now pair by size
+first (docs/bfc-replay.md), and it names 680 (55% of the budget used when run).
 
 The named batch is run in a fresh process, as the zoo's points are: run again in the process that measured the
 cell, the GRU's peak at batch 440 was 39.9 MB in CI (36% of the budget: the test failed as timid) and 64.9 MB here,

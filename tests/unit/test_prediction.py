@@ -63,7 +63,7 @@ def test_below_the_cells_batch_the_measured_basis_takes_the_analytic_slope_below
     def two_moments(rep):
         basis = plain(rep)
         return replace(basis, activations_per_sample=3 * basis.activations_per_sample,
-                       activations_per_sample_below=basis.activations_per_sample,
+                       activations_per_sample_below=basis.activations_per_sample, moment_gap=MiB,
                        other=basis.other - round(2 * basis.activations_per_sample * basis.knobs.batch_size))
 
     monkeypatch.setattr(calibration, "analytic_basis", two_moments)
@@ -71,6 +71,7 @@ def test_below_the_cells_batch_the_measured_basis_takes_the_analytic_slope_below
     rep, basis, _, _ = calibrated(monkeypatch, peaks)
     analytic = two_moments(rep)
     assert basis.activations_per_sample_below == analytic.activations_per_sample_below
+    assert basis.moment_gap == 0  # the probes' line above is one line from the cell's peak
     for batch in (16, 64, 128):
         asked = replace(analytic.knobs, batch_size=batch)
         assert prediction.peak_at(basis, asked) == prediction.peak_at(analytic, asked) > 0
@@ -317,3 +318,42 @@ def test_what_a_larger_batch_adds_gets_the_chunks_large_tensors_get():
     # a cell whose own ratio is already below it keeps its own for growth too
     rep.trace.allocated_at_peak_bytes = round(requested * 1.05)
     assert prediction.analytic_basis(rep).growth_fragmentation is None
+
+
+def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
+    # a GRU's step, as its trace saw it at batch 32: the peak came while the batch's tensors held 11 KB per sample;
+    # another moment held 71 KB per sample and stood 1 MiB of requested bytes below the peak. Above the cell's batch
+    # the peak is the higher of the two moments' lines; drawn from the peak, the busier line over-predicted the GRU's
+    # larger batches by 27-51% (docs/what-if.md)
+    from tfmem_magic.core.report import TraceInfo
+
+    rep = report(batch=32)
+    requested = round(rep.tf_peak_bytes / 1.3)
+    gap = 1 * MiB
+    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
+                          allocated_at_peak_bytes=round(requested * 1.3), replica_batch_size=32,
+                          batch_bytes_at_peak=32 * 11_000, batch_bytes_most=32 * 71_000,
+                          live_at_batch_most_bytes=rep.tf_peak_bytes - round(gap * 1.3))
+    basis = prediction.analytic_basis(rep)
+    busy, calm = basis.activations_per_sample, basis.activations_per_sample_below
+    assert calm is not None and busy > calm and basis.moment_gap == pytest.approx(gap, abs=1)
+
+    def activations(batch: int) -> float:
+        return prediction.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
+
+    # just above the cell's batch the peak's own moment is still the higher one: it grows by its slope
+    assert activations(40) - activations(32) == pytest.approx(8 * calm, rel=1e-6)
+    # the busier moment overtakes it where its faster slope has made up the gap: gap / (busy - calm) samples on
+    crossing = 32 + gap / (busy - calm)
+    far = round(crossing) + 200
+    assert activations(far) == pytest.approx(busy * far - gap, rel=1e-6)
+    assert activations(far) > activations(32) + calm * (far - 32)
+    # below the cell's batch, as before: the peak's slope
+    assert activations(32) - activations(16) == pytest.approx(16 * calm, rel=1e-6)
+    # a trace that did not record the busiest moment's total: its line starts at the peak (the old upper bound)
+    rep.trace.live_at_batch_most_bytes = None
+    old = prediction.analytic_basis(rep)
+    assert old.moment_gap == 0
+    assert prediction.parts_at(old, replace(old.knobs, batch_size=far))["activations"] == pytest.approx(busy * far)
+    assert prediction.peak_at(old, replace(old.knobs, batch_size=far)) > prediction.peak_at(
+        basis, replace(basis.knobs, batch_size=far))

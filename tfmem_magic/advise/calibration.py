@@ -164,7 +164,9 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
              if basis.measured_peak is not None else 0)
     name = "replay" if curve is not None and curve.passed else "measured"
+    # the probes' slope above is one line from the cell's peak: the analytic basis' second moment is not theirs
     measured = replace(basis, name=name, replay=curve, activations_per_sample=above, activations_per_sample_below=below,
+                       moment_gap=0,
                        other=other, slope_source="probe runs", increment_fragmentation=min(2.0, max(1.0, chunks)),
                        calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
                                     "requested_bytes": [peaks[b][1] for b in batches],

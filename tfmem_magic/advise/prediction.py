@@ -165,6 +165,7 @@ def analytic_basis(report: Report) -> Basis:
     activations, other, source = prior, 0, "layer outputs"
     traced = traced_per_sample(report)
     below: float | None = None
+    gap = 0
     if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
         activations, source = max(0.0, traced - input_per_sample), "the trace (tensors with the batch dimension)"
         busiest = traced_per_sample(report, at_peak=False)
@@ -174,6 +175,7 @@ def analytic_basis(report: Report) -> Basis:
             # difference of the two moments at the cell's batch) above, the peak's below
             below, activations = activations, max(0.0, busiest - input_per_sample)
             source = "the trace (tensors with the batch dimension, at the moment that holds most of them)"
+            gap = _moment_gap(report, fragmentation)
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
@@ -196,7 +198,18 @@ def analytic_basis(report: Report) -> Basis:
     growth = GROWTH_FRAGMENTATION if fragmentation > GROWTH_FRAGMENTATION and _measured_fragmentation(report) else None
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing,
-                 growth_fragmentation=growth, activations_per_sample_below=below)
+                 growth_fragmentation=growth, activations_per_sample_below=below, moment_gap=gap)
+
+
+def _moment_gap(report: Report, fragmentation: float) -> int:
+    """How far below the peak, in requested bytes, the trace's busiest moment (the one holding the most tensors with
+    the batch dimension) stood at the cell's batch. The busiest moment's slope is drawn from there, not from the
+    peak: drawn from the peak it over-predicted a GRU's larger batches by 27-51% (docs/what-if.md). 0 when the trace
+    did not record that moment's total."""
+    trace = report.trace
+    if trace is None or trace.live_at_batch_most_bytes is None:
+        return 0
+    return max(0, round((trace.peak_live_bytes - trace.live_at_batch_most_bytes) / fragmentation))
 
 
 def traced_per_sample(report: Report, at_peak: bool = True) -> float | None:
@@ -292,7 +305,12 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     below = basis.activations_per_sample_below
     now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
     shortfall = 0.0
-    if below is None or micro >= now_micro:
+    if below is not None and basis.moment_gap and micro > now_micro:
+        # two moments of the step: the peak's, growing by the slope below from the cell's peak, and the busiest
+        # one's, growing faster from `moment_gap` lower; the step's peak is whichever is higher at this batch
+        per_batch = max(basis.activations_per_sample * now_micro + below * (micro - now_micro),
+                        basis.activations_per_sample * micro - basis.moment_gap)
+    elif below is None or micro >= now_micro:
         per_batch = basis.activations_per_sample * micro
     else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one; an analytic
         # basis': its trace's peak's, where the busiest moment set the slope above)

@@ -376,12 +376,13 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
 
 
 def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
-                      live_at_peak: np.ndarray) -> int | None:
+                      live_at_peak: np.ndarray) -> tuple[int, int] | None:
     """The most requested bytes live at any one moment in tensors that carry the batch dimension (the tensors
     `_batch_bytes` counts at the peak). A step can peak at a moment that holds few of them (a GRU's, in half the runs
     at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another moment held
     71 KB): this is what grows fastest with the batch. Allocations never freed in the trace count only where they
-    are live at the peak (else a free lost between two trace segments would keep them live)."""
+    are live at the peak (else a free lost between two trace segments would keep them live). With it, the index of
+    the event where they were most: the allocator's total there is that moment's, to draw its own line from."""
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
@@ -397,7 +398,9 @@ def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, free
     delta[carrying] = ev.requested[carrying]
     freed = carrying & (freed_at < n)
     np.subtract.at(delta, freed_at[freed], ev.requested[freed])
-    return int(max(np.cumsum(delta).max(), 0))
+    running = np.cumsum(delta)
+    most = int(np.argmax(running))
+    return int(max(running[most], 0)), most
 
 
 def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
@@ -457,7 +460,10 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
-        info.batch_bytes_most = _batch_bytes_most(ev, att, ctx, freed_at, live_at_peak)
+        busiest = _batch_bytes_most(ev, att, ctx, freed_at, live_at_peak)
+        if busiest is not None:
+            info.batch_bytes_most, at = busiest
+            info.live_at_batch_most_bytes = int(ev.live[at])
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
     rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
         ("(allocated before the trace)", "pre-existing", preexisting_at_peak),

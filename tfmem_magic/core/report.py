@@ -173,6 +173,9 @@ class TraceInfo:
     replica_batch_size: int | None = None
     # ... and the most such bytes live at any one moment of the trace (the peak can come while few are live)
     batch_bytes_most: int | None = None
+    # the allocator's bytes in use at that moment (pre-existing included, as peak_live_bytes): the gap to the peak is
+    # what that moment's line starts below the peak's at the cell's batch (prediction.analytic_basis, moment_gap)
+    live_at_batch_most_bytes: int | None = None
     # XLA: runs of compiled computations in the trace (a jit_compile step, an auto-clustered launch; 0: none seen),
     # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
     xla_runs: int = 0
@@ -426,6 +429,10 @@ class Basis:
     knobs: Knobs
     calibration: dict[str, Any] = field(default_factory=dict)
     activations_per_sample_below: float | None = None  # the slope below the cell's batch, when not the one above
+    # the analytic basis, when its slope above is the trace's busiest moment's (not the peak's): how far below the
+    # peak that moment was at the cell's batch (requested bytes). Above the batch the peak is the higher of the two
+    # moments' lines, the peak's (slope below) and the busiest one's (slope above) from this much lower. 0: one line
+    moment_gap: int = 0
     slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
     copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
     # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
