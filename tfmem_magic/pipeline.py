@@ -9,6 +9,7 @@ session. No IPython in here.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import replace
 from typing import Any, Iterator, Literal
 
@@ -118,6 +119,7 @@ class Profiler:
         self._add_preflight(report)
         try:
             self._analyse_and_advise(report, measured)
+            self._calibrate(report)
         except KeyboardInterrupt:  # Ctrl-C while we analyse: the user's code is done; skip our remaining work
             report.notes.append("Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
                                 "the memory figures above are complete.")
@@ -157,6 +159,38 @@ class Profiler:
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
         report.fixes = fixes.build(report, context)
+
+    def _calibrate(self, report: Report) -> None:
+        """--calibrate (or %tfmem calibrate on): the what-if calibrated before the report is shown, so its panel,
+        its saved copy and its fixes stand on the step replay where the replay's self-check passes. Where calibration
+        cannot run, the analytic basis stays and a note says why."""
+        wanted = self.options.calibrate if self.options.calibrate is not None else SESSION.calibrate
+        if not wanted or report.whatif_basis is None or not self.options.publish:
+            return  # nothing to calibrate (no Keras model), or a measurement of our own
+        if report.status not in ("ok", "oom"):
+            report.notes.append(f"Calibration (--calibrate) did not run: the cell ended {report.status}, so its "
+                                "step was not measured; the what-if stays analytic.")
+            return
+        print("tfmem: calibrating the what-if (probe processes replay the step)...", flush=True)
+        started = time.perf_counter()
+        try:
+            basis = calibration.measured_basis(report)
+        except TfmemUsageError as exc:
+            report.notes.append(f"Calibration (--calibrate) did not run: {exc}")
+            return
+        except KeyboardInterrupt:  # stop pressed while the probes ran: the cell's own report is complete
+            report.notes.append("Calibration (--calibrate) was stopped: the what-if stays analytic.")
+            return
+        except Exception as exc:  # our bug must not cost the cell its report
+            report.notes.append(f"Calibration (--calibrate) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
+                                "what-if stays analytic. Please report it.")
+            return
+        took = time.perf_counter() - started
+        replay = basis.replay
+        how = ("the step replay" if basis.name == "replay" else
+               f"the probes' parts (the step replay could not be used: {replay.why_not})" if replay is not None
+               else "the probes' parts")
+        report.notes.append(f"Calibrated as the cell ended (--calibrate, {took:.0f} s): the what-if stands on {how}.")
 
     def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
         """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""

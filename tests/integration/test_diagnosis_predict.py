@@ -217,3 +217,29 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     with pytest.raises(TfmemUsageError, match="took more than 1 s"):
         calibrate.probe_peaks(model, [16, 64], True, batch, True)
     assert threading.active_count() == threads  # the deadline's timer is gone, the probe process killed
+
+
+def test_calibrate_gives_the_report_the_step_replay_as_the_cell_ends(tf_shell):
+    # --calibrate: the report is born on the step replay (its panel, saved copy and fixes), no button to press
+    rep, result = cell(tf_shell, "m = cnn()\nm.fit(x, y, batch_size=32, epochs=1, verbose=0)", "--calibrate")
+    assert result.success and rep.whatif_basis is not None
+    assert rep.whatif_basis.name == "replay" and rep.whatif_basis.replay.passed, rep.notes
+    assert any(n.startswith("Calibrated as the cell ended (--calibrate") for n in rep.notes), rep.notes
+    bigger = tfmem_magic.predict(rep, batch_size=128)
+    assert bigger.basis == "replay" and bigger.error_band == prediction.REPLAY_BAND
+    assert rep.prediction is not None and rep.prediction.basis == "replay"
+    # the session's setting calibrates every cell; --no-calibrate keeps one analytic; a cell without a model is
+    # left alone
+    tf_shell.run_line_magic("tfmem", "calibrate on")
+    try:
+        kept, _ = cell(tf_shell, "m2 = cnn()\nm2.fit(x, y, batch_size=32, epochs=1, verbose=0)", "--no-calibrate")
+        assert kept.whatif_basis.name == "analytic"
+        plain, _ = cell(tf_shell, "big = np.ones((256, 1024), 'float32')")
+        assert plain.whatif_basis is None and not any("Calibrat" in n for n in plain.notes)
+        failed, result = cell(tf_shell, "m3 = cnn()\nm3.fit(x, y, batch_size=32, epochs=1, verbose=0)\n1 / 0")
+        assert not result.success
+        assert any("Calibration (--calibrate) did not run: the cell ended error" in n for n in failed.notes)
+        with pytest.raises(Exception, match="calibrate on"):
+            tf_shell.run_line_magic("tfmem", "calibrate sometimes")
+    finally:
+        tf_shell.run_line_magic("tfmem", "calibrate off")

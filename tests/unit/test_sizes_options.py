@@ -31,6 +31,9 @@ def test_cell_args_defaults():
     args = parse_cell_args("")
     assert args.options.mode == "trace" and args.options.interval_ms == 50.0
     assert args.panel and args.as_name is None and args.save is None
+    assert args.options.calibrate is None  # the session's setting (%tfmem calibrate on|off) decides
+    assert parse_cell_args("--calibrate").options.calibrate is True
+    assert parse_cell_args("--no-calibrate").options.calibrate is False
 
 
 def test_cell_args_all_options(tmp_path):
@@ -46,6 +49,7 @@ def test_cell_args_all_options(tmp_path):
 @pytest.mark.parametrize("line, fix", [
     ("--bogus", "unrecognized arguments"),
     ("--quick --trace", "not allowed with"),
+    ("--calibrate --no-calibrate", "not allowed with"),
     ("--as 2bad", "not a Python name"),
     ("--as class", "not a Python name"),
     ("--limit lots", "512MB"),

@@ -19,6 +19,10 @@ class Options:
     # predict each fit/evaluate/predict's step before it runs and refuse one that will not fit the limit: True,
     # False, or None = when a limit is set and TensorFlow's allocator is not capped (TensorFlow ran before it)
     preflight: bool | None = None
+    # after the block, calibrate its what-if (two probe processes replay the step: advise/calibration.py), so the
+    # report is born on the step replay where its self-check passes: True, False, or None = the session's setting
+    # (%tfmem calibrate on|off; off unless set)
+    calibrate: bool | None = None
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing
     keep_xspaces: bool = False  # keep each trace segment's raw XSpace (for TensorBoard's profile tools)
