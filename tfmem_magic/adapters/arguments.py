@@ -42,20 +42,15 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
                       help="allocator stats and RSS only: near-zero overhead")
     parser.add_argument("--limit", metavar="SIZE", help="this cell's memory budget, e.g. 6GB, 512MiB, 2G")
-    preflight = parser.add_mutually_exclusive_group()
-    preflight.add_argument("--preflight", dest="preflight", action="store_const", const=True, default=None,
-                           help="before each fit/evaluate/predict, predict its step from two small probe steps "
-                                "(another process, seconds) and refuse one that will not fit the limit (default: "
-                                "on when a limit is set and TensorFlow's allocator could not be capped)")
-    preflight.add_argument("--no-preflight", dest="preflight", action="store_const", const=False,
-                           help="never run the pre-flight (the guard still watches the cell)")
-    calibrate = parser.add_mutually_exclusive_group()
-    calibrate.add_argument("--calibrate", dest="calibrate", action="store_const", const=True, default=None,
-                           help="after the cell, replay its step in two probe processes (9 s for a small CNN here, "
-                                "40 s for a GRU, minutes for a ResNet) so its what-if stands on the step replay "
-                                "(default: %%tfmem calibrate on|off, off)")
-    calibrate.add_argument("--no-calibrate", dest="calibrate", action="store_const", const=False,
-                           help="keep the analytic what-if even when %%tfmem calibrate is on")
+    _switch(parser, "preflight",
+            "before each fit/evaluate/predict, predict its step from two small probe steps (another process, "
+            "seconds) and refuse one that will not fit the limit (default: on when a limit is set and TensorFlow's "
+            "allocator could not be capped)",
+            "never run the pre-flight (the guard still watches the cell)")
+    _switch(parser, "calibrate",
+            "after the cell, replay its step in two probe processes (9 s for a small CNN here, 40 s for a GRU, "
+            "minutes for a ResNet) so its what-if stands on the step replay (default: %%tfmem calibrate on|off, off)",
+            "keep the analytic what-if even when %%tfmem calibrate is on")
     if notebook:
         parser.add_argument("--as", dest="as_name", metavar="NAME", help="also bind the report to NAME")
         parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")
@@ -77,6 +72,13 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
     if notebook:
         parser.add_argument("-h", "--help", action="help", help="show this help")
     return parser
+
+
+def _switch(parser: argparse.ArgumentParser, name: str, on_help: str, off_help: str) -> None:
+    """--NAME / --no-NAME, exclusive: True, False, or None when neither is given (the default decides)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(f"--{name}", dest=name, action="store_const", const=True, default=None, help=on_help)
+    group.add_argument(f"--no-{name}", dest=name, action="store_const", const=False, help=off_help)
 
 
 @dataclass(frozen=True)
