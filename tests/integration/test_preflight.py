@@ -81,6 +81,56 @@ def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     assert cell["error"] is None and r["preflight"] is None
 
 
+NET = """
+%load_ext tfmem_magic
+import json, numpy as np, keras
+x = np.random.rand(2048, 64, 64, 3).astype("float32")
+class Net(keras.Model):  # subclassed, an argument and no get_config: Keras cannot write a config to clone it from
+    def __init__(self, width):
+        super().__init__()
+        self.conv = keras.layers.Conv2D(width, 3, activation="relu")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.head = keras.layers.Dense(10)
+    def call(self, x):
+        return self.head(self.pool(self.conv(x)))
+net = Net(128)
+net.predict(x[:8], verbose=0)
+"""
+
+
+@pytest.fixture
+def net_kernel(tmp_path_factory):
+    """A kernel of its own: in the module's, after the fits above, the first pre-flight counted the regions the
+    previous cell's fit left in TensorFlow's allocator as reusable and named 224, and the second, after a refused
+    cell (the peak counter reset, nothing ran), did not and refused 224 (docs/preflight.md, "What it does not do")."""
+    k = Kernel(tmp_path_factory.mktemp("preflight-net"))
+    assert k.run(NET)["error"] is None
+    yield k
+    k.close()
+
+
+def test_predict_on_a_model_keras_cannot_clone_is_checked_on_its_own_predict_step(net_kernel):
+    # no clone to probe: the model's predict_step (Keras' own, on this model) is saved and the probes run it. Batch
+    # 2048 of 64x64 images through 128 filters is ~4 GiB of activations: refused under 3 GB; the batch it names runs
+    kernel = net_kernel
+
+    def run(batch: int) -> tuple[dict, dict]:
+        cell = kernel.run(f"%%tfmem --quick --limit 3GB --as r\nout = net.predict(x, batch_size={batch}, verbose=0)")
+        return cell, kernel.run(REPORT)["data"]
+
+    cell, r = run(2048)
+    assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+    pre = r["preflight"]
+    assert pre["call"] == "predict" and pre["basis"] == "replay", pre
+    assert (pre["own_step"] or "").startswith("Net.predict_step, Keras' own"), pre["own_step"]
+    assert r["rss_peak"] < LIMIT
+    suggested = pre["largest_batch"]
+    assert 16 < suggested < 2048
+    cell, again = run(suggested)
+    assert cell["error"] is None and again["status"] == "ok", (pre, again["preflight"], again["error"])
+    assert again["rss_peak"] < LIMIT
+
+
 @pytest.fixture(scope="module")
 def gan_kernel(tmp_path_factory):
     """keras-io's DCGAN (benchmarks/custom_step_accuracy.py's), compiled and never fitted: its two Adams have no

@@ -89,26 +89,33 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         return own_step_basis(report, basis, model, structure, f"{name}, a GradientTape loop's step", entry[3],
                               progress, lambda folder: step_export.export_loop_step(function, structure, folder))
 
-    def keras_step(own: str) -> Basis:  # the model's train_step (its own or Keras'), saved for the probes
-        return own_step_basis(report, basis, model, entry[2], own, entry[3], progress,
-                              lambda folder: step_export.export_step(model, entry[2], folder))
+    training = report.model.training if report.model else True
+    # the step the cell ran, saved for the probes where a clone cannot run it: training's, or evaluate's or
+    # predict's (a model Keras cannot clone; None: a cell that only called the model, whose step is not Keras')
+    method = ("train_step" if training else "test_step" if "evaluate" in calls
+              else "predict_step" if "predict" in calls else None)
 
-    own = step_export.sent_step(model)
-    if own is not None and report.model is not None and report.model.training and replay:
+    def keras_step(own: str) -> Basis:  # the model's step (its own or Keras'), saved for the probes
+        assert method is not None
+        return own_step_basis(report, basis, model, entry[2], own, entry[3], progress,
+                              lambda folder: step_export.export_step(model, entry[2], folder, method))
+
+    own = (step_export.sent_step(model) if training
+           else step_export.uncloneable(model, method) if method is not None else None)
+    if own is not None and replay:
         return keras_step(own)
     batches = probe_batches(report, basis)
     started = time.perf_counter()
-    train = report.model.training if report.model else True
     pipeline = report.model.fed_arrays if report.model else False
     share = 0.5 if replay else 1.0  # of the progress bar: the replay's probes take about as long
     try:
-        peaks = calibrate.probe_peaks(model, batches, train, entry[2], pipeline,
+        peaks = calibrate.probe_peaks(model, batches, training, entry[2], pipeline,
                                       None if progress is None else lambda text, done: progress(text, share * done))
     except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
-        if not (train and replay):
+        if not (replay and method is not None):
             raise
-        return keras_step(step_export.not_rebuilt(model))
-    curve = (replay_curve(model, basis, train, entry[2], pipeline,
+        return keras_step(step_export.not_rebuilt(model, method))
+    curve = (replay_curve(model, basis, training, entry[2], pipeline,
                           None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
                           report.model.feed if report.model else "", report.model.samples if report.model else None,
                           report.on_gpu)

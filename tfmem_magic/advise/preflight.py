@@ -57,6 +57,8 @@ REPLAY_BAND = 0.40
 REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
+# the step each checked call runs: what is saved for the probes when a clone cannot run it
+STEP_OF_CALL = {"fit": "train_step", "evaluate": "test_step", "predict": "predict_step"}
 PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the smaller half of that
 
 
@@ -117,17 +119,18 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
                              predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
     info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold)
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
-    own = step_export.sent_step(model) if train else None
+    # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
+    # the model's own, saved as train_step is
+    method = STEP_OF_CALL[call]
+    own = step_export.sent_step(model) if train else step_export.uncloneable(model, method)
     try:
         if own is None:
             try:
                 step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
             except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the model's own step
-                if not train:
-                    raise
-                own = step_export.not_rebuilt(model)
+                own = step_export.not_rebuilt(model, method)
         if own is not None:
-            step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous)
+            step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous, method)
             info.own_step, copies = own, copies + built
         # the replay's peak has the slots the call builds: only the arrays' copy is added (and, for the model's own
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
@@ -143,18 +146,19 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
     return _judge(info, step_at, tf_current, tf_held)
 
 
-def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | None
+def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
                       ) -> tuple[Callable[[float], float], list[int], int]:
-    """replayed_step for a model that trains in a step of its own: the step is traced again and saved with its
-    variables (step_export.py), and the probes run it. Before the call's first step, that trace builds what the
+    """replayed_step for a model that trains in a step of its own, or whose evaluate/predict step a clone cannot run
+    (no config to clone it from): the call's step (`method`) is traced again and saved with its variables
+    (step_export.py), and the probes run it. Before the call's first step, that trace builds what the
     step would (its optimizers' slots), and tracing and saving cost the kernel a graph: returns (batch -> bytes the
     steps add, the probe batches, what the process grew by while the step was saved: after the call's `rss`)."""
     process = psutil.Process()
     before, rss = bytes_in_use() or 0, process.memory_info().rss
-    with step_export.saved_for_probes(lambda folder: step_export.export_step(model, use.structure, folder),
+    with step_export.saved_for_probes(lambda folder: step_export.export_step(model, use.structure, folder, method),
                                       "tfmem-preflight-step-") as saved:
         grown = max((bytes_in_use() or 0) - before, process.memory_info().rss - rss, 0)
-        step_at, probes = replayed_step(model, use, True, batch, generous, saved)
+        step_at, probes = replayed_step(model, use, method == "train_step", batch, generous, saved)
     return step_at, probes, grown
 
 
@@ -361,8 +365,10 @@ def _extra_words(info: PreflightInfo) -> str:
     replay's peak has them; the model's own step built its slots in the kernel while it was saved)."""
     if info.basis != "replay":
         return "optimizer slots, copies of numpy arrays"
-    return ("its copy of numpy arrays; the slots and the graph of its step, saved for the probes" if info.own_step
-            else "its copy of numpy arrays")
+    if not info.own_step:
+        return "its copy of numpy arrays"
+    built = "the slots and the graph" if info.call == "fit" else "the graph"  # evaluate/predict build no slots
+    return f"its copy of numpy arrays; {built} of its step, saved for the probes"
 
 
 def how_predicted(info: PreflightInfo) -> str:

@@ -61,23 +61,23 @@ def sent_step(model: Any) -> str | None:
     return own_step(model) or uncloneable(model)
 
 
-def not_rebuilt(model: Any) -> str:
+def not_rebuilt(model: Any, method: str = "train_step") -> str:
     """The step sent where the model's config was written but its class could not be rebuilt from it in the probe
-    (calibrate.NotRebuildable): Keras' own, on this model."""
-    return f"{type(model).__name__}.train_step, Keras' own: its clone could not be rebuilt"
+    (calibrate.NotRebuildable): Keras' own, on this model (`method`: the call's step, e.g. predict_step)."""
+    return f"{type(model).__name__}.{method}, Keras' own: its clone could not be rebuilt"
 
 
-def uncloneable(model: Any) -> str | None:
+def uncloneable(model: Any, method: str = "train_step") -> str | None:
     """"TwoTowers.train_step, Keras' own: ..." when Keras cannot write the model's config (a subclassed model without
-    get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model) is sent
-    instead. None when the config is written."""
+    get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model; `method`:
+    the call's step) is sent instead. None when the config is written."""
     to_json = getattr(model, "to_json", None)
     if to_json is None or not hasattr(model, "train_step"):  # not a Keras model: calibration says what it needs
         return None
     try:
         to_json()
     except (TypeError, ValueError, NotImplementedError, AttributeError):
-        return f"{type(model).__name__}.train_step, Keras' own: the model has no config to clone it from"
+        return f"{type(model).__name__}.{method}, Keras' own: the model has no config to clone it from"
     return None
 
 
@@ -173,9 +173,11 @@ def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> S
     return _save(lambda data: function(*data), structure, folder, autograph=False)
 
 
-def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> SavedStep:
-    """Save the model's `train_step` with every variable it touches as a SavedModel in `folder` (its `step`
-    function takes one batch, shaped as `data_signature` says). Before the model's first step (the pre-flight) the
+def export_step(model: Any, structure: dict[str, Any] | None, folder: str, method: str = "train_step"
+                ) -> SavedStep:
+    """Save the model's `train_step` (or the call's `method`: `test_step` for evaluate, `predict_step` for predict)
+    with every variable it touches as a SavedModel in `folder` (its `step` function takes one batch, shaped as
+    `data_signature` says). Before the model's first step (the pre-flight) the
     trace builds what that step would: its optimizers' slots, a subclassed model's layers. A step that cannot be
     traced again or saved (a captured resource that is not a variable, Python state the graph cannot hold) raises a
     TfmemUsageError that says why."""
@@ -188,7 +190,7 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str) -> Sa
     # Keras 3 traces the step without AutoGraph (its trainers wrap it in `do_not_convert`), tf_keras with it; and
     # with XLA where the model compiles with it (Keras 3's "auto": on a GPU), as the cell's fit ran it
     jit = getattr(model, "jit_compile", None)
-    return _save(model.train_step, structure, folder, autograph=legacy, jit_compile=bool(jit) or None)
+    return _save(getattr(model, method), structure, folder, autograph=legacy, jit_compile=bool(jit) or None)
 
 
 @contextmanager
@@ -235,6 +237,6 @@ def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograp
         raise
     except Exception as exc:
         why = " ".join(str(exc).split())[:240]
-        raise TfmemUsageError(f"the model's own training step could not be traced again and saved for the probe "
+        raise TfmemUsageError(f"the model's own step could not be traced again and saved for the probe "
                               f"processes ({type(exc).__name__}: {why})") from exc
     return SavedStep(folder, variable_bytes(holder.variables_read))
