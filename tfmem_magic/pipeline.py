@@ -167,8 +167,13 @@ class Profiler:
         wanted = self.options.calibrate if self.options.calibrate is not None else SESSION.calibrate
         if not wanted or report.whatif_basis is None or not self.options.publish:
             return  # nothing to calibrate (no Keras model), or a measurement of our own
+        asked = "--calibrate" if self.options.calibrate else "%tfmem calibrate on"
+        if SESSION.measuring:  # a block inside a measured cell: its probes would be counted in the outer one
+            report.notes.append(f"Calibration ({asked}) did not run: this block is inside another measurement, "
+                                "which its probe processes would be counted in; the what-if stays analytic.")
+            return
         if report.status not in ("ok", "oom"):
-            report.notes.append(f"Calibration (--calibrate) did not run: the cell ended {report.status}, so its "
+            report.notes.append(f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
                                 "step was not measured; the what-if stays analytic.")
             return
         print("tfmem: calibrating the what-if (probe processes replay the step)...", flush=True)
@@ -176,13 +181,13 @@ class Profiler:
         try:
             basis = calibration.measured_basis(report)
         except TfmemUsageError as exc:
-            report.notes.append(f"Calibration (--calibrate) did not run: {exc}")
+            report.notes.append(f"Calibration ({asked}) did not run: {exc}")
             return
         except KeyboardInterrupt:  # stop pressed while the probes ran: the cell's own report is complete
-            report.notes.append("Calibration (--calibrate) was stopped: the what-if stays analytic.")
+            report.notes.append(f"Calibration ({asked}) was stopped: the what-if stays analytic.")
             return
         except Exception as exc:  # our bug must not cost the cell its report
-            report.notes.append(f"Calibration (--calibrate) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
+            report.notes.append(f"Calibration ({asked}) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
                                 "what-if stays analytic. Please report it.")
             return
         took = time.perf_counter() - started
@@ -190,7 +195,7 @@ class Profiler:
         how = ("the step replay" if basis.name == "replay" else
                f"the probes' parts (the step replay could not be used: {replay.why_not})" if replay is not None
                else "the probes' parts")
-        report.notes.append(f"Calibrated as the cell ended (--calibrate, {took:.0f} s): the what-if stands on {how}.")
+        report.notes.append(f"Calibrated as the cell ended ({asked}, {took:.0f} s): the what-if stands on {how}.")
 
     def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
         """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""

@@ -238,7 +238,7 @@ def test_calibrate_gives_the_report_the_step_replay_as_the_cell_ends(tf_shell):
         assert plain.whatif_basis is None and not any("Calibrat" in n for n in plain.notes)
         failed, result = cell(tf_shell, "m3 = cnn()\nm3.fit(x, y, batch_size=32, epochs=1, verbose=0)\n1 / 0")
         assert not result.success
-        assert any("Calibration (--calibrate) did not run: the cell ended error" in n for n in failed.notes)
+        assert any("Calibration (%tfmem calibrate on) did not run: the cell ended error" in n for n in failed.notes)
         with pytest.raises(Exception, match="calibrate on"):
             tf_shell.run_line_magic("tfmem", "calibrate sometimes")
     finally:

@@ -48,7 +48,7 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
             "allocator could not be capped)",
             "never run the pre-flight (the guard still watches the cell)")
     _switch(parser, "calibrate",
-            "after the cell, replay its step in two probe processes (9 s for a small CNN here, 40 s for a GRU, "
+            "after the cell, replay its step in probe processes (9 s for a small CNN here, 40 s for a GRU, "
             "minutes for a ResNet) so its what-if stands on the step replay (default: %%tfmem calibrate on|off, off)",
             "keep the analytic what-if even when %%tfmem calibrate is on")
     if notebook:

@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         with profiler:
-            runpy.run_path(ns.script, run_name="__main__")
+            # kept until the block ends: --calibrate needs the script's model alive (the report links it weakly)
+            script_globals = runpy.run_path(ns.script, run_name="__main__")  # noqa: F841
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception:  # the script's own error: show its traceback, then the report, and fail like it would

@@ -29,5 +29,6 @@ def demo_source(batch: int = 128, epochs: int = 1) -> str:
 def run_demo(profiler: Any, batch: int = 128, epochs: int = 1) -> None:
     """Run the demo's source under `profiler` (a pipeline.Profiler, not yet started)."""
     code = compile(demo_source(batch, epochs), "<tfmem demo>", "exec")
+    scope = {"__name__": "__tfmem_demo__"}  # outlives the block: --calibrate needs the model alive
     with profiler:
-        exec(code, {"__name__": "__tfmem_demo__"})
+        exec(code, scope)

@@ -211,7 +211,7 @@ class TfmemMagics(Magics):
             state = "on" if SESSION.calibrate else "off"
             raise TfmemUsageError(f"%tfmem {COMMANDS['calibrate'].usage} (now {state})")
         SESSION.calibrate = words == ["on"]
-        print("Calibration on: every %%tfmem cell that runs a Keras model calibrates its what-if as it ends (two "
+        print("Calibration on: every %%tfmem cell that runs a Keras model calibrates its what-if as it ends ("
               "probe processes replay its step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). "
               "--no-calibrate skips it for one cell." if SESSION.calibrate else
               "Calibration off: what-ifs are analytic until calibrated (--calibrate, or the Calibrate button).")
@@ -253,7 +253,9 @@ class TfmemMagics(Magics):
             interval = float(words[2]) if len(words) == 3 else 50.0
         except ValueError:
             raise TfmemUsageError(f"%tfmem watch on --interval {words[2]!r}: give milliseconds, e.g. 100") from None
-        options = pipeline.Options(mode="quick", interval_ms=interval)  # checked before the old watcher stops
+        # checked before the old watcher stops; never calibrated (%tfmem calibrate on is for %%tfmem cells: a
+        # watched cell's line must stay near-free)
+        options = pipeline.Options(mode="quick", interval_ms=interval, calibrate=False)
         if SESSION.watcher is not None:
             SESSION.watcher.stop()
         SESSION.watcher = Watcher(self.shell, options)

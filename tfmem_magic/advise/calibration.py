@@ -92,8 +92,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     training = report.model.training if report.model else True
     # the step the cell ran, saved for the probes where a clone cannot run it: training's, or evaluate's or
     # predict's (a model Keras cannot clone; None: a cell that only called the model, whose step is not Keras')
-    method = ("train_step" if training else "test_step" if "evaluate" in calls
-              else "predict_step" if "predict" in calls else None)
+    last = next((c for c in reversed(calls) if c in ("evaluate", "predict")), None)  # of a cell that ran both
+    method = "train_step" if training else {"evaluate": "test_step", "predict": "predict_step"}.get(last or "")
 
     def keras_step(own: str) -> Basis:  # the model's step (its own or Keras'), saved for the probes
         assert method is not None
@@ -214,7 +214,7 @@ def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str
     if progress:
         progress("done", 1.0)
     if not curve.passed:
-        raise TfmemUsageError(f"calibration ran this model's own training step ({own}) in two probe processes, and "
+        raise TfmemUsageError(f"calibration ran this model's own step ({own}) in two probe processes, and "
                               f"its step replay cannot be used: {curve.why_not}. The analytic basis stays in use.")
     curve.source = "step"
     replayed = replace(basis, name="replay", replay=curve, slope_source=f"{own}, replayed",

@@ -171,8 +171,8 @@ def analytic_basis(report: Report) -> Basis:
         busiest = traced_per_sample(report, at_peak=False)
         if busiest is not None and busiest > traced * MOMENT_RATIO:
             # the peak came at a moment that holds few of the batch's tensors: above the cell's batch another
-            # moment, with more of them, overtakes it; its slope (from the cell's peak: an upper bound, by the
-            # difference of the two moments at the cell's batch) above, the peak's below
+            # moment, with more of them, overtakes it; its slope above (drawn from that moment's own total, by
+            # `moment_gap` below the peak: parts_at), the peak's below
             below, activations = activations, max(0.0, busiest - input_per_sample)
             source = "the trace (tensors with the batch dimension, at the moment that holds most of them)"
             gap = _moment_gap(report, fragmentation)
