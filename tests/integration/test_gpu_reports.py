@@ -465,6 +465,8 @@ def test_an_xla_compiled_fit_says_why_its_breakdown_has_no_layers():
         model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(512, activation="relu", name="wide"),
                                   keras.layers.Dense(10, name="head")], name=f"xla_{jit}")
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+        # built and compiled before the measured fit: its peak is a step's, not the moment the variables are made
+        model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)
         with tfmem_magic.profile(label=f"jit={jit}") as p:
             model.fit(x, y, batch_size=64, epochs=1, verbose=0)
         reports[jit] = p.report
@@ -481,7 +483,8 @@ def test_an_xla_compiled_fit_says_why_its_breakdown_has_no_layers():
     assert not {g.layer for g in compiled.trace.by_layer} - {"(no layer)"}
     assert share(compiled, {"other"}) >= 0.5, compiled.trace.by_phase
     assert not any("XLA" in n for n in plain.notes)
-    assert share(plain, {"forward", "backward", "optimizer"}) >= 0.5, plain.trace.by_phase
+    assert compiled.trace.xla_runs and not plain.trace.xla_runs
+    assert share(plain, {"other"}) < 0.5, plain.trace.by_phase  # its buffers are named (forward, optimizer, ...)
 
 
 def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_nothing_is(monkeypatch):
