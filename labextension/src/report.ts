@@ -111,6 +111,7 @@ export interface TraceInfo {
   replica_batch_size: number | null;
   batch_bytes_most: number | null;
   live_at_batch_most_bytes: number | null;
+  moments_below: number[][];
   xla_runs: number;
   xla_at_peak_bytes: number;
   held_at_end: LiveGroup[];
@@ -234,6 +235,7 @@ export interface Basis {
   };
   activations_per_sample_below: number | null;
   moment_gap: number;
+  lines_below: number[][];
   slope_source: string;
   copy_missing: number;
   increment_fragmentation: number | null;

@@ -197,3 +197,29 @@ def test_the_steps_come_from_the_models_sequence_outputs_only():
     report = Report(model=ModelInfo(name="m", params=4, layers=layers))
     assert step_dims(report) == {64}
     assert step_dims(Report()) == set()
+
+
+def test_the_moments_below_are_the_ones_a_smaller_batch_would_peak_at():
+    # a recurrent step as its trace saw it: the peak (event 1) holds 900 bytes of batch tensors over 100 of others;
+    # event 3, 50 bytes lower, holds only 200 of them (kernel-shaped gradients that do not shrink); event 2 neither
+    running = np.array([0, 900, 500, 200, 0])
+    live = np.array([100, 1000, 900, 950, 300])
+    lines = analysis._moments_below(running, live, peak=1, chunks=1.0)
+    # at half the batch event 3 holds 950 - 100 = 850 where the peak holds 1000 - 450 = 550: it is found, once
+    assert lines == [[200, 950]]
+    # a moment that shrinks as fast as the peak and stands lower is never the peak below it
+    assert analysis._moments_below(np.array([0, 900, 900]), np.array([100, 1000, 990]), peak=1, chunks=1.0) == []
+
+
+def test_a_moment_holding_bytes_the_trace_never_saw_is_not_taken_for_a_line():
+    rows = [(10, True, 100, 100, 0xA, 0, 0), (20, True, 200, 200, 0xB, 0, 0),  # <- the peak: 1000 + 300
+            (30, False, 100, 100, 0xA, -1, 0), (40, True, 50, 50, 0xC, 0, 0)]
+    ev = make_trace(rows, strings=STRINGS).events
+    ev.live[3] += 100  # 100 bytes allocated while the trace was paused are in the allocator's total there
+    freed_at, preexisting_free = analysis.match_frees(ev)
+    accounted = analysis._accounted(ev, freed_at, preexisting_free, 1000, peak=1)
+    assert accounted.tolist() == [True, True, True, False]
+    # the unseen bytes would have looked like bytes that do not shrink: with them, event 3 is a line; without, none
+    running = np.array([100, 300, 200, 0])
+    assert analysis._moments_below(running, ev.live, peak=1, chunks=1.0) == [[0, 1350]]
+    assert analysis._moments_below(running, ev.live, peak=1, chunks=1.0, accounted=accounted) == []

@@ -357,3 +357,47 @@ def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
     assert prediction.parts_at(old, replace(old.knobs, batch_size=far))["activations"] == pytest.approx(busy * far)
     assert prediction.peak_at(old, replace(old.knobs, batch_size=far)) > prediction.peak_at(
         basis, replace(basis.knobs, batch_size=far))
+
+
+def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
+    # a GRU's step at batch 32: its peak in the forward pass, 40 KB per sample of batch tensors; a moment of its
+    # backward pass 0.5 MiB (requested) lower holds 5 KB per sample and 1.5 MiB of gradients of the recurrent kernel's
+    # shape. At batch 8 that moment is the peak (traced: docs/what-if.md, "Below the cell's batch")
+    from tfmem_magic.core.report import TraceInfo
+
+    rep = report(batch=32)
+    rep.model.layers[0].kept_bytes_per_sample = 8_000  # a layer that keeps its time steps: it trains a recurrent one
+    requested = round(rep.tf_peak_bytes / 1.3)
+    gap = MiB // 2
+    fed = rep.model.copy_bytes / rep.model.samples  # the batch's own input tensors: a part of their own
+    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
+                          allocated_at_peak_bytes=round(requested * 1.3), replica_batch_size=32,
+                          batch_bytes_at_peak=round(32 * (40_000 + fed)), batch_bytes_most=round(32 * (40_000 + fed)),
+                          live_at_batch_most_bytes=rep.tf_peak_bytes,
+                          moments_below=[[round(32 * (5_000 + fed)), rep.tf_peak_bytes - round(gap * 1.3)]])
+    basis = prediction.analytic_basis(rep)
+    slope = basis.activations_per_sample
+    assert basis.lines_below == [[pytest.approx(5_000, abs=0.1), pytest.approx(gap, abs=1)]]
+
+    def activations(batch: int) -> float:
+        return prediction.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
+
+    # just below the cell's batch the peak's line is still the higher: it shrinks by its own slope
+    assert activations(32) - activations(30) == pytest.approx(2 * slope, rel=1e-6)
+    # at batch 8 the other moment's line is higher: it shrinks by its own 5 KB per sample from `gap` lower
+    assert activations(8) == pytest.approx(slope * 32 - 5_000 * 24 - gap, rel=1e-6)
+    assert activations(8) > slope * 8
+    # ... and the prediction says so, there only
+    assert any("another moment" in n for n in prediction.predict(rep, batch_size=8).notes)
+    assert not any("another moment" in n for n in prediction.predict(rep, batch_size=30).notes)
+    # above the cell's batch it changes nothing
+    assert activations(64) == pytest.approx(slope * 64, rel=1e-6)
+    # a model with no recurrent layer keeps the peak's line alone (other models' moments over-predicted: +44%)
+    rep.model.layers[0].kept_bytes_per_sample = 0
+    assert prediction.analytic_basis(rep).lines_below == []
+    rep.model.layers[0].kept_bytes_per_sample = 8_000
+    # without the moment the peak's line is all there is (the old prediction, 29-38% short on the GRU)
+    rep.trace.moments_below = []
+    alone = prediction.analytic_basis(rep)
+    assert prediction.peak_at(alone, replace(alone.knobs, batch_size=8)) < prediction.peak_at(
+        basis, replace(basis.knobs, batch_size=8))

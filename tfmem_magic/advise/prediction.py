@@ -166,6 +166,7 @@ def analytic_basis(report: Report) -> Basis:
     traced = traced_per_sample(report)
     below: float | None = None
     gap = 0
+    lines_below: list[list[float]] = []
     if traced is not None:  # measured per tensor: recurrent states, attention scores, nested models' insides
         activations, source = max(0.0, traced - input_per_sample), "the trace (tensors with the batch dimension)"
         busiest = traced_per_sample(report, at_peak=False)
@@ -176,6 +177,7 @@ def analytic_basis(report: Report) -> Basis:
             below, activations = activations, max(0.0, busiest - input_per_sample)
             source = "the trace (tensors with the batch dimension, at the moment that holds most of them)"
             gap = _moment_gap(report, fragmentation)
+        lines_below = _lines_below(report, fragmentation, input_per_sample, activations if below is None else below)
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
@@ -198,7 +200,34 @@ def analytic_basis(report: Report) -> Basis:
     growth = GROWTH_FRAGMENTATION if fragmentation > GROWTH_FRAGMENTATION and _measured_fragmentation(report) else None
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
                  fragmentation, measured, knobs, slope_source=source, copy_missing=missing,
-                 growth_fragmentation=growth, activations_per_sample_below=below, moment_gap=gap)
+                 growth_fragmentation=growth, activations_per_sample_below=below, moment_gap=gap,
+                 lines_below=lines_below)
+
+
+def _lines_below(report: Report, fragmentation: float, input_per_sample: float, peak_slope: float) -> list[list[float]]:
+    """The lines of the trace's other moments that could be the step's peak at a smaller batch (analysis.
+    _moments_below), each [slope per sample, gap below the peak at the cell's batch] in requested bytes: only those
+    that shrink slower than the peak's own line (the others are below it at every smaller batch). Each stands below
+    the allocator's own peak, not the trace's: where the peak came while the trace was paused (a higher moment of
+    the cell's batch, 1.4 MiB over the traced one in an LSTM's cell), a moment's line drawn from the traced peak
+    kept that excess at every smaller batch (+24% at a quarter of the batch).
+    Only for a model that trains a recurrent layer (one that keeps its time steps for the backward pass): its
+    backward loop holds gradients of its kernels' shape per time step in flight, the moment these lines are for.
+    On the zoo's other models a moment's line predicted up to +44% at a quarter of the batch (MobileNetV2) where the
+    peak's line gave +17%: what a moment holds beside the tensors the trace can tell carry the batch is not all
+    bytes that stay (docs/what-if.md, "Below the batch: the step's other moments")."""
+    trace, device, model = report.trace, report.main_device, report.model
+    if trace is None or not trace.replica_batch_size or model is None:
+        return []
+    if not any(layer.kept_bytes_per_sample for layer in model.layers):
+        return []
+    top = max(trace.peak_live_bytes, device.peak_bytes if device is not None else 0)
+    lines = []
+    for batch_bytes, live in trace.moments_below:
+        slope = max(0.0, batch_bytes / trace.replica_batch_size - input_per_sample)
+        if slope < peak_slope:
+            lines.append([slope, max(0, round((top - live) / fragmentation))])
+    return lines
 
 
 def _moment_gap(report: Report, fragmentation: float) -> int:
@@ -310,11 +339,11 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
         # one's, growing faster from `moment_gap` lower; the step's peak is whichever is higher at this batch
         per_batch = max(basis.activations_per_sample * now_micro + below * (micro - now_micro),
                         basis.activations_per_sample * micro - basis.moment_gap)
-    elif below is None or micro >= now_micro:
+    elif micro >= now_micro or (below is None and not basis.lines_below):
         per_batch = basis.activations_per_sample * micro
     else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one; an analytic
         # basis': its trace's peak's, where the busiest moment set the slope above)
-        per_batch = basis.activations_per_sample * now_micro - below * (now_micro - micro)
+        per_batch = max(_lines_at(basis, micro, now_micro))
         # a measured basis whose slope below (the cell's trace's) is steeper than its probes' above takes more out
         # of the cell's peak than the activations it put in: the rest comes off "other", so that the total is the
         # cell's peak less what leaves with the batch (clamped here, a GRU's batch 8 was predicted 0 bytes)
@@ -336,6 +365,24 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
             "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
             "other": float(basis.other) + shortfall * scale}
+
+
+def _lines_at(basis: Basis, micro: float, now_micro: float) -> list[float]:
+    """Below the cell's batch: the batch-dependent bytes at `micro` on the peak's line, then on the line of each of
+    the step's other moments that shrink less (`Basis.lines_below`); the step's peak is on the highest."""
+    top = basis.activations_per_sample * now_micro
+    below = basis.activations_per_sample_below
+    peak_line = top - (basis.activations_per_sample if below is None else below) * (now_micro - micro)
+    return [peak_line] + [top - slope * (now_micro - micro) - gap for slope, gap in basis.lines_below]
+
+
+def another_moment_below(basis: Basis, knobs: Knobs) -> bool:
+    """At this smaller batch another moment of the step than the cell's peak is predicted to be the peak."""
+    now_micro, micro = basis.knobs.batch_size / basis.knobs.split, knobs.batch_size / knobs.split
+    if micro >= now_micro or not basis.lines_below:
+        return False
+    lines = _lines_at(basis, micro, now_micro)
+    return max(lines[1:]) > lines[0]
 
 
 def gradient_copies(knobs: Knobs) -> int:
@@ -617,6 +664,10 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         notes.append("Below the cell's batch, most of the peak is what the cell's own run held apart from its "
                      "batch, which varies from run to run: the prediction is the analytic one (what the cell's "
                      "trace says leaves with the batch), with its error band.")
+    if not replayed and another_moment_below(basis, knobs):
+        notes.append("At this batch another moment of the cell's step is the peak: one the trace saw holding fewer "
+                     "of the batch's tensors and more that do not shrink with it (a recurrent layer's backward pass "
+                     "holds gradients of its kernels' shape), so the peak falls less than the batch.")
     if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > now.batch_size:
         notes.append("The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
                      "batch: an upper bound (calibrate to measure it).")

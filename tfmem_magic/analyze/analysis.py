@@ -39,7 +39,7 @@ _OPTIMIZER_SCOPES = {"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
 XLA_OP = "XLA computation"
 INPUT_COPY_OP = "input copy (numpy → tensor)"  # fit's copy of the arrays: the data, not one batch of it
-# phases whose tensors never carry the batch: what `_batch_bytes` and `_batch_bytes_most` leave out
+# phases whose tensors never carry the batch: what `_batch_bytes` and `_batch_running` leave out
 _NOT_BATCH_PHASES = ("weights", "optimizer", "pre-existing", "untraced")
 
 
@@ -375,14 +375,16 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
                and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
 
 
-def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
-                      live_at_peak: np.ndarray) -> tuple[int, int] | None:
-    """The most requested bytes live at any one moment in tensors that carry the batch dimension (the tensors
-    `_batch_bytes` counts at the peak). A step can peak at a moment that holds few of them (a GRU's, in half the runs
-    at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another moment held
-    71 KB): this is what grows fastest with the batch. Allocations never freed in the trace count only where they
-    are live at the peak (else a free lost between two trace segments would keep them live). With it, the index of
-    the event where they were most: the allocator's total there is that moment's, to draw its own line from."""
+def _batch_running(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
+                   live_at_peak: np.ndarray, window_ends: np.ndarray | None = None) -> np.ndarray | None:
+    """Requested bytes live after each event in tensors that carry the batch dimension (the tensors `_batch_bytes`
+    counts at the peak). A step can peak at a moment that holds few of them (a GRU's, in half the runs at batch 32:
+    the peak came while its step's tensors were small, 20 KB per sample where another moment held 71 KB): the
+    moment that holds most of them grows fastest with the batch, and its allocator total is where its own line
+    starts. Allocations never freed in the trace count only where they are live at the peak (else a free lost
+    between two trace segments would keep them live), or, given `window_ends` (each event's first index past its
+    trace segment), until the end of their segment: a segment that stopped inside a step leaves that step's tensors
+    unfreed, and the allocator's total there holds them."""
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
@@ -392,15 +394,72 @@ def _batch_bytes_most(ev: MemoryEvents, att: Attributed, ctx: TraceContext, free
     shapes = np.unique(ev.shape[ev.is_alloc])
     carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
                        and batch_dimension(ev.string(k), batch, ctx.step_dims)]
-    carrying = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
-                & ((freed_at < n) | live_at_peak))
+    carrying = ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
+    if window_ends is None:
+        carrying &= (freed_at < n) | live_at_peak
+    else:
+        freed_at = np.where((freed_at < n) | live_at_peak, freed_at, window_ends)
     delta = np.zeros(n, dtype=np.int64)
     delta[carrying] = ev.requested[carrying]
     freed = carrying & (freed_at < n)
     np.subtract.at(delta, freed_at[freed], ev.requested[freed])
-    running = np.cumsum(delta)
-    most = int(np.argmax(running))
-    return int(max(running[most], 0)), most
+    return np.cumsum(delta)
+
+
+def _window_ends(t_s: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
+    """For each event, the index of the first event past the end of the trace segment it belongs to (len: none)."""
+    n = len(t_s)
+    if len(windows) < 2:
+        return np.full(n, n, dtype=np.int64)
+    starts = np.array([w[0] for w in windows])
+    ends = np.array([w[1] for w in windows])
+    segment = np.clip(np.searchsorted(starts, t_s, side="right") - 1, 0, len(windows) - 1)
+    return np.searchsorted(t_s, ends[segment], side="right").astype(np.int64)
+
+
+# how far (a share of the peak) the bytes a moment holds unseen by the trace may differ from the peak's for the moment
+# to count (_accounted)
+ACCOUNTED = 0.05
+# smaller batches, as fractions of the cell's, at which `_moments_below` looks for the moment that would be the peak
+BELOW_RATIOS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
+
+
+def _accounted(ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndarray, preexisting: int,
+               peak: int) -> np.ndarray:
+    """The events where the trace accounts for the allocator's total as well as it does at the peak: the bytes
+    live there that are neither the trace's own allocations nor what was live before it (allocated during a pause,
+    or freed during one) differ from the peak's by at most ACCOUNTED of the peak. Elsewhere what a moment holds is
+    not known well enough to split it into what shrinks with the batch and what does not."""
+    n = len(ev)
+    delta = np.where(ev.is_alloc, ev.chunk, 0).astype(np.int64)
+    ended = ev.is_alloc & (freed_at < n)
+    np.subtract.at(delta, freed_at[ended], ev.chunk[ended])
+    preexisting_left = preexisting - np.cumsum(np.where(preexisting_free, ev.chunk, 0))
+    unknown = ev.live - np.cumsum(delta) - preexisting_left
+    accounted: np.ndarray = np.abs(unknown - unknown[peak]) <= ACCOUNTED * max(int(ev.live[peak]), 1)
+    return accounted
+
+
+def _moments_below(running: np.ndarray, live: np.ndarray, peak: int, chunks: float,
+                   accounted: np.ndarray | None = None) -> list[list[int]]:
+    """The moments of the step that would be its peak at a smaller batch, each as [requested bytes live in tensors
+    with the batch dimension, allocator bytes in use]: at a fraction r of the batch a moment holds about
+    live - (1 - r) x its batch bytes (in chunks), and the highest such moment is the peak there. A GRU's peak at
+    batch 32 is in its forward pass, mostly batch tensors; at batch 8 it is in its backward pass, in gradients of
+    the recurrent kernel's shape that do not shrink (docs/what-if.md, "Below the cell's batch"): a line through the
+    peak alone fell 29-38% short there. The peak itself is left out (it is the basis' own line), and so are the
+    moments outside `accounted` (a transformer's cell found a moment, held by tensors its trace never saw allocated,
+    that predicted twice the real peak at a quarter of the batch)."""
+    found: list[list[int]] = []
+    for ratio in BELOW_RATIOS:
+        height = live - (1 - ratio) * chunks * np.maximum(running, 0)
+        if accounted is not None:
+            height = np.where(accounted, height, -np.inf)
+        at = int(np.argmax(height))
+        line = [int(max(running[at], 0)), int(live[at])]
+        if at != peak and line not in found:
+            found.append(line)
+    return found
 
 
 def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceInfo:
@@ -460,10 +519,16 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
-        busiest = _batch_bytes_most(ev, att, ctx, freed_at, live_at_peak)
-        if busiest is not None:
-            info.batch_bytes_most, at = busiest
-            info.live_at_batch_most_bytes = int(ev.live[at])
+        running = _batch_running(ev, att, ctx, freed_at, live_at_peak)
+        if running is not None:
+            most = int(np.argmax(running))
+            info.batch_bytes_most = int(max(running[most], 0))
+            info.live_at_batch_most_bytes = int(ev.live[most])
+            segments = _batch_running(ev, att, ctx, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
+            assert segments is not None  # the same batch as `running`
+            chunks = info.allocated_at_peak_bytes / max(info.requested_at_peak_bytes, 1)
+            accounted = _accounted(ev, freed_at, preexisting_free, info.preexisting_bytes, peak)
+            info.moments_below = _moments_below(segments, ev.live, peak, max(1.0, chunks), accounted)
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
     rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
         ("(allocated before the trace)", "pre-existing", preexisting_at_peak),

@@ -176,6 +176,9 @@ class TraceInfo:
     # the allocator's bytes in use at that moment (pre-existing included, as peak_live_bytes): the gap to the peak is
     # what that moment's line starts below the peak's at the cell's batch (prediction.analytic_basis, moment_gap)
     live_at_batch_most_bytes: int | None = None
+    # the moments that would be the step's peak at smaller batches (analysis._moments_below): [[requested bytes in
+    # tensors with the batch dimension, allocator bytes in use], ...]; a line each below the cell's batch
+    moments_below: list[list[int]] = field(default_factory=list)
     # XLA: runs of compiled computations in the trace (a jit_compile step, an auto-clustered launch; 0: none seen),
     # and the bytes their buffers (op "XLA computation", in no layer) held at the peak
     xla_runs: int = 0
@@ -433,6 +436,9 @@ class Basis:
     # peak that moment was at the cell's batch (requested bytes). Above the batch the peak is the higher of the two
     # moments' lines, the peak's (slope below) and the busiest one's (slope above) from this much lower. 0: one line
     moment_gap: int = 0
+    # the analytic basis: other moments of the step whose lines may be higher than the peak's below the cell's batch,
+    # each [its slope (requested bytes per sample), how far below the peak it stood at the cell's batch (requested)]
+    lines_below: list[list[float]] = field(default_factory=list)
     slope_source: str = "layer outputs"  # how the analytic slope was chosen (shown in notes)
     copy_missing: int = 0  # fit's copy of the arrays that this cell had freed before its peak (usually it is not)
     # allocator chunk bytes per requested byte for what a knob adds or removes (measured by the probes over their
