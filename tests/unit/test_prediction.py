@@ -370,7 +370,8 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     requested = round(rep.tf_peak_bytes / 1.3)
     gap = MiB // 2
     fed = rep.model.copy_bytes / rep.model.samples  # the batch's own input tensors: a part of their own
-    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
+    # the allocator's own peak came while the trace was paused, 1 MiB over the traced one: the gap is the allocator's
+    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes - MiB, requested_at_peak_bytes=requested,
                           allocated_at_peak_bytes=round(requested * 1.3), replica_batch_size=32,
                           batch_bytes_at_peak=round(32 * (40_000 + fed)), batch_bytes_most=round(32 * (40_000 + fed)),
                           live_at_batch_most_bytes=rep.tf_peak_bytes,
@@ -387,15 +388,29 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     # at batch 8 the other moment's line is higher: it shrinks by its own 5 KB per sample from `gap` lower
     assert activations(8) == pytest.approx(slope * 32 - 5_000 * 24 - gap, rel=1e-6)
     assert activations(8) > slope * 8
+    # the peak grows with the batch on every line (largest_batch bisects on it), a line of slope 0 included
+    flat = replace(basis, lines_below=basis.lines_below + [[0.0, 3 * MiB]])
+    peaks = [prediction.peak_at(flat, replace(flat.knobs, batch_size=b)) for b in range(1, 65)]
+    assert peaks == sorted(peaks)
+    # the calibrated basis keeps the analytic lines below the batch (calibration.measured_basis copies the basis)
+    measured = replace(basis, name="measured")
+    assert prediction.parts_at(measured, replace(basis.knobs, batch_size=8))["activations"] == activations(8)
     # ... and the prediction says so, there only
     assert any("another moment" in n for n in prediction.predict(rep, batch_size=8).notes)
     assert not any("another moment" in n for n in prediction.predict(rep, batch_size=30).notes)
     # above the cell's batch it changes nothing
     assert activations(64) == pytest.approx(slope * 64, rel=1e-6)
-    # a model with no recurrent layer keeps the peak's line alone (other models' moments over-predicted: +44%)
+    # a model with no recurrent layer keeps the peak's line alone (other models' moments over-predicted: +44%),
+    # and so does one that does not train (no backward loop) or whose peak was not measured (no anchor)
     rep.model.layers[0].kept_bytes_per_sample = 0
     assert prediction.analytic_basis(rep).lines_below == []
     rep.model.layers[0].kept_bytes_per_sample = 8_000
+    rep.model.calls = ["predict"]
+    assert prediction.analytic_basis(rep).lines_below == []
+    rep.model.calls = ["fit"]
+    rep.status = "oom"
+    assert prediction.analytic_basis(rep).lines_below == []
+    rep.status = "ok"
     # without the moment the peak's line is all there is (the old prediction, 29-38% short on the GRU)
     rep.trace.moments_below = []
     alone = prediction.analytic_basis(rep)

@@ -177,7 +177,6 @@ def analytic_basis(report: Report) -> Basis:
             below, activations = activations, max(0.0, busiest - input_per_sample)
             source = "the trace (tensors with the batch dimension, at the moment that holds most of them)"
             gap = _moment_gap(report, fragmentation)
-        lines_below = _lines_below(report, fragmentation, input_per_sample, activations if below is None else below)
     if measured is not None:
         anchor = measured / fragmentation + missing  # the run as it usually goes: with fit's copy at the peak
         # one measured point: what the batch-dependent part must be if nothing else were there
@@ -196,6 +195,9 @@ def analytic_basis(report: Report) -> Basis:
             # layer or an attention block keeps inside; the cell's own point is an upper bound, the safe side
             activations, source = one_point, UPPER_BOUND_SOURCE
         other = round(anchor - static - (activations + input_per_sample) * per_replica)
+        if traced is not None and training:  # the peak's slope below as bounded above
+            lines_below = _lines_below(report, fragmentation, input_per_sample,
+                                       activations if below is None else below)
     # a ratio the trace measured (not the typical one assumed without it, which the slopes above divided by)
     growth = GROWTH_FRAGMENTATION if fragmentation > GROWTH_FRAGMENTATION and _measured_fragmentation(report) else None
     return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
@@ -209,10 +211,11 @@ def _lines_below(report: Report, fragmentation: float, input_per_sample: float, 
     _moments_below), each [slope per sample, gap below the peak at the cell's batch] in requested bytes: only those
     that shrink slower than the peak's own line (the others are below it at every smaller batch). Each stands below
     the allocator's own peak, not the trace's: where the peak came while the trace was paused (a higher moment of
-    the cell's batch, 1.4 MiB over the traced one in an LSTM's cell), a moment's line drawn from the traced peak
+    the cell's batch, 1.4 MB over the traced one in an LSTM's cell), a moment's line drawn from the traced peak
     kept that excess at every smaller batch (+24% at a quarter of the batch).
-    Only for a model that trains a recurrent layer (one that keeps its time steps for the backward pass): its
-    backward loop holds gradients of its kernels' shape per time step in flight, the moment these lines are for.
+    Only for a cell whose peak was measured (the anchor the gaps hang from) and that trains a recurrent layer (one
+    that keeps its time steps for the backward pass): its backward loop holds gradients of its kernels' shape per
+    time step in flight, the moment these lines are for.
     On the zoo's other models a moment's line predicted up to +44% at a quarter of the batch (MobileNetV2) where the
     peak's line gave +17%: what a moment holds beside the tensors the trace can tell carry the batch is not all
     bytes that stay (docs/what-if.md, "Below the batch: the step's other moments")."""
@@ -234,7 +237,9 @@ def _moment_gap(report: Report, fragmentation: float) -> int:
     """How far below the peak, in requested bytes, the trace's busiest moment (the one holding the most tensors with
     the batch dimension) stood at the cell's batch. The busiest moment's slope is drawn from there, not from the
     peak: drawn from the peak it over-predicted a GRU's larger batches by 27-51% (docs/what-if.md). 0 when the trace
-    did not record that moment's total."""
+    did not record that moment's total. Measured from the traced peak, where the lines below the batch are
+    measured from the allocator's own (`_lines_below`): above the batch this line was measured as it is (+2..+5%
+    on the GRU) and a larger gap would lower it, the unsafe side for "will a bigger batch fit?"."""
     trace = report.trace
     if trace is None or trace.live_at_batch_most_bytes is None:
         return 0
@@ -341,8 +346,9 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
                         basis.activations_per_sample * micro - basis.moment_gap)
     elif micro >= now_micro or (below is None and not basis.lines_below):
         per_batch = basis.activations_per_sample * micro
-    else:  # piecewise: a slope of its own below the cell's batch (a measured basis': the analytic one; an analytic
-        # basis': its trace's peak's, where the busiest moment set the slope above)
+    else:  # below the cell's batch, the highest of the peak's line (a slope of its own there: a measured basis' is
+        # the analytic one; an analytic basis' its trace's peak's, where the busiest moment set the slope above)
+        # and the lines of the step's other moments (a recurrent model's backward loop: _lines_below)
         per_batch = max(_lines_at(basis, micro, now_micro))
         # a measured basis whose slope below (the cell's trace's) is steeper than its probes' above takes more out
         # of the cell's peak than the activations it put in: the rest comes off "other", so that the total is the
@@ -664,7 +670,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         notes.append("Below the cell's batch, most of the peak is what the cell's own run held apart from its "
                      "batch, which varies from run to run: the prediction is the analytic one (what the cell's "
                      "trace says leaves with the batch), with its error band.")
-    if not replayed and another_moment_below(basis, knobs):
+    if (not replayed or (own_step and micro < now.batch_size / now.split)) and another_moment_below(basis, knobs):
         notes.append("At this batch another moment of the cell's step is the peak: one the trace saw holding fewer "
                      "of the batch's tensors and more that do not shrink with it (a recurrent layer's backward pass "
                      "holds gradients of its kernels' shape), so the peak falls less than the batch.")

@@ -376,15 +376,12 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
 
 
 def _batch_running(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
-                   live_at_peak: np.ndarray, window_ends: np.ndarray | None = None) -> np.ndarray | None:
+                   counted: np.ndarray) -> np.ndarray | None:
     """Requested bytes live after each event in tensors that carry the batch dimension (the tensors `_batch_bytes`
-    counts at the peak). A step can peak at a moment that holds few of them (a GRU's, in half the runs at batch 32:
-    the peak came while its step's tensors were small, 20 KB per sample where another moment held 71 KB): the
-    moment that holds most of them grows fastest with the batch, and its allocator total is where its own line
-    starts. Allocations never freed in the trace count only where they are live at the peak (else a free lost
-    between two trace segments would keep them live), or, given `window_ends` (each event's first index past its
-    trace segment), until the end of their segment: a segment that stopped inside a step leaves that step's tensors
-    unfreed, and the allocator's total there holds them."""
+    counts at the peak), of the allocations `counted`. A step can peak at a moment that holds few of them (a GRU's,
+    in half the runs at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another
+    moment held 71 KB): the moment that holds most of them grows fastest with the batch, and its allocator total is
+    where its own line starts."""
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
@@ -394,11 +391,8 @@ def _batch_running(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_a
     shapes = np.unique(ev.shape[ev.is_alloc])
     carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
                        and batch_dimension(ev.string(k), batch, ctx.step_dims)]
-    carrying = ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
-    if window_ends is None:
-        carrying &= (freed_at < n) | live_at_peak
-    else:
-        freed_at = np.where((freed_at < n) | live_at_peak, freed_at, window_ends)
+    carrying = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
+                & counted)
     delta = np.zeros(n, dtype=np.int64)
     delta[carrying] = ev.requested[carrying]
     freed = carrying & (freed_at < n)
@@ -407,18 +401,33 @@ def _batch_running(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_a
 
 
 def _window_ends(t_s: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
-    """For each event, the index of the first event past the end of the trace segment it belongs to (len: none)."""
+    """For each event, the index of the first event past the end of the trace segment it belongs to (len: none),
+    and never the event itself or earlier (an event stamped after its segment's end: the profiler stops a moment
+    after the segment's end is read)."""
     n = len(t_s)
     if len(windows) < 2:
         return np.full(n, n, dtype=np.int64)
     starts = np.array([w[0] for w in windows])
     ends = np.array([w[1] for w in windows])
     segment = np.clip(np.searchsorted(starts, t_s, side="right") - 1, 0, len(windows) - 1)
-    return np.searchsorted(t_s, ends[segment], side="right").astype(np.int64)
+    found = np.searchsorted(t_s, ends[segment], side="right").astype(np.int64)
+    return np.maximum(found, np.arange(n, dtype=np.int64) + 1)
 
 
-# how far (a share of the peak) the bytes a moment holds unseen by the trace may differ from the peak's for the moment
-# to count (_accounted)
+def _segment_freed(ev: MemoryEvents, freed_at: np.ndarray, live_at_peak: np.ndarray,
+                   window_ends: np.ndarray) -> np.ndarray:
+    """When each allocation ended, a free lost in a pause taken as coming when its trace segment ended: an
+    allocation with no free in the trace, or whose address was allocated again before any free (`match_frees`
+    takes that allocation as its end), is live until the end of its segment, not to the end of the trace or to
+    some later segment's reuse. A segment that stopped inside a step leaves that step's tensors unfreed, and the
+    allocator's total there holds them. What is live at the peak keeps the peak's own accounting."""
+    n = len(ev)
+    lost = ev.is_alloc & ((freed_at >= n) | ev.is_alloc[np.minimum(freed_at, n - 1)]) & ~live_at_peak
+    return np.where(lost, np.minimum(freed_at, window_ends), freed_at)
+
+
+# how far (a share of the cell's own bytes at the peak) the bytes a moment holds unseen by the trace may differ from
+# the peak's for the moment to count (_accounted)
 ACCOUNTED = 0.05
 # smaller batches, as fractions of the cell's, at which `_moments_below` looks for the moment that would be the peak
 BELOW_RATIOS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
@@ -427,16 +436,18 @@ BELOW_RATIOS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
 def _accounted(ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndarray, preexisting: int,
                peak: int) -> np.ndarray:
     """The events where the trace accounts for the allocator's total as well as it does at the peak: the bytes
-    live there that are neither the trace's own allocations nor what was live before it (allocated during a pause,
-    or freed during one) differ from the peak's by at most ACCOUNTED of the peak. Elsewhere what a moment holds is
-    not known well enough to split it into what shrinks with the batch and what does not."""
+    live there that are neither the trace's own allocations (ended as `freed_at` says) nor what was live before it
+    (less the frees `preexisting_free` marks) differ from the peak's by at most ACCOUNTED of the cell's own bytes
+    at the peak. Elsewhere what a moment holds is not known well enough to split it into what shrinks with the
+    batch and what does not."""
     n = len(ev)
     delta = np.where(ev.is_alloc, ev.chunk, 0).astype(np.int64)
     ended = ev.is_alloc & (freed_at < n)
     np.subtract.at(delta, freed_at[ended], ev.chunk[ended])
     preexisting_left = preexisting - np.cumsum(np.where(preexisting_free, ev.chunk, 0))
     unknown = ev.live - np.cumsum(delta) - preexisting_left
-    accounted: np.ndarray = np.abs(unknown - unknown[peak]) <= ACCOUNTED * max(int(ev.live[peak]), 1)
+    own_at_peak = max(int(ev.live[peak]) - preexisting, 1)
+    accounted: np.ndarray = np.abs(unknown - unknown[peak]) <= ACCOUNTED * own_at_peak
     return accounted
 
 
@@ -519,15 +530,18 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
-        running = _batch_running(ev, att, ctx, freed_at, live_at_peak)
+        # allocations never freed in the trace count only where they are live at the peak (else a free lost
+        # between two trace segments would keep them live)
+        running = _batch_running(ev, att, ctx, freed_at, (freed_at < n) | live_at_peak)
         if running is not None:
             most = int(np.argmax(running))
             info.batch_bytes_most = int(max(running[most], 0))
             info.live_at_batch_most_bytes = int(ev.live[most])
-            segments = _batch_running(ev, att, ctx, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
+            ended = _segment_freed(ev, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
+            segments = _batch_running(ev, att, ctx, ended, np.ones(n, dtype=bool))
             assert segments is not None  # the same batch as `running`
             chunks = info.allocated_at_peak_bytes / max(info.requested_at_peak_bytes, 1)
-            accounted = _accounted(ev, freed_at, preexisting_free, info.preexisting_bytes, peak)
+            accounted = _accounted(ev, ended, pre_frees, info.preexisting_bytes, peak)
             info.moments_below = _moments_below(segments, ev.live, peak, max(1.0, chunks), accounted)
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
     rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
