@@ -371,3 +371,13 @@ def test_a_trace_that_cannot_be_read_leaves_the_probes_parts_and_says_why(monkey
     rep = calibrated_with(monkeypatch, broken)
     assert rep.whatif_basis.name == "measured"
     assert "its traces could not be replayed" in rep.whatif_basis.replay.why_not
+
+
+def test_the_alignment_counts_allocations_and_their_bytes():
+    from tfmem_magic.analyze.step_replay import Lines
+
+    # 94 of 100 allocations matched (2 negligible label rows left out), the unmatched holding 5 of 1,000 bytes
+    lines = Lines(np.zeros(100), np.zeros(100), aligned=94, allocations=102, negligible=2, allocated_bytes=1000,
+                  unaligned_bytes=5)
+    count, share = lines.aligned_share()
+    assert count == pytest.approx(0.94) and share == pytest.approx(0.995)

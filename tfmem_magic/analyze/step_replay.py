@@ -45,6 +45,9 @@ OWN_TOLERANCE = 0.01  # probe one's sequence replayed as traced: bfc.self_check'
 # the share of each probe's allocations that must find their match in the other's trace: two runs of one model make
 # the same tensors; fewer matches mean another graph (a retrace, another algorithm), whose lines would be guesses
 MIN_ALIGNED = 0.95
+# ... or this share, where the unmatched hold under 1% of the bytes allocated
+MIN_ALIGNED_FEW = 0.90
+MIN_ALIGNED_BYTES = 0.99
 # an unmatched allocation with no shape, at least this large and a multiple of its probe's batch, grows with it
 UNSHAPED_BATCH_BYTES = 64 << 10
 # replays far beyond a limit would stop at a simulated out-of-memory: the curve is the model's, not this machine's
@@ -133,6 +136,14 @@ class Lines:
     # of the unmatched, those with no op name under BFC's smallest chunk: tf.data's per-row tensors (a row's int64
     # label, 8 bytes), whose count grows with the batch; the alignment's share leaves them out (`checked`)
     negligible: int = 0
+    # requested bytes of probe one's allocations, and of those that found no match (the negligible left out)
+    allocated_bytes: int = 0
+    unaligned_bytes: int = 0
+
+    def aligned_share(self) -> tuple[float, float]:
+        """The share of the allocations that found their match, by count and by bytes (the negligible left out)."""
+        count = self.aligned / max(1, self.allocations - self.negligible)
+        return count, 1 - self.unaligned_bytes / max(1, self.allocated_bytes)
 
     def sizes(self, batch: float) -> list[int]:
         sizes: list[int] = np.maximum(1, np.rint(self.intercept + self.slope * batch)).astype(np.int64).tolist()
@@ -189,9 +200,12 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             matched_high.update(right.tolist())
     for i in _batch_sized_unshaped(low, low_batch, matched_low):
         slope[i], intercept[i] = low.requested[i] / low_batch, 0.0
-    negligible = sum(1 for i in np.nonzero(low.is_alloc & (low.requested < bfc.MIN_ALLOCATION_SIZE))[0].tolist()
-                     if i not in matched_low and not low.string(int(low.op[i])))
-    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)), negligible)
+    small = [i for i in np.nonzero(low.is_alloc & (low.requested < bfc.MIN_ALLOCATION_SIZE))[0].tolist()
+             if i not in matched_low and not low.string(int(low.op[i]))]
+    unmatched = [i for i in np.nonzero(low.is_alloc)[0].tolist() if i not in matched_low]
+    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)), len(small),
+                 int(low.requested[low.is_alloc].sum()) - int(low.requested[small].sum()),
+                 int(low.requested[unmatched].sum()) - int(low.requested[small].sum()))
 
 
 def _batch_sized_unshaped(events: MemoryEvents, batch: int, matched: set[int]) -> list[int]:
@@ -303,10 +317,14 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
     first, second = replays
     # measured on a GradientTape loop's step fed by tf.data: 157 more 8-byte label rows at batch 37 than at 23
     # (90% matched by count, 98% without them)
-    aligned = min(r.lines.aligned / max(1, r.lines.allocations - r.lines.negligible) for r in replays)
-    if aligned < MIN_ALIGNED:
-        why.append(f"only {aligned:.0%} of a probe's allocations found their match in the other probe's trace "
-                   f"(the replay needs {MIN_ALIGNED:.0%}): the two runs did not make the same tensors")
+    shares = [r.lines.aligned_share() for r in replays]
+    aligned, aligned_bytes = min(c for c, _ in shares), min(b for _, b in shares)
+    # a few more unmatched small tensors (a tape loop's step in one CI run: 94% by count) leave the bytes matched: the
+    # replay's sizes are bytes
+    if aligned < MIN_ALIGNED and not (aligned >= MIN_ALIGNED_FEW and aligned_bytes >= MIN_ALIGNED_BYTES):
+        why.append(f"only {aligned:.0%} of a probe's allocations ({aligned_bytes:.1%} of their bytes) found their "
+                   f"match in the other probe's trace (the replay needs {MIN_ALIGNED:.0%}, or {MIN_ALIGNED_FEW:.0%} "
+                   f"and {MIN_ALIGNED_BYTES:.0%} of the bytes): the two runs did not make the same tensors")
     # each sequence at the other probe's sizes against that probe's traced peak: how much the order alone moves it
     cross: list[float] = [(r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
              for r, other, b in ((first, second, high_batch), (second, first, low_batch))]
