@@ -39,7 +39,7 @@ _OPTIMIZER_SCOPES = {"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
 XLA_OP = "XLA computation"
 INPUT_COPY_OP = "input copy (numpy → tensor)"  # fit's copy of the arrays: the data, not one batch of it
-# phases whose tensors never carry the batch: what `_batch_bytes` and `_batch_running` leave out
+# phases whose tensors never carry the batch: what `_batch_bytes` and `_batch_carrying` leave out
 _NOT_BATCH_PHASES = ("weights", "optimizer", "pre-existing", "untraced")
 
 
@@ -375,29 +375,33 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
                and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
 
 
-def _batch_running(ev: MemoryEvents, att: Attributed, ctx: TraceContext, freed_at: np.ndarray,
-                   counted: np.ndarray) -> np.ndarray | None:
-    """Requested bytes live after each event in tensors that carry the batch dimension (the tensors `_batch_bytes`
-    counts at the peak), of the allocations `counted`. A step can peak at a moment that holds few of them (a GRU's,
-    in half the runs at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another
-    moment held 71 KB): the moment that holds most of them grows fastest with the batch, and its allocator total is
-    where its own line starts."""
+def _running(sizes: np.ndarray, counted: np.ndarray, freed_at: np.ndarray) -> np.ndarray:
+    """Bytes live after each event in the allocations `counted`, each holding its `sizes` from its event until the
+    event `freed_at` names (len: never freed)."""
+    n = len(sizes)
+    delta = np.where(counted, sizes, 0).astype(np.int64)
+    freed = counted & (freed_at < n)
+    np.subtract.at(delta, freed_at[freed], sizes[freed])
+    return np.cumsum(delta)
+
+
+def _batch_carrying(ev: MemoryEvents, att: Attributed, ctx: TraceContext) -> np.ndarray | None:
+    """The allocations in tensors that carry the batch dimension (those `_batch_bytes` counts at the peak); None
+    without a batch large enough to tell. A step can peak at a moment that holds few of them (a GRU's, in half the
+    runs at batch 32: the peak came while its step's tensors were small, 20 KB per sample where another moment held
+    71 KB): the moment that holds most of them grows fastest with the batch, and its allocator total is where its
+    own line starts."""
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
-    n = len(ev)
     skip = [PHASES.index(p) for p in _NOT_BATCH_PHASES]
     copy = att.ops.index(INPUT_COPY_OP)
     shapes = np.unique(ev.shape[ev.is_alloc])
     carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
                        and batch_dimension(ev.string(k), batch, ctx.step_dims)]
-    carrying = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
-                & counted)
-    delta = np.zeros(n, dtype=np.int64)
-    delta[carrying] = ev.requested[carrying]
-    freed = carrying & (freed_at < n)
-    np.subtract.at(delta, freed_at[freed], ev.requested[freed])
-    return np.cumsum(delta)
+    carrying: np.ndarray = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip)
+                            & (att.op != copy))
+    return carrying
 
 
 def _window_ends(t_s: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
@@ -440,12 +444,8 @@ def _accounted(ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndar
     (less the frees `preexisting_free` marks) differ from the peak's by at most ACCOUNTED of the cell's own bytes
     at the peak. Elsewhere what a moment holds is not known well enough to split it into what shrinks with the
     batch and what does not."""
-    n = len(ev)
-    delta = np.where(ev.is_alloc, ev.chunk, 0).astype(np.int64)
-    ended = ev.is_alloc & (freed_at < n)
-    np.subtract.at(delta, freed_at[ended], ev.chunk[ended])
     preexisting_left = preexisting - np.cumsum(np.where(preexisting_free, ev.chunk, 0))
-    unknown = ev.live - np.cumsum(delta) - preexisting_left
+    unknown = ev.live - _running(ev.chunk, ev.is_alloc, freed_at) - preexisting_left
     own_at_peak = max(int(ev.live[peak]) - preexisting, 1)
     accounted: np.ndarray = np.abs(unknown - unknown[peak]) <= ACCOUNTED * own_at_peak
     return accounted
@@ -496,11 +496,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     freed_at, preexisting_free = match_frees(ev)
     own_alloc = ev.is_alloc
     # requested-bytes running total of the cell's own allocations (frees of pre-existing ones do not count)
-    delta = np.zeros(n, dtype=np.int64)
-    delta[own_alloc] = ev.requested[own_alloc]
-    ended = own_alloc & (freed_at < n)
-    np.subtract.at(delta, freed_at[ended], ev.requested[ended])
-    info.peak_requested_bytes = int(max(np.cumsum(delta).max(), 0))
+    info.peak_requested_bytes = int(max(_running(ev.requested, own_alloc, freed_at).max(), 0))
 
     live_at_peak = own_alloc & (np.arange(n) <= peak) & (freed_at > peak)
     _drop_freed_in_gaps(live_at_peak, ev, t_s, peak, info.preexisting_bytes, ctx.windows)
@@ -530,16 +526,16 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
-        # allocations never freed in the trace count only where they are live at the peak (else a free lost
-        # between two trace segments would keep them live)
-        running = _batch_running(ev, att, ctx, freed_at, (freed_at < n) | live_at_peak)
-        if running is not None:
+        carrying = _batch_carrying(ev, att, ctx)
+        if carrying is not None:
+            # allocations never freed in the trace count only where they are live at the peak (else a free lost
+            # between two trace segments would keep them live)
+            running = _running(ev.requested, carrying & ((freed_at < n) | live_at_peak), freed_at)
             most = int(np.argmax(running))
             info.batch_bytes_most = int(max(running[most], 0))
             info.live_at_batch_most_bytes = int(ev.live[most])
             ended = _segment_freed(ev, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
-            segments = _batch_running(ev, att, ctx, ended, np.ones(n, dtype=bool))
-            assert segments is not None  # the same batch as `running`
+            segments = _running(ev.requested, carrying, ended)
             chunks = info.allocated_at_peak_bytes / max(info.requested_at_peak_bytes, 1)
             accounted = _accounted(ev, ended, pre_frees, info.preexisting_bytes, peak)
             info.moments_below = _moments_below(segments, ev.live, peak, max(1.0, chunks), accounted)
