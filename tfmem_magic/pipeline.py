@@ -161,13 +161,24 @@ class Profiler:
         report.fixes = fixes.build(report, context)
 
     def _calibrate(self, report: Report) -> None:
-        """--calibrate (or %tfmem calibrate on): the what-if calibrated before the report is shown, so its panel,
-        its saved copy and its fixes stand on the step replay where the replay's self-check passes. Where calibration
-        cannot run, the analytic basis stays and a note says why."""
-        wanted = self.options.calibrate if self.options.calibrate is not None else SESSION.calibrate
-        if not wanted or report.whatif_basis is None or not self.options.publish:
+        """The what-if calibrated before the report is shown, so its panel, its saved copy and its fixes stand on the
+        step replay where the replay's self-check passes: with --calibrate or `%tfmem calibrate on` for every cell
+        with a Keras model, with `auto` (the default) for a report that names the largest batch that fits. Where
+        calibration cannot run, the analytic basis stays and a note says why."""
+        mode = SESSION.calibrate if self.options.calibrate is None else "on" if self.options.calibrate else "off"
+        if mode == "off" or report.whatif_basis is None or not self.options.publish:
             return  # nothing to calibrate (no Keras model), or a measurement of our own
-        asked = "--calibrate" if self.options.calibrate else "%tfmem calibrate on"
+        if mode == "auto":
+            auto = calibration.auto_calibration(report)
+            if auto is None:
+                return
+            go, why = auto
+            if not go:
+                report.notes.append(f"Calibration (auto) did not run: {why}. The what-if stays analytic.")
+                return
+            asked = f"auto: {why}; %tfmem calibrate off or calibrate=False skips it"
+        else:
+            asked = "--calibrate" if self.options.calibrate else "%tfmem calibrate on"
         if SESSION.measuring:  # a block inside a measured cell: its probes would be counted in the outer one
             report.notes.append(f"Calibration ({asked}) did not run: this block is inside another measurement, "
                                 "which its probe processes would be counted in; the what-if stays analytic.")
@@ -176,7 +187,8 @@ class Profiler:
             report.notes.append(f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
                                 "step was not measured; the what-if stays analytic.")
             return
-        print("tfmem: calibrating the what-if (probe processes replay the step)...", flush=True)
+        why = f"; {asked}" if mode == "auto" else ""
+        print(f"tfmem: calibrating the what-if (probe processes replay the step{why})...", flush=True)
         started = time.perf_counter()
         try:
             basis = calibration.measured_basis(report)

@@ -155,8 +155,17 @@ def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
     (finding,) = found
     assert "batch of 512" in finding.evidence and "largest batch predicted to fit" in finding.evidence
     assert finding.fixes[0] == "shrink-batch"
+    # %tfmem calibrate auto (the default): a report that names the largest batch that fits calibrates as the cell ends,
+    # so the batch the fix and the finding name stands on the step replay
+    assert any(n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits")
+               for n in rep.notes), (rep.notes, [(f.id, f.why) for f in rep.fixes])
+    assert rep.whatif_basis.name == "replay", rep.notes
+    assert f"{prediction.REPLAY_BAND:.0%} margin, replay basis" in finding.evidence, finding.evidence
+    # the fix written again on the replay (it is gone where the replay says batch 512 fits after all)
+    assert all("replay basis" in f.why for f in rep.fixes if f.id == "shrink-batch"), [f.why for f in rep.fixes]
     plain, _ = cell(tf_shell, "m = cnn()\nm.fit(x[:64], y[:64], batch_size=8, verbose=0)")
     assert "large-batch" not in ids(plain)  # 24 GiB of budget: a small batch is no pressure
+    assert plain.whatif_basis.name == "analytic" and not any("Calibrat" in n for n in plain.notes)
 
 
 def test_large_model_and_optimizer_state_fire_on_a_wide_model(tf_shell):
@@ -242,4 +251,4 @@ def test_calibrate_gives_the_report_the_step_replay_as_the_cell_ends(tf_shell):
         with pytest.raises(Exception, match="calibrate on"):
             tf_shell.run_line_magic("tfmem", "calibrate sometimes")
     finally:
-        tf_shell.run_line_magic("tfmem", "calibrate off")
+        tf_shell.run_line_magic("tfmem", "calibrate auto")

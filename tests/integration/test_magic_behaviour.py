@@ -142,6 +142,13 @@ def test_line_magic_commands(shell, capsys):
     shell.run_line_magic("tfmem", "status")
     out = capsys.readouterr().out
     assert "first" in out and "Allocator" in out and "Budget" in out
+    assert "Calibration  auto (%tfmem calibrate auto|on|off: a cell whose report names the largest batch" in out
+    shell.run_line_magic("tfmem", "calibrate off")
+    shell.run_line_magic("tfmem", "status")
+    assert "Calibration  off" in capsys.readouterr().out
+    with pytest.raises(UsageError, match=r"calibrate auto \| calibrate on \| calibrate off \(now off\)"):
+        shell.run_line_magic("tfmem", "calibrate always")
+    shell.run_line_magic("tfmem", "calibrate auto")
     with pytest.raises(UsageError, match="unknown command"):
         shell.run_line_magic("tfmem", "frobnicate")
 

@@ -274,3 +274,60 @@ def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
     assert "measured basis" in shown(tabs.children[2]) and "analytic basis" not in shown(tabs.children[2])
     assert tabs.titles[4] == f"Fixes ({len(rep.fixes)})"
     assert model is not None
+
+
+def _with_fixes(rep: Report) -> Report:
+    from tfmem_magic.advise import prediction
+
+    rep.whatif_basis = prediction.analytic_basis(rep)
+    rep.fixes = fixes.build(rep, ctx())
+    return rep
+
+
+def test_auto_calibration_runs_where_the_report_offers_to_shrink_the_batch(monkeypatch):
+    # %tfmem calibrate auto (the default): a report that names a smaller batch calibrates, so that batch stands on
+    # the step replay; a report without that fix never starts a probe process
+    import psutil
+
+    from tfmem_magic.advise import calibration
+    class Memory:
+        available = 16 * 1024 * MiB
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    shrinking = _with_fixes(report())
+    assert "shrink-batch" in by_id(shrinking.fixes)
+    assert calibration.auto_calibration(shrinking) == (True, calibration.AUTO_REASON)
+    quiet = _with_fixes(report(findings=("large-model",)))
+    assert quiet.fixes and "shrink-batch" not in by_id(quiet.fixes)
+    assert calibration.auto_calibration(quiet) is None
+    failed = _with_fixes(report(status="oom"))
+    assert "shrink-batch" in by_id(failed.fixes)
+    assert calibration.auto_calibration(failed) is None  # no measured peak to anchor the replay on
+    Memory.available = 1024 * MiB  # a probe process (~768 MiB of TensorFlow, plus the step) would not fit in half
+    go, why = calibration.auto_calibration(shrinking)
+    assert not go and "a probe process needs" in why and "has 1 GiB available" in why
+
+
+def test_the_pipeline_calibrates_as_its_mode_says(monkeypatch):
+    from tfmem_magic import pipeline
+    from tfmem_magic.advise import calibration
+    from tfmem_magic.core.session import SESSION
+
+    asked = []
+    monkeypatch.setattr(calibration, "auto_calibration",
+                        lambda rep: (True, calibration.AUTO_REASON) if rep.fixes else None)
+    monkeypatch.setattr(calibration, "measured_basis", lambda rep: asked.append(rep.number) or rep.whatif_basis)
+    monkeypatch.setattr(SESSION, "calibrate", "auto")
+    shrinking, quiet = _with_fixes(report()), _with_fixes(report(findings=()))
+    quiet.number = 8
+    for rep, options in ((shrinking, {}), (quiet, {}), (shrinking, {"calibrate": False}), (quiet, {"calibrate": True})):
+        pipeline.Profiler(pipeline.Options(**options))._calibrate(rep)
+    assert asked == [7, 8]  # auto: the shrinking report only; --no-calibrate skips it; --calibrate runs any
+    assert any(n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits; "
+                            "%tfmem calibrate off or calibrate=False skips it") for n in shrinking.notes), \
+        shrinking.notes
+    monkeypatch.setattr(SESSION, "calibrate", "off")
+    pipeline.Profiler()._calibrate(shrinking)
+    monkeypatch.setattr(SESSION, "calibrate", "on")
+    pipeline.Profiler()._calibrate(quiet)
+    assert asked == [7, 8, 8]

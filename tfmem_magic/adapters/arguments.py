@@ -49,8 +49,9 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
             "never run the pre-flight (the guard still watches the cell)")
     _switch(parser, "calibrate",
             "after the cell, replay its step in probe processes (9 s for a small CNN here, 40 s for a GRU, "
-            "minutes for a ResNet) so its what-if stands on the step replay (default: %%tfmem calibrate on|off, off)",
-            "keep the analytic what-if even when %%tfmem calibrate is on")
+            "minutes for a ResNet) so its what-if stands on the step replay (default: %%tfmem calibrate auto|on|off, "
+            "auto: when the report names the largest batch that fits)",
+            "keep the analytic what-if even where %%tfmem calibrate would calibrate")
     if notebook:
         parser.add_argument("--as", dest="as_name", metavar="NAME", help="also bind the report to NAME")
         parser.add_argument("--no-panel", action="store_true", help="show the static report, no interactive widgets")

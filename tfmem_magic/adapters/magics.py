@@ -207,14 +207,10 @@ class TfmemMagics(Magics):
             print(guard.set_session_limit(parse_size(words[0]), keep_onednn=keep_onednn)[1])
 
     def _calibrate(self, words: list[str]) -> None:
-        if words not in (["on"], ["off"]):
-            state = "on" if SESSION.calibrate else "off"
-            raise TfmemUsageError(f"%tfmem {COMMANDS['calibrate'].usage} (now {state})")
-        SESSION.calibrate = words == ["on"]
-        print("Calibration on: every %%tfmem cell that runs a Keras model calibrates its what-if as it ends ("
-              "probe processes replay its step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). "
-              "--no-calibrate skips it for one cell." if SESSION.calibrate else
-              "Calibration off: what-ifs are analytic until calibrated (--calibrate, or the Calibrate button).")
+        if words not in (["on"], ["off"], ["auto"]):
+            raise TfmemUsageError(f"%tfmem {COMMANDS['calibrate'].usage} (now {SESSION.calibrate})")
+        SESSION.calibrate = words[0]
+        print(CALIBRATION_MODES[SESSION.calibrate])
 
     def _free(self, names: list[str]) -> release.Released:
         try:
@@ -266,13 +262,25 @@ class TfmemMagics(Magics):
         print(help_text())
 
 
+CALIBRATION_MODES = {
+    "auto": "Calibration auto (the default): a %%tfmem cell whose report names the largest batch that fits "
+            "calibrates its what-if as it ends, so that batch stands on the step replay (probe processes replay "
+            "the step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). --no-calibrate skips it "
+            "for one cell.",
+    "on": "Calibration on: every %%tfmem cell that runs a Keras model calibrates its what-if as it ends (probe "
+          "processes replay its step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). "
+          "--no-calibrate skips it for one cell.",
+    "off": "Calibration off: what-ifs are analytic until calibrated (--calibrate, or the Calibrate button).",
+}
+
 COMMANDS: dict[str, Command] = {
     "status": Command("status", "what the extension sees: allocator, budget, TensorFlow state", TfmemMagics._status),
     "limit": Command("limit SIZE [--keep-onednn] | limit off", "a memory limit for every cell (set before "
                      "TensorFlow's first op, it also caps TensorFlow's allocator)", TfmemMagics._limit),
-    "calibrate": Command("calibrate on | calibrate off", "calibrate every %%tfmem cell's what-if as it ends (the "
-                         "step replay in two probe processes), as --calibrate does for one cell",
-                         TfmemMagics._calibrate),
+    "calibrate": Command("calibrate auto | calibrate on | calibrate off", "which %%tfmem cells calibrate their "
+                         "what-if as they end (the step replay in two probe processes), as --calibrate does for one "
+                         "cell: auto (the default) those whose report names the largest batch that fits, on every "
+                         "cell that runs a Keras model, off none", TfmemMagics._calibrate),
     "watch": Command("watch on [--interval MS] | watch off", "profile every cell in quick mode, one line each",
                      TfmemMagics._watch),
     "history": Command("history", "one line per profiled cell of this session", TfmemMagics._history,

@@ -15,6 +15,7 @@ from tfmem_magic.advise import calibrate, fixes, step_export
 from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 
@@ -296,6 +297,35 @@ def _affordable_rows(basis: Basis, samples: int | None) -> int | None:
         return None
     size = samples * basis.input_per_sample
     return samples if size <= min(ROWS_BYTES, psutil.virtual_memory().available / 8) else None
+
+
+def auto_calibration(report: Report) -> tuple[bool, str] | None:
+    """`%tfmem calibrate auto` (the default): whether this report calibrates as its cell ends. None where it is not
+    wanted: only a report that names the largest batch that fits is (its large-batch finding, its shrink-batch fix),
+    since that batch is a prediction at another batch than the cell's, most often a smaller one, where the analytic
+    basis has missed most and an under-prediction runs out of memory. Only a cell that ran: the replay is anchored
+    on the cell's measured peak, which a cell that ran out of memory (or whose pre-flight refused it) does not have,
+    and its probes would run at batches that just failed. (True, why) to calibrate; (False, why not) where it is
+    wanted but the machine's free memory is too little for a probe process."""
+    import psutil
+
+    names_a_batch = (any(f.id == "shrink-batch" for f in report.fixes)
+                     or any(f.id == "large-batch" for f in report.findings))
+    if report.status != "ok" or report.whatif_basis is None or not names_a_batch:
+        return None
+    basis = report.whatif_basis
+    one = peak_at(basis, basis.knobs) + PROBE_PROCESS_BYTES
+    available = psutil.virtual_memory().available
+    if one > AUTO_ROOM * available:
+        return False, (f"the report names the largest batch that fits, but a probe process needs "
+                       f"~{format_bytes(one)} and the machine has {format_bytes(available)} available; --calibrate "
+                       "runs it anyway")
+    return True, AUTO_REASON
+
+
+AUTO_REASON = "the report names the largest batch that fits"
+# auto calibration starts a probe process only where it takes at most this share of the memory available
+AUTO_ROOM = 0.5
 
 
 def _room_for_two(basis: Basis, batch: int) -> bool:

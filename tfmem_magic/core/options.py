@@ -21,7 +21,7 @@ class Options:
     preflight: bool | None = None
     # after the block, calibrate its what-if (two probe processes replay the step: advise/calibration.py), so the
     # report is born on the step replay where its self-check passes: True, False, or None = the session's setting
-    # (%tfmem calibrate on|off; off unless set)
+    # (%tfmem calibrate auto|on|off; auto unless set: a report that names the largest batch that fits calibrates)
     calibrate: bool | None = None
     trace_steps: int = 10  # steps of each fit/evaluate/predict call that are traced
     trace_seconds: float = 20.0  # wall-time cap on tracing

@@ -34,7 +34,9 @@ class Session:
         self.models: dict[int, tuple[Any, Any, Any, Any]] = {}
         self.seen_models: weakref.WeakSet[Any] = weakref.WeakSet()  # every Keras model a profiled cell has used
         self.limit: Any = None  # the %tfmem limit (measure.guard.SessionLimit)
-        self.calibrate = False  # %tfmem calibrate on: every profiled block calibrates its what-if as it ends
+        # %tfmem calibrate on|off|auto: which profiled blocks calibrate their what-if as they end (pipeline.py);
+        # "auto": those whose report names the largest batch that fits, which then stands on the step replay
+        self.calibrate = "auto"
         self.onednn_off_by_us = False  # TF_ENABLE_ONEDNN_OPTS=0 was set by %tfmem limit, not by the user
         self.watcher: Any = None  # watch mode's hooks (adapters.magics.Watcher), while on
         self.measuring: list[Any] = []  # the measurements running now, outermost first (sampling.AllocatorStats)

@@ -29,6 +29,7 @@ def status_text() -> str:
         f"{format_bytes(budget.ram_total_bytes)}, available {format_bytes(budget.ram_available_bytes)}"
         + (f", container limit {format_bytes(budget.cgroup_limit_bytes)}" if budget.cgroup_limit_bytes else ""),
         f"Reports      {len(SESSION.history)} this session",
+        f"Calibration  {SESSION.calibrate} (%tfmem calibrate auto|on|off: {CALIBRATE_WORDS[SESSION.calibrate]})",
     ]
     session = guard.session_limit()
     if session is not None:
@@ -39,6 +40,11 @@ def status_text() -> str:
         lines.append(f"Note         {view.note}")
     lines += capabilities_lines()
     return "\n".join(lines)
+
+
+# what each %tfmem calibrate mode calibrates as a cell ends (pipeline.Profiler._calibrate)
+CALIBRATE_WORDS = {"auto": "a cell whose report names the largest batch that fits", "on": "every cell with a Keras "
+                   "model", "off": "none, until --calibrate or the Calibrate button"}
 
 
 def keras_line(found: dict[str, Any]) -> str:
