@@ -187,8 +187,8 @@ class Profiler:
             report.notes.append(f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
                                 "step was not measured; the what-if stays analytic.")
             return
-        why = f"; {asked}" if mode == "auto" else ""
-        print(f"tfmem: calibrating the what-if (probe processes replay the step{why})...", flush=True)
+        said = f"; {asked}" if mode == "auto" else ""
+        print(f"tfmem: calibrating the what-if (probe processes replay the step{said})...", flush=True)
         started = time.perf_counter()
         try:
             basis = calibration.measured_basis(report)

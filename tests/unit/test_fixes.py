@@ -284,12 +284,13 @@ def _with_fixes(rep: Report) -> Report:
     return rep
 
 
-def test_auto_calibration_runs_where_the_report_offers_to_shrink_the_batch(monkeypatch):
+def test_auto_calibration_runs_where_the_report_names_the_largest_batch_that_fits(monkeypatch):
     # %tfmem calibrate auto (the default): a report that names a smaller batch calibrates, so that batch stands on
     # the step replay; a report without that fix never starts a probe process
     import psutil
 
     from tfmem_magic.advise import calibration
+
     class Memory:
         available = 16 * 1024 * MiB
 
@@ -297,6 +298,9 @@ def test_auto_calibration_runs_where_the_report_offers_to_shrink_the_batch(monke
     shrinking = _with_fixes(report())
     assert "shrink-batch" in by_id(shrinking.fixes)
     assert calibration.auto_calibration(shrinking) == (True, calibration.AUTO_REASON)
+    finding_only = _with_fixes(report())  # the large-batch finding names the largest batch too, with no fix
+    finding_only.fixes = [f for f in finding_only.fixes if f.id != "shrink-batch"]
+    assert calibration.auto_calibration(finding_only) == (True, calibration.AUTO_REASON)
     quiet = _with_fixes(report(findings=("large-model",)))
     assert quiet.fixes and "shrink-batch" not in by_id(quiet.fixes)
     assert calibration.auto_calibration(quiet) is None

@@ -17,7 +17,7 @@ from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_ar
 from tfmem_magic.advise import fixes
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure import capabilities, environment, guard, release
 from tfmem_magic.measure.cells import cell_key, cell_label, watched
@@ -207,10 +207,13 @@ class TfmemMagics(Magics):
             print(guard.set_session_limit(parse_size(words[0]), keep_onednn=keep_onednn)[1])
 
     def _calibrate(self, words: list[str]) -> None:
-        if words not in (["on"], ["off"], ["auto"]):
+        if len(words) != 1 or words[0] not in CALIBRATE_MODES:
             raise TfmemUsageError(f"%tfmem {COMMANDS['calibrate'].usage} (now {SESSION.calibrate})")
         SESSION.calibrate = words[0]
-        print(CALIBRATION_MODES[SESSION.calibrate])
+        cost = ("" if SESSION.calibrate == "off" else " (probe processes replay its step: 9 s for a small CNN here, "
+                "40 s for a GRU, minutes for a ResNet); --no-calibrate skips one cell")
+        print(f"Calibration {SESSION.calibrate}: what-ifs calibrated as their cell ends: "
+              f"{CALIBRATE_MODES[SESSION.calibrate]}{cost}.")
 
     def _free(self, names: list[str]) -> release.Released:
         try:
@@ -261,17 +264,6 @@ class TfmemMagics(Magics):
     def _help(self, words: list[str]) -> None:
         print(help_text())
 
-
-CALIBRATION_MODES = {
-    "auto": "Calibration auto (the default): a %%tfmem cell whose report names the largest batch that fits "
-            "calibrates its what-if as it ends, so that batch stands on the step replay (probe processes replay "
-            "the step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). --no-calibrate skips it "
-            "for one cell.",
-    "on": "Calibration on: every %%tfmem cell that runs a Keras model calibrates its what-if as it ends (probe "
-          "processes replay its step: 9 s for a small CNN here, 40 s for a GRU, minutes for a ResNet). "
-          "--no-calibrate skips it for one cell.",
-    "off": "Calibration off: what-ifs are analytic until calibrated (--calibrate, or the Calibrate button).",
-}
 
 COMMANDS: dict[str, Command] = {
     "status": Command("status", "what the extension sees: allocator, budget, TensorFlow state", TfmemMagics._status),

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import capabilities, environment, guard
 
@@ -29,7 +29,7 @@ def status_text() -> str:
         f"{format_bytes(budget.ram_total_bytes)}, available {format_bytes(budget.ram_available_bytes)}"
         + (f", container limit {format_bytes(budget.cgroup_limit_bytes)}" if budget.cgroup_limit_bytes else ""),
         f"Reports      {len(SESSION.history)} this session",
-        f"Calibration  {SESSION.calibrate} (%tfmem calibrate auto|on|off: {CALIBRATE_WORDS[SESSION.calibrate]})",
+        f"Calibration  {SESSION.calibrate} (%tfmem calibrate auto|on|off: {CALIBRATE_MODES[SESSION.calibrate]})",
     ]
     session = guard.session_limit()
     if session is not None:
@@ -40,11 +40,6 @@ def status_text() -> str:
         lines.append(f"Note         {view.note}")
     lines += capabilities_lines()
     return "\n".join(lines)
-
-
-# what each %tfmem calibrate mode calibrates as a cell ends (pipeline.Profiler._calibrate)
-CALIBRATE_WORDS = {"auto": "a cell whose report names the largest batch that fits", "on": "every cell with a Keras "
-                   "model", "off": "none, until --calibrate or the Calibrate button"}
 
 
 def keras_line(found: dict[str, Any]) -> str:
