@@ -1,7 +1,9 @@
 """`tfmem_magic.largest_batch(report, budget=...)` against real runs (issue 29): for three models measured at batch
 32, the batch it names for a budget is run for real, and its peak stays within that budget; it is not a timid
-answer either (the real peak uses a good part of the budget), and a budget too small for any batch gives None.
-Both from the analytic basis and searched on the step replay (`calibrate=True`).
+answer either (the real peak uses a good part of what it was judged against: the budget less the process's baseline
+and what the cell grew by besides TensorFlow's allocator, with +40% on a CPU: docs/what-if.md, "The budget is the
+process's"), and a budget too small for any batch gives None. Both from the analytic basis and searched on the step
+replay (`calibrate=True`). The figures below are from before that budget and margin (the batches named were larger).
 
 The analytic answer is checked on the CNN and the GRU. The GRU's cell's trace peaks at one of two moments of
 nearly equal size at batch 32 (half the runs here); at the one where the step's tensors are small the peak's slope
@@ -72,7 +74,11 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         too_small = tfmem_magic.largest_batch(at32, budget=at32.rss.baseline_bytes + 1024)
         whole = tfmem_magic.largest_batch(at32, budget="64GB")  # everything fits: the whole data, as one batch
         replayed = tfmem_magic.largest_batch(at32, budget=budget, calibrate=True)
-        print(json.dumps({"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes,
+        from tfmem_magic.advise.prediction import tf_budget_within
+        # what the named batch is judged against: the budget less the process's baseline and what the cell grew by
+        # besides TensorFlow's allocator (docs/what-if.md, "The budget is the process's")
+        effective = tf_budget_within(at32, budget)
+        print(json.dumps({"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes, "effective": effective,
                           "too_small": too_small, "whole": whole, "replayed": replayed,
                           "basis": at32.whatif_basis.name}))
     """))
@@ -83,7 +89,8 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         data.update({key: running[key].result() if key in running else None for key in named})
 
     def used(real: int | None) -> str:
-        return f"{real / data['tf_budget']:.0%} of the budget" if real else "not run"
+        return (f"{real / data['tf_budget']:.0%} of the budget, {real / data['effective']:.0%} of what it was judged "
+                "against" if real else "not run")
     print(f"\n{name}: batch {data['batch']}, real {used(data['real'])}; "
           f"on the {data['basis']} basis {data['replayed']}, real {used(data['real_replayed'])}")
     assert data["too_small"] is None and data["whole"] == 8192
@@ -93,6 +100,7 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         # what it promises: the named batch's real peak fits the budget ...
         assert data[real] <= data["tf_budget"], data
         assert data[batch] > 32, data
-        # ... and uses a good part of it (the upper estimate fits, so the central one is ~1/1.3 of the budget)
-        assert data[real] >= 0.4 * data["tf_budget"], data
+        # ... and uses a good part of what it was judged against (the upper estimate, +40% on a CPU, fits: the
+        # central one is ~1/1.4 of it)
+        assert data[real] >= 0.4 * data["effective"], data
     assert data["basis"] in ("replay", "measured"), data

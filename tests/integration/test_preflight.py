@@ -81,6 +81,43 @@ def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     assert cell["error"] is None and r["preflight"] is None
 
 
+def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(tmp_path_factory):
+    # A limit counts the process, and the process grows by more than TensorFlow's allocator (the arrays fit copies,
+    # its traced graphs, oneDNN's scratch, tfmem's trace). Left out of the budget, a keras.io MNIST convnet under a
+    # limit 200 MiB over the process was told batch 568 fits (on the step replay) where 448 and 512 were stopped
+    # by the guard (docs/what-if.md, "The budget is the process's").
+    first = Kernel(tmp_path_factory.mktemp("largest-cell"))
+    try:
+        assert first.run(SETUP)["error"] is None
+        cell = first.run("%%tfmem --limit 3GB --as r\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)")
+        assert cell["error"] is None, cell["stdout"][-2000:]
+        data = first.run("import tfmem_magic\n" + REPORT.replace(
+            "'fixes'", "'largest': tfmem_magic.largest_batch(r), 'basis': r.whatif_basis.name, "
+                       "'outside': r.rss.peak_bytes - r.rss.baseline_bytes - r.tf_peak_bytes, "
+                       "'finding': [f.evidence for f in r.findings if f.id == 'large-batch'], 'fixes'"))["data"]
+    finally:
+        first.close()
+    assert data["status"] == "ok", data["notes"]
+    named = data["largest"]
+    assert named is not None and named > 256, data
+    if data["finding"]:  # the finding names the same batch (auto calibration puts both on the replay)
+        assert f"is {named}." in data["finding"][0], (data["finding"], named)
+    # run where the cell started (the prediction is the cell's, from its baseline): a kernel of its own. In the
+    # cell's kernel TensorFlow keeps the regions the cell grew and a larger batch reuses only part of them (the
+    # report says so; the pre-flight judges that run)
+    second = Kernel(tmp_path_factory.mktemp("largest-run"))
+    try:
+        assert second.run(SETUP)["error"] is None
+        cell = second.run(f"%%tfmem --limit 3GB --as r\nmodel.fit(x, y, batch_size={named}, epochs=1, verbose=0)")
+        r = second.run(REPORT)["data"]
+    finally:
+        second.close()
+    print(f"\nbatch 256 on the {data['basis']} basis names {named}; run, the process peaked at "
+          f"{r['rss_peak'] / GiB:.2f} GiB of {LIMIT / GiB:.2f}")
+    assert cell["error"] is None and r["status"] == "ok", (named, data["outside"], cell["stdout"][-2000:], r["notes"])
+    assert r["rss_peak"] < LIMIT
+
+
 NET = """
 %load_ext tfmem_magic
 import json, numpy as np, keras

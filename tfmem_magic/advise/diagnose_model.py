@@ -6,7 +6,8 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from tfmem_magic.advise.prediction import ANALYTIC_BAND, analytic_basis, budget_for_tf, growth_ratio, parts_at, predict
+from tfmem_magic.advise.fitting import fitting_batch
+from tfmem_magic.advise.prediction import analytic_basis, budget_for_tf, grown_outside_tf, growth_ratio, parts_at
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -53,14 +54,13 @@ def large_batch(report: Report) -> Finding | None:
     if peak <= 0 or activations < DOMINANT * peak or not _under_pressure(report, peak):
         return None
     budget = budget_for_tf(report)
-    fit, band, on = None, ANALYTIC_BAND, "analytic"
+    advice = ""
     if budget:
-        # on the report's basis, as the shrink-batch fix: the analytic one when the cell ends, the measured one (the
-        # step replay) once calibrated (calibration.measured_basis writes this finding again)
-        now = predict(report)
-        fit, band, on = now.largest_batch, now.error_band, now.basis
-    advice = (f" The largest batch predicted to fit (with a {band:.0%} margin, {on} basis) is {fit}." if fit
-              else " Even batch 1 is predicted not to fit: the model itself needs a look." if budget else "")
+        # the batch the shrink-batch fix names: the report's basis (the analytic one when the cell ends, the step
+        # replay once calibrated: calibration.measured_basis writes this finding again), or the pre-flight's
+        named = fitting_batch(report, budget)
+        advice = (" Even batch 1 is predicted not to fit: the model itself needs a look." if named is None else
+                  " " + named.sentence())
     return Finding(
         id="large-batch", severity="critical" if report.status == "oom" else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
@@ -160,7 +160,7 @@ def non_tf_growth(report: Report) -> Finding | None:
     growth = rss.peak_bytes - rss.baseline_bytes
     tf_growth = max(0, report.tf_peak_bytes or 0)
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
-    outside = growth - tf_growth - profiler  # the profiler's own memory is tfmem's, not the user's
+    outside = grown_outside_tf(report)  # the profiler's own memory is tfmem's, not the user's
     if outside < MIN_NON_TF or outside < NON_TF_SHARE * (growth - profiler):
         return None
     tracer = (f" (tfmem's profiler took up to {format_bytes(profiler)} of the growth itself, not counted here)"

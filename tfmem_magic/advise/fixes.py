@@ -12,7 +12,8 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from tfmem_magic.advise.prediction import budget_for_tf, predict, typeable_batch
+from tfmem_magic.advise.fitting import fitting_batch
+from tfmem_magic.advise.prediction import budget_for_tf, predict
 from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.rewrite import call_arguments, rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
@@ -98,25 +99,12 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     budget = budget_for_tf(report)
     if model is None or not model.batch_size or budget is None:
         return None
-    # on the report's basis: the analytic one when the cell ends, the measured one (the step replay) once calibrated
-    now = predict(report)
-    fit = now.largest_batch
-    pre = report.preflight
-    refused = pre is not None and pre.verdict == "refused" and pre.batch_size == model.batch_size
-    if refused and pre is not None and pre.largest_batch:
-        new = pre.largest_batch  # the pre-flight measured the clone's steps: its answer, not the model's
-        chosen = (f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
-                  f"{format_bytes(pre.threshold_bytes)} the guard allows")
-    elif fit is None or fit >= model.batch_size and report.status != "oom" or model.batch_size < 2:
+    # on the report's basis: the analytic one when the cell ends, the measured one (the step replay) once calibrated;
+    # the pre-flight's answer where it measured this call
+    named = fitting_batch(report, budget)
+    if named is None or model.batch_size < 2 or (named.source == "whatif" and named.batch >= model.batch_size):
         return None
-    elif fit >= model.batch_size:  # ran out although the model says this batch fits: a smaller one, never larger
-        new = typeable_batch(model.batch_size // 2, max(1, model.replicas))  # a batch the replicas can share
-        chosen = (f"half the batch: the cell ran out of memory although the predicted peak fits the "
-                  f"{format_bytes(budget)} left, so the prediction is not to be trusted here")
-    else:
-        new = max(1, fit)
-        chosen = (f"the largest batch whose predicted peak (+{now.error_band:.0%} margin, {now.basis} basis) fits "
-                  f"the {format_bytes(budget)} left")
+    new, chosen = named.batch, named.why
     source, message = _with_batch(report, ctx, new)
     after = predict(report, batch_size=new)
     why = (f"Batch {model.batch_size} → {new}, {chosen}: {_saving(report, after.peak_bytes)}. Smaller batches also "

@@ -36,7 +36,8 @@ import psutil
 
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
-from tfmem_magic.advise.prediction import GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, activation_bytes, typeable_batch
+from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
+                                          typeable_batch)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import PreflightInfo
@@ -53,7 +54,7 @@ BAND = 0.30  # the probes' line's extrapolation error (an MLP's growth -26.6% in
 # replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an LSTM's
 # process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by at most
 # 11%: the low end, which must pass the threshold for a refusal, stays at 20%
-REPLAY_BAND = 0.40
+REPLAY_BAND = PROCESS_MARGIN  # +40%: the what-if judges a CPU's process budget with it too
 REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
