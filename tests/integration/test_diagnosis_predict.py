@@ -160,7 +160,7 @@ def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
     assert any(n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits")
                for n in rep.notes), (rep.notes, [(f.id, f.why) for f in rep.fixes])
     assert rep.whatif_basis.name == "replay", rep.notes
-    assert f"{prediction.PROCESS_MARGIN:.0%} margin, replay basis" in finding.evidence, finding.evidence
+    assert f"{prediction.REPLAY_BAND:.0%} margin, replay basis" in finding.evidence, finding.evidence
     # the fix written again on the replay (it is gone where the replay says batch 512 fits after all)
     assert all("replay basis" in f.why for f in rep.fixes if f.id == "shrink-batch"), [f.why for f in rep.fixes]
     plain, _ = cell(tf_shell, "m = cnn()\nm.fit(x[:64], y[:64], batch_size=8, verbose=0)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from tfmem_magic.advise import fixes
 from tfmem_magic.core.report import (DeviceMemory, EnvInfo, Finding, LayerInfo, ModelInfo, PreflightInfo, Report,
                                      RssInfo, TraceInfo)
@@ -231,20 +233,16 @@ def test_a_calibration_writes_the_fixes_again_on_its_basis(monkeypatch):
     rep.findings = [diagnose_model.large_batch(rep), *rep.findings[1:]]  # the rule's own finding, as a cell gets it
     analytic = by_id(rep.fixes)["shrink-batch"]
     assert "analytic basis" in analytic.why
-    # on a CPU the budget is the process's: judged with +40% (prediction.PROCESS_MARGIN), wider than either band
-    assert f"(with a 40% margin, analytic basis) is {_batch(analytic)}." in rep.findings[0].evidence
+    assert f"(with a 30% margin, analytic basis) is {_batch(analytic)}." in rep.findings[0].evidence
     calibration.measured_basis(rep, replay=False)
     measured = by_id(rep.fixes)["shrink-batch"]
     new = _batch(measured)
-    # the measured basis' batch (judged with the same +40% against this CPU's process budget as the analytic one,
-    # so the batch may be the same; its peak is the measured basis')
-    assert new == prediction.predict(rep).largest_batch
+    assert new == prediction.predict(rep).largest_batch != _batch(analytic)  # the measured basis, with its ±10%
     assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
     assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
     # the finding says the same batch as the fix, on the same basis
     (finding,) = [f for f in rep.findings if f.id == "large-batch"]
-    margin = prediction.predict(rep).margin
-    assert margin == prediction.PROCESS_MARGIN
+    margin = prediction.predict(rep).error_band
     assert f"(with a {margin:.0%} margin, measured basis) is {new}." in finding.evidence
     assert model is not None
 
@@ -353,6 +351,16 @@ def test_the_budget_for_tensorflow_leaves_out_what_the_process_grew_by_besides_i
     assert prediction.tf_budget_within(rep, 700 * MiB) == (700 - 400 - 40) * MiB
     what = prediction.predict(rep, batch_size=64)
     assert what.budget_bytes == 60 * MiB and any("40 MiB this cell's process grew by" in n for n in what.notes)
+    # a peak above the cell's is judged with +40% (the process can grow by more than the allocator's bytes in use);
+    # at or below the cell's peak, the band alone (that moment was measured)
+    above = prediction.predict(rep, batch_size=512, tf_budget=10 * 1024 * MiB)
+    cell = prediction.predict(rep, tf_budget=10 * 1024 * MiB).peak_bytes
+    assert above.growth_margin == pytest.approx(prediction.PROCESS_MARGIN - above.error_band)
+    assert any("judged with +40%" in n for n in above.notes) and above.peak_bytes > cell
+    basis = prediction.basis_of(rep)
+    assert prediction.upper_estimate(basis, above.peak_bytes, above.error_band, above.growth_margin) == pytest.approx(
+        above.peak_bytes * 1.4)
+    assert prediction.upper_estimate(basis, cell, 0.3, 0.1) == pytest.approx(cell * 1.3)
     rep.trace = TraceInfo(profiler_rss_bytes=30 * MiB)  # tfmem's own profiler: its memory is not the user's
     assert prediction.outside_tf_bytes(rep) == 10 * MiB
     rep.rss.peak_bytes = 450 * MiB  # TF reused regions the process held already: nothing outside it to leave out

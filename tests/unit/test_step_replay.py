@@ -252,7 +252,7 @@ def test_the_largest_batch_that_fits_is_searched_on_the_replay():
     w = prediction.predict(rep, tf_budget=budget)
     best = w.largest_batch
     assert best is not None
-    fits = lambda b: prediction.predict(rep, batch_size=b).peak_bytes * (1 + w.margin) <= budget  # noqa: E731
+    fits = lambda b: prediction.predict(rep, batch_size=b, tf_budget=budget).fits  # noqa: E731
     assert fits(best) and not fits(best + 8)
 
 

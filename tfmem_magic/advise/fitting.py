@@ -19,7 +19,7 @@ class FittingBatch:
     batch: int
     source: str  # "preflight" | "whatif" | "half" (ran out although the what-if said it fits)
     why: str  # how it was chosen, as a clause: "the largest batch whose ... fits the ... left"
-    band: float  # the margin it was judged with (`WhatIf.margin`, or the pre-flight's band)
+    band: float  # the margin it was judged with: its prediction's band, or the pre-flight's
     basis: str  # that prediction's basis: "preflight" or the what-if's ("analytic", "measured", "replay")
 
     def sentence(self) -> str:
@@ -51,7 +51,7 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
         half = typeable_batch(batch // 2, max(1, model.replicas))  # a batch the replicas can share
         return FittingBatch(half, "half", f"half the batch: the cell ran out of memory although the predicted peak "
                                           f"fits the {format_bytes(budget)} left, so the prediction is not to be "
-                                          "trusted here", now.margin, now.basis)
+                                          "trusted here", now.error_band, now.basis)
     return FittingBatch(max(1, fit), "whatif",
-                        f"the largest batch whose predicted peak (+{now.margin:.0%} margin, {now.basis} basis) "
-                        f"fits the {format_bytes(budget)} left", now.margin, now.basis)
+                        f"the largest batch whose predicted peak (+{now.error_band:.0%} margin, {now.basis} basis) "
+                        f"fits the {format_bytes(budget)} left", now.error_band, now.basis)

@@ -67,10 +67,10 @@ REPLAY_BAND = 0.15
 OWN_STEP_BAND = ANALYTIC_BAND
 # On a CPU the budget is the process's, and the process grows by more than TensorFlow's bytes in use at some batches:
 # oneDNN's own buffers appear at a size threshold, and the allocator's regions count as their pages are touched (a
-# CNN fit at batch 568 grew the process by 2.14 GiB where the allocator's peak in use was 1.74 GiB: +21% in three
-# runs; +7% at 512, -2% at 544). So whether a batch fits a CPU's budget is judged on the prediction plus this much
-# where the band is narrower: the pre-flight's high end, which judges the same process (advise/preflight.py).
-# docs/what-if.md, "The budget is the process's"
+# CNN fit at batch 568 grew the process by 2.14 GiB where the allocator's peak in use was 1.74 GiB: +21% in two
+# runs; +7% at 512, -2% at 544). What the cell's process grew by at its own batch is measured (`outside_tf_bytes`);
+# a peak above the cell's is judged with this margin where the band is narrower: the pre-flight's high end, which
+# judges the same process (advise/preflight.py). docs/what-if.md, "The budget is the process's"
 PROCESS_MARGIN = 0.40
 # the trace's busiest moment (most bytes in tensors with the batch dimension) sets the slope above the cell's batch
 # when it holds this much more of them than the peak did (the GRU of tests/integration/test_largest_batch.py: 3.5x)
@@ -93,10 +93,11 @@ class WhatIf:
     fragmentation_ratio: float
     knobs: Knobs  # the settings predicted for
     budget_bytes: int | None  # what the TF peak may reach: the budget minus what the process held before the cell
-    fits: bool | None  # the peak plus `margin` fits the budget
+    fits: bool | None  # the upper estimate fits the budget (`upper_estimate`)
     largest_batch: int | None  # the largest batch (same other knobs) whose upper estimate fits the budget
     notes: list[str] = field(default_factory=list)
-    margin: float = 0.0  # what "fits" adds to the peak: the band, or PROCESS_MARGIN against a CPU's process budget
+    # against a CPU's process budget: a peak above the cell's is judged with error_band + this
+    growth_margin: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -524,10 +525,18 @@ def growth_ratio(basis: Basis) -> float:
     return basis.increment_fragmentation or basis.growth_fragmentation or basis.fragmentation
 
 
-def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float) -> int | None:
+def upper_estimate(basis: Basis, peak: float, band: float, growth_margin: float = 0.0) -> float:
+    """The peak with its band; above the cell's own peak (a moment the process was not measured at), with
+    `growth_margin` more (a CPU's process budget: up to PROCESS_MARGIN in all)."""
+    if peak <= peak_at(basis, basis.knobs):
+        return peak * (1 + band)
+    return peak * (1 + band + growth_margin)
+
+
+def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float, growth_margin: float = 0.0) -> int | None:
     """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
     def fits(batch: int) -> bool:
-        return peak_at(basis, replace(knobs, batch_size=batch)) * (1 + band) <= budget
+        return upper_estimate(basis, peak_at(basis, replace(knobs, batch_size=batch)), band, growth_margin) <= budget
 
     step = knobs.split
     if not fits(step):
@@ -732,19 +741,20 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                      f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
                      "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
                      "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit).")
-    margin = band if budget is None or report.on_gpu else max(band, PROCESS_MARGIN)
-    if margin > band:
-        notes.append(f"Whether it fits is judged with +{margin:.0%}, not the ±{band:.0%} band: on a CPU the budget is "
-                     "the process's, whose memory follows the allocator's regions as their pages are touched, not "
-                     "its bytes in use (+21% on a CNN at batch 568 here), and oneDNN's outside it.")
-    fits = None if budget is None else peak * (1 + margin) <= budget
-    biggest = None if budget is None else largest_batch(basis, knobs, budget, margin)
+    extra = 0.0 if budget is None or report.on_gpu else max(0.0, PROCESS_MARGIN - band)
+    fits = None if budget is None else upper_estimate(basis, peak, band, extra) <= budget
+    biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra)
+    if extra > 0 and (knobs.batch_size > now.batch_size or (biggest or 0) > now.batch_size):
+        notes.append(f"Above the cell's peak, whether a batch fits is judged with +{PROCESS_MARGIN:.0%}, not "
+                     f"±{band:.0%}: on a CPU the budget is the process's, which can grow by more than the allocator's "
+                     "bytes in use (oneDNN's buffers, the regions' pages: +21% on a CNN at batch 568), and the cell "
+                     "measured the process at its own peak only.")
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
     return WhatIf(peak_bytes=peak, basis=name, error_band=band,
                   split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
                   fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
                   knobs=knobs, budget_bytes=budget,
-                  fits=fits, largest_batch=biggest, notes=notes, margin=margin)
+                  fits=fits, largest_batch=biggest, notes=notes, growth_margin=extra)
 
 
 def _check(knobs: Knobs) -> None:
