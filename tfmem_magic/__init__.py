@@ -47,7 +47,8 @@ def largest_batch(report: Report, budget: int | str | None = None, calibrate: bo
                   **knobs: Any) -> int | None:
     """The largest batch (as people type it: 152, not 159) whose predicted peak, upper end of its error band
     included, fits `budget`: the memory the cell may use in all, in bytes or as "16GB" / "1.5GiB" (the process's on
-    a CPU; the GPU's memory for TensorFlow, as its allocator's limit says, on a GPU). By default the report's own
+    a CPU, less what the cell grew by besides TensorFlow's allocator, a peak above the cell's judged with +40%; the
+    GPU's memory for TensorFlow, as its allocator's limit says, on a GPU). By default the report's own
     budget (available RAM, the container's limit or your --limit). Other knobs as `predict` takes them (precision,
     optimizer, accumulation_steps...); `calibrate=True` measures the slope first. None when not even the smallest
     batch fits. `predict(report, batch_size=n)` gives the prediction at that batch, with its band (the margin)."""

@@ -7,7 +7,8 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 from __future__ import annotations
 
 from tfmem_magic.advise.fitting import fitting_batch
-from tfmem_magic.advise.prediction import analytic_basis, budget_for_tf, grown_outside_tf, growth_ratio, parts_at
+from tfmem_magic.advise.prediction import (analytic_basis, budget_at_start, budget_for_tf, grown_outside_tf,
+                                          growth_ratio, parts_at)
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -55,7 +56,7 @@ def large_batch(report: Report) -> Finding | None:
         return None
     budget = budget_for_tf(report)
     advice = ""
-    if budget:
+    if budget is not None:
         # the batch the shrink-batch fix names: the report's basis (the analytic one when the cell ends, the step
         # replay once calibrated: calibration.measured_basis writes this finding again), or the pre-flight's
         named = fitting_batch(report, budget)
@@ -120,7 +121,7 @@ def in_memory_dataset(report: Report) -> Finding | None:
     model = report.model
     if model is None or not model.input_array_bytes:
         return None
-    budget = budget_for_tf(report)  # what the cell had to spend: the budget minus what the process held
+    budget = budget_at_start(report)  # what the cell had to spend: the budget minus what the process held
     size = model.input_array_bytes
     if size < MIN_DATASET or (budget and size < DATASET_SHARE * budget):
         return None

@@ -27,12 +27,12 @@ class FittingBatch:
         if self.source == "whatif":
             return (f"The largest batch predicted to fit (with a {self.band:.0%} margin, {self.basis} basis) is "
                     f"{self.batch}.")
-        return f"The batch to try is {self.batch}: {self.why}."
+        return f"The batch to try is {self.batch}, {self.why}."
 
 
 def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
     """The batch to name for a cell under `budget` (what TF's peak may reach, `budget_for_tf`); None when even
-    batch 1 is predicted not to fit."""
+    batch 1 is predicted not to fit, or (after an OOM) no smaller batch its replicas can share is left."""
     model = report.model
     assert model is not None and model.batch_size
     batch = model.batch_size
@@ -43,15 +43,19 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
         return FittingBatch(pre.largest_batch, "preflight",
                             f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
                             f"{format_bytes(pre.threshold_bytes)} the guard allows", pre.band, "preflight")
-    now = predict(report)
+    now = predict(report, tf_budget=budget)
     fit = now.largest_batch
     if fit is None:
         return None
     if report.status == "oom" and fit >= batch:
         half = typeable_batch(batch // 2, max(1, model.replicas))  # a batch the replicas can share
+        if half >= batch:
+            return None  # no smaller batch the replicas can share
         return FittingBatch(half, "half", f"half the batch: the cell ran out of memory although the predicted peak "
                                           f"fits the {format_bytes(budget)} left, so the prediction is not to be "
                                           "trusted here", now.error_band, now.basis)
+    # the margin the search judged that batch with (+40% above the cell's peak on a CPU)
+    margin = now.margin_at(predict(report, batch_size=fit, tf_budget=budget).peak_bytes)
     return FittingBatch(max(1, fit), "whatif",
-                        f"the largest batch whose predicted peak (+{now.error_band:.0%} margin, {now.basis} basis) "
-                        f"fits the {format_bytes(budget)} left", now.error_band, now.basis)
+                        f"the largest batch whose predicted peak (+{margin:.0%} margin, {now.basis} basis) "
+                        f"fits the {format_bytes(budget)} left", margin, now.basis)

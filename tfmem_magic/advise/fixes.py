@@ -102,7 +102,7 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     # on the report's basis: the analytic one when the cell ends, the measured one (the step replay) once calibrated;
     # the pre-flight's answer where it measured this call
     named = fitting_batch(report, budget)
-    if named is None or model.batch_size < 2 or (named.source == "whatif" and named.batch >= model.batch_size):
+    if named is None or named.batch >= model.batch_size:
         return None
     new, chosen = named.batch, named.why
     source, message = _with_batch(report, ctx, new)

@@ -69,8 +69,8 @@ OWN_STEP_BAND = ANALYTIC_BAND
 # oneDNN's own buffers appear at a size threshold, and the allocator's regions count as their pages are touched (a
 # CNN fit at batch 568 grew the process by 2.14 GiB where the allocator's peak in use was 1.74 GiB: +21% in two
 # runs; +7% at 512, -2% at 544). What the cell's process grew by at its own batch is measured (`outside_tf_bytes`);
-# a peak above the cell's is judged with this margin where the band is narrower: the pre-flight's high end, which
-# judges the same process (advise/preflight.py). docs/what-if.md, "The budget is the process's"
+# a peak above the cell's is judged with this margin where the band is narrower: the replay's high end in the
+# pre-flight, which judges the same process (advise/preflight.py). docs/what-if.md, "The budget is the process's"
 PROCESS_MARGIN = 0.40
 # the trace's busiest moment (most bytes in tensors with the batch dimension) sets the slope above the cell's batch
 # when it holds this much more of them than the peak did (the GRU of tests/integration/test_largest_batch.py: 3.5x)
@@ -93,11 +93,17 @@ class WhatIf:
     fragmentation_ratio: float
     knobs: Knobs  # the settings predicted for
     budget_bytes: int | None  # what the TF peak may reach: the budget minus what the process held before the cell
-    fits: bool | None  # the upper estimate fits the budget (`upper_estimate`)
+    fits: bool | None  # the peak with `fit_margin` fits the budget
     largest_batch: int | None  # the largest batch (same other knobs) whose upper estimate fits the budget
     notes: list[str] = field(default_factory=list)
-    # against a CPU's process budget: a peak above the cell's is judged with error_band + this
-    growth_margin: float = 0.0
+    fit_margin: float = 0.0  # the margin `fits` judged this peak with: error_band, or process_margin above the cell's
+    # a CPU's process budget: a peak above `measured_peak` (the cell's; 0 where it stopped early) is judged with this
+    process_margin: float = 0.0
+    measured_peak: float = 0.0
+
+    def margin_at(self, peak: float) -> float:
+        """The margin another peak of these knobs' curve (another batch) is judged with."""
+        return judging_margin(peak, self.measured_peak, self.error_band, self.process_margin)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -525,18 +531,18 @@ def growth_ratio(basis: Basis) -> float:
     return basis.increment_fragmentation or basis.growth_fragmentation or basis.fragmentation
 
 
-def upper_estimate(basis: Basis, peak: float, band: float, growth_margin: float = 0.0) -> float:
-    """The peak with its band; above the cell's own peak (a moment the process was not measured at), with
-    `growth_margin` more (a CPU's process budget: up to PROCESS_MARGIN in all)."""
-    if peak <= peak_at(basis, basis.knobs):
-        return peak * (1 + band)
-    return peak * (1 + band + growth_margin)
+def judging_margin(peak: float, measured: float, band: float, process_margin: float = 0.0) -> float:
+    """The margin a peak is judged with against a budget: its band, and `process_margin` in all above `measured`
+    (the highest peak the process was measured at; 0 where none was: a CPU's process budget, PROCESS_MARGIN)."""
+    return max(band, process_margin) if peak > measured else band
 
 
-def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float, growth_margin: float = 0.0) -> int | None:
+def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float, process_margin: float = 0.0,
+                  measured: float = 0.0) -> int | None:
     """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
     def fits(batch: int) -> bool:
-        return upper_estimate(basis, peak_at(basis, replace(knobs, batch_size=batch)), band, growth_margin) <= budget
+        peak = peak_at(basis, replace(knobs, batch_size=batch))
+        return peak * (1 + judging_margin(peak, measured, band, process_margin)) <= budget
 
     step = knobs.split
     if not fits(step):
@@ -561,10 +567,9 @@ def typeable_batch(n: int, step: int = 1) -> int:
     return rounded if rounded >= step else max(step, n // step * step)
 
 
-def budget_for_tf(report: Report) -> int | None:
-    """What TF's peak over the cell's baseline may reach: on a GPU with a known limit, that limit minus what the
-    GPU held at the start (the host's RAM is another budget); else the host's budget minus what the process held
-    and what the cell grew by besides TensorFlow's allocator (`outside_tf_bytes`)."""
+def budget_at_start(report: Report) -> int | None:
+    """What the cell had to spend: on a GPU with a known limit, that limit minus what the GPU held at the start (the
+    host's RAM is another budget); else the host's budget minus what the process held."""
     device = report.device_budget
     if device is not None:
         name, limit = device
@@ -574,7 +579,14 @@ def budget_for_tf(report: Report) -> int | None:
     env = report.env
     if env.budget_bytes <= 0:
         return None
-    return max(0, env.budget_bytes - report.rss.baseline_bytes - outside_tf_bytes(report))
+    return max(0, env.budget_bytes - report.rss.baseline_bytes)
+
+
+def budget_for_tf(report: Report) -> int | None:
+    """What TF's peak over the cell's baseline may reach: `budget_at_start`, less on a CPU what the cell grew by
+    besides TensorFlow's allocator (`outside_tf_bytes`), which a run at another batch needs again."""
+    budget = budget_at_start(report)
+    return None if budget is None else max(0, budget - outside_tf_bytes(report))
 
 
 def grown_outside_tf(report: Report) -> int:
@@ -589,7 +601,7 @@ def outside_tf_bytes(report: Report) -> int:
     """What a run of the cell needs besides TensorFlow's allocator, on a CPU (0 on a GPU, whose budget is its
     allocator's): `grown_outside_tf`. NumPy arrays the cell made, the graphs fit traced, oneDNN's scratch outside
     the allocator: a run at another batch needs them again, and a process limit (the guard) counts them. Measured on
-    a CNN, a GRU and an MLP fit on CPU in quick mode, it hardly moves with the batch (31-46 MiB at batches 32 to
+    a CNN, a GRU and an MLP fit on CPU in quick mode, it hardly moves with the batch (32-45 MiB at batches 32 to
     512), so it comes off the budget whole, not scaled (docs/what-if.md, "The budget is the process's")."""
     if report.on_gpu or report.main_device is None or report.rss.peak_bytes <= 0:
         return 0
@@ -730,31 +742,40 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     peak = peak_at(basis, knobs)
     budget = budget_for_tf(report) if tf_budget is None else tf_budget
     outside = outside_tf_bytes(report)
-    if budget is not None and outside >= 1 << 20:
+    if tf_budget is None and budget is not None and outside >= 1 << 20:
+        runtime = (" (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
+                   if report.env.tensorflow_started_in_cell else "")
         notes.append(f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
-                     f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator (NumPy "
-                     "arrays, traced graphs, oneDNN's scratch; tfmem's own profiler not counted): a run at another "
-                     "batch takes them again, and a process limit counts them.")
+                     f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
+                     "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
+                     "another batch takes them again, and a process limit counts them.")
+    above = knobs.batch_size / knobs.split > now.batch_size / now.split
     held = min(report.rss.end_bytes - report.rss.baseline_bytes, report.tf_peak_bytes or 0)
-    if budget is not None and not report.on_gpu and held >= 1 << 20 and knobs.batch_size > now.batch_size:
+    if budget is not None and not report.on_gpu and held >= 1 << 20 and above:
         notes.append(f"From where the cell started (a fresh kernel, or this one before the cell): after it, this "
                      f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
                      "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
                      "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit).")
-    extra = 0.0 if budget is None or report.on_gpu else max(0.0, PROCESS_MARGIN - band)
-    fits = None if budget is None else upper_estimate(basis, peak, band, extra) <= budget
-    biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra)
-    if extra > 0 and (knobs.batch_size > now.batch_size or (biggest or 0) > now.batch_size):
-        notes.append(f"Above the cell's peak, whether a batch fits is judged with +{PROCESS_MARGIN:.0%}, not "
-                     f"±{band:.0%}: on a CPU the budget is the process's, which can grow by more than the allocator's "
-                     "bytes in use (oneDNN's buffers, the regions' pages: +21% on a CNN at batch 568), and the cell "
-                     "measured the process at its own peak only.")
+    # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
+    # stopped before its peak) the process can grow by more than the allocator's bytes in use
+    process = budget is not None and not report.on_gpu and report.rss.peak_bytes > 0 and not from_trace(basis)
+    extra = PROCESS_MARGIN if process else 0.0
+    measured = peak_at(basis, basis.knobs) if basis.measured_peak is not None else 0.0
+    margin = judging_margin(peak, measured, band, extra)
+    fits = None if budget is None else peak * (1 + margin) <= budget
+    biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured)
+    if margin > band:
+        notes.append(f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
+                     "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
+                     "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
+                     + ("at its own peak only." if measured else "at no peak (it stopped early)."))
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
     return WhatIf(peak_bytes=peak, basis=name, error_band=band,
                   split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
                   fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
                   knobs=knobs, budget_bytes=budget,
-                  fits=fits, largest_batch=biggest, notes=notes, growth_margin=extra)
+                  fits=fits, largest_batch=biggest, notes=notes, fit_margin=margin,
+                  process_margin=extra, measured_peak=measured)
 
 
 def _check(knobs: Knobs) -> None:

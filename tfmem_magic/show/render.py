@@ -87,7 +87,7 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
         after = f" (predicted TF peak {format_bytes(fix.predicted_peak_bytes)})" if fix.predicted_peak_bytes else ""
         lines.append(f"Fix {i}     [{fix.id}] {fix.title}{after}; in a notebook: %tfmem fix {i} --report {r.number}")
     for label, w in view.whatifs:
-        fits = "" if w.fits is None else (" fits" if w.fits else " does NOT fit")
+        fits = "" if w.fits is None else " " + fits_words(w)
         lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
     for note in view.notes:
         lines.append(f"Note      {note}")
@@ -236,12 +236,19 @@ def split_bar(w: prediction.WhatIf, scale: int) -> str:
     return f"<div style='width:100%;background:rgba(128,128,128,.12);line-height:0'>{segs}</div>"
 
 
+def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
+    """"fits" / "does NOT fit", and the margin where it is not the band shown beside the peak (a CPU's process
+    budget judges a peak above the cell's with +40%: prediction.PROCESS_MARGIN)."""
+    words = "fits" if w.fits else no
+    return words + (f" at +{w.fit_margin:.0%}" if w.fit_margin > w.error_band else "")
+
+
 def whatif_summary(w: prediction.WhatIf) -> str:
     """One sentence: the prediction, its band and basis, the budget and the largest batch."""
     text = (f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, "
             f"{knobs_text(w.knobs)})")
     if w.budget_bytes is not None:
-        text += f"; {format_bytes(w.budget_bytes)} available: " + ("fits" if w.fits else "does NOT fit")
+        text += f"; {format_bytes(w.budget_bytes)} available: " + fits_words(w)
         if w.largest_batch is not None and w.largest_batch >= prediction.MAX_BATCH:
             text += f"; any batch up to {prediction.MAX_BATCH:,} fits"
         elif w.largest_batch is not None:
@@ -259,7 +266,7 @@ def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None
     scale = max([w.peak_bytes for _, w in rows] + [rows[0][1].budget_bytes or 0])
     body = "".join(
         f"<tr><td>{escape(label)}</td><td class='num'>{escape(format_bytes(w.peak_bytes))}</td>"
-        f"<td class='num'>±{w.error_band:.0%}</td><td>{'' if w.fits is None else ('fits' if w.fits else 'no')}</td>"
+        f"<td class='num'>±{w.error_band:.0%}</td><td>{'' if w.fits is None else fits_words(w, 'no')}</td>"
         f"<td style='width:40%'>{split_bar(w, scale)}</td></tr>" for label, w in rows)
     legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in SPLIT_COLORS.items())
     return (f"<h4>What if</h4><div>{escape(whatif_summary(rows[0][1]))}</div>"

@@ -12,7 +12,7 @@ from tfmem_magic.advise import calibration, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.show.render import SPLIT_COLORS, split_bar, whatif_html, whatif_summary
+from tfmem_magic.show.render import SPLIT_COLORS, fits_words, split_bar, whatif_html, whatif_summary
 from tfmem_magic.show.view import ReportView, view_of
 
 OPTIMIZER_CHOICES = [("Adam / AdamW (2 slots)", "adam"), ("SGD with momentum (1 slot)", "sgd+momentum"),
@@ -126,8 +126,8 @@ def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf) -> str:
     delta = w.peak_bytes - base.peak_bytes
     change = "" if delta == 0 else f" ({'+' if delta > 0 else '−'}{format_bytes(abs(delta))} vs. as run)"
     verdict = "" if w.fits is None else (
-        "<b class='tfmem-ok' style='color:#2e7d32'>fits</b>" if w.fits
-        else "<b class='tfmem-sev-critical'>does not fit</b>")
+        f"<b class='tfmem-ok' style='color:#2e7d32'>{fits_words(w)}</b>" if w.fits
+        else f"<b class='tfmem-sev-critical'>{fits_words(w, 'does not fit')}</b>")
     parts = "".join(
         f"<tr><td><span style='color:{SPLIT_COLORS[k]}'>■</span> {k}</td>"
         f"<td class='num'>{escape(format_bytes(max(0, v)))}</td></tr>" for k, v in w.split.items())
