@@ -7,9 +7,9 @@ batch at or above one that has just run out of memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tfmem_magic.advise.prediction import predict, typeable_batch
+from tfmem_magic.advise.prediction import basis_of, peak_at, predict, typeable_batch
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
 
@@ -55,7 +55,7 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
                                           f"fits the {format_bytes(budget)} left, so the prediction is not to be "
                                           "trusted here", now.error_band, now.basis)
     # the margin the search judged that batch with (+40% above the cell's peak on a CPU)
-    margin = now.margin_at(predict(report, batch_size=fit, tf_budget=budget).peak_bytes)
+    margin = now.margin_at(peak_at(basis_of(report), replace(now.knobs, batch_size=fit)))
     return FittingBatch(max(1, fit), "whatif",
                         f"the largest batch whose predicted peak (+{margin:.0%} margin, {now.basis} basis) "
                         f"fits the {format_bytes(budget)} left", margin, now.basis)

@@ -537,12 +537,16 @@ def judging_margin(peak: float, measured: float, band: float, process_margin: fl
     return max(band, process_margin) if peak > measured else band
 
 
+def fits_within(peak: float, budget: float, measured: float, band: float, process_margin: float = 0.0) -> bool:
+    """The peak, with the margin it is judged with (`judging_margin`), fits the budget."""
+    return peak * (1 + judging_margin(peak, measured, band, process_margin)) <= budget
+
+
 def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float, process_margin: float = 0.0,
                   measured: float = 0.0) -> int | None:
     """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
     def fits(batch: int) -> bool:
-        peak = peak_at(basis, replace(knobs, batch_size=batch))
-        return peak * (1 + judging_margin(peak, measured, band, process_margin)) <= budget
+        return fits_within(peak_at(basis, replace(knobs, batch_size=batch)), budget, measured, band, process_margin)
 
     step = knobs.split
     if not fits(step):
@@ -762,7 +766,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     extra = PROCESS_MARGIN if process else 0.0
     measured = peak_at(basis, basis.knobs) if basis.measured_peak is not None else 0.0
     margin = judging_margin(peak, measured, band, extra)
-    fits = None if budget is None else peak * (1 + margin) <= budget
+    fits = None if budget is None else fits_within(peak, budget, measured, band, extra)
     biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured)
     if margin > band:
         notes.append(f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
