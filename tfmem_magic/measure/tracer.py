@@ -64,11 +64,19 @@ STOP_AT = 0.8  # stop when the estimate reaches this share of what is left: the 
 # watcher takes the larger; without mallinfo2 (macOS, musl) RSS and the rate of the previous segments.
 HEAP_PER_TRACE_BYTE = 4
 RSS_PER_TRACE_BYTE = 12
+# a segment this large or larger is followed by glibc's malloc_trim (0.3-13 ms; it gave back 12-129 MiB each time on
+# the recurrent models): what the recorder and the export freed sits in per-thread arenas that neither the next
+# segment nor the cell reuses. Between segments it lowered the recurrent models' peak over --quick (GRU +126 -> +82
+# MiB, LSTM +108 -> +80; docs/overhead.md); after the last export it lets a traced cell leave ~10 MiB more RSS behind
+# than --quick, not 90-460 MiB more. Smaller segments free too little to be worth the call.
+TRIM_AT_BYTES = 256 * 1024
 DECODE_AT_BYTES = 1 * MiB  # raw xplane held before it is decoded (small traces are decoded once, at the end)
 WATCH_S = 0.025  # the watcher's period (mallinfo2 takes 0.4-1.5 ms)
-# no segment is stopped for its size before this age: the recorder writes at most ~10 MB/s (an LSTM step), so a
-# young segment's growth is the cell's own, and each needless restart leaves a gap whose frees the trace misses
-MIN_SEGMENT_S = 0.2
+# no segment is stopped for its size before this age: a young segment's growth is mostly the cell's own (a first op,
+# oneDNN's caches), and each needless restart leaves a gap whose frees the trace misses. It was 0.2 s, on the belief
+# that the recorder writes at most ~10 MB/s; on a faster CPU a GRU's steady steps write ~80 MB/s, so segments grew to
+# 18 MiB before the first look (+370 MiB over --quick). At 0.05 s the largest is 4-6 MiB (one step's C++ call).
+MIN_SEGMENT_S = 0.05
 MAX_ROTATIONS = 200  # segments stopped by the budget's estimate and restarted, per cell (each costs
 # an export: ~1 ms when the growth that triggered it was the cell's own, not the recorder's)
 
@@ -176,6 +184,22 @@ def _heap_reader() -> Callable[[], int] | None:
     return lambda: int(mallinfo2().uordblks)
 
 
+def _heap_trimmer() -> Callable[[], None] | None:
+    """A function giving the free pages of every malloc arena back to the system: glibc's malloc_trim(0). The
+    recorder's events and the export's copies are malloc'd on many threads, so what an export frees stays in RSS
+    as free chunks of per-thread arenas that the cell's later growth does not reuse. None without glibc."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except Exception:  # OSError, AttributeError; TypeError on Windows
+        return None
+    malloc_trim.restype = ctypes.c_int
+    malloc_trim.argtypes = [ctypes.c_size_t]
+
+    def trim() -> None:
+        malloc_trim(0)
+    return trim
+
+
 class Tracer:
     def __init__(self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None,
                  keep_xspaces: bool = False) -> None:
@@ -217,6 +241,7 @@ class Tracer:
         self._segment_heap = 0
         self._process = psutil.Process()
         self._heap = _heap_reader() if self.budget_bytes else None
+        self._trim = _heap_trimmer()
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._quiet = not environment.profiler_logs_quiet()
@@ -309,6 +334,8 @@ class Tracer:
             if self._session is not None:
                 self._stop_segment()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._trim is not None and self.traced_bytes:
+            self._trim()  # the last export's free chunks: not left in the process after the cell
         return self.segments
 
     # ---- internals ------------------------------------------------------------------------------------------
@@ -438,6 +465,8 @@ class Tracer:
             self._close(f"the trace stopped: its export failed ({type(exc).__name__}: {exc})")
         finally:
             shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)
+        if size >= TRIM_AT_BYTES and self._trim is not None:
+            self._trim()  # before the next segment records into the same arenas
         self.traced_bytes += size
         self.largest_segment_bytes = max(self.largest_segment_bytes, size)
         duration = end - self._segment_start
