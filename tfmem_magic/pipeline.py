@@ -116,7 +116,7 @@ class Profiler:
         measured = self._measurement.stop()
         self.xspaces = measured.xspaces
         report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
-        self._add_preflight(report)
+        self._add_preflight(report, measured)
         try:
             self._analyse_and_advise(report, measured)
             self._calibrate(report)
@@ -131,10 +131,19 @@ class Profiler:
             SESSION.publish(report)
         return report
 
-    def _add_preflight(self, report: Report) -> None:
-        """The cell's last pre-flight, and what it predicted against what the process reached."""
+    def _add_preflight(self, report: Report, measured: Measured) -> None:
+        """The cell's last pre-flight, and what it predicted against what the process reached; or, where the
+        pre-flight was on and the cell trained in a loop of its own, that nothing checked that loop's steps."""
         checks = self._preflight
         report.notes.extend(checks.notes)
+        instr = measured.instrumentation
+        if instr is not None and instr.preflight is not None and instr.custom_loop and not checks.results:
+            report.notes.append(
+                "The pre-flight checks fit(), evaluate() and predict() before their first step; this cell trained in "
+                f"a loop of its own ({instr.custom_loop} outside fit), which it cannot run ahead of time: only the "
+                "guard watched it, at each RSS sample and after each update called from Python, and it cannot stop "
+                "a step inside TensorFlow's C++ call. Run the loop's first steps at a small batch under %%tfmem, "
+                "then use the what-if's largest batch that fits.")
         if not checks.results:
             return
         info = report.preflight = checks.results[-1]

@@ -81,6 +81,28 @@ def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     assert cell["error"] is None and r["preflight"] is None
 
 
+
+def test_a_custom_loop_under_a_limit_is_said_to_run_without_a_preflight(kernel):
+    # a GradientTape loop's steps are one tf.function each, which the pre-flight cannot run ahead of time: the
+    # report says that only the guard watched them (before, it said nothing and a step at batch 1024 took the
+    # process 78% past the limit)
+    kernel.run("""
+import tensorflow as tf
+opt = keras.optimizers.Adam()
+lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+@tf.function
+def step(xb, yb):
+    with tf.GradientTape() as tape:
+        loss = lossf(yb, model(xb, training=True))
+    opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+""")
+    cell = kernel.run("%%tfmem --quick --limit 3GB --as r\n"
+                      "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
+    r = kernel.run(REPORT)["data"]
+    assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
+    assert any("trained in a loop of its own (Adam.apply() outside fit)" in n and "only the guard watched it" in n
+               for n in r["notes"]), r["notes"]
+
 def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(tmp_path_factory):
     # A limit counts the process, and the process grows by more than TensorFlow's allocator (the arrays fit copies,
     # its traced graphs, oneDNN's scratch, tfmem's trace). Left out of the budget, a keras.io MNIST convnet under a

@@ -381,6 +381,8 @@ def test_a_cell_that_ran_out_is_never_told_that_its_batch_or_a_larger_one_fits()
     finding = diagnose_model.large_batch(rep)
     fix = by_id(fixes.build(rep, ctx()))["shrink-batch"]
     assert "The batch to try is 128, half the batch" in finding.evidence, finding.evidence
+    # the run stopped before its peak: the share is of the model's estimate, not of what the cell reached
+    assert "of the step's estimated peak (" in finding.evidence and "of the cell's peak" not in finding.evidence
     assert fix.title == "Shrink the batch to 128"
     # the pre-flight let the call run (its prediction was within its band) and the guard stopped it: the largest
     # batch the pre-flight found for the process is the one to name, in the finding and the fix alike

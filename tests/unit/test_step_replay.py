@@ -5,6 +5,7 @@ from a fresh allocator at batches 23 and 37 by calibrate.replay_traces), and the
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -381,3 +382,25 @@ def test_the_alignment_counts_allocations_and_their_bytes():
                   unaligned_bytes=5)
     count, share = lines.aligned_share()
     assert count == pytest.approx(0.94) and share == pytest.approx(0.995)
+
+
+def test_mixed_float16_probes_whose_loss_scale_skipped_an_apply_still_replay():
+    # a CNN under mixed_float16, probed by the pre-flight at 71 and 117: the loss-scale optimizer applies the
+    # gradients only in steps whose gradients stayed finite (a `cond`), so its temporaries differ in count between
+    # the probes; by bytes they are ~0.5% of the step
+    low = step_replay.load_events(DATA / "cnn-mixed-71.npz")
+    high = step_replay.load_events(DATA / "cnn-mixed-117.npz")
+
+    def counts(events):
+        return Counter(events.string(int(events.op[i])) for i in np.nonzero(events.is_alloc)[0])
+
+    differ = counts(high) - counts(low) + (counts(low) - counts(high))
+    in_cond = sum(n for op, n in differ.items() if "/cond/" in (op or ""))
+    assert in_cond >= 0.9 * sum(differ.values()) and in_cond > 100
+    count, share = step_replay.align(high, low, 117, 71).aligned_share()
+    assert 0.95 <= count < 0.96 and share > 0.99
+    assert step_replay.curve(low, high, 71, 117, 1024).passed
+    # the pair a pre-flight refused in one run of ten: 93% by count, 98.9% by bytes; an unmatched allocation keeps
+    # its size, so at most 1.1% of the bytes is scaled wrong, against the replay's -20% band
+    assert step_replay.aligned_enough(0.93, 0.989)
+    assert not step_replay.aligned_enough(0.93, 0.97) and not step_replay.aligned_enough(0.89, 0.999)

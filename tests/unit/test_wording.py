@@ -5,9 +5,12 @@ claim the allocator was unmeasured, and the profiler's memory is never the user'
 from __future__ import annotations
 
 from tfmem_magic.advise import diagnose, diagnose_model, prediction
+from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import (
     DeviceMemory,
     EnvInfo,
+    ErrorInfo,
+    GuardInfo,
     InputCopy,
     LayerInfo,
     LiveGroup,
@@ -86,3 +89,35 @@ def test_every_budget_is_named_the_way_a_sentence_needs():
         assert verdict(report) == used
         report.rss.peak_bytes = 2**30
         assert verdict(report).startswith("fits with 9 GiB to spare (")
+
+
+def test_a_long_error_is_cut_after_a_sentence_never_inside_a_parenthesis():
+    refusal = ("tfmem's pre-flight stopped fit() before its first step: at batch 1024 the process would reach ~3.76 "
+               "GiB (-20%/+40%: it holds 781 MiB now, the step needs ~2.98 GiB, plus 96 MiB the call adds (its copy "
+               "of numpy arrays)), and --limit allows 2.23 GiB. Nothing of the call ran. Lower the batch size to 312 "
+               "(the largest whose upper estimate fits), or run %tfmem fix shrink-batch for a ready cell. (a clone's "
+               "steps traced at batches 71 and 117 and replayed at batch 1024 through a simulation of TensorFlow's "
+               "allocator, 8.1 s; --no-preflight skips it.)\nsecond line")
+    assert clip_message(refusal, 600) == refusal.splitlines()[0]  # 544 characters: the whole refusal
+    within = refusal.index(" Lower the batch") + 40  # the next sentence does not fit
+    assert clip_message(refusal, within).endswith("--limit allows 2.23 GiB. Nothing of the call ran.")
+    cut = clip_message(refusal, 200)  # no sentence ends past half of it: at a word, with an ellipsis
+    assert cut.endswith("(its copy…") and len(cut) <= 201
+    rep = report()
+    rep.status = "oom"
+    rep.error = ErrorInfo(type="PreflightRefused", message=refusal)
+    oom = diagnose.out_of_memory(rep)
+    assert oom.evidence == refusal.splitlines()[0] + " The kernel and your variables are intact."
+
+
+def test_a_step_that_ran_on_past_the_guard_says_how_far():
+    rep = report()
+    rep.status = "oom"
+    limit = 2294 * MiB  # a custom loop's step at batch 1024: the watchdog saw the limit passed, the step ran on
+    rep.guard = GuardInfo(limit, "--limit", ["batch-end check", "watchdog"], tripped_by="watchdog",
+                          tripped_rss_bytes=limit + MiB)
+    rep.rss = RssInfo(791 * MiB, 4082 * MiB, 4000 * MiB)
+    evidence = diagnose.out_of_memory(rep).evidence
+    assert "went on to 3.99 GiB (78% over the limit) before it could be stopped" in evidence, evidence
+    rep.rss = RssInfo(791 * MiB, limit + 2 * MiB, limit)  # stopped where it passed: nothing more to say
+    assert "went on to" not in diagnose.out_of_memory(rep).evidence

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, holder_words
 from tfmem_magic.advise.diagnose_model import MODEL_RULES
+from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import Finding, Holder, Report
 from tfmem_magic.core.sizes import format_bytes
 
@@ -21,6 +22,7 @@ LEAK_MIN_RSS = 16 * 2**20  # RSS growth per run to count (RSS is coarse: pages, 
 RETRACE_MIN = 3  # traces of one tf.function in one cell
 MIN_COPY_SHARE = 0.1  # an input copy worth a finding: this share of the cell's memory at the peak,
 MIN_COPY_BYTES = 64 * 2**20  # or this large in itself
+RAN_ON = 1.05  # a peak this far past where the guard tripped: the step ran on inside TensorFlow
 KERAS_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator", "one_step_on_data", "predict_step",
                         "train_function", "test_function", "predict_function")
 
@@ -113,6 +115,12 @@ def out_of_memory(report: Report) -> Finding | None:
     if g is not None and g.tripped_by in ("batch-end check", "watchdog"):  # tfmem's layers, not TF's allocator
         parts.append(f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
                      f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source}).")
+        peak = report.rss.peak_bytes
+        if g.tripped_rss_bytes and peak > max(g.tripped_rss_bytes, g.limit_bytes) * RAN_ON:
+            # the watchdog raises in Python code: the step it saw pass the limit ran to its end first
+            parts.append(f"The step running then went on to {format_bytes(peak)} "
+                         f"({peak / g.limit_bytes - 1:.0%} over the limit) before it could be stopped: one step is "
+                         "one C++ call.")
     elif g is not None and g.allocator_limit_bytes:
         parts.append(f"TensorFlow's allocator is capped at {format_bytes(g.allocator_limit_bytes)} (from {g.source}).")
     trace = report.trace
@@ -123,7 +131,7 @@ def out_of_memory(report: Report) -> Finding | None:
                      f"part: {name} ({top.phase}), {format_bytes(top.bytes)}.")
     if not parts:
         message = report.error.message if report.error else ""
-        parts.append(message.splitlines()[0][:400] if message else "An out-of-memory error stopped the cell.")
+        parts.append(clip_message(message, 600) if message else "An out-of-memory error stopped the cell.")
     parts.append("The kernel and your variables are intact.")
     return Finding(id="oom", severity="critical", title="The cell ran out of memory", evidence=" ".join(parts),
                    bytes=request["bytes"] if request else None)

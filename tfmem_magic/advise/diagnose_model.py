@@ -46,12 +46,13 @@ def large_batch(report: Report) -> Finding | None:
     model = report.model
     if basis is None or model is None or not model.batch_size or not model.training:
         return None
-    peak = _peak(report)
+    peak = measured = _peak(report)
     parts = parts_at(basis, basis.knobs)
     activations = parts["activations"] * basis.fragmentation
     if report.status == "oom":
         # the failed cell has no peak to compare with: the model's own estimate of the step stands in
         peak = max(peak, round(sum(parts.values()) * basis.fragmentation))
+    whose = "the cell's peak" if peak == measured else "the step's estimated peak"  # a step stopped or refused
     if peak <= 0 or activations < DOMINANT * peak or not _under_pressure(report, peak):
         return None
     budget = budget_for_tf(report)
@@ -66,7 +67,7 @@ def large_batch(report: Report) -> Finding | None:
         id="large-batch", severity="critical" if report.status == "oom" else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
         evidence=f"Activations for a batch of {model.batch_text} take ~{format_bytes(activations)}, "
-                 f"{activations / peak:.0%} of the cell's peak ({format_bytes(peak)}), and they grow with the batch "
+                 f"{activations / peak:.0%} of {whose} ({format_bytes(peak)}), and they grow with the batch "
                  f"(~{format_bytes(round(basis.activations_per_sample * growth_ratio(basis)))} per sample).{advice}",
         bytes=round(activations), fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],
     )

@@ -45,9 +45,13 @@ OWN_TOLERANCE = 0.01  # probe one's sequence replayed as traced: bfc.self_check'
 # the share of each probe's allocations that must find their match in the other's trace: two runs of one model make
 # the same tensors; fewer matches mean another graph (a retrace, another algorithm), whose lines would be guesses
 MIN_ALIGNED = 0.95
-# ... or this share, where the unmatched hold under 1% of the bytes allocated
+# ... or this share, where the unmatched hold under 2% of the bytes allocated: an unmatched allocation keeps its
+# probe's size, so at most its share of the bytes is scaled wrong, a tenth of the replay's band below (-20%). Under
+# mixed_float16 the loss-scale optimizer applies the gradients only in steps whose gradients stayed finite, so the
+# two probes' optimizer temporaries differ in count (ten pairs of a CNN's probes: 93-99.8% matched by count, 98.9-100%
+# by bytes; at 1% the pair at 93% / 98.9% was refused and the pre-flight fell back on the probes' line)
 MIN_ALIGNED_FEW = 0.90
-MIN_ALIGNED_BYTES = 0.99
+MIN_ALIGNED_BYTES = 0.98
 # an unmatched allocation with no shape, at least this large and a multiple of its probe's batch, grows with it
 UNSHAPED_BATCH_BYTES = 64 << 10
 # replays far beyond a limit would stop at a simulated out-of-memory: the curve is the model's, not this machine's
@@ -296,6 +300,12 @@ class CheckedReplays:
         return [r.run(batch) for r in self.replays]
 
 
+def aligned_enough(count: float, share_of_bytes: float) -> bool:
+    """Whether two probes made the same tensors: `MIN_ALIGNED` of the allocations matched, or `MIN_ALIGNED_FEW` with
+    the unmatched holding little of the bytes (`MIN_ALIGNED_BYTES`)."""
+    return count >= MIN_ALIGNED or (count >= MIN_ALIGNED_FEW and share_of_bytes >= MIN_ALIGNED_BYTES)
+
+
 def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int,
             gpu_growth: bool = True) -> CheckedReplays:
     """The self-check of both probes' sequences and their alignment, before any prediction (see `curve`): each
@@ -321,7 +331,7 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
     aligned, aligned_bytes = min(c for c, _ in shares), min(b for _, b in shares)
     # a few more unmatched small tensors (a tape loop's step in one CI run: 94% by count) leave the bytes matched: the
     # replay's sizes are bytes
-    if aligned < MIN_ALIGNED and not (aligned >= MIN_ALIGNED_FEW and aligned_bytes >= MIN_ALIGNED_BYTES):
+    if not aligned_enough(aligned, aligned_bytes):
         why.append(f"only {aligned:.0%} of a probe's allocations ({aligned_bytes:.1%} of their bytes) found their "
                    f"match in the other probe's trace (the replay needs {MIN_ALIGNED:.0%}, or {MIN_ALIGNED_FEW:.0%} "
                    f"and {MIN_ALIGNED_BYTES:.0%} of the bytes): the two runs did not make the same tensors")

@@ -1,5 +1,7 @@
 """One base exception for the package; usage errors carry the fix in their message."""
 
+import re
+
 
 class TfmemError(Exception):
     """Base class of every error tfmem_magic raises on purpose."""
@@ -30,3 +32,20 @@ class PreflightRefused(MemoryLimitExceeded):
 
 class MemoryGrowthWarning(UserWarning):
     """TensorFlow's peak grew run after run (epochs of a fit, repeated cells): something is kept between them."""
+
+
+
+def clip_message(message: str, limit: int) -> str:
+    """The first line of an error message, at most `limit` characters: cut after the last sentence that fits, or at a
+    word with an ellipsis where none ends past half of it. A message cut in the middle of a word or a parenthesis
+    reads as broken (TensorFlow's errors can run for pages on one line)."""
+    lines = message.strip().splitlines()
+    line = lines[0] if lines else ""
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    ends = [m.end() for m in re.finditer(r"[.!?]\)?(?=\s)", head)]
+    if ends and ends[-1] >= limit // 2:
+        return head[:ends[-1]]
+    cut = head.rfind(" ")
+    return head[:cut if cut > 0 else limit].rstrip(",;:(") + "…"

@@ -98,6 +98,9 @@ class Instrumentation:
         self.notes: list[str] = []  # what the instrumentation could not do, for the report
         # optimizers applied in custom loops, their variables
         self.applied: list[tuple[weakref.ref[Any], set[int]]] = []
+        # the optimizer update a custom loop called ("Adam.apply()"; once per trace in a tf.function), whose steps no
+        # pre-flight checks; "" when none was seen
+        self.custom_loop = ""
         # variables and optimizers created during the cell: their memory is part of the cell's peak
         self.new_variables = IdentitySet()
         self.built_optimizers = IdentitySet()
@@ -268,6 +271,8 @@ class Instrumentation:
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
             custom_loop = instrumentation._outer_call() is None  # else a train_step of fit's (traced once)
+            if custom_loop:
+                instrumentation.custom_loop = f"{type(this).__name__}.{original.__name__}()"
             if custom_loop and instrumentation.tracer is not None:
                 instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
             if pairs:

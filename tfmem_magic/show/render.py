@@ -10,6 +10,7 @@ from html import escape
 from typing import Any, Callable
 
 from tfmem_magic.advise import prediction
+from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, main_device_name
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
@@ -63,7 +64,8 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     if r.guard is not None:
         lines.append(f"Limit     {format_bytes(r.guard.limit_bytes)} {guard_detail(r)}")
     if r.error:
-        lines.append(f"Error     {r.error.type}: {r.error.message.splitlines()[0][:200] if r.error.message else ''}")
+        message = clip_message(r.error.message, 200)
+        lines.append(f"Error     {r.error.type}" + (f": {message}" if message else ""))
     t = r.trace
     if t is not None and t.events:
         lines.append(f"At peak   {format_bytes(t.peak_live_bytes)} live at t={t.peak_time_s:.3f} s: "
@@ -144,7 +146,7 @@ def render_html(report: Report, timeline: bytes | None = None,
     if r.model is not None:
         cells.append(("Model", escape(model_text(r))))
     if r.error:
-        cells.append(("Error", f"{escape(r.error.type)}: {escape(r.error.message[:500])}"))
+        cells.append(("Error", f"{escape(r.error.type)}: {escape(clip_message(r.error.message, 500))}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
     parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
              f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
