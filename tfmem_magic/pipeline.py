@@ -136,14 +136,14 @@ class Profiler:
         pre-flight was on and the cell trained in a loop of its own, that nothing checked that loop's steps."""
         checks = self._preflight
         report.notes.extend(checks.notes)
-        instr = measured.instrumentation
-        if instr is not None and instr.preflight is not None and instr.custom_loop and not checks.results:
+        loop = _unchecked_loop(measured) if not checks.results else ""
+        if loop:
+            watched = ("only the guard watched it, at each RSS sample, and it cannot stop a step inside "
+                       "TensorFlow's C++ call" if measured.guard is not None else "nothing watched it")
             report.notes.append(
                 "The pre-flight checks fit(), evaluate() and predict() before their first step; this cell trained in "
-                f"a loop of its own ({instr.custom_loop} outside fit), which it cannot run ahead of time: only the "
-                "guard watched it, at each RSS sample and after each update called from Python, and it cannot stop "
-                "a step inside TensorFlow's C++ call. Run the loop's first steps at a small batch under %%tfmem, "
-                "then use the what-if's largest batch that fits.")
+                f"a loop of its own ({loop} outside fit), which it cannot run ahead of time: {watched}. Run the "
+                "loop's first steps at a small batch under %%tfmem, then use the what-if's largest batch that fits.")
         if not checks.results:
             return
         info = report.preflight = checks.results[-1]
@@ -300,3 +300,15 @@ def analyze_xplane(path: Any, device: str | None = None, label: str | None = Non
     report.findings = diagnose.findings(report)
     report.fixes = fixes.build(report, fixes.FixContext())
     return report
+
+
+def _unchecked_loop(measured: Measured) -> str:
+    """The optimizer update ("Adam.apply()") of a custom training loop in a cell the pre-flight was on for, or "":
+    an update seen outside fit/evaluate/predict, where the cell called none of them (fit's own update, run on a
+    distribution strategy's replica thread, reads as outside)."""
+    instr = measured.instrumentation
+    if instr is None or instr.preflight is None or not instr.custom_loop:
+        return ""
+    if any(set(use.calls) - {"__call__"} for use in instr.models.values()):
+        return ""
+    return instr.custom_loop

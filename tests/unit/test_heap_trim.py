@@ -52,3 +52,41 @@ def test_without_glibc_there_is_no_trimmer(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", no_symbol)
     assert _heap_trimmer() is None
+
+
+class _Decoded:
+    """xplane.Decoded's add(), with what happens on another thread meanwhile (`during`)."""
+
+    def __init__(self, during) -> None:
+        self.during = during
+
+    def add(self, data: bytes, offset_ps: int) -> None:
+        self.during()
+
+
+def test_a_decode_moves_the_running_segments_baseline_only_when_one_segment_ran_throughout(monkeypatch):
+    import time
+
+    from tfmem_magic.measure import tracer
+
+    t = tracer.Tracer(time.perf_counter())
+    try:
+        readings = iter([(1000 * MiB, 0), (1040 * MiB, 0), (1000 * MiB, 0), (900 * MiB, 0)])
+        monkeypatch.setattr(t, "_memory_now", lambda: next(readings))
+        t._session, t._segment_rss = object(), 500 * MiB  # a running segment (never started: no profiler here)
+        t._decoded = _Decoded(lambda: None)
+        t._raw, t._raw_bytes = [(b"x", 0)], 1
+        t._decode_raw()  # the decode's own 40 MiB is not the segment's growth
+        assert t._segment_rss == 540 * MiB
+
+        def restarted() -> None:  # the training thread stopped the segment (a trim: -100 MiB) and started the next
+            t._count += 1
+            t._segment_rss = 900 * MiB
+
+        t._decoded = _Decoded(restarted)
+        t._raw, t._raw_bytes = [(b"x", 0)], 1
+        t._decode_raw()
+        assert t._segment_rss == 900 * MiB  # the new segment's baseline stands: the trim was not its growth
+    finally:
+        t._session = None
+        t.finish()

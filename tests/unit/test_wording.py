@@ -91,7 +91,7 @@ def test_every_budget_is_named_the_way_a_sentence_needs():
         assert verdict(report).startswith("fits with 9 GiB to spare (")
 
 
-def test_a_long_error_is_cut_after_a_sentence_never_inside_a_parenthesis():
+def test_a_long_error_is_cut_after_its_last_whole_sentence_or_at_a_word_with_an_ellipsis():
     refusal = ("tfmem's pre-flight stopped fit() before its first step: at batch 1024 the process would reach ~3.76 "
                "GiB (-20%/+40%: it holds 781 MiB now, the step needs ~2.98 GiB, plus 96 MiB the call adds (its copy "
                "of numpy arrays)), and --limit allows 2.23 GiB. Nothing of the call ran. Lower the batch size to 312 "
@@ -103,6 +103,9 @@ def test_a_long_error_is_cut_after_a_sentence_never_inside_a_parenthesis():
     assert clip_message(refusal, within).endswith("--limit allows 2.23 GiB. Nothing of the call ran.")
     cut = clip_message(refusal, 200)  # no sentence ends past half of it: at a word, with an ellipsis
     assert cut.endswith("(its copy…") and len(cut) <= 201
+    # "e.g." ends no sentence (the guard's own messages use it)
+    cut = clip_message("Set a limit, e.g. 2GB, and run it again: " + "x " * 40, 60)
+    assert cut.startswith("Set a limit, e.g. 2GB, and run it again: x") and cut.endswith("x…")
     rep = report()
     rep.status = "oom"
     rep.error = ErrorInfo(type="PreflightRefused", message=refusal)
@@ -119,5 +122,10 @@ def test_a_step_that_ran_on_past_the_guard_says_how_far():
     rep.rss = RssInfo(791 * MiB, 4082 * MiB, 4000 * MiB)
     evidence = diagnose.out_of_memory(rep).evidence
     assert "went on to 3.99 GiB (78% over the limit) before it could be stopped" in evidence, evidence
+    # the batch-end check runs after the step: the step had been that high inside it, not after
+    rep.guard.tripped_by = "batch-end check"
+    evidence = diagnose.out_of_memory(rep).evidence
+    assert "Inside the last step the process had reached 3.99 GiB (78% over the limit)" in evidence, evidence
+    assert "went on to" not in evidence
     rep.rss = RssInfo(791 * MiB, limit + 2 * MiB, limit)  # stopped where it passed: nothing more to say
-    assert "went on to" not in diagnose.out_of_memory(rep).evidence
+    assert "the process had reached" not in diagnose.out_of_memory(rep).evidence

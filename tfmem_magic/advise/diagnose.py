@@ -116,11 +116,13 @@ def out_of_memory(report: Report) -> Finding | None:
         parts.append(f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
                      f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source}).")
         peak = report.rss.peak_bytes
+        over = f"{format_bytes(peak)} ({peak / g.limit_bytes - 1:.0%} over the limit)"
         if g.tripped_rss_bytes and peak > max(g.tripped_rss_bytes, g.limit_bytes) * RAN_ON:
-            # the watchdog raises in Python code: the step it saw pass the limit ran to its end first
-            parts.append(f"The step running then went on to {format_bytes(peak)} "
-                         f"({peak / g.limit_bytes - 1:.0%} over the limit) before it could be stopped: one step is "
-                         "one C++ call.")
+            if g.tripped_by == "watchdog":  # it raises in Python code: the step it saw pass the limit ran on first
+                parts.append(f"The step running then went on to {over} before it could be stopped: one step is "
+                             "one C++ call.")
+            else:  # the batch-end check runs after a step: the step had been higher inside
+                parts.append(f"Inside the last step the process had reached {over}: the check runs between steps.")
     elif g is not None and g.allocator_limit_bytes:
         parts.append(f"TensorFlow's allocator is capped at {format_bytes(g.allocator_limit_bytes)} (from {g.source}).")
     trace = report.trace

@@ -20,7 +20,8 @@ decides which tensors meet at the peak (a CNN's two probe orders, replayed at on
 keeps both, and a prediction takes the larger of the two orders' changes (advise/prediction.py).
 
 Self-check, before a curve is used: each probe's own sequence must give back its traced peak (`bfc.self_check`,
-1%), and at least `MIN_ALIGNED` of each probe's allocations must find their match in the other's.
+1%), and at least `MIN_ALIGNED` of each probe's allocations must find their match in the other's (or
+`MIN_ALIGNED_FEW` where the unmatched hold little of the bytes: `aligned_enough`).
 
 The result is a `ReplayCurve` (core/report.py): the simulated peak at a grid of batches, stored on the report's
 basis so that a saved report predicts what the live one did; advise/prediction.py anchors it on the cell's

@@ -44,7 +44,7 @@ def clip_message(message: str, limit: int) -> str:
     if len(line) <= limit:
         return line
     head = line[:limit]
-    ends = [m.end() for m in re.finditer(r"[.!?]\)?(?=\s)", head)]
+    ends = [m.end() for m in re.finditer(r"(?<!e\.g)(?<!i\.e)[.!?]\)?(?=\s)", head)]
     if ends and ends[-1] >= limit // 2:
         return head[:ends[-1]]
     cut = head.rfind(" ")

@@ -271,8 +271,9 @@ class Instrumentation:
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
             custom_loop = instrumentation._outer_call() is None  # else a train_step of fit's (traced once)
+            update = f"{type(this).__name__}.{original.__name__}()"
             if custom_loop:
-                instrumentation.custom_loop = f"{type(this).__name__}.{original.__name__}()"
+                instrumentation.custom_loop = update
             if custom_loop and instrumentation.tracer is not None:
                 instrumentation.tracer.step_boundary()  # a custom loop's step ends with its update
             if pairs:
@@ -289,8 +290,7 @@ class Instrumentation:
                 pass
             result = original(this, *args, **kwargs)
             if custom_loop and instrumentation.stops is not None:  # a custom loop's step ends here
-                instrumentation.stops.check(f"after {type(this).__name__}.{original.__name__}() of a custom "
-                                            "training step")
+                instrumentation.stops.check(f"after {update} of a custom training step")
             return result
 
         return wrapper

@@ -10,7 +10,8 @@ A timer stops tracing for good after `max_seconds`, and at most MAX_SEGMENTS win
 The profiler's own memory. TensorFlow's recorder keeps every TraceMe event of every thread until the session stops
 (4.2-4.8 malloc'd bytes per byte of the xplane it will write, more in RSS as per-thread arenas fragment), and the
 export builds the XSpace and its serialized copy on top: the process's high-water mark grows by 22-27 bytes per
-xplane byte of the largest segment (what one export frees, the next segment reuses). The event rate depends on the
+xplane byte of the largest segment (the next segment reuses much of what one export frees; malloc_trim gives
+the rest back, see TRIM_AT_BYTES). The event rate depends on the
 model far more than on its size: an MLP or CNN step writes 20-90 kB, an LSTM over 120 time steps fed by
 `timeseries_dataset_from_array` writes ~3.4 MB per step (70k events: its while loop's ops, tf.data's per-element
 iterator events, thread-pool events, 13k memory events) and a bidirectional GRU ~5 MB, so ten traced steps cost
@@ -47,7 +48,7 @@ PLATEAU_S = 1.0
 MAX_SEGMENTS = 12  # windows: segments started at the cell's start or when a pause ends
 MiB = 1024 * 1024
 # The profiler's high-water mark is ~22-27x the xplane of its *largest segment* (3.4 MB, one LSTM step: +74 MB of
-# RSS): the next segment reuses what an export freed (ten steps in 6 segments: +121 MB; as one segment: +898 MB).
+# RSS): the next segment reuses much of what an export freed (ten steps in 6 segments: +121 MB; as one: +898 MB).
 # So a segment is capped at SEGMENT_BYTES (the transient cost), and the cell's total at TRACE_BUDGET_BYTES, which
 # bounds what is kept (~0.3 bytes of decoded events per xplane byte) and the export time: enough for a recurrent
 # model's first steps (an LSTM over 120 time steps writes ~3.4 MB per step) in rotated segments. MLP and CNN cells
@@ -65,8 +66,9 @@ STOP_AT = 0.8  # stop when the estimate reaches this share of what is left: the 
 HEAP_PER_TRACE_BYTE = 4
 RSS_PER_TRACE_BYTE = 12
 # a segment this large or larger is followed by glibc's malloc_trim (0.3-13 ms; it gave back 12-129 MiB each time on
-# the recurrent models): what the recorder and the export freed sits in per-thread arenas that neither the next
-# segment nor the cell reuses. Between segments it lowered the recurrent models' peak over --quick (GRU +126 -> +82
+# the recurrent models): what the recorder and the export freed and the next segment does not reuse sits in
+# per-thread arenas that the cell's own growth does not reuse either. It runs under the lock, as the export does
+# (5-500 ms, far longer). Between segments it lowered the recurrent models' peak over --quick (GRU +126 -> +82
 # MiB, LSTM +108 -> +80; docs/overhead.md); after the last export it lets a traced cell leave ~10 MiB more RSS behind
 # than --quick, not 90-460 MiB more. Smaller segments free too little to be worth the call.
 TRIM_AT_BYTES = 256 * 1024
@@ -223,7 +225,7 @@ class Tracer:
         self._decoded: xplane.Decoded | None = None
         self.traced_bytes = 0  # xplane bytes of all segments so far
         # the profiler's high-water mark follows its largest segment (~22-27 bytes of RSS per xplane byte), not the
-        # sum: what one export frees, the next segment's recorder reuses
+        # sum: the next segment's recorder reuses much of what one export frees
         self.largest_segment_bytes = 0
         self.budget_spent = False
         self.windows: list[tuple[float, float]] = []  # (start, end) of each segment, seconds from t0
@@ -484,14 +486,16 @@ class Tracer:
             pending, self._raw, self._raw_bytes = self._raw, [], 0
             if self._decoded is None:
                 self._decoded = xplane.Decoded()
-            before = self._memory_now()
+            before, segment = self._memory_now(), self._count
         while pending:
             data, offset_ps = pending.pop(0)
             self._decoded.add(data, offset_ps)
             del data
         with self._lock:  # the decode's own memory is not the running segment's growth (see _estimate)
             after = self._memory_now()
-            if self._session is not None:
+            # only where one segment ran throughout: a segment stopped meanwhile (on the training thread) trimmed
+            # the heap, and its successor's baseline was read after that
+            if self._session is not None and self._count == segment:
                 self._segment_rss += after[0] - before[0]
                 self._segment_heap += after[1] - before[1]
 

@@ -146,7 +146,8 @@ def render_html(report: Report, timeline: bytes | None = None,
     if r.model is not None:
         cells.append(("Model", escape(model_text(r))))
     if r.error:
-        cells.append(("Error", f"{escape(r.error.type)}: {escape(clip_message(r.error.message, 500))}"))
+        message = clip_message(" ".join(r.error.message.split()), 500)  # HTML folds the lines anyway
+        cells.append(("Error", f"{escape(r.error.type)}: {escape(message)}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
     parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
              f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
