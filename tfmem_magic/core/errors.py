@@ -34,7 +34,6 @@ class MemoryGrowthWarning(UserWarning):
     """TensorFlow's peak grew run after run (epochs of a fit, repeated cells): something is kept between them."""
 
 
-
 def clip_message(message: str, limit: int) -> str:
     """The first line of an error message, at most `limit` characters: cut after the last sentence that fits, or at a
     word with an ellipsis where none ends past half of it. A message cut in the middle of a word or a parenthesis
