@@ -164,6 +164,8 @@ class Profiler:
             report.whatif_basis = prediction.analytic_basis(report)
         except TfmemUsageError:
             report.whatif_basis = None
+        if report.whatif_basis is not None:  # a call the pre-flight refused: the replay it made predicts
+            report.whatif_basis = preflight.refused_basis(report, report.whatif_basis) or report.whatif_basis
         report.prediction = prediction.summary(report)
         previous = self._remember_run(report, m) if self.options.publish else []
         report.findings = diagnose.findings(report, previous)
@@ -195,6 +197,10 @@ class Profiler:
         if report.status not in ("ok", "oom"):
             report.notes.append(f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
                                 "step was not measured; the what-if stays analytic.")
+            return
+        if prediction.anchored_on_preflight(report.whatif_basis):
+            report.notes.append(f"Calibration ({asked}) did not run: the what-if stands on the pre-flight's replay "
+                                "of the call it refused already (nothing of the call ran to anchor probes on).")
             return
         said = f"; {asked}" if mode == "auto" else ""
         print(f"tfmem: calibrating the what-if (probe processes replay the step{said})...", flush=True)

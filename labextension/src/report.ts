@@ -241,6 +241,7 @@ export interface Basis {
   increment_fragmentation: number | null;
   growth_fragmentation: number | null;
   replay: ReplayCurve | null;
+  anchor: string;
 }
 /**
  * The settings a what-if changes (advise/prediction.py, predict).
@@ -307,6 +308,9 @@ export interface PreflightInfo {
   own_step: string;
   largest_batch: number | null;
   seconds: number;
+  tf_bytes: number;
+  reusable_bytes: number;
+  replay: ReplayCurve | null;
 }
 /**
  * What TensorFlow still held when the cell ended, and who holds it.

@@ -27,7 +27,9 @@ model.compile("adam", "sparse_categorical_crossentropy")
 model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)  # TensorFlow is running: no allocator cap any more
 """
 REPORT = (f"print({MARK!r} + json.dumps({{'status': r.status, 'rss_peak': r.rss.peak_bytes, 'notes': r.notes, "
-          "'preflight': r.preflight and r.preflight.__dict__, 'error': r.error and r.error.message, "
+          "'preflight': r.preflight and __import__('dataclasses').asdict(r.preflight), "
+          "'error': r.error and r.error.message, 'tf_peak': r.tf_peak_bytes, "
+          "'basis': r.whatif_basis and [r.whatif_basis.name, r.whatif_basis.anchor], "
           "'fixes': {f.id: f.code for f in r.fixes}}))")
 
 
@@ -62,10 +64,21 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     # the fix cell carries the pre-flight's batch, and that batch runs within the limit (the guard never trips)
     suggested = pre["largest_batch"]
     assert 64 < suggested < 1024 and f"batch_size={suggested}" in r["fixes"]["shrink-batch"]
+    # the report's what-if is the pre-flight's replay, anchored on its prediction, and names the same batch
+    assert r["basis"] == ["replay", "preflight"]
+    asked = kernel.run(f"import tfmem_magic\nw = tfmem_magic.predict(r, batch_size={suggested})\n"
+                       f"print({MARK!r} + json.dumps([w.peak_bytes, w.error_band, w.basis, "
+                       "tfmem_magic.predict(r).largest_batch]))")["data"]
+    predicted, band, basis, largest = asked
+    assert basis == "replay" and largest == suggested, asked
     cell, r = fit(kernel, suggested)
     assert cell["error"] is None and r["status"] == "ok", (cell["stdout"][-2000:], r["notes"])
     assert r["rss_peak"] < LIMIT
     assert r["preflight"]["verdict"] in ("fits", "uncertain")
+    # ... and predicted the suggested batch's TF peak within its band (here: 1.44 GiB predicted at 456, 1.50 run)
+    print(f"\nbatch {suggested}: the refused report predicted {predicted / GiB:.2f} GiB ±{band:.0%}, "
+          f"it ran at {r['tf_peak'] / GiB:.2f} GiB")
+    assert abs(predicted / r["tf_peak"] - 1) <= band, (predicted, r["tf_peak"])
 
 
 def test_a_batch_that_fits_runs_without_probes(kernel):

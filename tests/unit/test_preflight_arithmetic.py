@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_fixes import report as fixes_report
 
-from tfmem_magic.advise import preflight
+from tfmem_magic.advise import prediction, preflight
 from tfmem_magic.advise.preflight import BAND, NoReplay, line_through
 from tfmem_magic.analyze import step_replay
-from tfmem_magic.core.report import PreflightInfo
+from tfmem_magic.core.report import DeviceMemory, PreflightInfo, Report, RssInfo
 from tfmem_magic.measure.instrument import ModelUse
+from tfmem_magic.show import view
 
 MiB = 2**20
 DATA = Path(__file__).parents[1] / "data" / "replay"  # a CNN's probe traces at batches 23 and 37 (test_step_replay)
@@ -202,3 +204,63 @@ def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to
 def test_a_batch_too_small_to_extrapolate_is_left_to_the_guard(no_replay):
     with pytest.raises(preflight.TfmemUsageError, match="too small"):
         preflight.check(_Model(), "fit", _use(1), 10**9, rss=0)
+
+
+def _refused(monkeypatch) -> tuple[PreflightInfo, Report]:
+    """A call at batch 320 refused on the recorded CNN replay (TF holding 20 MiB as it began, 50 MiB of regions), and
+    the report of its cell: the process held 100 MiB, the limit is the guard's threshold, nothing else grew."""
+    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, _ = preflight.replayed_step(_Model(), use, True, 320)
+    threshold = round(100 * MiB + at(320) * 0.6)
+    info = preflight.check(_Model(), "fit", use, threshold, rss=100 * MiB, tf_current=20 * MiB, tf_held=50 * MiB)
+    rep = fixes_report(status="oom", batch=320)
+    rep.preflight, rep.env.budget_bytes = info, threshold
+    rep.rss = RssInfo(baseline_bytes=100 * MiB, peak_bytes=100 * MiB, end_bytes=100 * MiB)
+    rep.tf = {"CPU:0": DeviceMemory(20 * MiB, 20 * MiB, 20 * MiB)}
+    return info, rep
+
+
+def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(monkeypatch):
+    info, rep = _refused(monkeypatch)
+    assert info.verdict == "refused" and info.reusable_bytes == 30 * MiB
+    curve = info.replay
+    # the batches the verdict and the largest batch's search replayed, and more of the grid nearest the batch
+    assert curve is not None and curve.passed and {320, info.largest_batch} <= set(curve.batches)
+    assert len(curve.batches) > 8 and max(curve.batches) <= 3 * 320  # the grid up to about twice the batch
+    assert preflight.refused_basis(rep, prediction.analytic_basis(rep)) is not None
+    rep.whatif_basis = preflight.refused_basis(rep, prediction.analytic_basis(rep))
+    rep.prediction = prediction.summary(rep)
+    # nothing of the step ran: at each replayed batch the what-if gives what the pre-flight judged, the step's
+    # growth over what TF held as the call began (its cell's baseline here) plus fit's copy
+    at = step_replay.checked(*(step_replay.load_events(DATA / f"cnn-{b}.npz") for b in (23, 37)), 23, 37)
+    fixed = max(r.peak_bytes_in_use for r in at.peaks(320)) - info.step_bytes  # the weights and the probes' data
+    for batch in (64, 128, info.largest_batch, 320):
+        step = max(r.peak_bytes_in_use for r in at.peaks(batch)) - fixed
+        assert prediction.predict(rep, batch_size=batch).peak_bytes == pytest.approx(step + info.extra_bytes, abs=2)
+    now = prediction.predict(rep)
+    assert now.basis == "replay" and now.error_band == prediction.PREFLIGHT_BAND
+    # judged as the pre-flight judged it (the regions TF holds filled first, +40% on what the process grows by):
+    # one batch named, by the refusal, the finding, the fix and the what-if
+    assert now.largest_batch == info.largest_batch and now.fit_margin == preflight.REPLAY_BAND
+    assert any("anchored on what the pre-flight predicted for the 320 batch it refused" in n for n in now.notes)
+    assert view.whatif_rows(rep, now)[0][0] == "as asked (batch 320, refused)"
+    # another precision: the model's parts, anchored on the same prediction, with their own band
+    mixed = prediction.predict(rep, policy="mixed_bfloat16")
+    assert mixed.basis == "analytic" and mixed.error_band == prediction.ANALYTIC_BAND
+    assert mixed.peak_bytes < now.peak_bytes
+    # a saved report predicts as the live one
+    again = Report.from_json(rep.to_json())
+    assert prediction.predict(again, batch_size=200).peak_bytes == prediction.predict(rep, batch_size=200).peak_bytes
+
+
+def test_only_a_call_refused_on_the_replay_gives_its_basis(monkeypatch):
+    info, rep = _refused(monkeypatch)
+    basis = prediction.analytic_basis(rep)
+    rep.model.batch_size = 256  # the report's model is not the call's step
+    assert preflight.refused_basis(rep, prediction.analytic_basis(rep)) is None
+    rep.model.batch_size = 320
+    info.verdict = "uncertain"  # it ran: the cell's measured peak anchors calibration's replay instead
+    assert preflight.refused_basis(rep, basis) is None
+    info.verdict, info.replay = "refused", None  # refused on the probes' line: no replay to predict from
+    assert preflight.refused_basis(rep, basis) is None

@@ -7,8 +7,8 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 from __future__ import annotations
 
 from tfmem_magic.advise.fitting import fitting_batch
-from tfmem_magic.advise.prediction import (analytic_basis, budget_at_start, budget_for_tf, grown_outside_tf,
-                                          growth_ratio, parts_at)
+from tfmem_magic.advise.prediction import (anchored_on_preflight, analytic_basis, budget_at_start, budget_for_tf,
+                                          grown_outside_tf, growth_ratio, parts_at, replay_moved)
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -33,6 +33,11 @@ def _basis(report: Report) -> Basis | None:
 
 
 def _peak(report: Report) -> int:
+    """The cell's TF peak over its baseline; where its pre-flight refused a call (nothing of it ran), the step's
+    peak the pre-flight predicted (the anchor of the report's what-if)."""
+    stored = report.whatif_basis
+    if stored is not None and anchored_on_preflight(stored):
+        return max(report.tf_peak_bytes or 0, stored.measured_peak or 0)
     return report.tf_peak_bytes or 0
 
 
@@ -46,10 +51,20 @@ def large_batch(report: Report) -> Finding | None:
     model = report.model
     if basis is None or model is None or not model.batch_size or not model.training:
         return None
-    peak = measured = _peak(report)
+    peak, measured = _peak(report), report.tf_peak_bytes or 0
     parts = parts_at(basis, basis.knobs)
     activations = parts["activations"] * basis.fragmentation
-    if report.status == "oom":
+    per_sample = basis.activations_per_sample * growth_ratio(basis)
+    what = f"Activations for a batch of {model.batch_text} take"
+    stored = report.whatif_basis
+    if stored is not None and anchored_on_preflight(stored) and stored.replay is not None and model.batch_size > 1:
+        # a call the pre-flight refused: its replay says what the step holds, and what of it grows with the batch
+        # (the replayed peak over batch 1's: the analytic parts are a model's estimate, the replay the step's)
+        batch = model.batch_size
+        activations = max(0.0, replay_moved(stored, batch, 1))
+        per_sample = activations / (batch - 1)
+        what = f"In the pre-flight's replay of the step, what grows with a batch of {model.batch_text} takes"
+    elif report.status == "oom":
         # the failed cell has no peak to compare with: the model's own estimate of the step stands in
         peak = max(peak, round(sum(parts.values()) * basis.fragmentation))
     whose = "the cell's peak" if peak == measured else "the step's estimated peak"  # a step stopped or refused
@@ -66,9 +81,9 @@ def large_batch(report: Report) -> Finding | None:
     return Finding(
         id="large-batch", severity="critical" if report.status == "oom" else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
-        evidence=f"Activations for a batch of {model.batch_text} take ~{format_bytes(activations)}, "
-                 f"{activations / peak:.0%} of {whose} ({format_bytes(peak)}), and they grow with the batch "
-                 f"(~{format_bytes(round(basis.activations_per_sample * growth_ratio(basis)))} per sample).{advice}",
+        evidence=f"{what} ~{format_bytes(activations)}, {activations / peak:.0%} of {whose} "
+                 f"({format_bytes(peak)}), and it grows with the batch (~{format_bytes(round(per_sample))} per "
+                 f"sample).{advice}",
         bytes=round(activations), fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],
     )
 

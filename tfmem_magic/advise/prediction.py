@@ -65,6 +65,10 @@ REPLAY_BAND = 0.15
 # took 77 or 100 MiB at one batch in two sets of fresh runs), most within 15%: not the clone replay's band, the
 # analytic one (docs/bfc-replay.md, "The cell's own step, saved")
 OWN_STEP_BAND = ANALYTIC_BAND
+# the band of a refused call's replay (advise/preflight.refused_basis): the whole peak is predicted, not a change from
+# a measured one. The pre-flight's replay of TF's allocator at the call's batch was 0.2-25% over the step measured on
+# five models, none under (benchmarks/preflight_accuracy.py, docs/preflight.md)
+PREFLIGHT_BAND = 0.25
 # On a CPU the budget is the process's, and the process grows by more than TensorFlow's bytes in use at some batches:
 # oneDNN's own buffers appear at a size threshold, and the allocator's regions count as their pages are touched (a
 # CNN fit at batch 568 grew the process by 2.14 GiB where the allocator's peak in use was 1.74 GiB: +21% in two
@@ -424,15 +428,15 @@ def peak_at(basis: Basis, knobs: Knobs) -> int:
     assert basis.replay is not None
     now_micro = basis.knobs.batch_size / basis.knobs.split
     others = _parts_peak(basis, knobs, now_micro)
-    # the larger of the two orders' changes: the safe side both ways (a shrink that frees less, a growth that adds more)
     micro = knobs.batch_size / knobs.split
-    moved = replay_change(basis.replay, micro, now_micro)[1]
+    moved = replay_moved(basis, micro, now_micro)
     replayed = max(0, round(others + moved))
-    if own_step_replayed(basis) and micro < now_micro:
+    if own_step_replayed(basis) and micro < now_micro and not anchored_on_preflight(basis):
         # below the cell's batch, the cell's own step replayed fell 21% under the real peak where the parts model
         # did not (a GAN and a distiller at half the batch, benchmarks/custom_step_accuracy.py): the saved step's
         # probes restore the optimizers' slots before their first step, the cell built them in it. An
         # under-prediction here is a shrink-batch that runs out of memory: the larger of the two
+        # (a refused call's anchor is the same probes' replay: no cell that built them in its step to differ from)
         return max(replayed, _parts_peak(basis, knobs))
     return replayed
 
@@ -453,13 +457,21 @@ def is_from_trace(report: Report) -> bool:
     return report.whatif_basis is not None and from_trace(report.whatif_basis)
 
 
+def anchored_on_preflight(basis: Basis) -> bool:
+    """The basis' anchor is the pre-flight's prediction for a call it refused, not a measured peak."""
+    return basis.anchor == "preflight" and basis.measured_peak is not None
+
+
 def basis_band(basis: Basis) -> float:
-    """The error band a basis earned: the replay's on the zoo (two probes aligned), the measured basis', or the
-    analytic one (also a saved trace's, whose allocations are scaled by their shapes alone)."""
+    """The error band a basis earned: the replay's on the zoo (two probes aligned; a refused call's, whose whole peak
+    is predicted, the pre-flight's), the measured basis', or the analytic one (also a saved trace's, whose
+    allocations are scaled by their shapes alone)."""
     if from_trace(basis):
         return ANALYTIC_BAND
     if basis.name == "replay" and own_step_replayed(basis):
         return OWN_STEP_BAND
+    if basis.name == "replay" and anchored_on_preflight(basis):
+        return PREFLIGHT_BAND
     return {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
 
 
@@ -502,6 +514,20 @@ def replay_change(curve: ReplayCurve, micro: float, now_micro: float) -> tuple[f
     (MobileNetV2's orders differ by 19 MiB there) must not become a drop at every other batch."""
     changes = sorted(replay_peak(curve, micro, order) - replay_peak(curve, now_micro, order) for order in (0, 1))
     return changes[0], changes[1]
+
+
+def replay_moved(basis: Basis, micro: float, now_micro: float) -> float:
+    """What the basis' replay moves its anchor by, from the cell's step batch to `micro`. On a measured anchor, the
+    larger of the two op orders' changes (`replay_change`): the safe side both ways (a shrink that frees less, a
+    growth that adds more). On the pre-flight's (a refused call), whose anchor is the larger order's replayed
+    peak: the larger order's peak at `micro` less that, so that the what-if gives what the pre-flight judged at every
+    batch (each order from itself would add the orders' spread at the refused batch, 50 MB on a CNN at 1024, to
+    every other)."""
+    assert basis.replay is not None
+    if anchored_on_preflight(basis):
+        return max(replay_peak(basis.replay, micro, order) for order in (0, 1)) - max(
+            replay_peak(basis.replay, now_micro, order) for order in (0, 1))
+    return replay_change(basis.replay, micro, now_micro)[1]
 
 
 def replay_peak(curve: ReplayCurve, micro: float, order: int = 0) -> float:
@@ -597,6 +623,11 @@ def grown_outside_tf(report: Report) -> int:
     """What the cell's process grew by besides TensorFlow's allocator and tfmem's own profiler (whose memory is
     tfmem's, not the user's: `TraceInfo.profiler_rss_bytes`): the RSS peak over the baseline less TF's peak over
     it. Negative where TF reused regions the process held already."""
+    pre, device = report.preflight, report.main_device
+    if pre is not None and pre.verdict == "refused" and pre.rss_bytes and device is not None:
+        # nothing of the refused call ran: what the process grew by after it began is the pre-flight's own (its
+        # replay's arrays: 78 MiB for a GRU's), tfmem's as the profiler's is; before it, the cell's code
+        return (pre.rss_bytes - report.rss.baseline_bytes) - max(0, pre.tf_bytes - device.baseline_bytes)
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
     return (report.rss.peak_bytes - report.rss.baseline_bytes) - max(0, report.tf_peak_bytes or 0) - profiler
 
@@ -666,8 +697,9 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     replayed = replay_applies(basis, knobs)
     curve = basis.replay
     own_step = own_step_replayed(basis)
-    name = ("replay" if replayed else "analytic" if own_step else "measured" if basis.name in CALIBRATED
-            else basis.name)
+    # no parts probes ran for the cell's own step, nor for a refused call's pre-flight: their parts are the analytic
+    name = ("replay" if replayed else "analytic" if own_step or anchored_on_preflight(basis)
+            else "measured" if basis.name in CALIBRATED else basis.name)
     band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
     micro = knobs.batch_size / knobs.split
     if replayed and from_trace(basis):
@@ -680,22 +712,32 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         now_micro = now.batch_size / now.split
         low, high = replay_change(curve, micro, now_micro)
         spread = ""
-        if high - low > 0.01 * max(1, basis.measured_peak or 0):
+        if high - low > 0.01 * max(1, basis.measured_peak or 0) and not anchored_on_preflight(basis):
             spread = (f" The two probes ran the step's ops in different orders, which moves the change by "
                       f"{format_bytes(round(high - low))}: the larger change is given.")
-        step = ("the model's step" if not own_step else
-                f"this model's own training step ({basis.calibration.get('step', 'train_step')}, saved with its "
-                "variables)")
+        saved = basis.calibration.get("step", "train_step")
+        kind = "step" if "predict_step" in saved or "test_step" in saved else "training step"
+        step = "the model's step" if not own_step else f"this model's own {kind} ({saved}, saved with its variables)"
         if own_step:
             spread += (f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
                        "only, up to 49% off where the real peak itself took two values (docs/bfc-replay.md).")
-        if own_step and micro < now_micro:
+        if own_step and micro < now_micro and not anchored_on_preflight(basis):
             spread += (" Below the cell's batch the larger of this and the parts model's prediction is given: the "
                        "saved step's probes hold the optimizers' slots before their first step, the cell built them "
                        "in it, and the replay alone fell 21% short there once.")
+        if anchored_on_preflight(basis):
+            anchor = (f"anchored on what the pre-flight predicted for the {now.batch_size} batch it refused (TF's "
+                      "allocator as the call began, plus the replayed step: nothing of the step ran to be "
+                      "measured)")
+            if not own_step:
+                spread += (f" The band is ±{PREFLIGHT_BAND:.0%}: the whole peak is predicted, and the pre-flight's "
+                           "replay of TF's allocator was 0-25% over the step measured on five models "
+                           "(docs/preflight.md).")
+        else:
+            anchor = "anchored on this cell's measured peak"
         notes.append(f"Replayed: {step}, traced from a fresh allocator at batches {curve.probes[0]} and "
                      f"{curve.probes[1]}, replayed at batch {micro:g} through a simulation of TensorFlow's BFC "
-                     f"allocator, and anchored on this cell's measured peak.{spread}")
+                     f"allocator, and {anchor}.{spread}")
         if micro > 2 * curve.batches[-1]:
             band = ANALYTIC_BAND
             notes.append(f"The replay's curve ends at batch {curve.batches[-1]}: beyond it the peak is extended in a "
@@ -703,6 +745,8 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     elif curve is not None and curve.passed and basis.measured_peak is not None:
         notes.append("The step replay ran at the cell's precision and input size with one replica: for these "
                      "settings " + ("the parts the cell's trace measured predict (the analytic basis)." if own_step
+                                    else "the model's parts predict (the analytic basis), from the pre-flight's "
+                                    "prediction at the cell's batch." if anchored_on_preflight(basis)
                                     else "the probes' parts predict (the measured basis)."))
     elif curve is not None and curve.why_not and name == "measured":
         notes.append(f"The step replay is not used: {curve.why_not}.")
@@ -764,7 +808,17 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     # stopped before its peak) the process can grow by more than the allocator's bytes in use
     process = budget is not None and not report.on_gpu and report.rss.peak_bytes > 0 and not from_trace(basis)
     extra = PROCESS_MARGIN if process else 0.0
-    measured = peak_at(basis, basis.knobs) if basis.measured_peak is not None else 0.0
+    reused = report.preflight.reusable_bytes if process and report.preflight and anchored_on_preflight(basis) else 0
+    if budget is not None and reused >= 1 << 20:
+        # judged as the pre-flight judged the call: the regions TF's allocator holds are filled before the process
+        # grows, and the margin widens what it grows by (advise/preflight._judge), so the two name one batch
+        budget += round((1 + extra) * reused)
+        notes.append(f"As the pre-flight did, this counts the {format_bytes(reused)} of regions TensorFlow's "
+                     "allocator held from earlier cells as filled first, before the process grows (whether the "
+                     "step's tensors fit in them is not known: docs/preflight.md).")
+    # the peak the process was measured at: none where the cell stopped early, or its pre-flight refused the call
+    measured = (peak_at(basis, basis.knobs) if basis.measured_peak is not None and not anchored_on_preflight(basis)
+                else 0.0)
     margin = judging_margin(peak, measured, band, extra)
     fits = None if budget is None else fits_within(peak, budget, measured, band, extra)
     biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured)
@@ -772,7 +826,8 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
         notes.append(f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
                      "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
                      "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
-                     + ("at its own peak only." if measured else "at no peak (it stopped early)."))
+                     + ("at its own peak only." if measured else "at no peak (its pre-flight refused the call)."
+                        if anchored_on_preflight(basis) else "at no peak (it stopped early)."))
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
     return WhatIf(peak_bytes=peak, basis=name, error_band=band,
                   split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},

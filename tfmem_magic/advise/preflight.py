@@ -25,6 +25,7 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import tempfile
@@ -37,10 +38,10 @@ import psutil
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
 from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
-                                          typeable_batch)
+                                          parts_at, typeable_batch)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
-from tfmem_magic.core.report import PreflightInfo
+from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
@@ -89,6 +90,8 @@ class Preflight:
             self._note(f"The pre-flight could not check {call}() at batch {batch}: {exc}")
             return
         info.seconds = round(time.perf_counter() - started, 2)
+        if info.replay is not None:  # the probe processes' time included, as a calibration's curve counts it
+            info.replay.seconds = info.seconds
         self.results.append(info)
         if info.verdict == "refused":
             raise PreflightRefused(refusal(info, source))
@@ -118,7 +121,8 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
         return PreflightInfo(call=call, batch_size=batch, step_bytes=generous, extra_bytes=slots + copies,
                              rss_bytes=rss, threshold_bytes=threshold, band=BAND, verdict="fits", basis="model",
                              predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
-    info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold)
+    info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold, tf_bytes=tf_current,
+                         reusable_bytes=max(0, tf_held - tf_current))
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
@@ -136,19 +140,24 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
         # the replay's peak has the slots the call builds: only the arrays' copy is added (and, for the model's own
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.band_below, info.extra_bytes = "replay", REPLAY_BAND, REPLAY_BAND_BELOW, copies
-        return _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
+        _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
+        if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
+            if info.largest_batch:  # replayed itself, not between two batches: the what-if names it too
+                step_at(info.largest_batch)
+            info.replay = step_at.curve(batch)
+        return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
             raise TfmemUsageError(f"the model's own step, saved ({own}), ran in two probe processes, and its "
                                   f"replay cannot be used: {exc}") from exc
         info.replay_note = str(exc)
-    step_at, info.probe_batches = probed_step(model, use, train, batch)
+    line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
-    return _judge(info, step_at, tf_current, tf_held)
+    return _judge(info, line, tf_current, tf_held)
 
 
 def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
-                      ) -> tuple[Callable[[float], float], list[int], int]:
+                      ) -> tuple[ReplayedStep, list[int], int]:
     """replayed_step for a model that trains in a step of its own, or whose evaluate/predict step a clone cannot run
     (no config to clone it from): the call's step (`method`) is traced again and saved with its variables
     (step_export.py), and the probes run it. Before the call's first step, that trace builds what the
@@ -196,15 +205,16 @@ class NoReplay(Exception):
 
 
 def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None,
-                  saved: step_export.SavedStep | None = None) -> tuple[Callable[[float], float], list[int]]:
+                  saved: step_export.SavedStep | None = None) -> tuple[ReplayedStep, list[int]]:
     """The call's step at any batch, by the step replay (analyze/step_replay.py): a clone's allocation sequence,
     traced from a fresh allocator at two small odd batches (about 1/14 and 1/9 of the call's), replayed through
     the BFC simulator at batches up to the call's. What the probe process held that the kernel holds already (the
     model's weights, the optimizer's variables it has made) and the probes' own data are taken off: the rest is what
     the call's steps add (the slots when it builds them, gradients, the step's tensors and workspaces, in BFC's
     chunks). With `saved` (the model's own step, step_export.py) the probes run that step instead of a clone's fit.
-    Returns (batch -> bytes the steps add, the probe batches). Raises NoReplay where the probes' line is to
-    stand in, and TfmemUsageError where the probes themselves cannot run (the line's would not either)."""
+    Returns (batch -> bytes the steps add: a ReplayedStep, the probe batches). Raises NoReplay where the probes'
+    line is to stand in, and TfmemUsageError where the probes themselves cannot run (the line's would not
+    either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
     probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), calibrate.weight_dims(model))
@@ -235,19 +245,82 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
         held = variable_bytes(getattr(model, "weights", []))
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
-    fixed = held + fed
-    replayed: dict[int, float] = {}
+    return ReplayedStep(check, held + fed, "step" if saved is not None else "probes"), list(probes)
 
-    def at(b: float) -> float:  # the larger of the two probes' op orders (they meet at the peak differently)
+
+# what a refused call's replay may spend on more batches for the report's what-if (advise/preflight.refused_basis):
+# the batches the verdict and the largest batch asked are replayed already
+CURVE_BUDGET_S = 3.0
+
+
+class ReplayedStep:
+    """The call's step at any batch by the step replay: called with a batch, the bytes the call's steps add to what
+    the kernel holds (the larger of the two probes' op orders: they meet at the peak differently). Each batch is
+    replayed once, where asked (a long sequence, an LSTM's, takes ~0.3 s a replay); `curve` gives the batches
+    replayed as the report's ReplayCurve."""
+
+    def __init__(self, check: Any, fixed: int, source: str) -> None:
+        self._check = check  # step_replay.CheckedReplays whose self-check passed
+        self.fixed = fixed  # what the probe process held that the kernel holds already, and the probes' own data
+        self._source = source
+        self._peaks: dict[int, tuple[int, int, int]] = {}  # batch: (probe one's order, probe two's, regions)
+
+    def __call__(self, b: float) -> float:
+        return max(0.0, max(self._replayed(b)[:2]) - self.fixed)
+
+    def _replayed(self, b: float) -> tuple[int, int, int]:
         n = max(1, round(b))
-        if n not in replayed:  # replayed only where asked: a long sequence (an LSTM's) takes ~0.3 s a replay
+        if n not in self._peaks:
             try:
-                replayed[n] = max(r.peak_bytes_in_use for r in check.peaks(n))
+                results = self._check.peaks(n)
             except Exception as exc:  # a bug of ours must not reach the user's fit: the probes' line stands in
                 raise NoReplay(f"its replay at batch {n} failed ({type(exc).__name__}: {str(exc)[:200]})") from exc
-        return max(0.0, replayed[n] - fixed)
+            self._peaks[n] = (int(results[0].peak_bytes_in_use), int(results[1].peak_bytes_in_use),
+                              max(int(r.peak_region_bytes) for r in results))
+        return self._peaks[n]
 
-    return at, list(probes)
+    def curve(self, batch: int, budget_s: float = CURVE_BUDGET_S) -> ReplayCurve:
+        """The replay as the report keeps it: the batches replayed so far, and as many more of the calibration's
+        grid up to twice `batch` as `budget_s` allows, nearest `batch` first (where shrink-batch and the sliders
+        look; the largest batch's bisection has replayed around its answer already). A replay that fails here
+        leaves the batch out: the verdict was made without it."""
+        from tfmem_magic.analyze import step_replay
+
+        started = time.perf_counter()
+        probes = (self._check.curve.probes[0], self._check.curve.probes[1])
+        wanted = [b for b in step_replay.grid(batch, probes, top=2 * batch) if b not in self._peaks]
+        for b in sorted(wanted, key=lambda b: abs(math.log(b / batch))):
+            if time.perf_counter() - started > budget_s:
+                break
+            try:
+                self._replayed(b)
+            except NoReplay:
+                continue
+        batches = sorted(self._peaks)
+        curve: ReplayCurve = self._check.curve
+        return replace(curve, batches=batches, peaks=[self._peaks[b][0] for b in batches],
+                       second_peaks=[self._peaks[b][1] for b in batches],
+                       region_peaks=[self._peaks[b][2] for b in batches], passed=True, source=self._source,
+                       seconds=round(time.perf_counter() - self._check.started, 2))
+
+
+def refused_basis(report: Report, basis: Basis) -> Basis | None:
+    """The what-if's basis for a report whose pre-flight refused its call on the step replay: that replay (the
+    batches it replayed: `PreflightInfo.replay`), anchored on what it predicted for TF's allocator at the call's
+    batch (TF in use as the call began, over the cell's baseline, plus the replayed step and what the call adds),
+    since nothing of the step ran to measure. The parts of `basis` (the analytic one) predict the other knobs, as
+    they do on a calibrated basis. None where the pre-flight did not refuse on a replay, or its call is not the
+    step the report's model describes (another batch, a strategy's replicas)."""
+    info, device = report.preflight, report.main_device
+    if (info is None or info.verdict != "refused" or info.replay is None or not info.replay.batches
+            or device is None or basis.measured_peak is not None or basis.knobs.split != 1
+            or basis.knobs.batch_size != info.batch_size):
+        return None
+    anchor = max(0, info.tf_bytes - device.baseline_bytes) + info.step_bytes + info.extra_bytes
+    parts = sum(parts_at(replace(basis, other=0), basis.knobs).values())  # in requested bytes, as `other` is
+    return replace(basis, name="replay", replay=info.replay, measured_peak=anchor, anchor="preflight",
+                   other=round(anchor / basis.fragmentation - parts), slope_source="the pre-flight's step replay",
+                   calibration={"seconds": info.seconds, **({"step": info.own_step} if info.own_step else {})})
 
 
 def _on_gpu() -> bool:

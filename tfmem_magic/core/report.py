@@ -217,6 +217,10 @@ class PreflightInfo:
     own_step: str = ""
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it
     seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
+    tf_bytes: int = 0  # TF's allocator in use (its main device) when the call began: the step's growth starts there
+    reusable_bytes: int = 0  # TF's regions held then beyond that (its peak so far): filled before the process grows
+    # a refused call's step replay, at the batches replayed (advise/preflight.refused_basis: the report's what-if)
+    replay: ReplayCurve | None = None
 
 
 @dataclass
@@ -449,6 +453,9 @@ class Basis:
     growth_fragmentation: float | None = None
     # the step replay (calibration's two fresh-process probes): the peak at any batch where its self-check passed
     replay: ReplayCurve | None = None
+    # what `measured_peak` is: "cell", the cell's TF peak as measured; "preflight", the pre-flight's prediction of a
+    # call it refused (TF in use as the call began plus the replayed step: nothing of the step ran to measure)
+    anchor: str = "cell"
 
 
 @dataclass

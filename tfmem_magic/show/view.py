@@ -71,7 +71,9 @@ def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[t
         except TfmemUsageError:
             return []
     batch = base.knobs.batch_size
-    out = [(f"as run (batch {batch})", base)]
+    pre = report.preflight
+    refused = pre is not None and pre.verdict == "refused" and pre.batch_size == batch
+    out = [(f"as asked (batch {batch}, refused)" if refused else f"as run (batch {batch})", base)]
 
     def add(label: str, **knobs: Any) -> None:  # one the knobs do not allow (a batch below the replicas): left out
         try:
