@@ -142,7 +142,7 @@ class Profiler:
                        "TensorFlow's C++ call" if measured.guard is not None else "nothing watched it")
             report.notes.append(
                 "The pre-flight checks fit(), evaluate() and predict() before their first step; this cell trained in "
-                f"a loop of its own ({loop} outside fit), which it cannot run ahead of time: {watched}. Run the "
+                f"a loop of its own ({loop}, outside fit), which it cannot run ahead of time: {watched}. Run the "
                 "loop's first steps at a small batch under %%tfmem, then use the what-if's largest batch that fits.")
         if not checks.results:
             return

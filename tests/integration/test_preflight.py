@@ -113,8 +113,15 @@ def step(xb, yb):
                       "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
     r = kernel.run(REPORT)["data"]
     assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
-    assert any("trained in a loop of its own (Adam.apply() outside fit)" in n and "only the guard watched it" in n
+    assert any("trained in a loop of its own (Adam.apply(), outside fit)" in n and "only the guard watched it" in n
                for n in r["notes"]), r["notes"]
+    # run again, the step is traced: no update passes through Python, and the optimizer's step counter says it ran
+    cell = kernel.run("%%tfmem --quick --limit 3GB --as r\n"
+                      "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
+    r = kernel.run(REPORT)["data"]
+    assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
+    assert any("a loop of its own (3 updates of opt (Adam) in a tf.function traced before the cell, outside fit)"
+               in n for n in r["notes"]), r["notes"]
 
 def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(tmp_path_factory):
     # A limit counts the process, and the process grows by more than TensorFlow's allocator (the arrays fit copies,

@@ -23,7 +23,8 @@ import psutil
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import capabilities, environment, guard, holders, kerases, release, remote, xplane
+from tfmem_magic.measure import (capabilities, environment, guard, holders, kerases, release, remote, step_counters,
+                                 xplane)
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
@@ -95,6 +96,7 @@ class Measurement:
         self._stopped = False
         self._names_before: dict[str, int] = {}  # the namespace at the start: name -> id of its value
         self._runtime_at_start = 0  # what only TensorFlow's gradient registry held at the start
+        self._step_counters: list[step_counters.Counter] = []  # the namespace's optimizers' steps at the start
 
     # ---- arming ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,6 +129,9 @@ class Measurement:
             self._push("guard", self.guard.close)
         ns = self.options.namespace or {}
         self._names_before = {name: id(value) for name, value in list(ns.items())}
+        if self._tf_running_at_start and (limit is not None or self.options.preflight):
+            # where a pre-flight may be on: a loop of an already-traced tf.function calls no Python update to see
+            self._step_counters = step_counters.read(ns)
         self._runtime_at_start = self._runtime_pinned_now() if self._tf_running_at_start else 0
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
@@ -285,6 +290,11 @@ class Measurement:
             self.notes.extend(self.stops.notes())
         self.notes.extend(capabilities.notes())  # a private API this TensorFlow or Keras moved: what degrades
         held = self._who_holds()
+        instr = self.instrumentation
+        if instr is not None and instr.preflight is not None and not instr.custom_loop and self._step_counters:
+            moved = step_counters.advanced(self._step_counters)
+            if moved:  # no update passed through Python: a tf.function traced before the cell ran them
+                instr.custom_loop = f"{moved} in a tf.function traced before the cell"
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
             rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,
