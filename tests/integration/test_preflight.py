@@ -41,9 +41,10 @@ def kernel(tmp_path_factory):
     k.close()
 
 
-def fit(kernel: Kernel, batch: int, options: str = "") -> tuple[dict, dict]:
+def fit(kernel: Kernel, batch: int, options: str = "", code: str = "") -> tuple[dict, dict]:
+    """A cell under --limit 3GB (`code`, by default a fit at `batch`), and its report."""
     cell = kernel.run(f"%%tfmem --quick --limit 3GB --as r {options}\n"
-                      f"model.fit(x, y, batch_size={batch}, epochs=1, verbose=0)")
+                      + (code or f"model.fit(x, y, batch_size={batch}, epochs=1, verbose=0)"))
     return cell, kernel.run(REPORT)["data"]
 
 
@@ -93,6 +94,22 @@ def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     cell, r = fit(kernel, 64, "--no-preflight")
     assert cell["error"] is None and r["preflight"] is None
 
+
+
+def test_each_call_is_checked_as_it_was_fed(kernel):
+    # a predict after a fit in one cell was checked at the fit's batch (32, the report's) and went on to 2.1x the
+    # limit at its own batch, 2048: each call is checked as it was fed
+    cell, r = fit(kernel, 32, "", "model.fit(x[:256], y[:256], batch_size=32, epochs=1, verbose=0)\n"
+                                  "out = model.predict(x, batch_size=2048, verbose=0)")
+    pre = r["preflight"]
+    assert cell["error"] == "PreflightRefused" and (pre["call"], pre["batch_size"]) == ("predict", 2048), pre
+    assert r["rss_peak"] < LIMIT
+    # train_on_batch: its batch is the one handed in, checked once per size
+    cell, r = fit(kernel, 1024, "", "for i in range(0, 2048, 1024): model.train_on_batch(x[i:i + 1024], "
+                                    "y[i:i + 1024])")
+    pre = r["preflight"]
+    assert cell["error"] == "PreflightRefused" and (pre["call"], pre["batch_size"]) == ("train_on_batch", 1024)
+    assert "stopped train_on_batch() before its first step" in r["error"] and r["rss_peak"] < LIMIT
 
 
 def test_a_custom_loop_under_a_limit_is_said_to_run_without_a_preflight(kernel):

@@ -151,7 +151,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     upper = [b for b in batches if b > anchor]
     line = [peaks[b][column] for b in batches]
     if line != sorted(line):  # noise-dominated: one least-squares line through all the probes
-        above, below = max(0.0, _line_slope(batches, line) - basis.input_per_sample), None
+        above, below = max(0.0, line_slope(batches, line) - basis.input_per_sample), None
     elif anchor in peaks and upper:
         above = slope(anchor, upper[-1])
         below = slope(lower[0], anchor) if lower else None
@@ -337,7 +337,7 @@ def _room_for_two(basis: Basis, batch: int) -> bool:
     return bool(2 * one < 0.5 * psutil.virtual_memory().available)
 
 
-def _line_slope(xs: list[int], ys: Sequence[float]) -> float:
+def line_slope(xs: list[int], ys: Sequence[float]) -> float:
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread if spread else 0.0

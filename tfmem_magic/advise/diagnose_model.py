@@ -120,6 +120,8 @@ def optimizer_state(report: Report) -> Finding | None:
     peak = _peak(report) + (report.trace.preexisting_bytes if report.trace else 0)
     budget = budget_for_tf(report)
     large = slots >= OPTIMIZER_SHARE * peak if peak else False
+    refused = report.whatif_basis is not None and anchored_on_preflight(report.whatif_basis)
+    used = "the step's predicted peak" if refused else "the memory the model used in this cell"
     if slots < MIN_OPTIMIZER or not (large or (budget and slots >= OPTIMIZER_SHARE * budget)):
         return None
     return Finding(
@@ -127,7 +129,7 @@ def optimizer_state(report: Report) -> Finding | None:
         title=f"{model.optimizer} keeps {model.optimizer_slots} extra copies of every trainable weight",
         evidence=f"The optimizer's state is {format_bytes(slots)} ({model.optimizer_slots} slot(s) per trainable "
                  f"weight, {format_bytes(model.trainable_bytes)} each): "
-                 f"{slots / peak:.0%} of the memory the model used in this cell. SGD with momentum keeps one slot, "
+                 f"{slots / peak:.0%} of {used}. SGD with momentum keeps one slot, "
                  "plain SGD none.",
         bytes=slots, fixes=["lighter-optimizer"],
     )
@@ -173,10 +175,14 @@ def fragmentation(report: Report) -> Finding | None:
 
 
 def non_tf_growth(report: Report) -> Finding | None:
-    rss = report.rss
+    rss, pre, device = report.rss, report.preflight, report.main_device
     growth = rss.peak_bytes - rss.baseline_bytes
     tf_growth = max(0, report.tf_peak_bytes or 0)
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
+    if pre is not None and pre.verdict == "refused" and pre.replay is not None and device is not None:
+        # up to the refused call (grown_outside_tf): what came after is the pre-flight's own memory
+        growth, profiler = pre.rss_bytes - rss.baseline_bytes, 0
+        tf_growth = max(0, pre.tf_bytes - device.baseline_bytes)
     outside = grown_outside_tf(report)  # the profiler's own memory is tfmem's, not the user's
     if outside < MIN_NON_TF or outside < NON_TF_SHARE * (growth - profiler):
         return None

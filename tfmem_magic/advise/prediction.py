@@ -597,6 +597,19 @@ def typeable_batch(n: int, step: int = 1) -> int:
     return rounded if rounded >= step else max(step, n // step * step)
 
 
+def preflight_budget(report: Report) -> int:
+    """What the TF peak over the cell's baseline may reach, judged as the pre-flight judged the call it refused
+    (preflight._judge: the process as the call began, plus PROCESS_MARGIN on what it grows by, under the guard's
+    threshold): what TensorFlow's allocator held as the call began (the process holds it already) and the regions it
+    held beyond that (filled before the process grows) are taken back with the margin, which widens only the
+    growth. So the refusal and the what-if name one largest batch."""
+    pre, device = report.preflight, report.main_device
+    assert pre is not None
+    held_then = max(0, pre.tf_bytes - device.baseline_bytes) if device is not None else 0
+    return max(0, pre.threshold_bytes - pre.rss_bytes
+               + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + held_then)))
+
+
 def budget_at_start(report: Report) -> int | None:
     """What the cell had to spend: on a GPU with a known limit, that limit minus what the GPU held at the start (the
     host's RAM is another budget); else the host's budget minus what the process held."""
@@ -624,7 +637,7 @@ def grown_outside_tf(report: Report) -> int:
     tfmem's, not the user's: `TraceInfo.profiler_rss_bytes`): the RSS peak over the baseline less TF's peak over
     it. Negative where TF reused regions the process held already."""
     pre, device = report.preflight, report.main_device
-    if pre is not None and pre.verdict == "refused" and pre.rss_bytes and device is not None:
+    if pre is not None and pre.verdict == "refused" and pre.replay is not None and device is not None:
         # nothing of the refused call ran: what the process grew by after it began is the pre-flight's own (its
         # replay's arrays: 78 MiB for a GRU's), tfmem's as the profiler's is; before it, the cell's code
         return (pre.rss_bytes - report.rss.baseline_bytes) - max(0, pre.tf_bytes - device.baseline_bytes)
@@ -731,7 +744,7 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
                       "measured)")
             if not own_step:
                 spread += (f" The band is ±{PREFLIGHT_BAND:.0%}: the whole peak is predicted, and the pre-flight's "
-                           "replay of TF's allocator was 0-25% over the step measured on five models "
+                           "replay of TF's allocator was 0.2-25% over the step measured on five models "
                            "(docs/preflight.md).")
         else:
             anchor = "anchored on this cell's measured peak"
@@ -789,7 +802,20 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     parts = parts_at(basis, knobs)
     peak = peak_at(basis, knobs)
     budget = budget_for_tf(report) if tf_budget is None else tf_budget
-    outside = outside_tf_bytes(report)
+    pre = report.preflight
+    as_preflight = (tf_budget is None and pre is not None and anchored_on_preflight(basis) and not report.on_gpu
+                    and report.rss.peak_bytes > 0)
+    if as_preflight:
+        assert pre is not None
+        budget = preflight_budget(report)
+        notes.append(f"Judged as the pre-flight judged the call: against the {format_bytes(pre.threshold_bytes)} "
+                     f"the guard allows, from the {format_bytes(pre.rss_bytes)} the process held as the call "
+                     "began, with what TensorFlow's allocator held then"
+                     + (f" and the {format_bytes(pre.reusable_bytes)} of regions it held beyond that (filled first, "
+                        "before the process grows; whether the step's tensors fit in them is not known: "
+                        "docs/preflight.md)" if pre.reusable_bytes >= 1 << 20 else "")
+                     + " taken as held already.")
+    outside = 0 if as_preflight else outside_tf_bytes(report)
     if tf_budget is None and budget is not None and outside >= 1 << 20:
         runtime = (" (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
                    if report.env.tensorflow_started_in_cell else "")
@@ -808,14 +834,6 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     # stopped before its peak) the process can grow by more than the allocator's bytes in use
     process = budget is not None and not report.on_gpu and report.rss.peak_bytes > 0 and not from_trace(basis)
     extra = PROCESS_MARGIN if process else 0.0
-    reused = report.preflight.reusable_bytes if process and report.preflight and anchored_on_preflight(basis) else 0
-    if budget is not None and reused >= 1 << 20:
-        # judged as the pre-flight judged the call: the regions TF's allocator holds are filled before the process
-        # grows, and the margin widens what it grows by (advise/preflight._judge), so the two name one batch
-        budget += round((1 + extra) * reused)
-        notes.append(f"As the pre-flight did, this counts the {format_bytes(reused)} of regions TensorFlow's "
-                     "allocator held from earlier cells as filled first, before the process grows (whether the "
-                     "step's tensors fit in them is not known: docs/preflight.md).")
     # the peak the process was measured at: none where the cell stopped early, or its pre-flight refused the call
     measured = (peak_at(basis, basis.knobs) if basis.measured_peak is not None and not anchored_on_preflight(basis)
                 else 0.0)

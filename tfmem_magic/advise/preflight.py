@@ -1,4 +1,4 @@
-"""Pre-flight: predict a fit/evaluate/predict's step before it runs, and refuse one that will not fit the limit.
+"""Pre-flight: predict a fit/evaluate/predict's (or *_on_batch's) step before it runs, and refuse one that will not fit.
 
 Why: once TensorFlow runs, its allocator can no longer be capped, and the guard's batch-end check and watchdog act
 between steps. One training step is one C++ call, so a step that outgrows the limit runs to its end (measured: a
@@ -36,9 +36,9 @@ from typing import Any, Callable
 import psutil
 
 from tfmem_magic.advise import calibrate, step_export
-from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
+from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
-                                          parts_at, typeable_batch)
+                                          parts_at, replay_moved, replay_peak, typeable_batch)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
@@ -60,18 +60,23 @@ REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
 # the step each checked call runs: what is saved for the probes when a clone cannot run it
-STEP_OF_CALL = {"fit": "train_step", "evaluate": "test_step", "predict": "predict_step"}
+STEP_OF_CALL = {"fit": "train_step", "evaluate": "test_step", "predict": "predict_step", "train_on_batch": "train_step",
+                "test_on_batch": "test_step", "predict_on_batch": "predict_step"}
+TRAINING_CALLS = ("fit", "train_on_batch")
 PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the smaller half of that
 
 
 class Preflight:
-    """The pre-flights of one measured cell: each fit/evaluate/predict is checked before it runs (once per model,
-    call and batch), and the last result goes into the report."""
+    """The pre-flights of one measured cell: each fit/evaluate/predict (and train/test/predict_on_batch, whose
+    batch is the one handed in) is checked before it runs, once per model, call and batch, and not at all below a
+    batch of that model and call that fitted (a loop of train_on_batch over slices ends with a smaller one); the
+    last result goes into the report."""
 
     def __init__(self) -> None:
         self.results: list[PreflightInfo] = []
         self.notes: list[str] = []
         self._done: set[tuple[int, str, int]] = set()
+        self._fitted: dict[tuple[int, str], int] = {}  # (model, call): the largest batch whose high end fitted
 
     def __call__(self, model: Any, call: str, use: ModelUse, threshold: int, rss: int, source: str,
                  tf_current: int = 0, tf_held: int = 0) -> None:
@@ -80,7 +85,7 @@ class Preflight:
             self._note(f"The pre-flight skipped {call}(): the batch size is known only once it runs ({use.feed}).")
             return
         key = (id(model), call, batch)
-        if key in self._done:
+        if key in self._done or batch <= self._fitted.get(key[:2], 0):
             return
         self._done.add(key)
         started = time.perf_counter()
@@ -93,6 +98,8 @@ class Preflight:
         if info.replay is not None:  # the probe processes' time included, as a calibration's curve counts it
             info.replay.seconds = info.seconds
         self.results.append(info)
+        if info.verdict == "fits":
+            self._fitted[key[:2]] = max(batch, self._fitted.get(key[:2], 0))
         if info.verdict == "refused":
             raise PreflightRefused(refusal(info, source))
         if info.verdict == "uncertain":
@@ -112,7 +119,7 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
     model's own saved step, else the probes' line), and say whether the process stays under `threshold` (bytes): a
     PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
     batch = int(use.batch_size or 0)
-    train = call == "fit"
+    train = call in TRAINING_CALLS
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
     slots = _slots_to_build(model) if train else 0
     generous = model_upper_bound(use, train, batch)
@@ -143,7 +150,10 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
         _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
             if info.largest_batch:  # replayed itself, not between two batches: the what-if names it too
-                step_at(info.largest_batch)
+                try:
+                    step_at(info.largest_batch)
+                except NoReplay:  # the verdict stands; the curve interpolates there
+                    pass
             info.replay = step_at.curve(batch)
         return info
     except NoReplay as exc:
@@ -317,10 +327,23 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
             or basis.knobs.batch_size != info.batch_size):
         return None
     anchor = max(0, info.tf_bytes - device.baseline_bytes) + info.step_bytes + info.extra_bytes
-    parts = sum(parts_at(replace(basis, other=0), basis.knobs).values())  # in requested bytes, as `other` is
-    return replace(basis, name="replay", replay=info.replay, measured_peak=anchor, anchor="preflight",
-                   other=round(anchor / basis.fragmentation - parts), slope_source="the pre-flight's step replay",
-                   calibration={"seconds": info.seconds, **({"step": info.own_step} if info.own_step else {})})
+    replayed = replace(basis, name="replay", replay=info.replay, measured_peak=anchor, anchor="preflight", other=0,
+                       slope_source="the pre-flight's step replay", activations_per_sample_below=None, moment_gap=0,
+                       lines_below=[],
+                       calibration={"seconds": info.seconds, **({"step": info.own_step} if info.own_step else {})})
+    # what grows with the batch is the replay's, not the layer outputs': the knobs the replay does not predict
+    # (precision, input size) scale it, and the rest stays as `other` (requested bytes). Its slope is a line through
+    # the replayed peaks from a quarter to twice the batch: BFC's staircase makes any two of them a poor guide (the
+    # recorded CNN's: 1.9 MiB a sample from batch 1 to 320, where a region had just doubled, 1.1 from 320 to 640)
+    batch = basis.knobs.batch_size
+    near = [b for b in info.replay.batches if batch / 4 <= b <= 2 * batch]
+    if len(near) >= 3:
+        grows = line_slope(near, [max(replay_peak(info.replay, b, order) for order in (0, 1)) for b in near])
+    else:
+        grows = replay_moved(replayed, batch, 1) / max(1, batch - 1)
+    replayed.activations_per_sample = max(0.0, max(0.0, grows) / basis.fragmentation - basis.input_per_sample)
+    replayed.other = round(anchor / basis.fragmentation - sum(parts_at(replayed, basis.knobs).values()))
+    return replayed
 
 
 def _on_gpu() -> bool:
@@ -441,7 +464,7 @@ def _extra_words(info: PreflightInfo) -> str:
         return "optimizer slots, copies of numpy arrays"
     if not info.own_step:
         return "its copy of numpy arrays"
-    built = "the slots and the graph" if info.call == "fit" else "the graph"  # evaluate/predict build no slots
+    built = "the slots and the graph" if info.call in TRAINING_CALLS else "the graph"  # no slots to evaluate/predict
     return f"its copy of numpy arrays; {built} of its step, saved for the probes"
 
 

@@ -55,6 +55,16 @@ class ModelUse:
         return [a for a in self.input_arrays if not a.validation]
 
 
+def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
+    """The model's use as this one call was fed: what the pre-flight checks. The report keeps the cell's training
+    call's description (its batch, rows and copies), so a `predict(x, batch_size=2048)` after a `fit` at batch 32 in
+    one cell was checked at batch 32 and ran on to 2.1x the limit (December 2026)."""
+    return ModelUse(model_ref=use.model_ref, calls=[call], batch_size=feed.batch_size,
+                    batch_source=feed.batch_source, input_shape=feed.input_shape or use.input_shape,
+                    input_arrays=list(feed.arrays), samples=feed.samples, structure=feed.structure or use.structure,
+                    feed=feed.kind, validation=feed.validation)
+
+
 class IdentitySet:
     """Weakly held objects compared by identity (Keras variables overload == and hash by value)."""
 
@@ -328,10 +338,10 @@ class Instrumentation:
             stops = instrumentation.stops
             token = stops.enter_call() if stops is not None else 0
             try:
-                args, kwargs = instrumentation._record_call(model, call, signature_of, args, kwargs)
+                args, kwargs, feed = instrumentation._record_call(model, call, signature_of, args, kwargs)
+                if instrumentation.preflight is not None:  # may refuse the call before its first step
+                    instrumentation.preflight(model, call, _as_fed(instrumentation._use(model), call, feed))
                 if call in ("fit", "evaluate", "predict"):
-                    if instrumentation.preflight is not None:  # may refuse the call before its first step
-                        instrumentation.preflight(model, call, instrumentation._use(model))
                     args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
                                                                    kerases.flavour_of(model))
                 record = instrumentation._call_started(model, call)
@@ -414,9 +424,9 @@ class Instrumentation:
         return use
 
     def _record_call(self, model: Any, call: str, original: Callable[..., Any], args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                     kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], feeding.Feed]:
         """Record what the user's call was fed; returns the arguments to call with (the same objects, except a
-        Python generator, which is passed through a generator that notes its first batch)."""
+        Python generator, which is passed through a generator that notes its first batch), and the call's feed."""
         use = self._use(model)
         if call not in use.calls:
             use.calls.append(call)
@@ -425,7 +435,7 @@ class Instrumentation:
         if any(c in ("fit", "train_on_batch") for c in use.calls) and call not in ("fit", "train_on_batch"):
             # the model trained in this cell: keep the training call's description (batch, samples, copies)
             self._note_arrays(use, feed.arrays)
-            return args, kwargs
+            return args, kwargs, feed
         use.feed, use.validation = feed.kind, feed.validation or use.validation
         if feed.batch_size is not None or use.batch_size is None:
             use.batch_size, use.batch_source = feed.batch_size, feed.batch_source
@@ -442,9 +452,9 @@ class Instrumentation:
                 use.input_shape = shape or use.input_shape
                 if call == "fit" or use.structure is None:
                     use.structure = structure
-            return _replace_argument(original, args, kwargs, "x",
-                                     feeding.spy_generator(named["x"], first_batch))
-        return args, kwargs
+            return (*_replace_argument(original, args, kwargs, "x", feeding.spy_generator(named["x"], first_batch)),
+                    feed)
+        return args, kwargs, feed
 
     def _note_arrays(self, use: ModelUse, arrays: list[InputArray]) -> None:
         for array in arrays:

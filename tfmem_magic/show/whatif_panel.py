@@ -39,6 +39,7 @@ def whatif_tab(report: Report, view: ReportView | None = None,
     knobs = base.knobs
     batch = knobs.batch_size
     fit = base.largest_batch or 0
+    refused = report.whatif_basis is not None and prediction.anchored_on_preflight(report.whatif_basis)
     top = max(1024, 8 * batch, int(fit * 1.25) if fit <= 64 * batch else 0)  # the slider stays usable
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="480px")
@@ -79,7 +80,7 @@ def whatif_tab(report: Report, view: ReportView | None = None,
         except TfmemUsageError as exc:
             result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
             return
-        result.value = whatif_result_html(w, base)
+        result.value = whatif_result_html(w, base, "as asked" if refused else "as run")
 
     def calibrate(_: Any) -> None:
         calibrate_w.disabled = True
@@ -105,13 +106,16 @@ def whatif_tab(report: Report, view: ReportView | None = None,
     for control in (batch_w, policy_w, optimizer_w, accumulation_w, scale_w, replicas_w):
         control.observe(show, names="value")
     calibrate_w.on_click(calibrate)
-    if view.calibrated:
-        calibrate_w.description, calibrate_w.disabled = "Calibrated", True
+    if view.calibrated:  # a refused call's basis is its pre-flight's probes, replayed: no other probes to run
+        calibrate_w.description = "On the pre-flight's replay" if refused else "Calibrated"
+        calibrate_w.disabled = True
     show()
+    anchor = ("on what the pre-flight predicted for the batch it refused (nothing of it ran)" if refused
+              else "on this cell's measured peak")
     note = widgets.HTML("<div class='tfmem-empty'>Batch size is the batch the model learns from; with accumulation "
                         "steps k each step runs batch/k samples; with n replicas (tf.distribute over n GPUs or "
-                        "workers) it is the global batch and the peak is one replica's. The prediction is anchored on "
-                        "this cell's measured peak and moves only the parts a knob changes.</div>")
+                        f"workers) it is the global batch and the peak is one replica's. The prediction is anchored "
+                        f"{anchor} and moves only the parts a knob changes.</div>")
     controls = widgets.VBox([batch_w, policy_w, optimizer_w, accumulation_w, scale_w, replicas_w,
                              widgets.HBox([calibrate_w, progress])])
     box = widgets.VBox([controls, result, note])
@@ -119,12 +123,12 @@ def whatif_tab(report: Report, view: ReportView | None = None,
     return box
 
 
-def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf) -> str:
+def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf, asked: str = "as run") -> str:
     scale = max(w.peak_bytes, base.peak_bytes)
     far = w.budget_bytes is not None and w.budget_bytes > 4 * scale  # a budget line at 1% of the bar says nothing
     scale = scale if far or not w.budget_bytes else max(scale, w.budget_bytes)
     delta = w.peak_bytes - base.peak_bytes
-    change = "" if delta == 0 else f" ({'+' if delta > 0 else '−'}{format_bytes(abs(delta))} vs. as run)"
+    change = "" if delta == 0 else f" ({'+' if delta > 0 else '−'}{format_bytes(abs(delta))} vs. {asked})"
     verdict = "" if w.fits is None else (
         f"<b class='tfmem-ok' style='color:#2e7d32'>{fits_words(w)}</b>" if w.fits
         else f"<b class='tfmem-sev-critical'>{fits_words(w, 'does not fit')}</b>")
