@@ -90,3 +90,28 @@ def test_a_decode_moves_the_running_segments_baseline_only_when_one_segment_ran_
     finally:
         t._session = None
         t.finish()
+
+
+def test_the_last_segment_trims_once_when_the_trace_finishes(monkeypatch):
+    # finish stops a running segment; one that large trims after its export, and finish then need not trim again
+    # (it still trims where the last segment had stopped before: its export's free chunks are left otherwise)
+    import functools
+    import time
+
+    from tfmem_magic.measure import tracer
+
+    class Session:  # the profiler's session: its export writes one segment's xplane
+        def __init__(self, folder, size: int) -> None:
+            self.folder, self.size = folder, size
+
+        def export_to_tb(self) -> None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / "host.xplane.pb").write_bytes(b"x" * self.size)
+
+    for size, trims in ((tracer.TRIM_AT_BYTES, 1), (1024, 1)):
+        t = tracer.Tracer(time.perf_counter())
+        calls = []
+        monkeypatch.setattr(t, "_trim", functools.partial(calls.append, 1))
+        t._session = Session(t._dir / f"s{t._count}", size)
+        t.finish()
+        assert len(calls) == trims, (size, calls)

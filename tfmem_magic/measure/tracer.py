@@ -331,13 +331,14 @@ class Tracer:
         self._watch_stop.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
+        trimmed = False
         with self._lock:
             self.closed = True
             if self._session is not None:
-                self._stop_segment()
+                trimmed = self._stop_segment()
         shutil.rmtree(self._dir, ignore_errors=True)
-        if self._trim is not None and self.traced_bytes:
-            self._trim()  # the last export's free chunks: not left in the process after the cell
+        if self._trim is not None and self.traced_bytes and not trimmed:
+            self._trim()  # the last export's free chunks (a segment paused earlier): not left after the cell
         return self.segments
 
     # ---- internals ------------------------------------------------------------------------------------------
@@ -444,9 +445,10 @@ class Tracer:
                 session.start(str(logdir), {})
         self._session = session
 
-    def _stop_segment(self) -> None:
+    def _stop_segment(self) -> bool:
         """Stop and export the running segment. Never raises: it runs in Keras callbacks (the user's fit) and in the
-        watcher thread; an export that fails (a full or read-only temp folder) ends the trace, with the reason."""
+        watcher thread; an export that fails (a full or read-only temp folder) ends the trace, with the reason.
+        Returns whether it trimmed the heap after the export (then `finish` need not again)."""
         session, self._session = self._session, None
         end = time.perf_counter()
         self.windows.append((self._segment_start - self._t0, end - self._t0))
@@ -467,13 +469,16 @@ class Tracer:
             self._close(f"the trace stopped: its export failed ({type(exc).__name__}: {exc})")
         finally:
             shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)
-        if size >= TRIM_AT_BYTES and self._trim is not None:
+        trimmed = size >= TRIM_AT_BYTES and self._trim is not None
+        if trimmed:
+            assert self._trim is not None
             self._trim()  # before the next segment records into the same arenas
         self.traced_bytes += size
         self.largest_segment_bytes = max(self.largest_segment_bytes, size)
         duration = end - self._segment_start
         if duration >= 0.05:  # shorter ones are mostly the xplane's fixed part (metadata, thread names)
             self._rate = size / duration
+        return trimmed
 
     def _decode_raw(self, at_least: int = 0) -> None:
         """Read the raw blobs into the decoded columns and drop them, once `at_least` bytes wait. Outside the lock:
