@@ -47,14 +47,16 @@ from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.sampling import bytes_in_use
 
-BAND = 0.30  # the probes' line's extrapolation error (an MLP's growth -26.6% in one run): docs/preflight.md
+BAND = 0.50  # the probes' line's extrapolation error on what the process grows by: an MLP's -26.6% in one run, -47.0%
+# in another (docs/preflight.md). Only a fallback, where the replay cannot be used
 # the step replay's, on what the process grows by. TF's allocator was within 8% of the replay on five models (an
 # MLP's +19%, +29%: over, the safe side), but the process's memory outside it is not in the replay: oneDNN's own
 # buffers appear at a size threshold (the CNN of tests/integration/test_preflight.py grew 1.80 GB at batch 560, as
 # its allocator did, and 2.28 GB at 568, with 1.72-1.86 GB predicted for its allocator: a growth up to 33% over the
 # replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an LSTM's
 # process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by at most
-# 11%: the low end, which must pass the threshold for a refusal, stays at 20%
+# 11% in one run, 21% in a second (the MLP; a DCGAN's process grew 25% more than predicted there): the low end, which
+# must pass the threshold for a refusal, stays at 20%
 REPLAY_BAND = PROCESS_MARGIN  # +40%: the what-if judges a CPU's process budget with it too
 REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
