@@ -281,20 +281,23 @@ def test_only_a_call_refused_on_the_replay_gives_its_basis(monkeypatch):
     assert preflight.refused_basis(rep, basis) is None
 
 
-def test_a_loop_of_calls_is_checked_once_per_batch_and_never_below_one_that_fitted(monkeypatch):
+def test_a_loop_of_calls_is_checked_once_per_batch_and_never_below_one_it_let_run(monkeypatch):
     # a train_on_batch loop over slices: every call comes to the pre-flight, and its last slice is often smaller
     asked = []
 
     def check(model, call, use, *args):
         asked.append((call, use.batch_size))
-        return PreflightInfo(call=call, batch_size=use.batch_size, verdict="fits" if use.batch_size < 200 else
-                             "uncertain")
+        verdict = "fits" if use.batch_size < 200 else "uncertain" if use.batch_size < 300 else "refused"
+        return PreflightInfo(call=call, batch_size=use.batch_size, verdict=verdict)
 
     monkeypatch.setattr(preflight, "check", check)
     checks, model = preflight.Preflight(), _Model()
-    for batch in (64, 64, 40, 128, 96, 256, 256, 200):
+    for batch in (64, 64, 40, 128, 96, 256, 256, 200):  # 256 is let run under the guard: 200 needs less
         checks(model, "train_on_batch", _use(batch), 10**9, 0, "--limit")
     checks(model, "test_on_batch", _use(40), 10**9, 0, "--limit")  # another call: its own step
-    # 200 is below 256, but 256 did not fit for sure (the guard watched it): checked again
-    assert asked == [("train_on_batch", 64), ("train_on_batch", 128), ("train_on_batch", 256),
-                     ("train_on_batch", 200), ("test_on_batch", 40)]
+    with pytest.raises(preflight.PreflightRefused):
+        checks(model, "train_on_batch", _use(512), 10**9, 0, "--limit")
+    with pytest.raises(preflight.PreflightRefused):  # below a refused batch, above one let run: checked
+        checks(model, "train_on_batch", _use(384), 10**9, 0, "--limit")
+    assert asked == [("train_on_batch", 64), ("train_on_batch", 128), ("train_on_batch", 256), ("test_on_batch", 40),
+                     ("train_on_batch", 512), ("train_on_batch", 384)]

@@ -71,14 +71,15 @@ PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the s
 class Preflight:
     """The pre-flights of one measured cell: each fit/evaluate/predict (and train/test/predict_on_batch, whose
     batch is the one handed in) is checked before it runs, once per model, call and batch, and not at all below a
-    batch of that model and call that fitted (a loop of train_on_batch over slices ends with a smaller one); the
-    last result goes into the report."""
+    batch of that model and call that it let run (a loop of train_on_batch over slices ends with a smaller one: a
+    second probe run for it took 8 s, where the larger had run under the guard already); the last result goes
+    into the report."""
 
     def __init__(self) -> None:
         self.results: list[PreflightInfo] = []
         self.notes: list[str] = []
         self._done: set[tuple[int, str, int]] = set()
-        self._fitted: dict[tuple[int, str], int] = {}  # (model, call): the largest batch whose high end fitted
+        self._let_run: dict[tuple[int, str], int] = {}  # (model, call): the largest batch it let run
 
     def __call__(self, model: Any, call: str, use: ModelUse, threshold: int, rss: int, source: str,
                  tf_current: int = 0, tf_held: int = 0) -> None:
@@ -87,7 +88,7 @@ class Preflight:
             self._note(f"The pre-flight skipped {call}(): the batch size is known only once it runs ({use.feed}).")
             return
         key = (id(model), call, batch)
-        if key in self._done or batch <= self._fitted.get(key[:2], 0):
+        if key in self._done or batch <= self._let_run.get(key[:2], 0):
             return
         self._done.add(key)
         started = time.perf_counter()
@@ -100,8 +101,8 @@ class Preflight:
         if info.replay is not None:  # the probe processes' time included, as a calibration's curve counts it
             info.replay.seconds = info.seconds
         self.results.append(info)
-        if info.verdict == "fits":
-            self._fitted[key[:2]] = max(batch, self._fitted.get(key[:2], 0))
+        if info.verdict in ("fits", "uncertain"):  # it runs (under the guard): a smaller batch needs less
+            self._let_run[key[:2]] = max(batch, self._let_run.get(key[:2], 0))
         if info.verdict == "refused":
             raise PreflightRefused(refusal(info, source))
         if info.verdict == "uncertain":
