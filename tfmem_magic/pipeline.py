@@ -141,8 +141,9 @@ class Profiler:
             watched = ("only the guard watched it, at each RSS sample, and it cannot stop a step inside "
                        "TensorFlow's C++ call" if measured.guard is not None else "nothing watched it")
             report.notes.append(
-                "The pre-flight checks fit(), evaluate() and predict() before their first step; this cell trained in "
-                f"a loop of its own ({loop}, outside fit), which it cannot run ahead of time: {watched}. Run the "
+                "The pre-flight checks fit(), evaluate(), predict() and their *_on_batch calls before their first "
+                f"step; this cell trained in a loop of its own ({loop}, outside fit), which it cannot run ahead of "
+                f"time: {watched}. Run the "
                 "loop's first steps at a small batch under %%tfmem, then use the what-if's largest batch that fits.")
         if not checks.results:
             return

@@ -137,8 +137,8 @@ def step(xb, yb):
                       "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
     r = kernel.run(REPORT)["data"]
     assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
-    assert any("a loop of its own (3 updates of opt (Adam) in a tf.function traced before the cell, outside fit)"
-               in n for n in r["notes"]), r["notes"]
+    assert any("a loop of its own (opt (Adam) stepped 3 times in a tf.function traced before the cell, by its step "
+               "counter, outside fit)" in n for n in r["notes"]), r["notes"]
 
 def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(tmp_path_factory):
     # A limit counts the process, and the process grows by more than TensorFlow's allocator (the arrays fit copies,

@@ -247,6 +247,8 @@ def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(mon
     # judged as the pre-flight judged it (its threshold, TF's bytes and regions held already, +40% on the growth
     # only, the pre-flight's own 80 MiB not the user's): the refusal, the finding, the fix and the what-if name one
     assert now.largest_batch == info.largest_batch and prediction.outside_tf_bytes(rep) == 0
+    # ... which holds while the what-if judges with the pre-flight's +40% (the larger of it and its band)
+    assert max(prediction.PREFLIGHT_BAND, prediction.OWN_STEP_BAND) <= preflight.REPLAY_BAND
     bigger = prediction.typeable_batch(info.largest_batch + 8)
     assert prediction.predict(rep, batch_size=info.largest_batch).fits
     assert not prediction.predict(rep, batch_size=bigger).fits
@@ -301,3 +303,31 @@ def test_a_loop_of_calls_is_checked_once_per_batch_and_never_below_one_it_let_ru
         checks(model, "train_on_batch", _use(384), 10**9, 0, "--limit")
     assert asked == [("train_on_batch", 64), ("train_on_batch", 128), ("train_on_batch", 256), ("test_on_batch", 40),
                      ("train_on_batch", 512), ("train_on_batch", 384)]
+
+
+def test_only_an_on_batch_loop_of_one_input_shape_skips_smaller_batches_and_failed_probes_are_not_run_again(
+        monkeypatch):
+    asked = []
+
+    def check(model, call, use, *args):
+        asked.append((call, use.batch_size, use.input_shape))
+        if use.batch_size == 7:
+            raise preflight.TfmemUsageError("the probes could not rebuild the model")
+        return PreflightInfo(call=call, batch_size=use.batch_size, verdict="fits")
+
+    monkeypatch.setattr(preflight, "check", check)
+    checks, model = preflight.Preflight(), _Model()
+
+    def use(batch: int, shape: tuple = (None, 8)) -> ModelUse:
+        return ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=batch, feed="arrays", input_shape=shape)
+
+    for call, batch, shape in (("fit", 256, (256, 8)), ("fit", 128, (128, 8)),  # fit: another array, checked
+                               ("train_on_batch", 256, (256, 8)), ("train_on_batch", 128, (128, 8)),
+                               ("train_on_batch", 128, (128, 32))):  # a longer input: checked
+        checks(model, call, use(batch, shape), 10**9, 0, "--limit")
+    assert asked == [("fit", 256, (256, 8)), ("fit", 128, (128, 8)), ("train_on_batch", 256, (256, 8)),
+                     ("train_on_batch", 128, (128, 32))]
+    asked.clear()
+    for batch in (7, 9, 11):  # the probes failed once: not again for this model and call in the cell
+        checks(model, "predict_on_batch", use(batch), 10**9, 0, "--limit")
+    assert asked == [("predict_on_batch", 7, (None, 8))] and len(checks.notes) == 1

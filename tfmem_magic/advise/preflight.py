@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -38,7 +39,7 @@ import psutil
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
-                                          parts_at, replay_moved, replay_peak, typeable_batch)
+                                          growth_ratio, parts_at, replay_moved, replay_peak, typeable_batch)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
@@ -49,14 +50,14 @@ from tfmem_magic.measure.sampling import bytes_in_use
 
 BAND = 0.50  # the probes' line's extrapolation error on what the process grows by: an MLP's -26.6% in one run, -47.0%
 # in another (docs/preflight.md). Only a fallback, where the replay cannot be used
-# the step replay's, on what the process grows by. TF's allocator was within 8% of the replay on five models (an
-# MLP's +19%, +29%: over, the safe side), but the process's memory outside it is not in the replay: oneDNN's own
-# buffers appear at a size threshold (the CNN of tests/integration/test_preflight.py grew 1.80 GB at batch 560, as
-# its allocator did, and 2.28 GB at 568, with 1.72-1.86 GB predicted for its allocator: a growth up to 33% over the
-# replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an LSTM's
-# process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by at most
-# 11% in one run, 21% in a second (the MLP; a DCGAN's process grew 25% more than predicted there): the low end, which
-# must pass the threshold for a refusal, stays at 20%
+# the step replay's, on what the process grows by. TF's allocator was within 10% of the replay on the other models of
+# two runs (an MLP's +25%, +34%: over, the safe side), but the process's memory outside it is not in the replay:
+# oneDNN's own buffers appear at a size threshold (the CNN of tests/integration/test_preflight.py grew 1.80 GB at
+# batch 560, as its allocator did, and 2.28 GB at 568, with 1.72-1.86 GB predicted for its allocator: a growth up to
+# 33% over the replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an
+# LSTM's process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by
+# at most 11% in one run, 21% in a second (the MLP; a DCGAN's process grew 25% more than predicted there): the low
+# end, which must pass the threshold for a refusal, stays at 20%
 REPLAY_BAND = PROCESS_MARGIN  # +40%: the what-if judges a CPU's process budget with it too
 REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
@@ -70,16 +71,34 @@ PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the s
 
 class Preflight:
     """The pre-flights of one measured cell: each fit/evaluate/predict (and train/test/predict_on_batch, whose
-    batch is the one handed in) is checked before it runs, once per model, call and batch, and not at all below a
-    batch of that model and call that it let run (a loop of train_on_batch over slices ends with a smaller one: a
-    second probe run for it took 8 s, where the larger had run under the guard already); the last result goes
-    into the report."""
+    batch is the one handed in) is checked before it runs, once per model, call, batch and input shape. A
+    `*_on_batch` loop is checked on its first batch and on larger ones, not below one it let run with inputs of
+    that shape (a loop over slices ends with a smaller one: a second probe run for it took 8 s, where the larger had
+    run under the guard already); a model whose probes cannot run is not probed again in the cell. The last result
+    goes into the report."""
 
     def __init__(self) -> None:
         self.results: list[PreflightInfo] = []
         self.notes: list[str] = []
-        self._done: set[tuple[int, str, int]] = set()
-        self._let_run: dict[tuple[int, str], int] = {}  # (model, call): the largest batch it let run
+        self._done: set[tuple[Any, ...]] = set()
+        # (model, call, one sample's shape): the model (weakly: an id is reused once a model is collected) and the
+        # largest batch of a *_on_batch call it let run
+        self._let_run: dict[tuple[Any, ...], tuple[Any, int]] = {}
+        self._unprobed: dict[tuple[int, str], Any] = {}  # (model, call) whose probes failed: its weak reference
+
+    def wants(self, model: Any, call: str, use: ModelUse) -> bool:
+        """Whether this call is to be checked (asked before the process is measured for it: a *_on_batch loop calls
+        this every step)."""
+        batch = use.batch_size
+        if not batch:
+            return True  # its note says why it is skipped
+        failed = self._unprobed.get((id(model), call))
+        if failed is not None and failed() is model:
+            return False
+        if (id(model), call, batch, use.input_shape) in self._done:
+            return False
+        ran = self._let_run.get((id(model), call, _sample_shape(use)))
+        return not (call.endswith("_on_batch") and ran is not None and ran[0]() is model and batch <= ran[1])
 
     def __call__(self, model: Any, call: str, use: ModelUse, threshold: int, rss: int, source: str,
                  tf_current: int = 0, tf_held: int = 0) -> None:
@@ -87,22 +106,30 @@ class Preflight:
         if not batch:
             self._note(f"The pre-flight skipped {call}(): the batch size is known only once it runs ({use.feed}).")
             return
-        key = (id(model), call, batch)
-        if key in self._done or batch <= self._let_run.get(key[:2], 0):
+        if not self.wants(model, call, use):
             return
-        self._done.add(key)
+        self._done.add((id(model), call, batch, use.input_shape))
         started = time.perf_counter()
         try:
             info = check(model, call, use, threshold, rss, tf_current, tf_held)
         except TfmemUsageError as exc:  # a model the probes cannot rebuild, no allocator stats, ...
             self._note(f"The pre-flight could not check {call}() at batch {batch}: {exc}")
+            try:
+                self._unprobed[(id(model), call)] = weakref.ref(model)
+            except TypeError:
+                pass
             return
         info.seconds = round(time.perf_counter() - started, 2)
         if info.replay is not None:  # the probe processes' time included, as a calibration's curve counts it
             info.replay.seconds = info.seconds
         self.results.append(info)
-        if info.verdict in ("fits", "uncertain"):  # it runs (under the guard): a smaller batch needs less
-            self._let_run[key[:2]] = max(batch, self._let_run.get(key[:2], 0))
+        shape = (id(model), call, _sample_shape(use))
+        ran = self._let_run.get(shape)
+        if info.verdict in ("fits", "uncertain") and (ran is None or ran[0]() is not model or batch > ran[1]):
+            try:  # it runs (under the guard): a smaller batch of the same inputs needs less
+                self._let_run[shape] = (weakref.ref(model), batch)
+            except TypeError:
+                pass
         if info.verdict == "refused":
             raise PreflightRefused(refusal(info, source))
         if info.verdict == "uncertain":
@@ -114,6 +141,11 @@ class Preflight:
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
+
+
+def _sample_shape(use: ModelUse) -> tuple[int | None, ...] | None:
+    """One sample's shape (the batch dimension left out): a loop's slices share it, another input size does not."""
+    return tuple(use.input_shape[1:]) if use.input_shape else None
 
 
 def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0,
@@ -344,7 +376,8 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
         grows = line_slope(near, [max(replay_peak(info.replay, b, order) for order in (0, 1)) for b in near])
     else:
         grows = replay_moved(replayed, batch, 1) / max(1, batch - 1)
-    replayed.activations_per_sample = max(0.0, max(0.0, grows) / basis.fragmentation - basis.input_per_sample)
+    # in requested bytes, which a knob's growth gets back in the chunks _parts_peak gives it (growth_ratio)
+    replayed.activations_per_sample = max(0.0, max(0.0, grows) / growth_ratio(replayed) - basis.input_per_sample)
     replayed.other = round(anchor / basis.fragmentation - sum(parts_at(replayed, basis.knobs).values()))
     return replayed
 
@@ -455,7 +488,7 @@ def band_below(info: PreflightInfo) -> float:
 
 
 def band_words(info: PreflightInfo) -> str:
-    """The prediction's band on what the process grows by: "±30%", or "-20%/+40%" where its two ends differ."""
+    """The prediction's band on what the process grows by: "±50%", or "-20%/+40%" where its two ends differ."""
     below = band_below(info)
     return f"±{info.band:.0%}" if below == info.band else f"-{below:.0%}/+{info.band:.0%}"
 

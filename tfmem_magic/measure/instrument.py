@@ -55,14 +55,20 @@ class ModelUse:
         return [a for a in self.input_arrays if not a.validation]
 
 
+GENERATOR_BATCH = "the generator's first batch"
+
+
 def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
     """The model's use as this one call was fed: what the pre-flight checks. The report keeps the cell's training
     call's description (its batch, rows and copies), so a `predict(x, batch_size=2048)` after a `fit` at batch 32 in
     one cell was checked at batch 32 and ran on to 2.1x the limit (December 2026)."""
-    return ModelUse(model_ref=use.model_ref, calls=[call], batch_size=feed.batch_size,
-                    batch_source=feed.batch_source, input_shape=feed.input_shape or use.input_shape,
-                    input_arrays=list(feed.arrays), samples=feed.samples, structure=feed.structure or use.structure,
-                    feed=feed.kind, validation=feed.validation)
+    batch, source = feed.batch_size, feed.batch_source
+    if batch is None and feed.kind == "generator" and use.batch_source == GENERATOR_BATCH:
+        batch, source = use.batch_size, use.batch_source  # an earlier call's generator: this one batches alike
+    return ModelUse(model_ref=use.model_ref, calls=[call], batch_size=batch, batch_source=source,
+                    input_shape=feed.input_shape or use.input_shape, input_arrays=list(feed.arrays),
+                    samples=feed.samples, structure=feed.structure or use.structure, feed=feed.kind,
+                    validation=feed.validation)
 
 
 class IdentitySet:
@@ -448,7 +454,7 @@ class Instrumentation:
             def first_batch(item: Any) -> None:
                 batch, structure, shape = feeding.batch_of(item)
                 if batch is not None:
-                    use.batch_size, use.batch_source = batch, "the generator's first batch"
+                    use.batch_size, use.batch_source = batch, GENERATOR_BATCH
                 use.input_shape = shape or use.input_shape
                 if call == "fit" or use.structure is None:
                     use.structure = structure

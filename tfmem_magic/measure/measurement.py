@@ -129,9 +129,6 @@ class Measurement:
             self._push("guard", self.guard.close)
         ns = self.options.namespace or {}
         self._names_before = {name: id(value) for name, value in list(ns.items())}
-        if self._tf_running_at_start and (limit is not None or self.options.preflight):
-            # where a pre-flight may be on: a loop of an already-traced tf.function calls no Python update to see
-            self._step_counters = step_counters.read(ns)
         self._runtime_at_start = self._runtime_pinned_now() if self._tf_running_at_start else 0
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
@@ -154,6 +151,8 @@ class Measurement:
                                                stops=self.stops, preflight=self._preflight_check(), t0=self._t0)
         self._push("Keras patches", self.instrumentation.uninstall)
         self.instrumentation.install()
+        if self.instrumentation.preflight is not None:  # a loop of a traced tf.function calls no Python update
+            self._step_counters = step_counters.read(ns)
 
     def _arm_tracer(self) -> None:
         try:
@@ -183,8 +182,11 @@ class Measurement:
                                    and self._tf_running_at_start and guard.allocator_limit_bytes() is None):
             return None
         hook = self._preflight
+        wants = getattr(hook, "wants", None)  # asked first: a *_on_batch loop comes here at every step
 
         def check(model: Any, call: str, use: Any) -> None:
+            if wants is not None and not wants(model, call, use):
+                return
             rss = psutil.Process().memory_info().rss
             if guard_ is not None:
                 threshold, source = guard_.threshold, guard_.source
@@ -294,7 +296,7 @@ class Measurement:
         if instr is not None and instr.preflight is not None and not instr.custom_loop and self._step_counters:
             moved = step_counters.advanced(self._step_counters)
             if moved:  # no update passed through Python: a tf.function traced before the cell ran them
-                instr.custom_loop = f"{moved} in a tf.function traced before the cell"
+                instr.custom_loop = f"{moved} in a tf.function traced before the cell, by its step counter"
         return Measured(
             options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
             rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,

@@ -5,7 +5,9 @@ loop, but only the tracing of a `tf.function` step. A cell that runs an already-
 training cell, the most common one in a notebook) calls no Python update at all. Each update still advances its
 optimizer's `iterations` counter, so the counters of the optimizers the user's namespace names, read at the cell's
 start and end, tell that such a loop ran (the pre-flight's note: pipeline._unchecked_loop). Reading one is a scalar
-copy off a variable (microseconds); only the top level of the namespace is looked at, and a model's `.optimizer`.
+copy off a variable (microseconds); only the top level of the namespace is looked at, and a model's `.optimizer`,
+and only in a cell the pre-flight is on for. A counter moved otherwise (a checkpoint restored with its optimizer,
+`iterations.assign`) reads as steps too: the note says how the loop was seen, "by its step counter".
 """
 
 from __future__ import annotations
@@ -24,51 +26,67 @@ class Counter:
     steps: int
 
 
-def _is_optimizer(value: Any) -> bool:
-    """A Keras 3 or tf_keras optimizer (its class from either package, and an `iterations` counter)."""
-    module = type(value).__module__ or ""
-    return module.startswith(("keras", "tf_keras")) and hasattr(value, "iterations") and (
-        hasattr(value, "apply") or hasattr(value, "apply_gradients"))
-
-
-def _steps(optimizer: Any) -> int | None:
+def _of_keras(value: Any) -> bool:
+    """An object of a Keras 3 or tf_keras class, or of a class derived from one (a notebook's `class GAN(Model)`)."""
     try:
-        return int(optimizer.iterations.numpy())
-    except Exception:  # not built yet (tf_keras makes the counter on first use), or not readable
+        return any((cls.__module__ or "").startswith(("keras", "tf_keras")) for cls in type(value).__mro__)
+    except Exception:
+        return False
+
+
+def _counter(value: Any) -> Any:
+    """The optimizer's step counter variable, or None: only one that exists already (reading `iterations` of a
+    tf_keras legacy optimizer makes its variable; a LossScaleOptimizer's is its inner optimizer's, which its
+    `iterations` gives)."""
+    try:
+        if not _of_keras(value) or vars(value).get("_iterations") is None or not (
+                hasattr(type(value), "apply") or hasattr(type(value), "apply_gradients")):
+            return None
+        return value.iterations
+    except Exception:
+        return None
+
+
+def _steps(counter: Any) -> int | None:
+    try:
+        return int(counter.numpy())
+    except Exception:  # a graph's variable, a counter on a device that cannot be read now
         return None
 
 
 def read(namespace: dict[str, Any] | None) -> list[Counter]:
-    """The step counters of the optimizers the namespace names, directly or as a Keras model's `.optimizer`."""
+    """The step counters of the optimizers the namespace names, directly or as a Keras model's `.optimizer` (each
+    counter once: a LossScaleOptimizer and its inner optimizer share one)."""
     found: dict[int, Counter] = {}
     for name, value in list((namespace or {}).items()):
         if not isinstance(name, str) or name.startswith("_") or name in _SKIP:
             continue
         try:  # a proxy or lazy object may raise on any attribute: it is no optimizer of the user's loop
-            keras_object = (type(value).__module__ or "").startswith(("keras", "tf_keras"))
-            candidates = [(name, value), (f"{name}.optimizer", getattr(value, "optimizer", None) if keras_object
-                                          else None)]
-            candidates = [(label, c) for label, c in candidates if c is not None and _is_optimizer(c)]
+            candidates = [(name, value)]
+            if _of_keras(value) and not isinstance(value, type):
+                candidates.append((f"{name}.optimizer", vars(value).get("optimizer") or getattr(value, "optimizer",
+                                                                                                None)))
+            counters = [(label, c, _counter(c)) for label, c in candidates if c is not None]
         except Exception:
             continue
-        for label, candidate in candidates:
-            if id(candidate) in found:
+        for label, optimizer, counter in counters:
+            steps = None if counter is None or id(counter) in found else _steps(counter)
+            if steps is None:
                 continue
-            steps = _steps(candidate)
-            if steps is not None:
-                try:
-                    found[id(candidate)] = Counter(weakref.ref(candidate), label, steps)
-                except TypeError:  # not weak-referenceable
-                    continue
+            try:
+                found[id(counter)] = Counter(weakref.ref(optimizer), label, steps)
+            except TypeError:  # not weak-referenceable
+                continue
     return list(found.values())
 
 
 def advanced(before: list[Counter]) -> str:
-    """The updates counted since `before`, in words ("32 updates of opt (Adam)"), or "" when none advanced."""
+    """The steps counted since `before`, in words ("opt (Adam) stepped 32 times"), or "" when none advanced."""
     moved = []
     for counter in before:
         optimizer = counter.optimizer()
-        steps = _steps(optimizer) if optimizer is not None else None
+        variable = _counter(optimizer) if optimizer is not None else None
+        steps = _steps(variable) if variable is not None else None
         if steps is not None and steps > counter.steps:
-            moved.append(f"{steps - counter.steps} updates of {counter.name} ({type(optimizer).__name__})")
+            moved.append(f"{counter.name} ({type(optimizer).__name__}) stepped {steps - counter.steps} times")
     return ", ".join(moved)
