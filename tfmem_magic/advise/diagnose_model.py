@@ -7,8 +7,9 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 from __future__ import annotations
 
 from tfmem_magic.advise.fitting import fitting_batch
-from tfmem_magic.advise.prediction import (anchored_on_preflight, analytic_basis, budget_at_start, budget_for_tf,
-                                          grown_outside_tf, growth_ratio, parts_at, replay_moved)
+from tfmem_magic.advise.prediction import (analytic_basis, budget_at_start, budget_for_tf, grown_outside_tf,
+                                          growth_ratio, is_preflight_anchored, parts_at, refused_call_start,
+                                          replay_moved)
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -36,7 +37,7 @@ def _peak(report: Report) -> int:
     """The cell's TF peak over its baseline; where its pre-flight refused a call (nothing of it ran), the step's
     peak the pre-flight predicted (the anchor of the report's what-if)."""
     stored = report.whatif_basis
-    if stored is not None and anchored_on_preflight(stored):
+    if stored is not None and is_preflight_anchored(report):
         return max(report.tf_peak_bytes or 0, stored.measured_peak or 0)
     return report.tf_peak_bytes or 0
 
@@ -57,7 +58,7 @@ def large_batch(report: Report) -> Finding | None:
     per_sample = basis.activations_per_sample * growth_ratio(basis)
     what = f"Activations for a batch of {model.batch_text} take"
     stored = report.whatif_basis
-    if stored is not None and anchored_on_preflight(stored) and stored.replay is not None and model.batch_size > 1:
+    if stored is not None and is_preflight_anchored(report) and model.batch_size > 1:
         # a call the pre-flight refused: its replay says what the step holds, and what of it grows with the batch
         # (the replayed peak over batch 1's: the analytic parts are a model's estimate, the replay the step's)
         batch = model.batch_size
@@ -120,8 +121,7 @@ def optimizer_state(report: Report) -> Finding | None:
     peak = _peak(report) + (report.trace.preexisting_bytes if report.trace else 0)
     budget = budget_for_tf(report)
     large = slots >= OPTIMIZER_SHARE * peak if peak else False
-    refused = report.whatif_basis is not None and anchored_on_preflight(report.whatif_basis)
-    used = "the step's predicted peak" if refused else "the memory the model used in this cell"
+    used = "the step's predicted peak" if is_preflight_anchored(report) else "the memory the model used in this cell"
     if slots < MIN_OPTIMIZER or not (large or (budget and slots >= OPTIMIZER_SHARE * budget)):
         return None
     return Finding(
@@ -175,14 +175,13 @@ def fragmentation(report: Report) -> Finding | None:
 
 
 def non_tf_growth(report: Report) -> Finding | None:
-    rss, pre, device = report.rss, report.preflight, report.main_device
+    rss = report.rss
     growth = rss.peak_bytes - rss.baseline_bytes
     tf_growth = max(0, report.tf_peak_bytes or 0)
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
-    if pre is not None and pre.verdict == "refused" and pre.replay is not None and device is not None:
-        # up to the refused call (grown_outside_tf): what came after is the pre-flight's own memory
-        growth, profiler = pre.rss_bytes - rss.baseline_bytes, 0
-        tf_growth = max(0, pre.tf_bytes - device.baseline_bytes)
+    start = refused_call_start(report)
+    if start is not None:  # up to the refused call (grown_outside_tf): what came after is the pre-flight's own memory
+        (growth, tf_growth), profiler = start, 0
     outside = grown_outside_tf(report)  # the profiler's own memory is tfmem's, not the user's
     if outside < MIN_NON_TF or outside < NON_TF_SHARE * (growth - profiler):
         return None

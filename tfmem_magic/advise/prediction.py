@@ -462,6 +462,22 @@ def anchored_on_preflight(basis: Basis) -> bool:
     return basis.anchor == "preflight" and basis.measured_peak is not None
 
 
+def is_preflight_anchored(report: Report) -> bool:
+    """The report's what-if stands on the pre-flight's replay of a call it refused (advise/preflight.refused_basis)."""
+    return report.whatif_basis is not None and anchored_on_preflight(report.whatif_basis)
+
+
+def refused_call_start(report: Report) -> tuple[int, int] | None:
+    """Where a call the pre-flight refused on its replay began, over the cell's baseline: (what the process had grown
+    by, what TF's allocator had). Nothing of the call ran, so what the process grew by after it is the pre-flight's
+    own memory (its replay's arrays: 78 MiB for a GRU's), tfmem's, as the profiler's is. None for any other report
+    (and for one saved before a refusal kept its replay)."""
+    pre, device = report.preflight, report.main_device
+    if pre is None or pre.verdict != "refused" or pre.replay is None or device is None:
+        return None
+    return pre.rss_bytes - report.rss.baseline_bytes, max(0, pre.tf_bytes - device.baseline_bytes)
+
+
 def basis_band(basis: Basis) -> float:
     """The error band a basis earned: the replay's on the zoo (two probes aligned; a refused call's, whose whole peak
     is predicted, the pre-flight's), the measured basis', or the analytic one (also a saved trace's, whose
@@ -525,9 +541,13 @@ def replay_moved(basis: Basis, micro: float, now_micro: float) -> float:
     every other)."""
     assert basis.replay is not None
     if anchored_on_preflight(basis):
-        return max(replay_peak(basis.replay, micro, order) for order in (0, 1)) - max(
-            replay_peak(basis.replay, now_micro, order) for order in (0, 1))
+        return larger_order_peak(basis.replay, micro) - larger_order_peak(basis.replay, now_micro)
     return replay_change(basis.replay, micro, now_micro)[1]
+
+
+def larger_order_peak(curve: ReplayCurve, micro: float) -> float:
+    """The replayed peak at `micro` in whichever of the two probes' op orders holds more there."""
+    return max(replay_peak(curve, micro, order) for order in (0, 1))
 
 
 def replay_peak(curve: ReplayCurve, micro: float, order: int = 0) -> float:
@@ -603,11 +623,10 @@ def preflight_budget(report: Report) -> int:
     threshold): what TensorFlow's allocator held as the call began (the process holds it already) and the regions it
     held beyond that (filled before the process grows) are taken back with the margin, which widens only the
     growth. So the refusal and the what-if name one largest batch."""
-    pre, device = report.preflight, report.main_device
-    assert pre is not None
-    held_then = max(0, pre.tf_bytes - device.baseline_bytes) if device is not None else 0
+    pre, start = report.preflight, refused_call_start(report)
+    assert pre is not None and start is not None
     return max(0, pre.threshold_bytes - pre.rss_bytes
-               + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + held_then)))
+               + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + start[1])))
 
 
 def budget_at_start(report: Report) -> int | None:
@@ -636,11 +655,9 @@ def grown_outside_tf(report: Report) -> int:
     """What the cell's process grew by besides TensorFlow's allocator and tfmem's own profiler (whose memory is
     tfmem's, not the user's: `TraceInfo.profiler_rss_bytes`): the RSS peak over the baseline less TF's peak over
     it. Negative where TF reused regions the process held already."""
-    pre, device = report.preflight, report.main_device
-    if pre is not None and pre.verdict == "refused" and pre.replay is not None and device is not None:
-        # nothing of the refused call ran: what the process grew by after it began is the pre-flight's own (its
-        # replay's arrays: 78 MiB for a GRU's), tfmem's as the profiler's is; before it, the cell's code
-        return (pre.rss_bytes - report.rss.baseline_bytes) - max(0, pre.tf_bytes - device.baseline_bytes)
+    start = refused_call_start(report)
+    if start is not None:  # up to the refused call: the cell's code; after it, the pre-flight's own memory
+        return start[0] - start[1]
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
     return (report.rss.peak_bytes - report.rss.baseline_bytes) - max(0, report.tf_peak_bytes or 0) - profiler
 

@@ -39,7 +39,8 @@ import psutil
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
-                                          growth_ratio, parts_at, replay_moved, replay_peak, typeable_batch)
+                                          growth_ratio, larger_order_peak, parts_at, refused_call_start,
+                                          replay_moved, typeable_batch)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
@@ -356,12 +357,11 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     since nothing of the step ran to measure. The parts of `basis` (the analytic one) predict the other knobs, as
     they do on a calibrated basis. None where the pre-flight did not refuse on a replay, or its call is not the
     step the report's model describes (another batch, a strategy's replicas)."""
-    info, device = report.preflight, report.main_device
-    if (info is None or info.verdict != "refused" or info.replay is None or not info.replay.batches
-            or device is None or basis.measured_peak is not None or basis.knobs.split != 1
-            or basis.knobs.batch_size != info.batch_size):
+    info, start = report.preflight, refused_call_start(report)
+    if (info is None or start is None or info.replay is None or not info.replay.batches
+            or basis.measured_peak is not None or basis.knobs.split != 1 or basis.knobs.batch_size != info.batch_size):
         return None
-    anchor = max(0, info.tf_bytes - device.baseline_bytes) + info.step_bytes + info.extra_bytes
+    anchor = start[1] + info.step_bytes + info.extra_bytes
     replayed = replace(basis, name="replay", replay=info.replay, measured_peak=anchor, anchor="preflight", other=0,
                        slope_source="the pre-flight's step replay", activations_per_sample_below=None, moment_gap=0,
                        lines_below=[],
@@ -373,7 +373,7 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     batch = basis.knobs.batch_size
     near = [b for b in info.replay.batches if batch / 4 <= b <= 2 * batch]
     if len(near) >= 3:
-        grows = line_slope(near, [max(replay_peak(info.replay, b, order) for order in (0, 1)) for b in near])
+        grows = line_slope(near, [larger_order_peak(info.replay, b) for b in near])
     else:
         grows = replay_moved(replayed, batch, 1) / max(1, batch - 1)
     # in requested bytes, which a knob's growth gets back in the chunks _parts_peak gives it (growth_ratio)

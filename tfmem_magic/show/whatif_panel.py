@@ -39,7 +39,7 @@ def whatif_tab(report: Report, view: ReportView | None = None,
     knobs = base.knobs
     batch = knobs.batch_size
     fit = base.largest_batch or 0
-    refused = report.whatif_basis is not None and prediction.anchored_on_preflight(report.whatif_basis)
+    refused = prediction.is_preflight_anchored(report)
     top = max(1024, 8 * batch, int(fit * 1.25) if fit <= 64 * batch else 0)  # the slider stays usable
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="480px")
