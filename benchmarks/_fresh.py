@@ -22,8 +22,7 @@ def fresh_env(**extra: str) -> dict[str, str]:
 
 def run_fresh(code: str, what: str, timeout: float = 900) -> str:
     """Run `code` in a fresh interpreter and return what it printed; a failure raises with `what` and its stderr."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=fresh_env(),
-                         timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=fresh_env(), timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{out.stderr[-3000:]}")
     return out.stdout

@@ -43,31 +43,81 @@ import numpy as np
 
 MiB = 2**20
 PS_PER_US = 10**6
-STAT_NAMES = ("allocator_name", "bytes_reserved", "bytes_allocated", "bytes_available", "fragmentation",
-              "peak_bytes_in_use", "requested_bytes", "allocation_bytes", "addr", "tf_op", "id", "region_type",
-              "data_type", "shape", "step_id", "long_name", "_c", "_p")
+STAT_NAMES = (
+    "allocator_name",
+    "bytes_reserved",
+    "bytes_allocated",
+    "bytes_available",
+    "fragmentation",
+    "peak_bytes_in_use",
+    "requested_bytes",
+    "allocation_bytes",
+    "addr",
+    "tf_op",
+    "id",
+    "region_type",
+    "data_type",
+    "shape",
+    "step_id",
+    "long_name",
+    "_c",
+    "_p",
+)
 LAYER_KINDS = {  # layer kind -> (forward op types, their gradient op types)
-    "dense": (("MatMul", "BiasAdd", "Relu"), ("MatMul/MatMul_1", "MatMul/MatMul", "BiasAdd/BiasAddGrad",
-                                             "Relu/ReluGrad")),
-    "conv2d": (("Conv2D", "BiasAdd", "Relu"), ("Conv2D/Conv2DBackpropInput", "Conv2D/Conv2DBackpropFilter",
-                                               "BiasAdd/BiasAddGrad", "Relu/ReluGrad")),
+    "dense": (
+        ("MatMul", "BiasAdd", "Relu"),
+        ("MatMul/MatMul_1", "MatMul/MatMul", "BiasAdd/BiasAddGrad", "Relu/ReluGrad"),
+    ),
+    "conv2d": (
+        ("Conv2D", "BiasAdd", "Relu"),
+        ("Conv2D/Conv2DBackpropInput", "Conv2D/Conv2DBackpropFilter", "BiasAdd/BiasAddGrad", "Relu/ReluGrad"),
+    ),
     "batch_normalization": (("FusedBatchNormV3", "mul", "add"), ("FusedBatchNormV3/FusedBatchNormGradV3", "mul/Mul")),
-    "lstm": (("while/body/MatMul", "while/body/MatMul_1", "while/body/Sigmoid", "while/body/Tanh", "while/body/mul"),
-             ("while/body/MatMul/MatMul_1", "while/body/Sigmoid/SigmoidGrad", "while/body/Tanh/TanhGrad")),
-    "multi_head_attention": (("query/einsum/Einsum", "key/einsum/Einsum", "value/einsum/Einsum", "Softmax",
-                              "attention_output/einsum/Einsum"), ("Softmax/SoftmaxGrad", "query/einsum/Einsum/Einsum")),
+    "lstm": (
+        ("while/body/MatMul", "while/body/MatMul_1", "while/body/Sigmoid", "while/body/Tanh", "while/body/mul"),
+        ("while/body/MatMul/MatMul_1", "while/body/Sigmoid/SigmoidGrad", "while/body/Tanh/TanhGrad"),
+    ),
+    "multi_head_attention": (
+        (
+            "query/einsum/Einsum",
+            "key/einsum/Einsum",
+            "value/einsum/Einsum",
+            "Softmax",
+            "attention_output/einsum/Einsum",
+        ),
+        ("Softmax/SoftmaxGrad", "query/einsum/Einsum/Einsum"),
+    ),
     "layer_normalization": (("moments/mean", "moments/variance", "batchnorm/mul"), ("batchnorm/mul/Mul",)),
-    "dropout": (("stateless_dropout/SelectV2", "stateless_dropout/GreaterEqual"),
-                ("stateless_dropout/SelectV2/Select",)),
+    "dropout": (
+        ("stateless_dropout/SelectV2", "stateless_dropout/GreaterEqual"),
+        ("stateless_dropout/SelectV2/Select",),
+    ),
     "embedding": (("GatherV2",), ("GatherV2/UnsortedSegmentSum",)),
 }
-OTHER_EVENTS = ("ExecutorState::Process", "EagerKernelExecute", "EagerLocalExecute: MatMul", "TFE_Py_FastPathExecute_C",
-                "KernelAndDeviceFunc::Run", "FunctionRun", "ThreadpoolListener::StartRegion", "IteratorGetNext",
-                "Iterator::Prefetch", "Iterator::Map", "MatMul:MatMul", "BiasAdd:BiasAdd", "Relu:Relu",
-                "Conv2D:Conv2D", "Mul:Mul", "AddV2:AddV2", "ReadVariableOp:ReadVariableOp", "TFE_DeleteTensorHandle")
+OTHER_EVENTS = (
+    "ExecutorState::Process",
+    "EagerKernelExecute",
+    "EagerLocalExecute: MatMul",
+    "TFE_Py_FastPathExecute_C",
+    "KernelAndDeviceFunc::Run",
+    "FunctionRun",
+    "ThreadpoolListener::StartRegion",
+    "IteratorGetNext",
+    "Iterator::Prefetch",
+    "Iterator::Map",
+    "MatMul:MatMul",
+    "BiasAdd:BiasAdd",
+    "Relu:Relu",
+    "Conv2D:Conv2D",
+    "Mul:Mul",
+    "AddV2:AddV2",
+    "ReadVariableOp:ReadVariableOp",
+    "TFE_DeleteTensorHandle",
+)
 
 
 # ---- the synthetic trace ------------------------------------------------------------------------------------------
+
 
 def op_names(n_ops: int) -> tuple[list[str], list[str]]:
     """About n_ops distinct tf_op values (graph node paths and eager op types), and the layer names they mention."""
@@ -84,10 +134,28 @@ def op_names(n_ops: int) -> tuple[list[str], list[str]]:
         ops.append(f"StatefulPartitionedCall/adam/Mul_{k}")
         k += 1
     ops += ["StatefulPartitionedCall/compile_loss/mean_squared_error/sub", "IteratorGetNext", "MakeIterator"]
-    ops += ["MatMul", "BiasAdd", "Relu", "AddV2", "Mul", "Cast", "ReadVariableOp", "AssignVariableOp", "Conv2D",
-            "Identity", "Reshape", "ConcatV2", "Tanh", "Sigmoid", "Softmax", "Sum", "Mean", "Sub", "RealDiv"]
+    ops += [
+        "MatMul",
+        "BiasAdd",
+        "Relu",
+        "AddV2",
+        "Mul",
+        "Cast",
+        "ReadVariableOp",
+        "AssignVariableOp",
+        "Conv2D",
+        "Identity",
+        "Reshape",
+        "ConcatV2",
+        "Tanh",
+        "Sigmoid",
+        "Softmax",
+        "Sum",
+        "Mean",
+        "Sub",
+        "RealDiv",
+    ]
     return ops[:n_ops], layers
-
 
 
 def _interner(table):
@@ -103,8 +171,10 @@ def _interner(table):
 
     return intern
 
-def build(n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 0) -> tuple[list[tuple[bytes, int]],
-                                                                                       list[str], list[tuple]]:
+
+def build(
+    n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 0
+) -> tuple[list[tuple[bytes, int]], list[str], list[tuple]]:
     """Serialized XSpaces (one per segment, with its start offset in ps), the layer names, and the windows."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -129,13 +199,16 @@ def build(n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 
     # op popularity is skewed: a few ops allocate most (a Zipf-like rank distribution over a shuffled op list)
     rank = np.minimum(rng.zipf(1.3, n_alloc), len(ops)) - 1
     op = rng.permutation(len(ops))[rank]
-    requested = rng.choice([4, 128, 512, 2048, 8192, 32768, 131072, 524288, 4 * MiB], n_alloc,
-                           p=[.15, .15, .15, .15, .15, .1, .08, .05, .02]) * rng.integers(1, 4, n_alloc)
+    requested = rng.choice(
+        [4, 128, 512, 2048, 8192, 32768, 131072, 524288, 4 * MiB],
+        n_alloc,
+        p=[0.15, 0.15, 0.15, 0.15, 0.15, 0.1, 0.08, 0.05, 0.02],
+    ) * rng.integers(1, 4, n_alloc)
     chunk = (requested + 255) // 256 * 256
-    dtype = rng.choice([1, 3, 9, 10], n_alloc, p=[.85, .07, .06, .02])
+    dtype = rng.choice([1, 3, 9, 10], n_alloc, p=[0.85, 0.07, 0.06, 0.02])
     has_shape = rng.random(n_alloc) < 0.3
     shape = rng.integers(0, len(shapes), n_alloc)
-    alloc_id = rng.integers(-2**62, 2**62, n_alloc)
+    alloc_id = rng.integers(-(2**62), 2**62, n_alloc)
     n_compute = 4
     line_of_op = np.where(is_input, n_compute + 1, np.where(is_graph, 1 + np.arange(len(ops)) % n_compute, 0))
     line = line_of_op[op]
@@ -166,8 +239,11 @@ def build(n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 
     span_t = np.arange(0, t[-1], 500 * PS_PER_US)  # a layer call every 0.5 ms on the python thread
     span_layer = rng.integers(0, len(layers), len(span_t))
 
-    line_names = (["python"] + [f"tf_Compute/{-5713192063483277081 + k}" for k in range(n_compute)]
-                  + ["tf_data_private_threadpool/859098830030588192"])
+    line_names = (
+        ["python"]
+        + [f"tf_Compute/{-5713192063483277081 + k}" for k in range(n_compute)]
+        + ["tf_data_private_threadpool/859098830030588192"]
+    )
     blobs = []
     for s in range(n_segments):
         lo, hi = windows_ps[s], windows_ps[s + 1]
@@ -187,47 +263,77 @@ def build(n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 
         span_e = [eid(f"tfmem:layer/{name}") for name in layers]
         S = {name: sid(name) for name in STAT_NAMES}
         XStat = xplane_pb2.XStat
-        lines = [plane.lines.add(id=1000 + k, display_id=1000 + k, name=name, display_name=name,
-                                 timestamp_ns=7627) for k, name in enumerate(line_names)]
+        lines = [
+            plane.lines.add(id=1000 + k, display_id=1000 + k, name=name, display_name=name, timestamp_ns=7627)
+            for k, name in enumerate(line_names)
+        ]
         base = -int(lo)  # offsets are from the segment's start (its offset in the trace is lo)
         pick = np.nonzero((t >= lo) & (t < hi))[0]
         for i, ti, ki, si, zi, li, pi, ai, oi in zip(
-                pick.tolist(), t[pick].tolist(), kind[pick].tolist(), src[pick].tolist(), size[pick].tolist(),
-                live[pick].tolist(), peak[pick].tolist(), ev_addr[pick].tolist(), ev_op[pick].tolist(), strict=True):
-            stats = [XStat(metadata_id=S["allocator_name"], ref_value=bfc),
-                     XStat(metadata_id=S["bytes_reserved"], int64_value=0),
-                     XStat(metadata_id=S["bytes_allocated"], int64_value=li),
-                     XStat(metadata_id=S["bytes_available"], int64_value=(64 << 30) - li),
-                     XStat(metadata_id=S["fragmentation"], double_value=1e-4) if i % 10 == 0
-                     else XStat(metadata_id=S["fragmentation"], int64_value=0),
-                     XStat(metadata_id=S["peak_bytes_in_use"], int64_value=pi)]
+            pick.tolist(),
+            t[pick].tolist(),
+            kind[pick].tolist(),
+            src[pick].tolist(),
+            size[pick].tolist(),
+            live[pick].tolist(),
+            peak[pick].tolist(),
+            ev_addr[pick].tolist(),
+            ev_op[pick].tolist(),
+            strict=True,
+        ):
+            stats = [
+                XStat(metadata_id=S["allocator_name"], ref_value=bfc),
+                XStat(metadata_id=S["bytes_reserved"], int64_value=0),
+                XStat(metadata_id=S["bytes_allocated"], int64_value=li),
+                XStat(metadata_id=S["bytes_available"], int64_value=(64 << 30) - li),
+                XStat(metadata_id=S["fragmentation"], double_value=1e-4)
+                if i % 10 == 0
+                else XStat(metadata_id=S["fragmentation"], int64_value=0),
+                XStat(metadata_id=S["peak_bytes_in_use"], int64_value=pi),
+            ]
             if ki:
-                stats += [XStat(metadata_id=S["requested_bytes"], int64_value=int(requested[si])),
-                          XStat(metadata_id=S["allocation_bytes"], int64_value=zi),
-                          XStat(metadata_id=S["addr"], int64_value=ai),
-                          XStat(metadata_id=S["tf_op"], ref_value=op_ref[oi]),
-                          XStat(metadata_id=S["id"], int64_value=int(alloc_id[si]))]
+                stats += [
+                    XStat(metadata_id=S["requested_bytes"], int64_value=int(requested[si])),
+                    XStat(metadata_id=S["allocation_bytes"], int64_value=zi),
+                    XStat(metadata_id=S["addr"], int64_value=ai),
+                    XStat(metadata_id=S["tf_op"], ref_value=op_ref[oi]),
+                    XStat(metadata_id=S["id"], int64_value=int(alloc_id[si])),
+                ]
                 if has_shape[si]:
-                    stats += [XStat(metadata_id=S["region_type"], ref_value=output if si % 7 else temp),
-                              XStat(metadata_id=S["data_type"], int64_value=int(dtype[si])),
-                              XStat(metadata_id=S["shape"], ref_value=shape_ref[int(shape[si])])]
+                    stats += [
+                        XStat(metadata_id=S["region_type"], ref_value=output if si % 7 else temp),
+                        XStat(metadata_id=S["data_type"], int64_value=int(dtype[si])),
+                        XStat(metadata_id=S["shape"], ref_value=shape_ref[int(shape[si])]),
+                    ]
                 else:
                     stats.append(XStat(metadata_id=S["data_type"], int64_value=int(dtype[si])))
             else:
-                stats += [XStat(metadata_id=S["requested_bytes"], int64_value=0),
-                          XStat(metadata_id=S["allocation_bytes"], int64_value=zi),
-                          XStat(metadata_id=S["addr"], int64_value=ai),
-                          XStat(metadata_id=S["tf_op"], ref_value=op_ref[oi]),
-                          XStat(metadata_id=S["id"], int64_value=0),
-                          XStat(metadata_id=S["data_type"], int64_value=0)]
-            lines[int(ev_line[i])].events.add(metadata_id=alloc_e if ki else free_e, offset_ps=ti + base,
-                                               stats=stats)
+                stats += [
+                    XStat(metadata_id=S["requested_bytes"], int64_value=0),
+                    XStat(metadata_id=S["allocation_bytes"], int64_value=zi),
+                    XStat(metadata_id=S["addr"], int64_value=ai),
+                    XStat(metadata_id=S["tf_op"], ref_value=op_ref[oi]),
+                    XStat(metadata_id=S["id"], int64_value=0),
+                    XStat(metadata_id=S["data_type"], int64_value=0),
+                ]
+            lines[int(ev_line[i])].events.add(metadata_id=alloc_e if ki else free_e, offset_ps=ti + base, stats=stats)
         pick = np.nonzero((other_t >= lo) & (other_t < hi))[0]
-        for ti, ni, li, di, oi in zip(other_t[pick].tolist(), other_name[pick].tolist(), other_line[pick].tolist(),
-                                      other_dur[pick].tolist(), other_op[pick].tolist(), strict=True):
-            stats = [XStat(metadata_id=S["step_id"], int64_value=ti // (50_000 * PS_PER_US)),
-                     XStat(metadata_id=S["long_name"], ref_value=op_ref[oi])] if li else [
-                     XStat(metadata_id=S["_c"], uint64_value=ti & 0xFFFF_FFFF_FFFF)]
+        for ti, ni, li, di, oi in zip(
+            other_t[pick].tolist(),
+            other_name[pick].tolist(),
+            other_line[pick].tolist(),
+            other_dur[pick].tolist(),
+            other_op[pick].tolist(),
+            strict=True,
+        ):
+            stats = (
+                [
+                    XStat(metadata_id=S["step_id"], int64_value=ti // (50_000 * PS_PER_US)),
+                    XStat(metadata_id=S["long_name"], ref_value=op_ref[oi]),
+                ]
+                if li
+                else [XStat(metadata_id=S["_c"], uint64_value=ti & 0xFFFF_FFFF_FFFF)]
+            )
             lines[li].events.add(metadata_id=other_e[ni], offset_ps=ti + base, duration_ps=di, stats=stats)
         pick = np.nonzero((span_t >= lo) & (span_t < hi))[0]
         for ti, yi in zip(span_t[pick].tolist(), span_layer[pick].tolist(), strict=True):
@@ -239,6 +345,7 @@ def build(n_events: int, n_ops: int, n_other: int, n_segments: int, seed: int = 
 
 
 # ---- the measurement (in a fresh process) --------------------------------------------------------------------------
+
 
 def _status() -> dict[str, int]:
     text = open("/proc/self/status").read()
@@ -274,8 +381,12 @@ def child(path: str) -> None:
         with open(f"{path}.{k}", "rb") as f:
             segments.append((f.read(), offset))
     context = getattr(analysis, "TraceContext", None) or analysis.Context
-    ctx = context(layer_names=set(meta["layers"]), windows=[tuple(w) for w in meta["windows"]], batch_size=32,
-                  weight_shapes={"[128,512]", "[512]"})
+    ctx = context(
+        layer_names=set(meta["layers"]),
+        windows=[tuple(w) for w in meta["windows"]],
+        batch_size=32,
+        weight_shapes={"[128,512]", "[512]"},
+    )
     xplane._lazy_space_class()  # imports protobuf: not part of what is measured
     out: dict = {"reset": _reset_hwm()}
     before = _status()["VmRSS"]
@@ -318,9 +429,12 @@ def main() -> None:
     start = time.perf_counter()
     blobs, layers, windows = build(args.events, args.ops, args.other, args.segments)
     size = sum(len(b) for b, _ in blobs)
-    print(f"Synthetic xplane: {args.events:,} memory events, {args.other:,} other events, {args.ops:,} tf_op values,"
-          f" {args.segments} segment(s): {size / MiB:.1f} MiB serialized (built in "
-          f"{time.perf_counter() - start:.0f} s)", flush=True)
+    print(
+        f"Synthetic xplane: {args.events:,} memory events, {args.other:,} other events, {args.ops:,} tf_op values,"
+        f" {args.segments} segment(s): {size / MiB:.1f} MiB serialized (built in "
+        f"{time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="tfmem-bench-") as tmp:
         path = os.path.join(tmp, "trace.json")
         for k, (data, _) in enumerate(blobs):
@@ -331,29 +445,40 @@ def main() -> None:
         del blobs
         runs = []
         for _ in range(args.rounds):
-            out = subprocess.run([sys.executable, __file__, "--child", path], capture_output=True, text=True,
-                                 timeout=900)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", path], capture_output=True, text=True, timeout=900
+            )
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             if out.returncode != 0 or not lines:
                 raise RuntimeError(f"the measuring process failed:\n{out.stderr[-3000:]}")
             runs.append(json.loads(lines[-1]))
     if not runs[0]["reset"]:
         print("(could not reset VmHWM: peaks are measured from the process's start)")
-    med = {k: statistics.median(r[k] for r in runs) for k in
-           ("decode_s", "analysis_s", "decode_peak", "kept", "analysis_peak", "overall_peak")}
+    med = {
+        k: statistics.median(r[k] for r in runs)
+        for k in ("decode_s", "analysis_s", "decode_peak", "kept", "analysis_peak", "overall_peak")
+    }
     n = runs[0]["events"]
     print(f"{n:,} memory events and {runs[0]['spans']:,} spans read; medians of {args.rounds} fresh processes")
-    print(f"  decode   (xplane.read_segments)  {med['decode_s']:6.2f} s  {n / med['decode_s']:>10,.0f} events/s"
-          f" | RSS peak +{med['decode_peak'] / MiB:6.0f} MiB = {med['decode_peak'] / size:4.2f}x the trace"
-          f" (the result holds +{med['kept'] / MiB:.0f} MiB = {med['kept'] / size:4.2f}x)")
-    print(f"  analysis (analysis.summarize)    {med['analysis_s']:6.2f} s  {n / med['analysis_s']:>10,.0f} events/s"
-          f" | RSS peak +{med['analysis_peak'] / MiB:6.0f} MiB = {med['analysis_peak'] / size:4.2f}x the trace")
+    print(
+        f"  decode   (xplane.read_segments)  {med['decode_s']:6.2f} s  {n / med['decode_s']:>10,.0f} events/s"
+        f" | RSS peak +{med['decode_peak'] / MiB:6.0f} MiB = {med['decode_peak'] / size:4.2f}x the trace"
+        f" (the result holds +{med['kept'] / MiB:.0f} MiB = {med['kept'] / size:4.2f}x)"
+    )
+    print(
+        f"  analysis (analysis.summarize)    {med['analysis_s']:6.2f} s  {n / med['analysis_s']:>10,.0f} events/s"
+        f" | RSS peak +{med['analysis_peak'] / MiB:6.0f} MiB = {med['analysis_peak'] / size:4.2f}x the trace"
+    )
     total = med["decode_s"] + med["analysis_s"]
-    print(f"  both                             {total:6.2f} s  {n / total:>10,.0f} events/s"
-          f" | RSS peak +{med['overall_peak'] / MiB:6.0f} MiB = {med['overall_peak'] / size:4.2f}x the trace"
-          f" (over the {size / MiB:.0f} MiB of blobs held)")
-    print(f"  (peak live {runs[0]['peak_live'] / MiB:,.0f} MiB; the layer holding most at the peak: "
-          f"{runs[0]['top_layer']})")
+    print(
+        f"  both                             {total:6.2f} s  {n / total:>10,.0f} events/s"
+        f" | RSS peak +{med['overall_peak'] / MiB:6.0f} MiB = {med['overall_peak'] / size:4.2f}x the trace"
+        f" (over the {size / MiB:.0f} MiB of blobs held)"
+    )
+    print(
+        f"  (peak live {runs[0]['peak_live'] / MiB:,.0f} MiB; the layer holding most at the peak: "
+        f"{runs[0]['top_layer']})"
+    )
 
 
 if __name__ == "__main__":

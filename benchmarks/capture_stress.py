@@ -131,10 +131,32 @@ PS_JOB = textwrap.dedent("""
     print("DONE", flush=True)
 """).replace("REPLICA_STEP", REPLICA_STEP)
 
-GDB = ["gdb", "-q", "-batch", "-ex", "set pagination off", "-ex", "set print thread-events off",
-       "-ex", "set print inferior-events off", "-ex", "handle SIGPIPE nostop noprint pass",
-       "-ex", "handle SIGUSR1 nostop noprint pass", "-ex", "handle SIGUSR2 nostop noprint pass",
-       "-ex", "run", "-ex", "info signal", "-ex", "thread apply all bt 40", "-ex", "kill", "--args"]
+GDB = [
+    "gdb",
+    "-q",
+    "-batch",
+    "-ex",
+    "set pagination off",
+    "-ex",
+    "set print thread-events off",
+    "-ex",
+    "set print inferior-events off",
+    "-ex",
+    "handle SIGPIPE nostop noprint pass",
+    "-ex",
+    "handle SIGUSR1 nostop noprint pass",
+    "-ex",
+    "handle SIGUSR2 nostop noprint pass",
+    "-ex",
+    "run",
+    "-ex",
+    "info signal",
+    "-ex",
+    "thread apply all bt 40",
+    "-ex",
+    "kill",
+    "--args",
+]
 
 
 ALLOW_CRASH_RISK = False  # --allow-crash-risk
@@ -164,8 +186,16 @@ def worker_env(sensitize: bool = False) -> dict[str, str]:
 class Job:
     """One training job on loopback: its processes (each in its own process group), their profiler addresses."""
 
-    def __init__(self, folder: Path, strategy: str, hold_mib: int, train_seconds: float, gdb: bool,
-                 sensitize: bool = False, hold_on: int = 1):
+    def __init__(
+        self,
+        folder: Path,
+        strategy: str,
+        hold_mib: int,
+        train_seconds: float,
+        gdb: bool,
+        sensitize: bool = False,
+        hold_on: int = 1,
+    ):
         self.folder, self.procs, self.names, self.logs, self.addresses = folder, [], [], [], []
         folder.mkdir(parents=True, exist_ok=True)
         env = worker_env(sensitize)
@@ -173,12 +203,20 @@ class Job:
             script = folder / "ps_job.py"
             script.write_text(PS_JOB)
             cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
-            specs = [("ps0", dict(role="ps", index=0)), ("worker0", dict(role="worker", index=0)),
-                     ("worker1", dict(role="worker", index=1)), ("coordinator", dict(role="coordinator", index=0))]
+            specs = [
+                ("ps0", dict(role="ps", index=0)),
+                ("worker0", dict(role="worker", index=0)),
+                ("worker1", dict(role="worker", index=1)),
+                ("coordinator", dict(role="coordinator", index=0)),
+            ]
             for name, spec in specs:
                 port = 0 if name == "coordinator" else free_port()
-                spec.update(cluster=cluster, profiler=port, train_seconds=train_seconds,
-                            hold_mib=hold_mib if name == f"worker{hold_on}" else 0)
+                spec.update(
+                    cluster=cluster,
+                    profiler=port,
+                    train_seconds=train_seconds,
+                    hold_mib=hold_mib if name == f"worker{hold_on}" else 0,
+                )
                 self._start(name, script, spec, env, gdb and name != "coordinator")
                 if port:
                     self.addresses.append(f"127.0.0.1:{port}")
@@ -188,9 +226,20 @@ class Job:
             ports = [free_port(), free_port()]
             for index in range(2):
                 profiler = free_port()
-                self._start(f"worker{index}", script, dict(strategy=strategy, ports=ports, index=index,
-                                                           profiler=profiler, train_seconds=train_seconds,
-                                                           hold_mib=hold_mib if index == hold_on else 0), env, gdb)
+                self._start(
+                    f"worker{index}",
+                    script,
+                    dict(
+                        strategy=strategy,
+                        ports=ports,
+                        index=index,
+                        profiler=profiler,
+                        train_seconds=train_seconds,
+                        hold_mib=hold_mib if index == hold_on else 0,
+                    ),
+                    env,
+                    gdb,
+                )
                 self.addresses.append(f"127.0.0.1:{profiler}")
 
     def _start(self, name, script, spec, env, gdb):
@@ -198,9 +247,17 @@ class Job:
         command = [sys.executable, str(script), json.dumps(spec)]
         # under gdb, everything (gdb's own output too) goes to the log: a pipe nobody reads would fill and stop gdb
         out = log.open("w")
-        self.procs.append(subprocess.Popen((GDB if gdb else []) + command, env=env, stdout=out,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                (GDB if gdb else []) + command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
+        )
         self.names.append(name)
         self.logs.append(log)
 
@@ -266,7 +323,8 @@ def options_patch(args):
             levels = tf.profiler.experimental.ProfilerOptions(
                 host_tracer_level=2 if args.host is None else args.host,
                 python_tracer_level=0 if args.python is None else args.python,
-                device_tracer_level=1 if args.device is None else args.device)
+                device_tracer_level=1 if args.device is None else args.device,
+            )
         real = tf.profiler.experimental.client.trace
 
         def trace(service, logdir, duration_ms, worker_list="", num_tracing_attempts=3, options=None):
@@ -286,21 +344,31 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=900, help="stop after this many seconds in all")
     parser.add_argument("--hold-mib", type=int, default=256, help="the extra tensor one worker holds")
     parser.add_argument("--hold-on", type=int, default=1, help="which worker holds it (0 is MWMS's chief)")
-    parser.add_argument("--sensitize", action="store_true",
-                        help="strict malloc in the servers (no tcache, freed memory overwritten): a use-after-free "
-                             "crashes at once, so a few captures tell a configuration apart")
+    parser.add_argument(
+        "--sensitize",
+        action="store_true",
+        help="strict malloc in the servers (no tcache, freed memory overwritten): a use-after-free "
+        "crashes at once, so a few captures tell a configuration apart",
+    )
     parser.add_argument("--host", type=int), parser.add_argument("--python", type=int)
     parser.add_argument("--device", type=int)
     parser.add_argument("--default-options", action="store_true", help="send no options (TF's client defaults)")
     parser.add_argument("--analyze", action="store_true", help="tfmem_magic.capture: the reports too")
     parser.add_argument("--gdb", action="store_true", help="run the servers under gdb (native stacks on a crash)")
     parser.add_argument("--keep", help="keep the logs of crashed jobs in this folder")
-    parser.add_argument("--per-job", type=int, default=0,
-                        help="start a fresh job after this many captures (0: keep a job until it crashes)")
+    parser.add_argument(
+        "--per-job",
+        type=int,
+        default=0,
+        help="start a fresh job after this many captures (0: keep a job until it crashes)",
+    )
     parser.add_argument("--only", type=int, help="capture only this server (its index among the job's servers)")
     parser.add_argument("--json", help="write the summary here")
-    parser.add_argument("--allow-crash-risk", action="store_true",
-                        help="serve the non-chief MWMS workers too (what tfmem did before it refused them by default)")
+    parser.add_argument(
+        "--allow-crash-risk",
+        action="store_true",
+        help="serve the non-chief MWMS workers too (what tfmem did before it refused them by default)",
+    )
     args = parser.parse_args()
     global ALLOW_CRASH_RISK
     ALLOW_CRASH_RISK = args.allow_crash_risk
@@ -311,8 +379,10 @@ def main() -> None:
     from tfmem_magic.measure import remote
 
     sent = options_patch(args)
-    print(f"{args.strategy}: {args.captures} captures of {args.seconds} s, options {sent}, budget {args.budget} s",
-          flush=True)
+    print(
+        f"{args.strategy}: {args.captures} captures of {args.seconds} s, options {sent}, budget {args.budget} s",
+        flush=True,
+    )
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tfmem-stress-"))
     root.mkdir(parents=True, exist_ok=True)
     done, crashes, jobs, rows, failed = 0, [], 0, [], []
@@ -321,12 +391,25 @@ def main() -> None:
         while done < args.captures and time.monotonic() - start < args.budget:
             if job is None:
                 left = args.budget - (time.monotonic() - start)
-                job = Job(root / f"job{jobs}", args.strategy, args.hold_mib, train_seconds=left + 60, gdb=args.gdb,
-                          sensitize=args.sensitize, hold_on=args.hold_on)
+                job = Job(
+                    root / f"job{jobs}",
+                    args.strategy,
+                    args.hold_mib,
+                    train_seconds=left + 60,
+                    gdb=args.gdb,
+                    sensitize=args.sensitize,
+                    hold_on=args.hold_on,
+                )
                 jobs += 1
                 if not job.wait_ready(min(240, max(30, left))):
-                    crashes.append({"capture": None, "job": jobs - 1, "deaths": [(n, str(c)) for n, c, _ in
-                                                                                  job.deaths()], "when": "start"})
+                    crashes.append(
+                        {
+                            "capture": None,
+                            "job": jobs - 1,
+                            "deaths": [(n, str(c)) for n, c, _ in job.deaths()],
+                            "when": "start",
+                        }
+                    )
                     print(f"job {jobs - 1} died before it was ready: {[(n, c) for n, c, _ in job.deaths()]}")
                     for name, _, text in job.deaths():
                         print(f"--- {name}\n{text[-4000:]}")
@@ -351,8 +434,10 @@ def main() -> None:
             deaths = job.deaths() if not all(job.alive()) else []
             ok = sum(1 for _, good, _ in parts if good)
             rows.append({"capture": done, "seconds": round(took, 1), "traced": ok, "sizes_or_events": events})
-            line = (f"capture {done:2d}: {took:5.1f} s, {ok}/{len(parts)} traces, "
-                    f"{'events' if args.analyze else 'bytes'} {events}")
+            line = (
+                f"capture {done:2d}: {took:5.1f} s, {ok}/{len(parts)} traces, "
+                f"{'events' if args.analyze else 'bytes'} {events}"
+            )
             if deaths:
                 time.sleep(2.0)
                 if args.gdb:
@@ -382,18 +467,32 @@ def main() -> None:
         if job is not None:
             job.kill()
     crashed = sum(len(c["deaths"]) for c in crashes)
-    summary = {"strategy": args.strategy, "options": sent, "sensitized": args.sensitize, "hold_on": args.hold_on,
-               "only": args.only, "per_job": args.per_job,
-               "captures": done, "seconds_each": args.seconds,
-               "jobs": jobs, "crashed_captures": sum(1 for c in crashes if c.get("capture") is not None),
-               "crashed_workers": crashed, "crashes": crashes, "captures_without_trace": failed,
-               "elapsed_s": round(time.monotonic() - start, 1), "rows": rows,
-               "stopped_by_budget": done < args.captures}
-    print(f"SUMMARY {args.strategy} options={sent}{' sensitized' if args.sensitize else ''}: {done} captures in "
-          f"{summary['elapsed_s']} s, "
-          f"{summary['crashed_captures']} captures with a crash, {crashed} worker(s) died "
-          f"{[c['deaths'] for c in crashes]}, {len(failed)} capture(s) missing a trace, jobs started {jobs}"
-          + (" (stopped by the budget)" if summary["stopped_by_budget"] else ""), flush=True)
+    summary = {
+        "strategy": args.strategy,
+        "options": sent,
+        "sensitized": args.sensitize,
+        "hold_on": args.hold_on,
+        "only": args.only,
+        "per_job": args.per_job,
+        "captures": done,
+        "seconds_each": args.seconds,
+        "jobs": jobs,
+        "crashed_captures": sum(1 for c in crashes if c.get("capture") is not None),
+        "crashed_workers": crashed,
+        "crashes": crashes,
+        "captures_without_trace": failed,
+        "elapsed_s": round(time.monotonic() - start, 1),
+        "rows": rows,
+        "stopped_by_budget": done < args.captures,
+    }
+    print(
+        f"SUMMARY {args.strategy} options={sent}{' sensitized' if args.sensitize else ''}: {done} captures in "
+        f"{summary['elapsed_s']} s, "
+        f"{summary['crashed_captures']} captures with a crash, {crashed} worker(s) died "
+        f"{[c['deaths'] for c in crashes]}, {len(failed)} capture(s) missing a trace, jobs started {jobs}"
+        + (" (stopped by the budget)" if summary["stopped_by_budget"] else ""),
+        flush=True,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

@@ -33,7 +33,7 @@ def main() -> None:
     modes = {"bare": body, "quick": "%%tfmem --quick\n" + body, "trace": "%%tfmem\n" + body}
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds + 3):
-        order = list(modes)[r % 3:] + list(modes)[:r % 3]
+        order = list(modes)[r % 3 :] + list(modes)[: r % 3]
         for mode in order:
             start = time.perf_counter()
             assert shell.run_cell(modes[mode]).success
@@ -45,8 +45,10 @@ def main() -> None:
     bare = statistics.median(seconds["bare"])
     for mode, values in seconds.items():
         median = statistics.median(values)
-        print(f"{mode:6s} {1000 * median:8.1f} ms per cell   (+{1000 * (median - bare):.1f} ms over bare, "
-              f"{args.rounds} rounds, cell sleeps {args.sleep:g} s)")
+        print(
+            f"{mode:6s} {1000 * median:8.1f} ms per cell   (+{1000 * (median - bare):.1f} ms over bare, "
+            f"{args.rounds} rounds, cell sleeps {args.sleep:g} s)"
+        )
 
 
 if __name__ == "__main__":

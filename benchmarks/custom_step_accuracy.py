@@ -33,7 +33,8 @@ from _fresh import KEEP_TRACE, run_fresh_json
 # each program: code run before the measured cell (model, data; TensorFlow already running), the measured cell
 PROGRAMS = {
     # keras-io's DCGAN pattern: a train_step that applies two optimizers of the model's own
-    "gan": ("""
+    "gan": (
+        """
         latent = 64
         disc = keras.Sequential([keras.Input((28, 28, 1)), layers.Conv2D(32, 4, strides=2, padding="same"),
                                  layers.LeakyReLU(0.2), layers.Conv2D(64, 4, strides=2, padding="same"),
@@ -72,10 +73,13 @@ PROGRAMS = {
                     keras.losses.BinaryCrossentropy(from_logits=True))
         data = tf.data.Dataset.from_tensor_slices(np.random.rand(4096, 28, 28, 1).astype("float32"))
         data = data.batch(BATCH).take(8)
-    """, "gan.fit(data, epochs=1, verbose=0)"),
+    """,
+        "gan.fit(data, epochs=1, verbose=0)",
+    ),
     # keras-io's DCGAN itself (its discriminator and generator, its train_step with two Adams and a seed generator),
     # at 32x32x3 instead of 64x64x3 (one upsampling less) so that a CPU runs its steps in seconds
-    "dcgan": ("""
+    "dcgan": (
+        """
         latent = 128
         disc = keras.Sequential([keras.Input((32, 32, 3)), layers.Conv2D(64, 4, strides=2, padding="same"),
                                  layers.LeakyReLU(0.2), layers.Conv2D(128, 4, strides=2, padding="same"),
@@ -122,9 +126,12 @@ PROGRAMS = {
         gan.compile(keras.optimizers.Adam(1e-4), keras.optimizers.Adam(1e-4), keras.losses.BinaryCrossentropy())
         data = tf.data.Dataset.from_tensor_slices(np.random.rand(1024, 32, 32, 3).astype("float32"))
         data = data.batch(BATCH).take(4)
-    """, "gan.fit(data, epochs=1, verbose=0)"),
+    """,
+        "gan.fit(data, epochs=1, verbose=0)",
+    ),
     # keras-io's knowledge distillation (Keras 3): compute_loss overridden, a teacher run inside the step
-    "distiller": ("""
+    "distiller": (
+        """
         def conv(width):
             return keras.Sequential([keras.Input((28, 28, 1)), layers.Conv2D(width, 3, strides=2, padding="same"),
                                      layers.LeakyReLU(0.2), layers.Conv2D(2 * width, 3, strides=2, padding="same"),
@@ -156,9 +163,12 @@ PROGRAMS = {
                           keras.losses.KLDivergence())
         x = np.random.rand(8 * BATCH, 28, 28, 1).astype("float32")
         y = np.random.randint(0, 10, 8 * BATCH)
-    """, "distiller.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)"),
+    """,
+        "distiller.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)",
+    ),
     # TensorFlow's "quickstart for experts": a subclassed model, a @tf.function step with a GradientTape
-    "tape": ("""
+    "tape": (
+        """
         class MyModel(keras.Model):
             def __init__(self):
                 super().__init__()
@@ -182,7 +192,9 @@ PROGRAMS = {
                 loss = loss_object(labels, model(images, training=True))
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-    """, "for images, labels in train_ds.take(8):\n    train_step(images, labels)"),
+    """,
+        "for images, labels in train_ds.take(8):\n    train_step(images, labels)",
+    ),
 }
 
 HEAD = """
@@ -204,9 +216,12 @@ with tfmem_magic.profile(mode="quick") as p:
 print(json.dumps({{"peak": p.report.tf_peak_bytes}}))
 """
 
-TRACED = """
+TRACED = (
+    """
 from tfmem_magic.analyze import bfc, step_replay
-""" + KEEP_TRACE + """
+"""
+    + KEEP_TRACE
+    + """
 with tfmem_magic.profile() as p:
 {cell}
 report = p.report
@@ -243,13 +258,15 @@ except tfmem_magic.TfmemUsageError as exc:
 out["step_s"] = round(__import__("time").perf_counter() - started, 2)
 print(json.dumps(out))
 """
+)
 
 
 def run(program: str, batch: int, traced: bool, asked: list[int]) -> dict:
     setup, cell = PROGRAMS[program]
     body = TRACED if traced else REAL
-    code = (HEAD.format(batch=batch) + textwrap.dedent(setup)
-            + body.format(cell=textwrap.indent(cell, "    "), asked=asked))
+    code = (
+        HEAD.format(batch=batch) + textwrap.dedent(setup) + body.format(cell=textwrap.indent(cell, "    "), asked=asked)
+    )
     return run_fresh_json(code, f"{program} at batch {batch}")
 
 
@@ -273,12 +290,15 @@ def main() -> None:
     table: dict[str, list[float]] = {"analytic": [], "replayed": [], "step": []}
     for program in args.programs.split(","):
         cell = run(program, args.batch, True, asked)
-        print(f"{program}: cell at batch {args.batch} peaked {cell['peak'] / 2**20:.1f} MiB ({cell['basis']} basis, "
-              f"calls {cell['calls']}); its trace: {cell['events']} events, {cell['scaled']}/{cell['allocations']} "
-              f"allocations batch-shaped; its own replay "
-              f"{cell['own_error']:+.1%} of its peak (first divergence at event {cell['diverged']}); "
-              f"{cell['replay_s']} s for the replays; calibrated on its own step: {cell['step_basis']} basis in "
-              f"{cell['step_s']} s", flush=True)
+        print(
+            f"{program}: cell at batch {args.batch} peaked {cell['peak'] / 2**20:.1f} MiB ({cell['basis']} basis, "
+            f"calls {cell['calls']}); its trace: {cell['events']} events, {cell['scaled']}/{cell['allocations']} "
+            f"allocations batch-shaped; its own replay "
+            f"{cell['own_error']:+.1%} of its peak (first divergence at event {cell['diverged']}); "
+            f"{cell['replay_s']} s for the replays; calibrated on its own step: {cell['step_basis']} basis in "
+            f"{cell['step_s']} s",
+            flush=True,
+        )
         for b in asked:
             real = [run(program, b, False, asked)["peak"] for _ in range(args.runs)]
             words = []
@@ -289,10 +309,16 @@ def main() -> None:
                 e = error(predicted, real)
                 table[name].append(abs(e))
                 words.append(f"{name} {predicted / 2**20:7.1f} MiB ({e:+6.1%})")
-            print(f"  batch {b:>4}: real {', '.join(f'{r / 2**20:.1f}' for r in real)} MiB; " + "; ".join(words),
-                  flush=True)
-    print(json.dumps({name: {"max_abs_error": round(max(errs), 4), "points": len(errs)}
-                      for name, errs in table.items() if errs} | {"seconds": round(time.perf_counter() - began)}))
+            print(
+                f"  batch {b:>4}: real {', '.join(f'{r / 2**20:.1f}' for r in real)} MiB; " + "; ".join(words),
+                flush=True,
+            )
+    print(
+        json.dumps(
+            {name: {"max_abs_error": round(max(errs), 4), "points": len(errs)} for name, errs in table.items() if errs}
+            | {"seconds": round(time.perf_counter() - began)}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,16 @@ MiB = 2**20
 
 def _model(keras, jit: bool | str = False, name: str = "gpu_cnn"):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu", name="conv_a"),
-                              keras.layers.Conv2D(64, 3, activation="relu", name="conv_b"),
-                              keras.layers.GlobalAveragePooling2D(name="gap"), keras.layers.Dense(10, name="head")],
-                             name=name)
+    model = keras.Sequential(
+        [
+            keras.Input((64, 64, 3)),
+            keras.layers.Conv2D(64, 3, activation="relu", name="conv_a"),
+            keras.layers.Conv2D(64, 3, activation="relu", name="conv_b"),
+            keras.layers.GlobalAveragePooling2D(name="gap"),
+            keras.layers.Dense(10, name="head"),
+        ],
+        name=name,
+    )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
     return model
 
@@ -75,11 +81,20 @@ def scenario(name: str) -> dict:
         report = _fit(tfmem_magic, keras, 64)
         own = tf.config.experimental.get_memory_info("GPU:0")["peak"]
         layers = {g.layer for g in report.trace.by_layer}
-        out.update(main=report.main_device_name, allocator=report.trace.allocator, peak=report.main_device.peak_bytes,
-                   tf_peak=own, budget=report.device_budget, layers=sorted(layers - {None})[:6],
-                   ok=report.main_device_name == "GPU:0" and report.trace.allocator == "GPU_0_bfc"
-                   and abs(report.main_device.peak_bytes - own) <= 0.02 * own and {"conv_a", "conv_b"} <= layers
-                   and report.device_budget is not None and report.device_budget[0] == "GPU:0")
+        out.update(
+            main=report.main_device_name,
+            allocator=report.trace.allocator,
+            peak=report.main_device.peak_bytes,
+            tf_peak=own,
+            budget=report.device_budget,
+            layers=sorted(layers - {None})[:6],
+            ok=report.main_device_name == "GPU:0"
+            and report.trace.allocator == "GPU_0_bfc"
+            and abs(report.main_device.peak_bytes - own) <= 0.02 * own
+            and {"conv_a", "conv_b"} <= layers
+            and report.device_budget is not None
+            and report.device_budget[0] == "GPU:0",
+        )
     elif name == "xla":
         noted = {}
         for jit in (True, "auto"):  # "auto" is Keras 3's default: XLA whenever a GPU is present
@@ -88,8 +103,9 @@ def scenario(name: str) -> dict:
             noted[str(jit)] = bool(xla)
             out.setdefault("note", xla[:1])
             out[f"layers_{jit}"] = [g.layer for g in report.trace.by_layer][:6]
-        out.update(main=report.main_device_name, noted=noted,
-                   ok=report.main_device_name == "GPU:0" and all(noted.values()))
+        out.update(
+            main=report.main_device_name, noted=noted, ok=report.main_device_name == "GPU:0" and all(noted.values())
+        )
     elif name == "oom":
         profiler = tfmem_magic.profile(label="oom")
         try:
@@ -101,8 +117,12 @@ def scenario(name: str) -> dict:
         report = profiler.report
         alive = float(tf.reduce_sum(tf.ones((256, 256)))) == 65536.0
         request = report.error.request if report.error else None
-        out.update(status=report.status, request=request, alive=alive,
-                   ok=alive and report.status == "oom" and request is not None and request["device"] == "GPU:0")
+        out.update(
+            status=report.status,
+            request=request,
+            alive=alive,
+            ok=alive and report.status == "oom" and request is not None and request["device"] == "GPU:0",
+        )
     elif name == "whatif":
         base = _fit(tfmem_magic, keras, 32, label="b32")
         rows, ok = [], True
@@ -110,8 +130,14 @@ def scenario(name: str) -> dict:
             predicted = tfmem_magic.predict(base, batch_size=batch).peak_bytes
             measured = _fit(tfmem_magic, keras, batch, label=f"b{batch}").tf_peak_bytes
             error = predicted / measured - 1
-            rows.append({"batch": batch, "predicted_mib": round(predicted / MiB, 1),
-                         "measured_mib": round(measured / MiB, 1), "error": round(error, 3)})
+            rows.append(
+                {
+                    "batch": batch,
+                    "predicted_mib": round(predicted / MiB, 1),
+                    "measured_mib": round(measured / MiB, 1),
+                    "error": round(error, 3),
+                }
+            )
             ok = ok and abs(error) <= 0.3
         out.update(rows=rows, ok=ok)
     elif name == "mixed":
@@ -119,19 +145,34 @@ def scenario(name: str) -> dict:
         keras.mixed_precision.set_global_policy("mixed_float16")
         half = _fit(tfmem_magic, keras, 128, label="mixed_float16")
         what_if = tfmem_magic.predict(half, batch_size=256).peak_bytes
-        out.update(float32=plain.tf_peak_bytes, mixed=half.tf_peak_bytes, optimizer=half.model.optimizer,
-                   what_if_256=what_if, ok=half.tf_peak_bytes < plain.tf_peak_bytes and half.model.optimizer == "Adam")
+        out.update(
+            float32=plain.tf_peak_bytes,
+            mixed=half.tf_peak_bytes,
+            optimizer=half.model.optimizer,
+            what_if_256=what_if,
+            ok=half.tf_peak_bytes < plain.tf_peak_bytes and half.model.optimizer == "Adam",
+        )
     elif name == "fixes":
         from tfmem_magic.advise import fixes
 
         report = _fit(tfmem_magic, keras, 64)
         context = fixes.FixContext(model_name="model")
         checks = {}
-        for fix_id, probe in (("memory-growth", "tf.config.experimental.get_memory_growth(gpus[0])"),
-                              ("gpu-memory-limit", "len(tf.config.get_logical_device_configuration(gpus[0])) == 1")):
+        for fix_id, probe in (
+            ("memory-growth", "tf.config.experimental.get_memory_growth(gpus[0])"),
+            ("gpu-memory-limit", "len(tf.config.get_logical_device_configuration(gpus[0])) == 1"),
+        ):
             code = fixes.WRITERS[fix_id](report, context).code
-            run = subprocess.run([sys.executable, "-c", code + "\ngpus = tf.config.list_physical_devices('GPU')\n"
-                                  "tf.ones(1)\nprint(" + probe + ")"], capture_output=True, text=True, timeout=300)
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    code + "\ngpus = tf.config.list_physical_devices('GPU')\ntf.ones(1)\nprint(" + probe + ")",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             checks[fix_id] = run.stdout.strip().splitlines()[-1:] == ["True"]
         out.update(checks=checks, ok=all(checks.values()))
     elif name == "calibrate":
@@ -142,10 +183,15 @@ def scenario(name: str) -> dict:
             curve = base.whatif_basis.replay
             # the step replay on a GPU (its probes trace the GPU's allocator, with memory growth): whether its
             # self-check passed there, and why not
-            out.update(basis=answer.basis, predicted=answer.peak_bytes, measured=measured,
-                       replay={"passed": curve.passed, "why_not": curve.why_not[:300], "cross": curve.cross_error}
-                       if curve is not None else None,
-                       ok=answer.basis in ("replay", "measured") and abs(answer.peak_bytes / measured - 1) <= 0.3)
+            out.update(
+                basis=answer.basis,
+                predicted=answer.peak_bytes,
+                measured=measured,
+                replay={"passed": curve.passed, "why_not": curve.why_not[:300], "cross": curve.cross_error}
+                if curve is not None
+                else None,
+                ok=answer.basis in ("replay", "measured") and abs(answer.peak_bytes / measured - 1) <= 0.3,
+            )
         except Exception as exc:  # the check reports it: a crash of the probes must not take this process down
             out.update(error=f"{type(exc).__name__}: {exc}"[:300], ok=False)
     elif name == "trace":
@@ -168,13 +214,26 @@ def scenario(name: str) -> dict:
             predicted = tfmem_magic.predict(report, batch_size=batch).peak_bytes if curve is not None else None
             measured = _fit(tfmem_magic, keras, batch, label=f"b{batch}").tf_peak_bytes
             error = None if predicted is None else round(predicted / measured - 1, 3)
-            rows.append({"batch": batch, "predicted_mib": None if predicted is None else round(predicted / MiB, 1),
-                         "measured_mib": round(measured / MiB, 1), "error": error})
+            rows.append(
+                {
+                    "batch": batch,
+                    "predicted_mib": None if predicted is None else round(predicted / MiB, 1),
+                    "measured_mib": round(measured / MiB, 1),
+                    "error": error,
+                }
+            )
             ok = ok and error is not None and abs(error) <= 0.3
         why = [n for n in report.notes if n.startswith("No what-if")]
-        out.update(main=report.main_device_name, allocator=report.trace.allocator, events=report.trace.events,
-                   replay={"passed": curve.passed, "own_error": curve.own_error, "scaled": curve.scaled}
-                   if curve is not None else {"passed": False, "why_not": why[:1]}, rows=rows, ok=ok)
+        out.update(
+            main=report.main_device_name,
+            allocator=report.trace.allocator,
+            events=report.trace.events,
+            replay={"passed": curve.passed, "own_error": curve.own_error, "scaled": curve.scaled}
+            if curve is not None
+            else {"passed": False, "why_not": why[:1]},
+            rows=rows,
+            ok=ok,
+        )
     return out
 
 
@@ -192,9 +251,12 @@ def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--scenario":
         print(json.dumps(scenario(sys.argv[2]), default=str))
         return 0
-    probe = subprocess.run([sys.executable, "-c", "import tensorflow as tf; "
-                            "print(len(tf.config.list_physical_devices('GPU')))"],
-                           capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     gpus = int((probe.stdout.strip().splitlines() or ["0"])[-1]) if probe.returncode == 0 else 0
     if not gpus:
         print("gpu_check: TensorFlow sees no GPU on this machine; nothing to check (exit 0).")
@@ -209,8 +271,9 @@ def main() -> int:
         try:
             if left < 20:
                 raise subprocess.TimeoutExpired(name, 0)
-            run = subprocess.run([sys.executable, __file__, "--scenario", name], capture_output=True, text=True,
-                                 timeout=left, env=env)
+            run = subprocess.run(
+                [sys.executable, __file__, "--scenario", name], capture_output=True, text=True, timeout=left, env=env
+            )
             result = json.loads(run.stdout.strip().splitlines()[-1])
         except subprocess.TimeoutExpired:
             result = {"ok": False, "error": f"timed out: the run's budget had {max(0, left):.0f} s left"}

@@ -77,12 +77,16 @@ def main() -> None:
     rounds = parser.parse_args().rounds
     ns = namespace()
     med, worst, found = timed(lambda: holders.walk(ns), rounds)
-    print(f"walk of {len(ns)} names: median {med:.1f} ms, worst {worst:.1f} ms; complete={found.complete}; "
-          f"holders: " + ", ".join(f"{h.name} ({h.kind}, {len(h.models)} models, {h.tensors} tensors)"
-                                    for h in found.holders))
+    print(
+        f"walk of {len(ns)} names: median {med:.1f} ms, worst {worst:.1f} ms; complete={found.complete}; "
+        f"holders: "
+        + ", ".join(f"{h.name} ({h.kind}, {len(h.models)} models, {h.tensors} tensors)" for h in found.holders)
+    )
     med2, worst2, pinned = timed(lambda: release.registry_pinned(found.handles), rounds)
-    print(f"registry scan: median {med2:.1f} ms, worst {worst2:.1f} ms; {pinned.entries} entries hold "
-          f"{pinned.bytes / 2**20:.2f} MiB no name reaches")
+    print(
+        f"registry scan: median {med2:.1f} ms, worst {worst2:.1f} ms; {pinned.entries} entries hold "
+        f"{pinned.bytes / 2**20:.2f} MiB no name reaches"
+    )
     print(f"together: median {med + med2:.1f} ms per cell (target < 50 ms)")
 
 

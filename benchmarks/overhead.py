@@ -47,8 +47,14 @@ def mlp_workload(scale: float):
     keras.utils.set_random_seed(0)
     x = np.random.rand(int(60_000 * scale), 128).astype("float32")
     y = np.random.randint(0, 10, len(x))
-    model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(512, activation="relu"),
-                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((128,)),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return lambda: model.fit(x, y, batch_size=128, epochs=1, verbose=0)
 
@@ -57,9 +63,16 @@ def cnn_workload(scale: float):
     keras.utils.set_random_seed(0)
     x = np.random.rand(int(3_000 * scale), 32, 32, 3).astype("float32")
     y = np.random.randint(0, 10, len(x))
-    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
-                              keras.layers.MaxPooling2D(), keras.layers.Conv2D(64, 3, activation="relu"),
-                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return lambda: model.fit(x, y, batch_size=64, epochs=1, verbose=0)
 
@@ -88,10 +101,10 @@ def lstm_workload(scale: float):
     n = int(16_000 * scale) + seq + 2 * batch
     series = np.cumsum(np.random.randn(n, 5).astype("float32"), axis=0)
     split = int(0.8 * n)
-    train = keras.utils.timeseries_dataset_from_array(series[:split - seq], series[seq:split, 0], seq,
-                                                      batch_size=batch)
-    val = keras.utils.timeseries_dataset_from_array(series[split:-seq], series[split + seq:, 0], seq,
-                                                    batch_size=batch)
+    train = keras.utils.timeseries_dataset_from_array(
+        series[: split - seq], series[seq:split, 0], seq, batch_size=batch
+    )
+    val = keras.utils.timeseries_dataset_from_array(series[split:-seq], series[split + seq :, 0], seq, batch_size=batch)
     model = keras.Sequential([keras.Input((seq, 5)), keras.layers.LSTM(64), keras.layers.Dense(1)])
     model.compile("adam", "mse")
     path = os.path.join(tempfile.mkdtemp(prefix="tfmem-bench-"), "best.keras")
@@ -104,14 +117,25 @@ def gru_workload(scale: float):
     keras.utils.set_random_seed(0)
     x = np.random.randint(1, 5_000, (int(1_024 * scale) + 64, 100))
     y = np.random.randint(0, 2, len(x))
-    model = keras.Sequential([keras.Input((100,)), keras.layers.Embedding(5_000, 32),
-                              keras.layers.Bidirectional(keras.layers.GRU(32)), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((100,)),
+            keras.layers.Embedding(5_000, 32),
+            keras.layers.Bidirectional(keras.layers.GRU(32)),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile("adam", keras.losses.BinaryCrossentropy(from_logits=True))
     return lambda: model.fit(x, y, batch_size=64, epochs=1, validation_split=0.1, verbose=0)
 
 
-WORKLOADS = {"mlp fit": mlp_workload, "cnn fit": cnn_workload, "eager loop": eager_workload,
-             "lstm tf.data": lstm_workload, "gru text": gru_workload}
+WORKLOADS = {
+    "mlp fit": mlp_workload,
+    "cnn fit": cnn_workload,
+    "eager loop": eager_workload,
+    "lstm tf.data": lstm_workload,
+    "gru text": gru_workload,
+}
 
 
 def timed(fn, mode: str) -> float:
@@ -131,8 +155,16 @@ def child(name: str, mode: str, scale: float) -> None:
         fn()
     report = p.report
     trace = report.trace
-    print(json.dumps({"added": report.rss.peak_bytes - report.rss.baseline_bytes, "wall": report.wall_s,
-                      "events": trace.events if trace else None, "note": trace.note if trace else None}))
+    print(
+        json.dumps(
+            {
+                "added": report.rss.peak_bytes - report.rss.baseline_bytes,
+                "wall": report.wall_s,
+                "events": trace.events if trace else None,
+                "note": trace.note if trace else None,
+            }
+        )
+    )
 
 
 def rss_overhead(rounds: int, scale: float) -> dict[str, dict]:
@@ -142,24 +174,36 @@ def rss_overhead(rounds: int, scale: float) -> dict[str, dict]:
     for name in WORKLOADS:
         runs: dict[str, list[dict]] = {"quick": [], "trace": []}
         for r in range(rounds):
-            for mode in (("quick", "trace") if r % 2 == 0 else ("trace", "quick")):
-                out = subprocess.run([sys.executable, __file__, "--child", name, mode, "--scale", str(scale)],
-                                     capture_output=True, text=True, env=env, timeout=900)
+            for mode in ("quick", "trace") if r % 2 == 0 else ("trace", "quick"):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", name, mode, "--scale", str(scale)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=900,
+                )
                 lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
                 if out.returncode != 0 or not lines:
                     raise RuntimeError(f"{name} / {mode} failed:\n{out.stderr[-2000:]}")
                 runs[mode].append(json.loads(lines[-1]))
         med = {m: statistics.median(run["added"] for run in v) for m, v in runs.items()}
-        results[name] = {"quick": med["quick"], "trace": med["trace"], "extra": med["trace"] - med["quick"],
-                         "events": runs["trace"][-1]["events"], "note": runs["trace"][-1]["note"] or ""}
+        results[name] = {
+            "quick": med["quick"],
+            "trace": med["trace"],
+            "extra": med["trace"] - med["quick"],
+            "events": runs["trace"][-1]["events"],
+            "note": runs["trace"][-1]["note"] or "",
+        }
     return results
 
 
 def _rss_text(rss: dict | None) -> str:
     if rss is None:
         return ""
-    return (f" | trace RSS {rss['extra'] / 2**20:+6.0f} MiB over quick (quick +{rss['quick'] / 2**20:.0f}, "
-            f"trace +{rss['trace'] / 2**20:.0f})")
+    return (
+        f" | trace RSS {rss['extra'] / 2**20:+6.0f} MiB over quick (quick +{rss['quick'] / 2**20:.0f}, "
+        f"trace +{rss['trace'] / 2**20:.0f})"
+    )
 
 
 def overhead(rounds: int, scale: float, rss: dict[str, dict] | None = None) -> dict[str, dict[str, float]]:
@@ -170,15 +214,18 @@ def overhead(rounds: int, scale: float, rss: dict[str, dict] | None = None) -> d
         fn()  # warm up: graph tracing and oneDNN primitive caches happen once, outside the comparison
         times: dict[str, list[float]] = {m: [] for m in modes}
         for r in range(rounds):
-            order = modes[r % 3:] + modes[:r % 3]
+            order = modes[r % 3 :] + modes[: r % 3]
             for mode in order:
                 times[mode].append(timed(fn, mode))
         best = {m: min(v) for m, v in times.items()}
         med = {m: statistics.median(v) for m, v in times.items()}
         results[name] = {"best": best, "median": med}
-        print(f"{name:<12} bare {best['bare']:5.2f} s | quick {best['quick'] / best['bare']:5.3f}x "
-              f"(median {med['quick'] / med['bare']:5.3f}x) | trace {best['trace'] / best['bare']:5.3f}x "
-              f"(median {med['trace'] / med['bare']:5.3f}x)" + _rss_text((rss or {}).get(name)), flush=True)
+        print(
+            f"{name:<12} bare {best['bare']:5.2f} s | quick {best['quick'] / best['bare']:5.3f}x "
+            f"(median {med['quick'] / med['bare']:5.3f}x) | trace {best['trace'] / best['bare']:5.3f}x "
+            f"(median {med['trace'] / med['bare']:5.3f}x)" + _rss_text((rss or {}).get(name)),
+            flush=True,
+        )
     return results
 
 
@@ -203,8 +250,9 @@ def analysis_throughput(scale: float) -> list[tuple[str, int, float]]:
             best = min(best, time.perf_counter() - start)
             n = len(trace.events)
         rows.append((name, n, n / best))
-        print(f"{name:<12} {n:>9,} memory events  parse+analysis {best:6.3f} s  {n / best:>11,.0f} events/s",
-              flush=True)
+        print(
+            f"{name:<12} {n:>9,} memory events  parse+analysis {best:6.3f} s  {n / best:>11,.0f} events/s", flush=True
+        )
     return rows
 
 
@@ -223,17 +271,21 @@ def main() -> None:
         return
     rounds = 2 if args.quick_run else args.rounds
     parts = set(args.only.split(","))
-    print(f"tfmem_magic {tfmem_magic.__version__}, TensorFlow {tf.__version__}, {rounds} rounds, "
-          "medians; ratios are to the bare run of the same workload\n")
+    print(
+        f"tfmem_magic {tfmem_magic.__version__}, TensorFlow {tf.__version__}, {rounds} rounds, "
+        "medians; ratios are to the bare run of the same workload\n"
+    )
     rss = None
     if "rss" in parts:
-        print(f"Memory: RSS added by each mode to a cold call, medians of {args.rss_rounds} fresh processes per mode "
-              "(printed with the wall-time line below)", flush=True)
+        print(
+            f"Memory: RSS added by each mode to a cold call, medians of {args.rss_rounds} fresh processes per mode "
+            "(printed with the wall-time line below)",
+            flush=True,
+        )
         rss = rss_overhead(args.rss_rounds, scale)
         for name, r in rss.items():
             note = r["note"].split(". The allocator")[0]
-            print(f"  {name:<12} {r['events'] or 0:>8,} memory events traced{'; ' + note if note else ''}",
-                  flush=True)
+            print(f"  {name:<12} {r['events'] or 0:>8,} memory events traced{'; ' + note if note else ''}", flush=True)
         print()
     if "time" in parts:
         print("Wall-time overhead")

@@ -64,8 +64,10 @@ def main() -> None:
         for _ in range(args.steps):
             h = tf.nn.relu(layer(h)) * 0.5 + x
     report = p.report
-    print(f"trace: {report.trace.events:,} memory events, {len(report.trace.timeline)} timeline points, "
-          f"{len(report.rss.samples)} RSS samples")
+    print(
+        f"trace: {report.trace.events:,} memory events, {len(report.trace.timeline)} timeline points, "
+        f"{len(report.rss.samples)} RSS samples"
+    )
     start = time.perf_counter()
     bundle = mime_bundle(report)
     static_s = time.perf_counter() - start
@@ -74,8 +76,10 @@ def main() -> None:
     panel_s = time.perf_counter() - start
     static_bytes = sum(len(v if isinstance(v, str) else json.dumps(v)) for v in bundle.values())
     sent_panel = widget_bytes(panel)
-    print(f"static bundle: built in {static_s:.3f} s, {static_bytes / 1e3:,.0f} kB "
-          f"(report JSON {len(json.dumps(bundle[tfmem_magic.MIME_TYPE])) / 1e3:,.0f} kB)")
+    print(
+        f"static bundle: built in {static_s:.3f} s, {static_bytes / 1e3:,.0f} kB "
+        f"(report JSON {len(json.dumps(bundle[tfmem_magic.MIME_TYPE])) / 1e3:,.0f} kB)"
+    )
     print(f"panel: built in {panel_s:.3f} s, widget state {sent_panel / 1e3:,.0f} kB")
     total = static_bytes + sent_panel
     print(f"sent to the browser in all: {total / 1e6:.2f} MB   targets: panel < 0.5 s, sent < 1 MB")

@@ -42,25 +42,36 @@ IMAGES = """
 """  # indented as the model code it follows (the worker dedents them together)
 
 MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and loss)
-    "mlp": ("arrays", """
+    "mlp": (
+        "arrays",
+        """
         m = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
                               keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)], name="mlp")
         x = np.random.rand(N, 784).astype("float32"); y = np.random.randint(0, 10, N)
         loss = "sparse_categorical_crossentropy"
-    """),
-    "cnn": ("arrays", """
+    """,
+    ),
+    "cnn": (
+        "arrays",
+        """
         m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
                               keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"),
                               keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)], name="cnn")
         x = np.random.rand(N, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, N)
         loss = "sparse_categorical_crossentropy"
-    """),
-    "mobilenetv2": ("arrays", """
+    """,
+    ),
+    "mobilenetv2": (
+        "arrays",
+        """
         m = keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10)
         x = np.random.rand(N, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, N)
         loss = "sparse_categorical_crossentropy"
-    """),
-    "attention": ("arrays", """
+    """,
+    ),
+    "attention": (
+        "arrays",
+        """
         inp = keras.Input((64, 64))
         h = keras.layers.MultiHeadAttention(num_heads=4, key_dim=16)(inp, inp)
         h = keras.layers.LayerNormalization()(h + inp)
@@ -70,8 +81,11 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
         m = keras.Model(inp, out, name="attention")
         x = np.random.rand(N, 64, 64).astype("float32"); y = np.random.randint(0, 10, N)
         loss = "sparse_categorical_crossentropy"
-    """),
-    "cnn-bf16": ("arrays", """
+    """,
+    ),
+    "cnn-bf16": (
+        "arrays",
+        """
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
         m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
                               keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"),
@@ -79,17 +93,32 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
                               keras.layers.Dense(10, dtype="float32")], name="cnn_bf16")
         x = np.random.rand(N, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, N)
         loss = "sparse_categorical_crossentropy"
-    """),
-    "resnet50": ("dataset", """
+    """,
+    ),
+    "resnet50": (
+        "dataset",
+        """
         m = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
-    """ + IMAGES),
-    "efficientnetb0": ("generator", """
+    """
+        + IMAGES,
+    ),
+    "efficientnetb0": (
+        "generator",
+        """
         m = keras.applications.EfficientNetB0(weights=None, input_shape=(64, 64, 3), classes=10)
-    """ + IMAGES),
-    "mobilenetv3small": ("dataset", """
+    """
+        + IMAGES,
+    ),
+    "mobilenetv3small": (
+        "dataset",
+        """
         m = keras.applications.MobileNetV3Small(weights=None, input_shape=(64, 64, 3), classes=10)
-    """ + IMAGES),
-    "unet": ("arrays", """
+    """
+        + IMAGES,
+    ),
+    "unet": (
+        "arrays",
+        """
         L = keras.layers
         inp = keras.Input((64, 64, 1))
         c1 = L.Conv2D(16, 3, padding="same", activation="relu")(inp)
@@ -100,14 +129,20 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
         m = keras.Model(inp, L.Conv2D(1, 1, activation="sigmoid")(u1), name="unet")
         x = np.random.rand(N, 64, 64, 1).astype("float32"); y = (np.random.rand(N, 64, 64, 1) > 0.5).astype("float32")
         loss = "binary_crossentropy"
-    """),
-    "lstm-text": ("dataset", """
+    """,
+    ),
+    "lstm-text": (
+        "dataset",
+        """
         m = keras.Sequential([keras.Input((None,), dtype="int64"), keras.layers.Embedding(5000, 64),
                               keras.layers.LSTM(64), keras.layers.Dense(2)], name="lstm_text")
         x = np.random.randint(0, 5000, (N, 100)); y = np.random.randint(0, 2, N)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    """),
-    "transformer": ("generator", """
+    """,
+    ),
+    "transformer": (
+        "generator",
+        """
         L = keras.layers
         inp = keras.Input((64,), dtype="int64")
         h = L.Embedding(2000, 64)(inp)
@@ -117,8 +152,11 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
         m = keras.Model(inp, L.Dense(2)(L.GlobalAveragePooling1D()(h)), name="transformer")
         x = np.random.randint(0, 2000, (N, 64)); y = np.random.randint(0, 2, N)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    """),
-    "multi-output": ("arrays", """
+    """,
+    ),
+    "multi-output": (
+        "arrays",
+        """
         L = keras.layers
         inp = keras.Input((32, 32, 3), name="image")
         h = L.GlobalAveragePooling2D()(L.Conv2D(64, 3, activation="relu")(L.Conv2D(32, 3, activation="relu")(inp)))
@@ -127,8 +165,11 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
         x = np.random.rand(N, 32, 32, 3).astype("float32")
         y = {"kind": np.random.randint(0, 10, N), "size": np.random.rand(N, 1).astype("float32")}
         loss = {"kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "size": "mse"}
-    """),
-    "autoencoder": ("arrays", """
+    """,
+    ),
+    "autoencoder": (
+        "arrays",
+        """
         L = keras.layers
         inp = keras.Input((32, 32, 3))
         h = L.Conv2D(32, 3, strides=2, padding="same", activation="relu")(inp)
@@ -138,12 +179,16 @@ MODELS = {  # name -> (how the cell feeds it, the code that builds m, x, y and l
         m = keras.Model(inp, out, name="autoencoder")
         x = np.random.rand(N, 32, 32, 3).astype("float32"); y = x
         loss = "mse"
-    """),
-    "gru": ("generator", """
+    """,
+    ),
+    "gru": (
+        "generator",
+        """
         m = keras.Sequential([keras.Input((100, 16)), keras.layers.GRU(64), keras.layers.Dense(10)], name="gru")
         x = np.random.rand(N, 100, 16).astype("float32"); y = np.random.randint(0, 10, N)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    """),
+    """,
+    ),
 }
 
 WORKER = """
@@ -202,8 +247,9 @@ print(json.dumps(out))
 
 def run(model: str, mode: str, batch: int, batches: list[int]) -> dict:
     style, build = MODELS[model]
-    code = WORKER.format(samples=SAMPLES, build=textwrap.dedent(build), mode=mode, style=style, batch=batch,
-                         batches=batches, steps=STEPS)
+    code = WORKER.format(
+        samples=SAMPLES, build=textwrap.dedent(build), mode=mode, style=style, batch=batch, batches=batches, steps=STEPS
+    )
     result = run_fresh_json(code, f"{model} {mode} batch {batch}")
     assert result["batch read"] == batch, (model, result["batch read"], batch)  # the batch read from what was fed
     return result
@@ -217,14 +263,23 @@ def main() -> None:
     parser.add_argument("--models", default=None)
     parser.add_argument("--repeats", type=int, default=5, help="fresh-process runs per point (median; spread shown)")
     parser.add_argument("--big-repeats", type=int, default=3, help=f"runs per point for {', '.join(sorted(BIG))}")
-    parser.add_argument("--cells", type=int, default=1, help="runs of each model's cell (each predicts every "
-                        "batch; the cell's own run varies too, so each is scored; the table shows their range)")
+    parser.add_argument(
+        "--cells",
+        type=int,
+        default=1,
+        help="runs of each model's cell (each predicts every "
+        "batch; the cell's own run varies too, so each is scored; the table shows their range)",
+    )
     parser.add_argument("--table", action="store_true", help="print a Markdown table at the end")
-    parser.add_argument("--runs", default=None, help="a JSON file of fresh-run peaks: read (runs already there are "
-                        "not repeated, and all of them are used: a change to the predictor needs only the cells "
-                        "rerun) and written")
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="a JSON file of fresh-run peaks: read (runs already there are "
+        "not repeated, and all of them are used: a change to the predictor needs only the cells "
+        "rerun) and written",
+    )
     args = parser.parse_args()
-    models = (args.models.split(",") if args.models else list(MODELS) if args.zoo else FIRST_FIVE)
+    models = args.models.split(",") if args.models else list(MODELS) if args.zoo else FIRST_FIVE
     batches = [int(b) for b in (args.batches or ("8,16,32,64,128,256" if args.zoo else "16,32,64,128,256")).split(",")]
     started = time.perf_counter()
     saved: dict[str, list[int]] = {}
@@ -236,14 +291,24 @@ def main() -> None:
     errors: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": [], "replay range": []}
     between: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": []}
     rows = []
-    print(f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} "
-          f"{'replay':>8} {'range':>8}")
+    print(
+        f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} "
+        f"{'replay':>8} {'range':>8}"
+    )
     for model in models:
         style = MODELS[model][0]
         anchors = [run(model, "anchor", args.anchor, batches) for _ in range(max(1, args.cells))]
         repeats = args.big_repeats if model in BIG else args.repeats
-        row = {"model": model, "style": style, "repeats": None, "spread": 0.0, "analytic": {}, "measured": {},
-               "replay": {}, "replay range": {}}
+        row = {
+            "model": model,
+            "style": style,
+            "repeats": None,
+            "spread": 0.0,
+            "analytic": {},
+            "measured": {},
+            "replay": {},
+            "replay range": {},
+        }
         for batch in [b for b in batches if b != args.anchor]:
             key = f"{model} {style} batch {batch}"
             runs = saved.get(key, [])  # every run the file has (more than --repeats are kept and used)
@@ -268,34 +333,50 @@ def main() -> None:
             errors["replay range"] += [(abs(e), batch) for e in ranged]
             row["spread"] = max(row["spread"], (hi - lo) / alloc)
             spread = f"{alloc / 2**20:.1f}Mi ({(lo - alloc) / alloc:+.0%}/{(hi - alloc) / alloc:+.0%})"
-            print(f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {_errors(row['analytic'][batch], '.1%'):>8} "
-                  f"{_errors(row['measured'][batch], '.1%'):>8} {_errors(row['replay'][batch], '.1%'):>8} "
-                  f"{_errors(row['replay range'][batch], '.1%'):>8}", flush=True)
+            print(
+                f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {_errors(row['analytic'][batch], '.1%'):>8} "
+                f"{_errors(row['measured'][batch], '.1%'):>8} {_errors(row['replay'][batch], '.1%'):>8} "
+                f"{_errors(row['replay range'][batch], '.1%'):>8}",
+                flush=True,
+            )
         for anchor in anchors:
             replay = anchor["replay"]
-            used = (f"replay probes {replay['probes']}, cross {replay['cross']:+.1%}, {replay['seconds']} s"
-                    if replay["passed"] else f"replay not used: {replay['why_not'][:160]}")
-            print(f"{'':<16} cell at batch {args.anchor}: {anchor['measured'] / 2**20:.1f}Mi; probes at batches "
-                  f"{anchor['probes']['batches']}: {anchor['probes']['seconds']} s; {used}", flush=True)
-            shown = [f"{b}: {one / 2**20:.1f}" + (f"/{two / 2**20:.1f}" if one != two else "")
-                     for b, one, two in replay["curve"] if b in batches or b in (replay["probes"] or [])]
+            used = (
+                f"replay probes {replay['probes']}, cross {replay['cross']:+.1%}, {replay['seconds']} s"
+                if replay["passed"]
+                else f"replay not used: {replay['why_not'][:160]}"
+            )
+            print(
+                f"{'':<16} cell at batch {args.anchor}: {anchor['measured'] / 2**20:.1f}Mi; probes at batches "
+                f"{anchor['probes']['batches']}: {anchor['probes']['seconds']} s; {used}",
+                flush=True,
+            )
+            shown = [
+                f"{b}: {one / 2**20:.1f}" + (f"/{two / 2**20:.1f}" if one != two else "")
+                for b, one, two in replay["curve"]
+                if b in batches or b in (replay["probes"] or [])
+            ]
             if shown:
                 print(f"{'':<16} replay curve (MiB, probe one's order/probe two's): {', '.join(shown)}", flush=True)
         rows.append(row)
     for basis, scored in errors.items():
         values = [e for e, _ in scored]
         above = [e for e, batch in scored if batch > args.anchor]
-        print(f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} "
-              f"points; within 10% / 15% / 20%: {_within(values)}; above the cell's batch: {_within(above)} of "
-              f"{len(above)}, max {max(above, default=0):.1%}")
+        print(
+            f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} "
+            f"points; within 10% / 15% / 20%: {_within(values)}; above the cell's batch: {_within(above)} of "
+            f"{len(above)}, max {max(above, default=0):.1%}"
+        )
     for basis, scored in between.items():
         values = [e for e, _ in scored]
         above = [e for e, batch in scored if batch > args.anchor]
         below = [e for e, batch in scored if batch < args.anchor]
-        print(f"{basis + ' vs the runs range':>26}: within 10% / 15% / 20%: {_within(values)} of {len(values)}, max "
-              f"{max(values):.1%}; below the cell's batch {_within(below)} of {len(below)}, max "
-              f"{max(below, default=0):.1%}; above it {_within(above)} of {len(above)}, "
-              f"max {max(above, default=0):.1%}")
+        print(
+            f"{basis + ' vs the runs range':>26}: within 10% / 15% / 20%: {_within(values)} of {len(values)}, max "
+            f"{max(values):.1%}; below the cell's batch {_within(below)} of {len(below)}, max "
+            f"{max(below, default=0):.1%}; above it {_within(above)} of {len(above)}, "
+            f"max {max(above, default=0):.1%}"
+        )
     print(f"took {(time.perf_counter() - started) / 60:.1f} min")
     if args.table:
         print_table(rows, [b for b in batches if b != args.anchor])
@@ -321,12 +402,16 @@ def _errors(values: list[float], spec: str) -> str:
 
 def print_table(rows: list[dict], batches: list[int]) -> None:
     names = " / ".join(str(b) for b in batches)
-    print(f"\n| model | fed as | runs per point | spread | analytic error (batch {names}) | measured-basis error "
-          "| replay error | replay range's error |")
+    print(
+        f"\n| model | fed as | runs per point | spread | analytic error (batch {names}) | measured-basis error "
+        "| replay error | replay range's error |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        cells = (" / ".join(_errors(row[key][b], ".0%") for b in batches)
-                 for key in ("analytic", "measured", "replay", "replay range"))
+        cells = (
+            " / ".join(_errors(row[key][b], ".0%") for b in batches)
+            for key in ("analytic", "measured", "replay", "replay range")
+        )
         print(f"| {row['model']} | {row['style']} | {row['repeats']} | {row['spread']:.0%} | {' | '.join(cells)} |")
 
 

@@ -24,38 +24,56 @@ import time
 from _fresh import run_fresh_json
 
 MODELS = {  # name -> (batch, code that builds m, x, y; or m and call(batch), for a model not compiled as the others)
-    "cnn": (1024, """
+    "cnn": (
+        1024,
+        """
         m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu"),
                               keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"),
                               keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])
         x = np.random.rand(2048, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, 2048)
-    """),
-    "mlp": (8192, """
+    """,
+    ),
+    "mlp": (
+        8192,
+        """
         m = keras.Sequential([keras.Input((784,)), keras.layers.Dense(2048, activation="relu"),
                               keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(10)])
         x = np.random.rand(16384, 784).astype("float32"); y = np.random.randint(0, 10, 16384)
-    """),
-    "mobilenetv2": (512, """
+    """,
+    ),
+    "mobilenetv2": (
+        512,
+        """
         m = keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10)
         x = np.random.rand(1024, 64, 64, 3).astype("float32"); y = np.random.randint(0, 10, 1024)
-    """),
-    "lstm": (1024, """
+    """,
+    ),
+    "lstm": (
+        1024,
+        """
         m = keras.Sequential([keras.Input((100, 32)), keras.layers.LSTM(128), keras.layers.Dense(10)])
         x = np.random.rand(2048, 100, 32).astype("float32"); y = np.random.randint(0, 10, 2048)
-    """),
-    "attention": (512, """
+    """,
+    ),
+    "attention": (
+        512,
+        """
         inp = keras.Input((64, 64))
         h = keras.layers.MultiHeadAttention(num_heads=4, key_dim=16)(inp, inp)
         h = keras.layers.Dense(256, activation="relu")(keras.layers.LayerNormalization()(h + inp))
         m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h)))
         x = np.random.rand(1024, 64, 64).astype("float32"); y = np.random.randint(0, 10, 1024)
-    """),
+    """,
+    ),
     # keras-io's DCGAN (benchmarks/custom_step_accuracy.py's, 32x32): a train_step of its own, two Adams not built
     # yet (never fitted: the step the pre-flight saves builds their slots). Only the replay: the line needs a clone
-    "dcgan": (1024, "from custom_step_accuracy import PROGRAMS\n"
-                    "exec(textwrap.dedent(PROGRAMS['dcgan'][0]).replace('data = data.batch(BATCH).take(4)', ''))\n"
-                    "m = gan\ntf.zeros((4, 4)) + 1  # TensorFlow is running\n"
-                    "call = lambda b: gan.fit(data.batch(b).take(2), epochs=1, verbose=0)"),
+    "dcgan": (
+        1024,
+        "from custom_step_accuracy import PROGRAMS\n"
+        "exec(textwrap.dedent(PROGRAMS['dcgan'][0]).replace('data = data.batch(BATCH).take(4)', ''))\n"
+        "m = gan\ntf.zeros((4, 4)) + 1  # TensorFlow is running\n"
+        "call = lambda b: gan.fit(data.batch(b).take(2), epochs=1, verbose=0)",
+    ),
 }
 
 WORKER = """
@@ -113,8 +131,10 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
     started = time.perf_counter()
-    print(f"{'model':<12} {'batch':>5} {'probes':>9} | {'step pred':>9} {'measured':>9} {'error':>6} | "
-          f"{'RSS pred':>9} {'measured':>9} {'error':>6} {'growth':>7} | {'seconds':>7} basis")
+    print(
+        f"{'model':<12} {'batch':>5} {'probes':>9} | {'step pred':>9} {'measured':>9} {'error':>6} | "
+        f"{'RSS pred':>9} {'measured':>9} {'error':>6} {'growth':>7} | {'seconds':>7} basis"
+    )
     errors: dict[str, list[float]] = {}
     growths: dict[str, list[float]] = {}
     for name in args.models.split(","):
@@ -126,15 +146,20 @@ def main() -> None:
             errors.setdefault(r["basis"], []).append(rss_error)
             growths.setdefault(r["basis"], []).append(growth_error)
             mib = 2**20
-            print(f"{name:<12} {MODELS[name][0]:>5} {'/'.join(map(str, r['probes'])):>9} | "
-                  f"{r['step_predicted'] / mib:>8.0f}M {r['step_measured'] / mib:>8.0f}M {step_error:>+6.1%} | "
-                  f"{r['rss_predicted'] / mib:>8.0f}M {r['rss_measured'] / mib:>8.0f}M {rss_error:>+6.1%} "
-                  f"{growth_error:>+7.1%} | {r['seconds']:>7.1f} {r['basis']}", flush=True)
+            print(
+                f"{name:<12} {MODELS[name][0]:>5} {'/'.join(map(str, r['probes'])):>9} | "
+                f"{r['step_predicted'] / mib:>8.0f}M {r['step_measured'] / mib:>8.0f}M {step_error:>+6.1%} | "
+                f"{r['rss_predicted'] / mib:>8.0f}M {r['rss_measured'] / mib:>8.0f}M {rss_error:>+6.1%} "
+                f"{growth_error:>+7.1%} | {r['seconds']:>7.1f} {r['basis']}",
+                flush=True,
+            )
             if r["note"] and r["basis"] != basis:
                 print(f"    the replay was not used: {r['note']}")
     for basis in errors:
-        print(f"{basis}: process peak max |error| {max(abs(e) for e in errors[basis]):.1%}, its growth over the "
-              f"call's start max |error| {max(abs(e) for e in growths[basis]):.1%}")
+        print(
+            f"{basis}: process peak max |error| {max(abs(e) for e in errors[basis]):.1%}, its growth over the "
+            f"call's start max |error| {max(abs(e) for e in growths[basis]):.1%}"
+        )
     print(f"took {time.perf_counter() - started:.0f} s")
 
 

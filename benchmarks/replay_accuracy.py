@@ -27,15 +27,22 @@ from _fresh import KEEP_TRACE, run_fresh
 
 MODELS = {
     "mobilenetv2": ("(64, 64, 3)", "keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10)"),
-    "cnn": ("(64, 64, 3)", """keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
+    "cnn": (
+        "(64, 64, 3)",
+        """keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPool2D(),
-        keras.layers.Flatten(), keras.layers.Dense(10)])"""),
-    "mlp": ("(784,)", """keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
-        keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])"""),
+        keras.layers.Flatten(), keras.layers.Dense(10)])""",
+    ),
+    "mlp": (
+        "(784,)",
+        """keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
+        keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])""",
+    ),
 }
 
 # one process: everything from TensorFlow's first op traced, unpaused; the trace's columns saved for the replay
-WORKER = """
+WORKER = (
+    """
 import pickle, sys
 import numpy as np
 import tfmem_magic
@@ -43,7 +50,9 @@ tfmem_magic.prepare()
 from tfmem_magic.measure import tracer, xplane
 tracer.TRACE_BUDGET_BYTES = 0  # one segment: nothing rotated, nothing lost between segments
 tracer.PLATEAU_S = 1e9  # never paused: graph building's flat stretches are part of the sequence
-""" + KEEP_TRACE + """
+"""
+    + KEEP_TRACE
+    + """
 import tensorflow as tf
 with tfmem_magic.profile(trace_seconds=1200) as p:
     import keras
@@ -62,6 +71,7 @@ out["windows"] = len(p._measurement.tracer.windows)
 out["weight_shapes"] = sorted({{"[" + ",".join(str(d) for d in v.shape) + "]" for v in m.weights}})
 pickle.dump(out, open({path!r}, "wb"))
 """
+)
 
 
 def record(model: str, batch: int, folder: Path) -> dict:
@@ -83,15 +93,25 @@ def replay_at(data: dict, anchor: int, batches: list[int]) -> tuple[object, dict
     from tfmem_magic.analyze.analysis import batch_dimension
     from tfmem_magic.measure.xplane import MemoryEvents
 
-    columns = {k: data[k] for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op",
-                                     "region", "shape", "thread")}
-    events = MemoryEvents(**columns, strings=data["strings"], threads=data["threads"],
-                          allocator=data["allocator"], limit=data["limit"])
+    columns = {
+        k: data[k]
+        for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "region", "shape", "thread")
+    }
+    events = MemoryEvents(
+        **columns, strings=data["strings"], threads=data["threads"], allocator=data["allocator"], limit=data["limit"]
+    )
     check = bfc.self_check(events)
     weights = set(data["weight_shapes"])
     shapes = [events.string(int(i)) for i in events.shape]
-    scaled = np.array([bool(events.is_alloc[i]) and shapes[i] is not None and shapes[i] not in weights
-                       and batch_dimension(shapes[i], anchor) for i in range(len(events))])
+    scaled = np.array(
+        [
+            bool(events.is_alloc[i])
+            and shapes[i] is not None
+            and shapes[i] not in weights
+            and batch_dimension(shapes[i], anchor)
+            for i in range(len(events))
+        ]
+    )
     requested = np.array(check.prepared.requested, dtype=np.int64)
     out = {}
     for batch in batches:
@@ -114,17 +134,39 @@ def probe_lines(low: dict, high: dict, b_low: int, b_high: int) -> tuple[object,
     from tfmem_magic.measure.xplane import MemoryEvents
 
     def events_of(data: dict) -> MemoryEvents:
-        columns = {k: data[k] for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op",
-                                         "region", "shape", "thread")}
-        return MemoryEvents(**columns, strings=data["strings"], threads=data["threads"],
-                            allocator=data["allocator"], limit=data["limit"])
+        columns = {
+            k: data[k]
+            for k in (
+                "t_ps",
+                "is_alloc",
+                "live",
+                "requested",
+                "chunk",
+                "addr",
+                "dtype",
+                "op",
+                "region",
+                "shape",
+                "thread",
+            )
+        }
+        return MemoryEvents(
+            **columns,
+            strings=data["strings"],
+            threads=data["threads"],
+            allocator=data["allocator"],
+            limit=data["limit"],
+        )
 
     def keyed(ev: MemoryEvents) -> dict[tuple, list[int]]:
         out: dict[tuple, list[int]] = {}
         for i in np.nonzero(ev.is_alloc)[0]:
             shape = ev.string(int(ev.shape[i])) or ""
-            key = (ev.string(int(ev.op[i])) if ev.op[i] >= 0 else None, int(ev.dtype[i]), shape.count(",")
-                   if shape else -1)
+            key = (
+                ev.string(int(ev.op[i])) if ev.op[i] >= 0 else None,
+                int(ev.dtype[i]),
+                shape.count(",") if shape else -1,
+            )
             out.setdefault(key, []).append(int(i))
         return out
 
@@ -153,8 +195,11 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--anchor", type=int, default=32)
     parser.add_argument("--batches", default="8,16,64")
-    parser.add_argument("--probes", default="23,37",
-                        help="two odd probe batches for the per-allocation lines (empty: shape scaling only)")
+    parser.add_argument(
+        "--probes",
+        default="23,37",
+        help="two odd probe batches for the per-allocation lines (empty: shape scaling only)",
+    )
     args = parser.parse_args()
     probes = [int(b) for b in args.probes.split(",")] if args.probes else []
     batches = [int(b) for b in args.batches.split(",")]
@@ -165,8 +210,11 @@ def main() -> None:
     for model in args.models.split(","):
         cell = record(model, args.anchor, folder)
         check, predicted = replay_at(cell, args.anchor, batches)
-        print(f"{model}: {check.events} events in {cell['windows']} window(s); self-check at batch {args.anchor}: "
-              f"{check.events_exact}/{check.events} events exact, peak {check.peak_error:+.2%}", flush=True)
+        print(
+            f"{model}: {check.events} events in {cell['windows']} window(s); self-check at batch {args.anchor}: "
+            f"{check.events_exact}/{check.events} events exact, peak {check.peak_error:+.2%}",
+            flush=True,
+        )
         lined = None
         if probes:
             low, high = (record(model, b, folder) for b in probes)
@@ -182,11 +230,21 @@ def main() -> None:
                 line_error = (from_probes - real) / real
                 probe_errors.append(abs(line_error))
                 line = f"; from probes {probes}: {from_probes / 2**20:8.1f} MiB, {line_error:+6.1%}"
-            print(f"  batch {batch:>4}: real {real / 2**20:8.1f} MiB, shape-scaled {peak / 2**20:8.1f} MiB, "
-                  f"{error:+6.1%} ({seconds:.2f} s){line}", flush=True)
-    print(json.dumps({"max_abs_error": round(max(errors), 4), "points": len(errors),
-                      "probes_max_abs_error": round(max(probe_errors), 4) if probe_errors else None,
-                      "minutes": round((time.perf_counter() - began) / 60, 1)}))
+            print(
+                f"  batch {batch:>4}: real {real / 2**20:8.1f} MiB, shape-scaled {peak / 2**20:8.1f} MiB, "
+                f"{error:+6.1%} ({seconds:.2f} s){line}",
+                flush=True,
+            )
+    print(
+        json.dumps(
+            {
+                "max_abs_error": round(max(errors), 4),
+                "points": len(errors),
+                "probes_max_abs_error": round(max(probe_errors), 4) if probe_errors else None,
+                "minutes": round((time.perf_counter() - began) / 60, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,18 @@ from _fresh import fresh_env
 MiB = 2**20
 
 MODELS = {
-    "mlp": ('keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"), '
-            'keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)], name="mlp")', (256,)),
-    "cnn": ('keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"), '
-            'keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(), '
-            'keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)], '
-            'name="cnn")', (32, 32, 3)),
+    "mlp": (
+        'keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"), '
+        'keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)], name="mlp")',
+        (256,),
+    ),
+    "cnn": (
+        'keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"), '
+        'keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(), '
+        'keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)], '
+        'name="cnn")',
+        (32, 32, 3),
+    ),
 }
 
 # One process: the user's `fit` cell without a strategy (mode "fit": the report and the predictions), or one
@@ -89,8 +95,16 @@ def free_port() -> int:
 def run(script: Path, specs: list[dict], timeout: float = 240) -> list[dict]:
     """Start one process per spec (together: MWMS workers wait for each other) and collect their RESULT lines."""
     env = fresh_env()
-    procs = [subprocess.Popen([sys.executable, str(script), json.dumps(s)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for s in specs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), json.dumps(s)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in specs
+    ]
     results = []
     deadline = time.monotonic() + timeout
     for proc in procs:
@@ -100,12 +114,13 @@ def run(script: Path, specs: list[dict], timeout: float = 240) -> list[dict]:
             for p in procs:
                 p.kill()
             errs = [p.communicate()[1][-1500:] for p in procs]
-            raise SystemExit(f"a process did not finish in time ({specs[procs.index(proc)]['mode']}):\n"
-                             + "\n---\n".join(errs)) from None
+            raise SystemExit(
+                f"a process did not finish in time ({specs[procs.index(proc)]['mode']}):\n" + "\n---\n".join(errs)
+            ) from None
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"a process failed (exit {proc.returncode}):\n{err[-3000:]}")
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
     return results
 
 
@@ -126,17 +141,31 @@ def check(model: str, batch: int, replicas: list[int], calibrate: bool = True, s
             peaks = [w["peak"] for w in workers]
             if None in peaks:
                 raise SystemExit(f"a worker measured no TensorFlow peak: {workers}")
-            say(f"  {n} workers: measured " + ", ".join(f"{p / MiB:.1f}" for p in peaks) + " MiB each; each "
-                "worker's own report, asked for one process at the global batch: " + ", ".join(
-                    f"{w['as_one'] / MiB:.1f} ({w['as_one'] / fit['peak'] - 1:+.0%})" for w in workers)
-                + f" MiB against the cell's {fit['peak'] / MiB:.1f}")
+            say(
+                f"  {n} workers: measured " + ", ".join(f"{p / MiB:.1f}" for p in peaks) + " MiB each; each "
+                "worker's own report, asked for one process at the global batch: "
+                + ", ".join(f"{w['as_one'] / MiB:.1f} ({w['as_one'] / fit['peak'] - 1:+.0%})" for w in workers)
+                + f" MiB against the cell's {fit['peak'] / MiB:.1f}"
+            )
             for basis in ("predicted", "calibrated") if calibrate else ("predicted",):
                 predicted = fit[basis][str(n)]
                 errors = [predicted / p - 1 for p in peaks]
-                rows.append({"model": model, "replicas": n, "basis": basis, "predicted": predicted,
-                             "measured": peaks, "errors": errors, "cell": fit["peak"], "workers": workers})
-                say(f"    {'analytic' if basis == 'predicted' else 'calibrated':>10}: predicted "
-                    f"{predicted / MiB:6.1f} MiB per replica; error " + ", ".join(f"{e:+.0%}" for e in errors))
+                rows.append(
+                    {
+                        "model": model,
+                        "replicas": n,
+                        "basis": basis,
+                        "predicted": predicted,
+                        "measured": peaks,
+                        "errors": errors,
+                        "cell": fit["peak"],
+                        "workers": workers,
+                    }
+                )
+                say(
+                    f"    {'analytic' if basis == 'predicted' else 'calibrated':>10}: predicted "
+                    f"{predicted / MiB:6.1f} MiB per replica; error " + ", ".join(f"{e:+.0%}" for e in errors)
+                )
     return rows
 
 
@@ -149,7 +178,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows = []
-    for model in (MODELS if args.model == "both" else [args.model]):
+    for model in MODELS if args.model == "both" else [args.model]:
         rows += check(model, args.batch, args.replicas, calibrate=not args.no_calibrate)
     worst = max(abs(e) for r in rows for e in r["errors"])
     print(f"\nlargest error over {len(rows)} predictions: {worst:.0%}")

@@ -62,8 +62,13 @@ def run_worker(serve: bool, seconds: float, capture_at: float | None) -> tuple[l
     script.close()
     port = free_port() if serve else 0
     env = fresh_env()
-    proc = subprocess.Popen([sys.executable, script.name, str(port), str(seconds)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, script.name, str(port), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     window = (0.0, 0.0)
     try:
         assert proc.stdout is not None
@@ -73,8 +78,12 @@ def run_worker(serve: bool, seconds: float, capture_at: float | None) -> tuple[l
         if capture_at is not None:
             time.sleep(capture_at)
             start = time.time()
-            subprocess.run([sys.executable, "-m", "tfmem_magic", "capture", f"127.0.0.1:{port}", "--seconds", "2"],
-                           capture_output=True, timeout=300, env=env)
+            subprocess.run(
+                [sys.executable, "-m", "tfmem_magic", "capture", f"127.0.0.1:{port}", "--seconds", "2"],
+                capture_output=True,
+                timeout=300,
+                env=env,
+            )
             window = (start, time.time())
         out = proc.stdout.read()
     finally:
@@ -97,9 +106,11 @@ def main() -> None:
     base = median_step(plain)
     idle = median_step(served, lambda t: not window[0] - 1 <= t <= window[1] + 1)
     during = median_step(served, lambda t: window[0] <= t <= window[1])
-    print(f"median step: no server {base * 1000:.2f} ms · server idle {idle * 1000:.2f} ms ({idle / base:.2f}x) · "
-          f"during a capture {during * 1000:.2f} ms ({during / base:.2f}x; the capture and its export took "
-          f"{window[1] - window[0]:.1f} s)")
+    print(
+        f"median step: no server {base * 1000:.2f} ms · server idle {idle * 1000:.2f} ms ({idle / base:.2f}x) · "
+        f"during a capture {during * 1000:.2f} ms ({during / base:.2f}x; the capture and its export took "
+        f"{window[1] - window[0]:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ import test_kernel_faults as faults  # noqa: E402  the tests' real-kernel driver
 GIVE_UP_S = 8.0
 # the user's code says when it ends (before tfmem's own work at the cell's end): a press is lost when that takes
 # longer than GIVE_UP_S
-CELL = (f"print({faults.STARTED!r}, flush=True)\ntry:\n"
-        "    model.fit(x, y, epochs=1000, batch_size=32, verbose=0)\nfinally:\n    print('ENDED', flush=True)")
+CELL = (
+    f"print({faults.STARTED!r}, flush=True)\ntry:\n"
+    "    model.fit(x, y, epochs=1000, batch_size=32, verbose=0)\nfinally:\n    print('ENDED', flush=True)"
+)
 
 
 def press(kernel: faults.Kernel, code: str, offset: float) -> dict:
@@ -74,8 +76,11 @@ def run(modes: list[str], presses: int) -> dict[str, dict[str, int]]:
                     seen["error output"] += 1
                 else:
                     seen["text only"] += 1
-                print(f"{mode:>6} press {i + 1:>2} at +{offset:4.2f} s: presses {cell['presses']}, error "
-                      f"{cell['error']}, {time.time() - began:5.1f} s", flush=True)
+                print(
+                    f"{mode:>6} press {i + 1:>2} at +{offset:4.2f} s: presses {cell['presses']}, error "
+                    f"{cell['error']}, {time.time() - began:5.1f} s",
+                    flush=True,
+                )
     finally:
         kernel.close()
     return counts
@@ -88,8 +93,10 @@ def main() -> None:
     args = parser.parse_args()
     began = time.time()
     counts = run(args.modes.split(","), args.presses)
-    print(f"\n{'':>6} {'error output':>13} {'text only':>10} {'lost':>5}   ({args.presses} presses each, "
-          f"{time.time() - began:.0f} s)")
+    print(
+        f"\n{'':>6} {'error output':>13} {'text only':>10} {'lost':>5}   ({args.presses} presses each, "
+        f"{time.time() - began:.0f} s)"
+    )
     for mode, seen in counts.items():
         print(f"{mode:>6} {seen['error output']:>13} {seen['text only']:>10} {seen['lost']:>5}")
 

@@ -58,8 +58,10 @@ def every_report_matches_the_shipped_schema(monkeypatch):
 
     def checked(report):
         for error in validator.iter_errors(report.to_dict()):
-            wrong.append(f"report {report.number} ({report.label or 'no label'}): {'/'.join(map(str, error.path))}: "
-                         f"{error.message[:300]}")
+            wrong.append(
+                f"report {report.number} ({report.label or 'no label'}): {'/'.join(map(str, error.path))}: "
+                f"{error.message[:300]}"
+            )
         publish(report)
 
     monkeypatch.setattr(SESSION, "publish", checked)

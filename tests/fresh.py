@@ -44,8 +44,9 @@ def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     `prepare()` sets them."""
     full_env = fresh_env()
     full_env.update(env or {})
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         env=full_env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

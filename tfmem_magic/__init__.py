@@ -21,8 +21,13 @@ from typing import Any
 
 from tfmem_magic._version import __version__
 from tfmem_magic.advise.prediction import WhatIf
-from tfmem_magic.core.errors import (MemoryGrowthWarning, MemoryLimitExceeded, PreflightRefused, TfmemError,
-                                    TfmemUsageError)
+from tfmem_magic.core.errors import (
+    MemoryGrowthWarning,
+    MemoryLimitExceeded,
+    PreflightRefused,
+    TfmemError,
+    TfmemUsageError,
+)
 from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure.environment import AllocatorSetup
@@ -34,17 +39,40 @@ from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard
 
 __all__ = [
-    "__version__", "AllocatorSetup", "MIME_TYPE", "MemoryGrowthWarning", "MemoryLimitExceeded", "Options",
-    "PreflightRefused", "Profiler", "Report", "SCHEMA", "analyze_xplane", "capture", "serve",
-    "TfmemError", "TfmemUsageError", "format_bytes", "free", "last_report", "load_ipython_extension", "mime_bundle",
-    "parse_size", "WhatIf", "largest_batch", "predict",
-    "prepare", "profile", "render_html", "render_text", "to_tensorboard",
+    "__version__",
+    "AllocatorSetup",
+    "MIME_TYPE",
+    "MemoryGrowthWarning",
+    "MemoryLimitExceeded",
+    "Options",
+    "PreflightRefused",
+    "Profiler",
+    "Report",
+    "SCHEMA",
+    "analyze_xplane",
+    "capture",
+    "serve",
+    "TfmemError",
+    "TfmemUsageError",
+    "format_bytes",
+    "free",
+    "last_report",
+    "load_ipython_extension",
+    "mime_bundle",
+    "parse_size",
+    "WhatIf",
+    "largest_batch",
+    "predict",
+    "prepare",
+    "profile",
+    "render_html",
+    "render_text",
+    "to_tensorboard",
     "unload_ipython_extension",
 ]
 
 
-def largest_batch(report: Report, budget: int | str | None = None, calibrate: bool = False,
-                  **knobs: Any) -> int | None:
+def largest_batch(report: Report, budget: int | str | None = None, calibrate: bool = False, **knobs: Any) -> int | None:
     """The largest batch (as people type it: 152, not 159) whose predicted peak, upper end of its error band
     included, fits `budget`: the memory the cell may use in all, in bytes or as "16GB" / "1.5GiB" (the process's on
     a CPU, less what the cell grew by besides TensorFlow's allocator, a peak above the cell's judged with +40%; the
@@ -60,9 +88,16 @@ def largest_batch(report: Report, budget: int | str | None = None, calibrate: bo
     return largest_fitting_batch(report, total, **knobs)
 
 
-def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
-            accumulation_steps: int = 1, input_scale: float = 1.0, calibrate: bool = False,
-            replicas: int | None = None) -> WhatIf:
+def predict(
+    report: Report,
+    batch_size: int | None = None,
+    policy: str | None = None,
+    optimizer: str | None = None,
+    accumulation_steps: int = 1,
+    input_scale: float = 1.0,
+    calibrate: bool = False,
+    replicas: int | None = None,
+) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs, without running it: `peak_bytes`,
     its `basis`, `error_band`, `split` by part, whether it `fits` the report's budget and the `largest_batch` that
     does. `batch_size` is the batch the model learns from (the global one with `replicas=n`, a data-parallel
@@ -73,8 +108,15 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
 
     if calibrate:
         _calibrate(report)
-    return prediction.predict(report, batch_size=batch_size, policy=policy, optimizer=optimizer,
-                              accumulation_steps=accumulation_steps, input_scale=input_scale, replicas=replicas)
+    return prediction.predict(
+        report,
+        batch_size=batch_size,
+        policy=policy,
+        optimizer=optimizer,
+        accumulation_steps=accumulation_steps,
+        input_scale=input_scale,
+        replicas=replicas,
+    )
 
 
 def _calibrate(report: Report) -> None:

@@ -121,11 +121,15 @@ class Profiler:
             self._analyse_and_advise(report, measured)
             self._calibrate(report)
         except KeyboardInterrupt:  # Ctrl-C while we analyse: the user's code is done; skip our remaining work
-            report.notes.append("Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
-                                "the memory figures above are complete.")
+            report.notes.append(
+                "Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
+                "the memory figures above are complete."
+            )
         except Exception as err:  # our bug must never hide the user's result or exception
-            report.notes.append(f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
-                                "the numbers above are still valid. Please report it.")
+            report.notes.append(
+                f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
+                "the numbers above are still valid. Please report it."
+            )
         self.report = report
         if self.options.publish:
             SESSION.publish(report)
@@ -138,13 +142,17 @@ class Profiler:
         report.notes.extend(checks.notes)
         loop = _unchecked_loop(measured) if not checks.results else ""
         if loop:
-            watched = ("only the guard watched it, at each RSS sample, and it cannot stop a step inside "
-                       "TensorFlow's C++ call" if measured.guard is not None else "nothing watched it")
+            watched = (
+                "only the guard watched it, at each RSS sample, and it cannot stop a step inside TensorFlow's C++ call"
+                if measured.guard is not None
+                else "nothing watched it"
+            )
             report.notes.append(
                 "The pre-flight checks fit(), evaluate(), predict() and their *_on_batch calls before their first "
                 f"step; this cell trained in a loop of its own ({loop}, outside fit), which it cannot run ahead of "
                 f"time: {watched}. Run the "
-                "loop's first steps at a small batch under %%tfmem, then use the what-if's largest batch that fits.")
+                "loop's first steps at a small batch under %%tfmem, then use the what-if's largest batch that fits."
+            )
         if not checks.results:
             return
         info = report.preflight = checks.results[-1]
@@ -154,7 +162,8 @@ class Profiler:
             report.notes.append(
                 f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted "
                 f"~{format_bytes(info.predicted_rss_bytes)} for the process ({preflight.band_words(info)}) against "
-                f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}.")
+                f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}."
+            )
 
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:
         use = build.add_analysis(report, m)
@@ -192,16 +201,22 @@ class Profiler:
         else:
             asked = "--calibrate" if self.options.calibrate else "%tfmem calibrate on"
         if SESSION.measuring:  # a block inside a measured cell: its probes would be counted in the outer one
-            report.notes.append(f"Calibration ({asked}) did not run: this block is inside another measurement, "
-                                "which its probe processes would be counted in; the what-if stays analytic.")
+            report.notes.append(
+                f"Calibration ({asked}) did not run: this block is inside another measurement, "
+                "which its probe processes would be counted in; the what-if stays analytic."
+            )
             return
         if report.status not in ("ok", "oom"):
-            report.notes.append(f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
-                                "step was not measured; the what-if stays analytic.")
+            report.notes.append(
+                f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
+                "step was not measured; the what-if stays analytic."
+            )
             return
         if prediction.anchored_on_preflight(report.whatif_basis):
-            report.notes.append(f"Calibration ({asked}) did not run: the what-if stands on the pre-flight's replay "
-                                "of the call it refused already (nothing of the call ran to anchor probes on).")
+            report.notes.append(
+                f"Calibration ({asked}) did not run: the what-if stands on the pre-flight's replay "
+                "of the call it refused already (nothing of the call ran to anchor probes on)."
+            )
             return
         said = f"; {asked}" if mode == "auto" else ""
         print(f"tfmem: calibrating the what-if (probe processes replay the step{said})...", flush=True)
@@ -215,14 +230,20 @@ class Profiler:
             report.notes.append(f"Calibration ({asked}) was stopped: the what-if stays analytic.")
             return
         except Exception as exc:  # our bug must not cost the cell its report
-            report.notes.append(f"Calibration ({asked}) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
-                                "what-if stays analytic. Please report it.")
+            report.notes.append(
+                f"Calibration ({asked}) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
+                "what-if stays analytic. Please report it."
+            )
             return
         took = time.perf_counter() - started
         replay = basis.replay
-        how = ("the step replay" if basis.name == "replay" else
-               f"the probes' parts (the step replay could not be used: {replay.why_not})" if replay is not None
-               else "the probes' parts")
+        how = (
+            "the step replay"
+            if basis.name == "replay"
+            else f"the probes' parts (the step replay could not be used: {replay.why_not})"
+            if replay is not None
+            else "the probes' parts"
+        )
         report.notes.append(f"Calibrated as the cell ended ({asked}, {took:.0f} s): the what-if stands on {how}.")
 
     def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
@@ -241,8 +262,9 @@ class Profiler:
             arrays = {}
             for a in use.training_arrays:  # "" for an expression; None for several arrays (a dict of inputs)
                 arrays[a.role] = None if a.role in arrays else (public.get(a.id) or private.get(a.id) or "")
-        return fixes.FixContext(source=self.options.source, model_name=model_name, array_names=arrays,
-                                number=report.number)
+        return fixes.FixContext(
+            source=self.options.source, model_name=model_name, array_names=arrays, number=report.number
+        )
 
     def _remember_run(self, report: Report, m: Measured) -> list[diagnose.RunSummary]:
         """Record this run under its cell key; returns the earlier runs of the same cell."""
@@ -277,8 +299,13 @@ def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) 
         try:
             rows.append(cluster.WorkerRow(part.worker, analyze_xplane(part.path, label=part.worker)))
         except TfmemUsageError as exc:  # a trace without memory events: the worker's allocator was not set up
-            rows.append(cluster.WorkerRow(part.worker, None, f"{exc} (start the worker with "
-                                                             "tfmem_magic.serve(PORT) before TensorFlow's first op)"))
+            rows.append(
+                cluster.WorkerRow(
+                    part.worker,
+                    None,
+                    f"{exc} (start the worker with tfmem_magic.serve(PORT) before TensorFlow's first op)",
+                )
+            )
     return cluster.cluster_view(rows)
 
 
@@ -290,16 +317,19 @@ def cluster_from(folder: Any) -> Any:
     return cluster.from_directory(folder, read_trace=analyze_xplane)
 
 
-def analyze_xplane(path: Any, device: str | None = None, label: str | None = None,
-                   batch_size: int | None = None) -> Report:
+def analyze_xplane(
+    path: Any, device: str | None = None, label: str | None = None, batch_size: int | None = None
+) -> Report:
     """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
     `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the
     busiest GPU's. Where the trace's own sequence replays, `tfmem_magic.predict(report, batch_size=...)` predicts
     that device's peak at another batch from it (`batch_size`: the batch its step ran, per replica; by default read
     from the tensors' shapes). It is not added to this session's history."""
     if batch_size is not None and batch_size < 1:
-        raise TfmemUsageError(f"batch_size={batch_size}: give the batch one step of the trace's device ran (per "
-                              "replica), 1 or more; or leave it out to read it from the tensors' shapes")
+        raise TfmemUsageError(
+            f"batch_size={batch_size}: give the batch one step of the trace's device ran (per "
+            "replica), 1 or more; or leave it out to read it from the tensors' shapes"
+        )
     report = saved_trace.bare_report(path, device, label, batch_size)
     report.prediction = prediction.summary(report)
     if report.whatif_basis is not None:

@@ -79,19 +79,43 @@ def _serve_lab(base: Path, disabled: list[str] | None = None, app: str = "lab"):
         page_config.parent.mkdir(parents=True)
         page_config.write_text(json.dumps({"disabledExtensions": {name: True for name in disabled}}))
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # kernels: this venv
-           "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "IPYTHONDIR": str(base / "ipython")}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # kernels: this venv
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "IPYTHONDIR": str(base / "ipython"),
+    }
     log = open(base / "lab.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", app, "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         *(["--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={base / 'workspaces'}",
-            f"--LabApp.user_settings_dir={settings}"] if app == "lab" else
-           ["--JupyterNotebookApp.expose_app_in_browser=True",
-            f"--JupyterNotebookApp.user_settings_dir={settings}"])],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            app,
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            *(
+                [
+                    "--LabApp.expose_app_in_browser=True",
+                    f"--LabApp.workspaces_dir={base / 'workspaces'}",
+                    f"--LabApp.user_settings_dir={settings}",
+                ]
+                if app == "lab"
+                else [
+                    "--JupyterNotebookApp.expose_app_in_browser=True",
+                    f"--JupyterNotebookApp.user_settings_dir={settings}",
+                ]
+            ),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     server = Lab(root, f"http://127.0.0.1:{port}", token, process, app)
     deadline = time.time() + 60
     while True:
@@ -118,18 +142,32 @@ def browser():
 
     with sync_playwright() as p:
         chromium = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+            ],
+        )
         yield chromium
         chromium.close()
 
 
 # the test's screenshot -> the docs' image of the same view (README.md and docs/*.md show them)
-DOCS_IMAGES = {"panel-breakdown.png": "panel.png", "panel-timeline.png": "panel-timeline.png",
-               "panel-whatif.png": "panel-whatif.png", "panel-held.png": "panel-held.png",
-               "static-reopened.png": "report.png", "fix-inserted.png": "fixes.png",
-               "before-after.png": "before-after.png"}
+DOCS_IMAGES = {
+    "panel-breakdown.png": "panel.png",
+    "panel-timeline.png": "panel-timeline.png",
+    "panel-whatif.png": "panel-whatif.png",
+    "panel-held.png": "panel-held.png",
+    "static-reopened.png": "report.png",
+    "fix-inserted.png": "fixes.png",
+    "before-after.png": "before-after.png",
+}
 
 
 @pytest.fixture
@@ -160,7 +198,9 @@ def wait_kernel_idle(page, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(
         """() => { const w = window.jupyterapp.shell.currentWidget;
                    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-                   return k && k.status === 'idle'; }""", timeout=timeout_ms)
+                   return k && k.status === 'idle'; }""",
+        timeout=timeout_ms,
+    )
 
 
 def run_cell(page, index: int, timeout_ms: int = 180_000) -> None:
@@ -170,7 +210,8 @@ def run_cell(page, index: int, timeout_ms: int = 180_000) -> None:
     page.keyboard.press("Shift+Enter")
     page.wait_for_function(
         f"window.jupyterapp.shell.currentWidget.content.widgets[{index}].model.executionCount !== null",
-        timeout=timeout_ms)
+        timeout=timeout_ms,
+    )
     wait_kernel_idle(page, timeout_ms)
 
 
@@ -179,8 +220,12 @@ def open_notebook(lab: Lab, page, name: str, cells: list[str]) -> None:
     import nbformat
 
     kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells],
-                                            metadata={"kernelspec": kernelspec}), lab.root / name)
+    nbformat.write(
+        nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell(c) for c in cells], metadata={"kernelspec": kernelspec}
+        ),
+        lab.root / name,
+    )
     page.goto(lab.notebook_url(name))
     page.wait_for_selector(".jp-Notebook .jp-Cell")
     wait_kernel_idle(page)

@@ -10,9 +10,11 @@ from .conftest import open_notebook, run_cell, wait_kernel_idle
 
 CELLS = [
     "%load_ext tfmem_magic",
-    ("import psutil, numpy as np, keras\n"
-     "xtr = np.random.rand(512, 32, 32, 3).astype('float32'); ytr = np.zeros((512, 10), 'float32')\n"
-     "tight = psutil.Process().memory_info().rss // 2**20 + 100  # a small budget: what the process holds + 100 MiB"),
+    (
+        "import psutil, numpy as np, keras\n"
+        "xtr = np.random.rand(512, 32, 32, 3).astype('float32'); ytr = np.zeros((512, 10), 'float32')\n"
+        "tight = psutil.Process().memory_info().rss // 2**20 + 100  # a small budget: what the process holds + 100 MiB"
+    ),
     """%%tfmem --quick --limit {tight}MiB --label over
 net = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
                         keras.layers.Flatten(), keras.layers.Dense(10)])
@@ -23,7 +25,8 @@ net.fit(xtr, ytr, batch_size=512, verbose=0)""",
 
 def cell_sources(page) -> list[str]:
     return page.evaluate(
-        "window.jupyterapp.shell.currentWidget.content.widgets.map(c => c.model.sharedModel.getSource())")
+        "window.jupyterapp.shell.currentWidget.content.widgets.map(c => c.model.sharedModel.getSource())"
+    )
 
 
 def click_fix(page, cell_index: int, fix_id: str) -> None:
@@ -37,7 +40,8 @@ def click_fix(page, cell_index: int, fix_id: str) -> None:
     fix.locator("button.widget-button").click()
     try:
         page.wait_for_function(
-            f"window.jupyterapp.shell.currentWidget.content.widgets.length === {count_before + 1}", timeout=30_000)
+            f"window.jupyterapp.shell.currentWidget.content.widgets.length === {count_before + 1}", timeout=30_000
+        )
     except Exception:
         raise AssertionError(f"no cell inserted; the fix says: {fix.inner_text()[-400:]}") from None
     top = cell_sources(page)[0] != "%load_ext tfmem_magic" and fix_id == "cpu-memory-limit"
@@ -102,13 +106,15 @@ def test_without_the_extension_the_button_names_the_command_that_gives_the_cell(
     assert len(cell_sources(page)) == count  # nothing was inserted, and nothing waits for an answer
     assert fix.locator("button.widget-button").is_enabled()
     # the command it names puts the fix in the next cell (IPython's set_next_input, which every front end knows)
-    page.evaluate(f"window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].model.sharedModel"
-                  f".setSource({json.dumps(command.group(0))})")
+    page.evaluate(
+        f"window.jupyterapp.shell.currentWidget.content.widgets[{count - 1}].model.sharedModel"
+        f".setSource({json.dumps(command.group(0))})"
+    )
     run_cell(page, count - 1)
-    page.wait_for_function(f"window.jupyterapp.shell.currentWidget.content.widgets.length > {count}",
-                           timeout=30_000)
-    assert cell_sources(page)[count].startswith("%%tfmem --before ") and "--fix shrink-batch" in \
-        cell_sources(page)[count]
+    page.wait_for_function(f"window.jupyterapp.shell.currentWidget.content.widgets.length > {count}", timeout=30_000)
+    assert (
+        cell_sources(page)[count].startswith("%%tfmem --before ") and "--fix shrink-batch" in cell_sources(page)[count]
+    )
 
 
 def test_in_jupyter_notebook_7_the_panel_shows_and_the_button_inserts(notebook7, page):

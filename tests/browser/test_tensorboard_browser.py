@@ -33,8 +33,9 @@ def board(tmp_path_factory):
 
     tf.constant(0)
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"),
-                              keras.layers.Dense(10)], name="board_mlp")
+    model = keras.Sequential(
+        [keras.Input((256,)), keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)], name="board_mlp"
+    )
     model.compile("adam", "sparse_categorical_crossentropy")
     x = np.random.default_rng(0).random((512, 256), dtype="float32")
     with tfmem_magic.profile(label="board fit", keep_xspaces=True) as p:
@@ -43,9 +44,24 @@ def board(tmp_path_factory):
     written = tfmem_magic.to_tensorboard(p.report, logdir, p.xspaces)
     port = _free_port()
     log = open(logdir.parent / "tensorboard.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port",
-                                str(port), "--host", "127.0.0.1", "--load_fast", "false"],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--load_fast",
+            "false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     runs: list = []
@@ -60,8 +76,9 @@ def board(tmp_path_factory):
         if not runs:
             if time.time() > deadline or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("TensorBoard did not list the run:\n" +
-                                   (logdir.parent / "tensorboard.log").read_text()[-3000:])
+                raise RuntimeError(
+                    "TensorBoard did not list the run:\n" + (logdir.parent / "tensorboard.log").read_text()[-3000:]
+                )
             time.sleep(0.5)
     yield url, runs[0], p.report, written
     process.send_signal(signal.SIGTERM)

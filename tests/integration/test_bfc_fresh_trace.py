@@ -36,12 +36,21 @@ RECORD = textwrap.dedent("""
 """)
 MODELS = {
     # a few regions, ~3,000 events
-    "cnn": dict(side=16, rows=256, batch=64, model='keras.Sequential([keras.Input((16, 16, 3)), '
-                'keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.Flatten(), keras.layers.Dense(10)])'),
+    "cnn": dict(
+        side=16,
+        rows=256,
+        batch=64,
+        model="keras.Sequential([keras.Input((16, 16, 3)), "
+        'keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.Flatten(), keras.layers.Dense(10)])',
+    ),
     # eight regions, the later ones mmapped at lower addresses than the earlier: its replay parted from TF's
     # placements when the regions' addresses were learnt from a first replay instead of read from the trace
-    "efficientnet": dict(side=96, rows=70, batch=23,
-                         model="keras.applications.EfficientNetB0(input_shape=(96, 96, 3), weights=None, classes=10)"),
+    "efficientnet": dict(
+        side=96,
+        rows=70,
+        batch=23,
+        model="keras.applications.EfficientNetB0(input_shape=(96, 96, 3), weights=None, classes=10)",
+    ),
 }
 
 
@@ -54,8 +63,14 @@ def test_a_fresh_cpu_process_replays_to_the_byte(tmp_path, model):
     from tfmem_magic.measure import xplane
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
-    out = subprocess.run([sys.executable, "-c", RECORD.format(**MODELS[model]), str(tmp_path)], capture_output=True,
-                         text=True, timeout=300, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RECORD.format(**MODELS[model]), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=True,
+    )
     peak = int(out.stdout.split()[-1])
     trace = xplane.read_file(next(tmp_path.glob("**/*.xplane.pb")), "CPU:0")
     assert trace.events.allocator == "bfc_cpu_allocator_for_gpu"

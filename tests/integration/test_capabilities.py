@@ -112,8 +112,10 @@ def test_a_moved_private_api_degrades_its_feature_with_a_note(fresh_checks, monk
     tf.constant(0)
     # as a release that moved them would look to us: the modules, as imported by name, lack the attribute. (Deleting
     # the attribute itself would break TensorFlow, whose own code calls it through the module's globals.)
-    for name in ("tensorflow.python.eager.polymorphic_function.tracing_compilation",
-                 "tensorflow.python.profiler.profiler_v2"):
+    for name in (
+        "tensorflow.python.eager.polymorphic_function.tracing_compilation",
+        "tensorflow.python.profiler.profiler_v2",
+    ):
         stub = types.ModuleType(name)
         monkeypatch.setitem(sys.modules, name, stub)
     monkeypatch.setattr(profiler_package, "profiler_v2", sys.modules["tensorflow.python.profiler.profiler_v2"])
@@ -186,7 +188,7 @@ def test_a_moved_profiler_v2_reads_as_no_session_of_yours_and_the_cell_is_traced
 #   TensorFlow's own code holds in its globals);
 # - hidden(obj, attribute): an attribute TensorFlow's C++ reads by name (`_context_handle`) is hidden from tfmem's
 #   code only.
-_TOOLS = r'''
+_TOOLS = r"""
 import importlib, importlib.machinery, json, os, re, sys, types
 import tfmem_magic
 tfmem_magic.prepare()
@@ -241,13 +243,13 @@ def hidden(obj, attribute):
 
     obj.__dict__[kept] = obj.__dict__.pop(attribute)
     setattr(type(obj), attribute, Hidden())
-'''
+"""
 
 # One model that exercises every Keras-side capability: a MultiHeadAttention (its internal shapes), a custom layer
 # that keeps a custom layer inside itself (the model walk), a metric class of the notebook's own (calibration's
 # custom classes), fed by a tf.data pipeline whose batch is open in its element_spec (.batch().map().prefetch()),
 # then a custom loop whose optimizer.apply() leaves the variables out (Keras 3).
-_CELL = r'''
+_CELL = r"""
 import tensorflow as tf
 tf.profiler.experimental.Trace  # TensorFlow's public API, as its import made it
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
@@ -319,15 +321,18 @@ if K.__name__ == "keras":
     out["loop_optimizer"] = q.report.model.optimizer if q.report.model else None
 out.update(missing=[c.name for c in capabilities.missing()], status_text=status_text())
 print(json.dumps(out))
-'''
+"""
 
 # capability -> (code before TensorFlow is imported, code after, tf_keras)
 _REMOVED = {
     "per-op trace": ("", "without('tensorflow.python.profiler.internal._pywrap_profiler', 'ProfilerSession')", False),
     "layer and phase spans": ("", "without('tensorflow.python.profiler.trace', 'Trace')", False),
     "trace reader fallback": ("", "without('tensorflow.tsl.profiler.protobuf.xplane_pb2', 'XPlane')", False),
-    "TensorFlow started?": ("", "from tensorflow.python.eager import context\n"
-                                "hidden(context.context(), '_context_handle')", False),
+    "TensorFlow started?": (
+        "",
+        "from tensorflow.python.eager import context\nhidden(context.context(), '_context_handle')",
+        False,
+    ),
     "steps of a tf.data pipeline": ("rename('tensorflow.python.data', '_input_dataset')", "", False),
     "Keras model walk": ("rename('keras', '_flatten_layers')", "", False),
     "attention's internal shapes": ("rename('keras', '_build_shapes_dict')", "", False),

@@ -72,8 +72,13 @@ def workers(tmp_path):
     try:
         for batch in (64, 512):
             port = free_port()
-            proc = subprocess.Popen([sys.executable, str(script), str(port), str(batch), "90"], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, str(script), str(port), str(batch), "90"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             started.append((f"127.0.0.1:{port}", batch, proc))
         assert wait_ready([proc for _, _, proc in started], 120), "a worker died before it was ready"
         yield started
@@ -106,8 +111,21 @@ def test_two_workers_captured_at_once_side_by_side(workers, tmp_path):
 
 def test_the_cli_captures_and_writes_the_table(workers, tmp_path, capsys):
     addresses = ",".join(address for address, _, _ in workers)
-    assert cli.main(["capture", addresses, "--seconds", "1.5", "--logdir", str(tmp_path / "logs"),
-                     "--html", str(tmp_path / "cluster.html")]) == 0
+    assert (
+        cli.main(
+            [
+                "capture",
+                addresses,
+                "--seconds",
+                "1.5",
+                "--logdir",
+                str(tmp_path / "logs"),
+                "--html",
+                str(tmp_path / "cluster.html"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "tfmem cluster · 2 worker(s)" in out and all(a in out for a, _, _ in workers)
     assert "<table>" in (tmp_path / "cluster.html").read_text()
@@ -164,10 +182,24 @@ def mwms_pair(folder, allow_crash_risk=True):
     env = worker_env()
     ports, profilers = [free_port(), free_port()], [free_port(), free_port()]
     logs = [folder / f"worker{i}.err" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), ",".join(map(str, ports)), str(profilers[i]),
-                               str(4096 if i == 1 else 0), "allow" if allow_crash_risk else "refuse"], env=env,
-                              stdout=subprocess.PIPE,
-                              stderr=logs[i].open("w"), text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(i),
+                ",".join(map(str, ports)),
+                str(profilers[i]),
+                str(4096 if i == 1 else 0),
+                "allow" if allow_crash_risk else "refuse",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=logs[i].open("w"),
+            text=True,
+        )
+        for i in range(2)
+    ]
     wait_ready(procs, 180)  # the test says which worker died, with its log
     return [f"127.0.0.1:{p}" for p in profilers], procs, logs
 
@@ -239,8 +271,10 @@ def test_multi_worker_mirrored_workers_are_captured_together_and_the_heavier_one
     # TensorFlow's own bug (docs/capture-safety.md): under load it can crash worker 1 in every pair, which is why
     # serve() refuses such a worker by default (tested above). What the opt-in promises, it did: worker 1 served.
     assert served_anyway, "the opt-in did not start worker 1's profiler server"
-    pytest.skip(f"TensorFlow 2.21 crashed the served MWMS worker in each of 3 pairs (its profiler's heap "
-                f"corruption, docs/capture-safety.md): {crashes}")
+    pytest.skip(
+        f"TensorFlow 2.21 crashed the served MWMS worker in each of 3 pairs (its profiler's heap "
+        f"corruption, docs/capture-safety.md): {crashes}"
+    )
 
 
 def test_the_magic_captures_and_names_bad_addresses(workers, shell, displayed, tmp_path):
@@ -298,16 +332,26 @@ def test_workers_set_up_wrong_are_named_with_the_fix(tmp_path):
     env = worker_env()
     hows = ("no-bfc", "self-profiled", "profiles-cells")
     ports = {how: free_port() for how in hows}
-    procs = {how: subprocess.Popen([sys.executable, str(script), str(ports[how]), how, str(tmp_path / "own")],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for how in hows}
+    procs = {
+        how: subprocess.Popen(
+            [sys.executable, str(script), str(ports[how]), how, str(tmp_path / "own")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for how in hows
+    }
     try:
         assert wait_ready(list(procs.values()), 120), "a worker died before it was ready"
         address = {how: f"127.0.0.1:{ports[how]}" for how in hows}
         # the worker's own cells begin while the capture traces it (its session starts as the request arrives)
         result = {}
-        capturing = threading.Thread(target=lambda: result.update(view=pipeline.capture(
-            list(address.values()), seconds=5.0, logdir=tmp_path / "logs")))
+        capturing = threading.Thread(
+            target=lambda: result.update(
+                view=pipeline.capture(list(address.values()), seconds=5.0, logdir=tmp_path / "logs")
+            )
+        )
         capturing.start()
         time.sleep(2.0)  # a request that reaches the worker after its cells began is refused: a wide margin
         (tmp_path / "own.go").touch()
@@ -431,11 +475,24 @@ def test_a_parameter_server_job_is_captured_server_by_server(tmp_path):
             for index in range(len(cluster[role])):
                 port = free_port()
                 servers[f"127.0.0.1:{port}"] = f"{role}{index}"
-                procs.append(subprocess.Popen([sys.executable, str(script), role, str(index), json.dumps(cluster),
-                                               str(port)], env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.DEVNULL, text=True))
-        procs.append(subprocess.Popen([sys.executable, str(script), "coordinator", "0", json.dumps(cluster), "0"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(script), role, str(index), json.dumps(cluster), str(port)],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+                )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), "coordinator", "0", json.dumps(cluster), "0"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
         # the servers, then the coordinator once its first steps ran
         assert wait_ready(procs, 180), "a process of the job died before it was ready"
         view = pipeline.capture(list(servers), seconds=2.0, logdir=tmp_path / "logs")

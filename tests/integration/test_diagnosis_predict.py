@@ -36,9 +36,13 @@ def headroom(mib: int) -> str:
 
 def fresh_peak(code: str) -> int:
     """The TF peak over baseline of `code` (after SETUP) run under profile() in a fresh Python process."""
-    return run_python("import json, tfmem_magic\ntfmem_magic.prepare()\n" + SETUP
-                      + "\nwith tfmem_magic.profile() as p:\n" + textwrap.indent(code, "    ")
-                      + "\nprint(json.dumps(p.report.tf_peak_bytes))\n")
+    return run_python(
+        "import json, tfmem_magic\ntfmem_magic.prepare()\n"
+        + SETUP
+        + "\nwith tfmem_magic.profile() as p:\n"
+        + textwrap.indent(code, "    ")
+        + "\nprint(json.dumps(p.report.tf_peak_bytes))\n"
+    )
 
 
 def ids(report) -> set[str]:
@@ -132,8 +136,9 @@ def test_predictions_track_a_real_run():
     # process the allocator's regions of earlier tests change the cell's fragmentation: 1.04x to 1.34x seen)
     guess, measured = run_in_fresh_shell(f"SETUP = {SETUP!r}\n" + TRACK)
     # the typical run: one run's peak varies by +-12% here (BFC chunk reuse), so the median of three
-    actual = statistics.median(fresh_peak("m = cnn()\nm.fit(x[:256], y[:256], batch_size=128, verbose=0)")
-                               for _ in range(3))
+    actual = statistics.median(
+        fresh_peak("m = cnn()\nm.fit(x[:256], y[:256], batch_size=128, verbose=0)") for _ in range(3)
+    )
     assert abs(guess - actual) <= 0.5 * actual, (guess, actual)
     # a loose check against a run of the test's own; benchmarks/predict_accuracy.py measures the accuracy
     assert abs(measured - actual) <= 0.3 * actual, (measured, actual)
@@ -158,8 +163,10 @@ def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
     assert finding.fixes[0] == "shrink-batch"
     # %tfmem calibrate auto (the default): a report that names the largest batch that fits calibrates as the cell ends,
     # so the batch the fix and the finding name stands on the step replay
-    assert any(n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits")
-               for n in rep.notes), (rep.notes, [(f.id, f.why) for f in rep.fixes])
+    assert any(
+        n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits")
+        for n in rep.notes
+    ), (rep.notes, [(f.id, f.why) for f in rep.fixes])
     assert rep.whatif_basis.name == "replay", rep.notes
     # judged with the replay's band at or below the cell's peak, with +40% above it (a CPU's process budget:
     # docs/what-if.md, "The budget is the process's")
@@ -174,9 +181,11 @@ def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
 
 
 def test_large_model_and_optimizer_state_fire_on_a_wide_model(tf_shell):
-    source = ("w = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(4096), keras.layers.Dense(4096), "
-              "keras.layers.Dense(1)])\nw.compile('adam', 'mse')\n"
-              "w.fit(np.zeros((64, 2048), 'float32'), np.zeros((64, 1), 'float32'), batch_size=8, verbose=0)")
+    source = (
+        "w = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(4096), keras.layers.Dense(4096), "
+        "keras.layers.Dense(1)])\nw.compile('adam', 'mse')\n"
+        "w.fit(np.zeros((64, 2048), 'float32'), np.zeros((64, 1), 'float32'), batch_size=8, verbose=0)"
+    )
     rep, _ = cell(tf_shell, source, headroom(1200))
     assert rep.status == "ok"
     assert {"large-model", "optimizer-state"} <= ids(rep)
@@ -187,9 +196,11 @@ def test_large_model_and_optimizer_state_fire_on_a_wide_model(tf_shell):
 
 
 def test_in_memory_dataset_fires_on_big_arrays(tf_shell):
-    source = ("big = np.zeros((300_000, 256), 'float32')\nd = keras.Sequential([keras.Input((256,)), "
-              "keras.layers.Dense(1)])\nd.compile('sgd', 'mse')\n"
-              "d.fit(big, big[:, :1], batch_size=4096, epochs=1, verbose=0, steps_per_epoch=2)")
+    source = (
+        "big = np.zeros((300_000, 256), 'float32')\nd = keras.Sequential([keras.Input((256,)), "
+        "keras.layers.Dense(1)])\nd.compile('sgd', 'mse')\n"
+        "d.fit(big, big[:, :1], batch_size=4096, epochs=1, verbose=0, steps_per_epoch=2)"
+    )
     rep, _ = cell(tf_shell, source, "--quick " + headroom(2000))
     (finding,) = [f for f in rep.findings if f.id == "in-memory-dataset"]
     assert finding.fixes == ["tf-data-streaming"] and "300000 samples" in finding.evidence
@@ -221,10 +232,13 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     from tfmem_magic.measure.feeding import LEAF
 
     batch = {"x": {LEAF: [[8], "float32"]}, "y": {LEAF: [[4], "float32"]}}  # what a cell's batches held
-    peaks = calibrate.probe_peaks(model, [16, 64], True, batch, True,
-                                  lambda text, done: heard.append((text, done)))
-    assert [text for text, _ in heard] == ["starting TensorFlow", "building the clone", "probe at batch 16",
-                                           "probe at batch 64"]
+    peaks = calibrate.probe_peaks(model, [16, 64], True, batch, True, lambda text, done: heard.append((text, done)))
+    assert [text for text, _ in heard] == [
+        "starting TensorFlow",
+        "building the clone",
+        "probe at batch 16",
+        "probe at batch 64",
+    ]
     assert [done for _, done in heard] == sorted(done for _, done in heard) and heard[-1][1] < 1
     assert set(peaks) == {16, 64} and peaks[64][1] > peaks[16][1] > 0
     monkeypatch.setattr(calibrate, "TIMEOUT_S", 1)  # TensorFlow alone takes longer to start

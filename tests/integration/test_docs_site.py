@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_docs_site_builds_without_warnings(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert (tmp_path / "index.html").is_file()
     # the README is the site's user's guide, and its links to docs/*.md became links between the site's pages

@@ -110,8 +110,9 @@ def test_the_cpu_bfc_cap_follows_the_machine_unless_the_user_set_it(user_cap):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
     if user_cap:
         env["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = user_cap
-    out = subprocess.run([sys.executable, "-c", BFC_CAP_PROGRAM], capture_output=True, text=True, env=env,
-                         timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", BFC_CAP_PROGRAM], capture_output=True, text=True, env=env, timeout=300
+    ).stdout
     if user_cap:
         assert f"CAP {user_cap}" in out and "ALLOCATED" in out, out
     else:
@@ -124,8 +125,9 @@ def test_leftover_trace_folders_of_dead_processes_are_removed(tmp_path):
 
     from tfmem_magic.measure.tracer import TRACE_DIR_PREFIX, remove_leftovers
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     import os
 
     (tmp_path / f"{TRACE_DIR_PREFIX}{dead}-abc" / "s1").mkdir(parents=True)
@@ -135,7 +137,8 @@ def test_leftover_trace_folders_of_dead_processes_are_removed(tmp_path):
     (tmp_path / "tfmem-unrelated").mkdir()
     assert remove_leftovers(str(tmp_path)) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{TRACE_DIR_PREFIX}{os.getpid()}-mine", f"{TRACE_DIR_PREFIX}{os.getppid()}-alive", "tfmem-unrelated"])
+        [f"{TRACE_DIR_PREFIX}{os.getpid()}-mine", f"{TRACE_DIR_PREFIX}{os.getppid()}-alive", "tfmem-unrelated"]
+    )
 
 
 def test_the_profiler_log_filter_keeps_everything_else_written_to_stderr(capfd):

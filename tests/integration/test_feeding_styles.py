@@ -49,21 +49,29 @@ def check(r):
 
 # name -> (code that builds `model` and its data, the training call, expected (feed, batch, where the batch came from))
 CASES = {
-    "numpy, one-hot labels, validation_split (Sequential)": ("""
+    "numpy, one-hot labels, validation_split (Sequential)": (
+        """
 model = keras.Sequential([keras.Input((32,)), layers.Dense(64, activation="relu"),
                           layers.Dense(5, activation="softmax")])
 model.compile("adam", "categorical_crossentropy")
 x = rng.random((512, 32), dtype="float32"); y = keras.utils.to_categorical(rng.integers(0, 5, 512), 5)
-""", "model.fit(x, y, batch_size=32, validation_split=0.2, epochs=1, verbose=0)",
-        ("arrays", 32, "batch_size argument")),
-    "tf.data cache/batch/map/prefetch/repeat, sparse labels (batch-norm CNN)": ("""
+""",
+        "model.fit(x, y, batch_size=32, validation_split=0.2, epochs=1, verbose=0)",
+        ("arrays", 32, "batch_size argument"),
+    ),
+    "tf.data cache/batch/map/prefetch/repeat, sparse labels (batch-norm CNN)": (
+        """
 inp = keras.Input((32, 32, 3)); h = layers.BatchNormalization()(layers.Conv2D(16, 3)(inp))
 out = layers.Dense(10)(layers.GlobalAveragePooling2D()(layers.ReLU()(h)))
 model = keras.Model(inp, out); model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 ds = tf.data.Dataset.from_tensor_slices((rng.random((256, 32, 32, 3), dtype="float32"), rng.integers(0, 10, 256)))
 ds = ds.cache().batch(32).map(lambda a, b: (a * 2.0, b)).prefetch(tf.data.AUTOTUNE).repeat()
-""", "model.fit(ds, steps_per_epoch=6, epochs=1, verbose=0)", ("dataset", 32, "the dataset's .batch()")),
-    "generator, sparse labels (subclassed with get_config)": ("""
+""",
+        "model.fit(ds, steps_per_epoch=6, epochs=1, verbose=0)",
+        ("dataset", 32, "the dataset's .batch()"),
+    ),
+    "generator, sparse labels (subclassed with get_config)": (
+        """
 @keras.saving.register_keras_serializable("styles")
 class Net(keras.Model):
     def __init__(self, units=32, **kwargs):
@@ -77,8 +85,12 @@ model = Net(); model.compile("adam", keras.losses.SparseCategoricalCrossentropy(
 def batches():
     for _ in range(8):
         yield rng.random((24, 12), dtype="float32"), rng.integers(0, 3, 24)
-""", "model.fit(batches(), epochs=1, verbose=0)", ("generator", 24, "the generator's first batch")),
-    "PyDataset, one-hot labels (unregistered custom layer)": ("""
+""",
+        "model.fit(batches(), epochs=1, verbose=0)",
+        ("generator", 24, "the generator's first batch"),
+    ),
+    "PyDataset, one-hot labels (unregistered custom layer)": (
+        """
 class Scale(layers.Layer):
     def __init__(self, factor):
         super().__init__()
@@ -93,8 +105,12 @@ class Batches(keras.utils.PyDataset):
 model = keras.Sequential([keras.Input((20,)), Scale(2.0), layers.Dense(32, activation="relu"),
                           layers.Dense(4, activation="softmax")])
 model.compile("adam", "categorical_crossentropy")
-""", "model.fit(Batches(), epochs=1, verbose=0)", ("pydataset", 16, "the PyDataset's first batch")),
-    "numpy dict inputs, two named outputs, sample weights per output": ("""
+""",
+        "model.fit(Batches(), epochs=1, verbose=0)",
+        ("pydataset", 16, "the PyDataset's first batch"),
+    ),
+    "numpy dict inputs, two named outputs, sample weights per output": (
+        """
 age, city = keras.Input((8,), name="age"), keras.Input((1,), name="city", dtype="int64")
 h = layers.Dense(32, activation="relu")(layers.Concatenate()([age, layers.Flatten()(layers.Embedding(50, 4)(city))]))
 model = keras.Model({"age": age, "city": city}, {"price": layers.Dense(1, name="price")(h),
@@ -103,8 +119,12 @@ model.compile("adam", loss={"price": "mse", "kind": keras.losses.SparseCategoric
 x = {"age": rng.random((300, 8), dtype="float32"), "city": rng.integers(0, 50, (300, 1))}
 y = {"price": rng.random((300, 1), dtype="float32"), "kind": rng.integers(0, 3, 300)}
 w = {"price": np.ones(300, "float32"), "kind": np.ones(300, "float32")}
-""", "model.fit(x, y, sample_weight=w, batch_size=32, epochs=1, verbose=0)", ("arrays", 32, "batch_size argument")),
-    "tf.data of (dict features, targets, sample weights)": ("""
+""",
+        "model.fit(x, y, sample_weight=w, batch_size=32, epochs=1, verbose=0)",
+        ("arrays", 32, "batch_size argument"),
+    ),
+    "tf.data of (dict features, targets, sample weights)": (
+        """
 age, size = keras.Input((8,), name="age"), keras.Input((4,), name="size")
 # wide enough that its step is megabytes, not the ~50 KB whose allocator noise (+-20 KB) the two bases saw in CI
 out = layers.Dense(1)(layers.Dense(2048, activation="relu")(layers.Concatenate()([age, size])))
@@ -112,35 +132,55 @@ model = keras.Model({"age": age, "size": size}, out); model.compile("adam", "mse
 ds = tf.data.Dataset.from_tensor_slices(({"age": rng.random((200, 8), dtype="float32"),
                                           "size": rng.random((200, 4), dtype="float32")},
                                          rng.random((200, 1), dtype="float32"), np.ones(200, "float32"))).batch(20)
-""", "model.fit(ds, epochs=1, verbose=0)", ("dataset", 20, "the dataset's .batch()")),
-    "numpy list of two inputs (a shared layer: siamese)": ("""
+""",
+        "model.fit(ds, epochs=1, verbose=0)",
+        ("dataset", 20, "the dataset's .batch()"),
+    ),
+    "numpy list of two inputs (a shared layer: siamese)": (
+        """
 shared = layers.Dense(32, activation="relu", name="shared")
 a, b = keras.Input((16,)), keras.Input((16,))
 model = keras.Model([a, b], layers.Dense(1, activation="sigmoid")(layers.Subtract()([shared(a), shared(b)])))
 model.compile("adam", "binary_crossentropy")
 x = [rng.random((256, 16), dtype="float32"), rng.random((256, 16), dtype="float32")]
 y = rng.integers(0, 2, (256, 1)).astype("float32")
-""", "model.fit(x, y, batch_size=32, epochs=1, verbose=0)", ("arrays", 32, "batch_size argument")),
-    "tf.data of variable-length token ids (Embedding + bidirectional LSTM)": ("""
+""",
+        "model.fit(x, y, batch_size=32, epochs=1, verbose=0)",
+        ("arrays", 32, "batch_size argument"),
+    ),
+    "tf.data of variable-length token ids (Embedding + bidirectional LSTM)": (
+        """
 inp = keras.Input((None,), dtype="int64")
 h = layers.Bidirectional(layers.LSTM(16))(layers.Embedding(2000, 32)(inp))
 model = keras.Model(inp, layers.Dense(1, activation="sigmoid")(h)); model.compile("adam", "binary_crossentropy")
 ds = tf.data.Dataset.from_tensor_slices((rng.integers(0, 2000, (256, 80)), rng.integers(0, 2, 256)))
 ds = ds.batch(32).prefetch(2)
-""", "model.fit(ds, epochs=1, verbose=0)", ("dataset", 32, "the dataset's .batch()")),
-    "numpy, a transformer block (attention)": ("""
+""",
+        "model.fit(ds, epochs=1, verbose=0)",
+        ("dataset", 32, "the dataset's .batch()"),
+    ),
+    "numpy, a transformer block (attention)": (
+        """
 inp = keras.Input((24, 32)); h = layers.LayerNormalization()(layers.MultiHeadAttention(2, 16)(inp, inp) + inp)
 h = layers.LayerNormalization()(h + layers.Dense(32)(layers.Dense(64, activation="relu")(h)))
 model = keras.Model(inp, layers.Dense(2)(layers.GlobalAveragePooling1D()(h)))
 model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x, y = rng.random((256, 24, 32), dtype="float32"), rng.integers(0, 2, 256)
-""", "model.fit(x, y, batch_size=32, epochs=1, verbose=0)", ("arrays", 32, "batch_size argument")),
-    "tf.data, keras.applications MobileNetV3Small (weights=None)": ("""
+""",
+        "model.fit(x, y, batch_size=32, epochs=1, verbose=0)",
+        ("arrays", 32, "batch_size argument"),
+    ),
+    "tf.data, keras.applications MobileNetV3Small (weights=None)": (
+        """
 model = keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3), classes=5)
 model.compile("adam", "sparse_categorical_crossentropy")
 ds = tf.data.Dataset.from_tensor_slices((rng.random((64, 32, 32, 3), dtype="float32"), rng.integers(0, 5, 64))).batch(8)
-""", "model.fit(ds, epochs=1, verbose=0)", ("dataset", 8, "the dataset's .batch()")),
-    "numpy, a subclassed model without get_config (Keras rebuilds it)": ("""
+""",
+        "model.fit(ds, epochs=1, verbose=0)",
+        ("dataset", 8, "the dataset's .batch()"),
+    ),
+    "numpy, a subclassed model without get_config (Keras rebuilds it)": (
+        """
 class Plain(keras.Model):
     def __init__(self):
         super().__init__()
@@ -149,8 +189,12 @@ class Plain(keras.Model):
         return self.dense(x)
 model = Plain(); model.compile("adam", "mse")
 x, y = rng.random((128, 6), dtype="float32"), rng.random((128, 4), dtype="float32")
-""", "model.fit(x, y, batch_size=16, epochs=1, verbose=0)", ("arrays", 16, "batch_size argument")),
-    "numpy, a subclassed model that cannot be rebuilt": ("""
+""",
+        "model.fit(x, y, batch_size=16, epochs=1, verbose=0)",
+        ("arrays", 16, "batch_size argument"),
+    ),
+    "numpy, a subclassed model that cannot be rebuilt": (
+        """
 class Needs(keras.Model):
     def __init__(self, units):
         super().__init__()
@@ -159,7 +203,10 @@ class Needs(keras.Model):
         return self.dense(x)
 model = Needs(4); model.compile("adam", "mse")
 x, y = rng.random((128, 6), dtype="float32"), rng.random((128, 4), dtype="float32")
-""", "model.fit(x, y, batch_size=16, epochs=1, verbose=0)", ("arrays", 16, "batch_size argument")),
+""",
+        "model.fit(x, y, batch_size=16, epochs=1, verbose=0)",
+        ("arrays", 16, "batch_size argument"),
+    ),
 }
 NOT_CLONABLE = {"numpy, a subclassed model that cannot be rebuilt"}
 RECURRENT = {"tf.data of variable-length token ids (Embedding + bidirectional LSTM)"}
@@ -193,12 +240,15 @@ def _run(group: list[str], folder) -> dict[str, dict]:
     cells = [nbformat.v4.new_code_cell(SETUP)]
     for case in group:
         build, train, _ = CASES[case]
-        cells += [nbformat.v4.new_code_cell(textwrap.dedent(build)),
-                  nbformat.v4.new_code_cell(f"%%tfmem --as r\n{train}"),
-                  nbformat.v4.new_code_cell("check(r)")]
+        cells += [
+            nbformat.v4.new_code_cell(textwrap.dedent(build)),
+            nbformat.v4.new_code_cell(f"%%tfmem --as r\n{train}"),
+            nbformat.v4.new_code_cell("check(r)"),
+        ]
     nb = execute(nbformat.v4.new_notebook(cells=cells), folder)
-    printed = [out.get("text", "") for cell in nb.cells for out in cell.get("outputs", [])
-               if out.get("name") == "stdout"]
+    printed = [
+        out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []) if out.get("name") == "stdout"
+    ]
     lines = [json.loads(line[6:]) for text in printed for line in text.splitlines() if line.startswith("STYLE ")]
     assert len(lines) == len(group)
     return dict(zip(group, lines, strict=True))
@@ -235,8 +285,11 @@ def check_case(got: dict, case: str) -> None:
     # peaked between the two bases (24-27 MB; parts 20-24, replay 26-28 in four runs here: docs/what-if.md).
     # (A step of a few hundred KiB is a few dozen chunks: one more or less moves it by a fifth.)
     low = got.get("measured_low", got["measured"])
-    nearer = 0 if low <= got["parts"] <= got["measured"] else min(abs(low - got["parts"]),
-                                                                   abs(got["measured"] - got["parts"]))
+    nearer = (
+        0
+        if low <= got["parts"] <= got["measured"]
+        else min(abs(low - got["parts"]), abs(got["measured"] - got["parts"]))
+    )
     assert nearer <= max(0.35 * got["parts"], 256 * 1024), json.dumps(got)
     if case in RECURRENT:  # the time steps were read from what was fed: the model says (None, None)
         assert got["kept"] > 0

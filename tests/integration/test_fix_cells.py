@@ -122,14 +122,22 @@ def test_the_other_fix_cells_run_cleanly_and_keep_their_promise(shell):
     """Every fix writer's cell for a real report: it runs, and where it predicts a peak the run stays within it."""
     from tfmem_magic.advise import fixes
 
-    assert shell.run_cell("import numpy as np, keras\nxw = np.random.rand(2048, 1024).astype('float32')\n"
-                          "yw = np.random.rand(2048, 1).astype('float32')").success
+    assert shell.run_cell(
+        "import numpy as np, keras\nxw = np.random.rand(2048, 1024).astype('float32')\n"
+        "yw = np.random.rand(2048, 1).astype('float32')"
+    ).success
     assert shell.run_cell(WIDE).success
     report = shell.user_ns["wide_rep"]
-    ctx = fixes.FixContext(source=WIDE.split("\n", 1)[1], model_name="wide", array_names=("xw", "yw"),
-                        number=report.number)
-    for writer in (fixes.lighter_optimizer, fixes.freeze_layers, fixes.tf_data_streaming, fixes.clear_session,
-                   fixes.cpu_memory_limit):
+    ctx = fixes.FixContext(
+        source=WIDE.split("\n", 1)[1], model_name="wide", array_names=("xw", "yw"), number=report.number
+    )
+    for writer in (
+        fixes.lighter_optimizer,
+        fixes.freeze_layers,
+        fixes.tf_data_streaming,
+        fixes.clear_session,
+        fixes.cpu_memory_limit,
+    ):
         fix = writer(report, ctx)
         assert fix is not None, writer.__name__
         code = fix.code.replace(f'--label "fix: {fix.id}"', f'--label "fix: {fix.id}" --no-panel')
@@ -153,10 +161,13 @@ def test_a_list_of_input_arrays_gets_a_streaming_cell_that_runs(shell):
     """keras-io's seq2seq feeds fit a list of arrays (and a cell may also evaluate on other arrays): the names tfmem
     reads from the namespace cannot say the structure, so the cell is written from the call's own arguments and
     slices every array of their structure (issue 29: it offered no fix at all)."""
-    cell = ("%%tfmem --as seq_rep\n"
-            "seq.fit([enc_in, dec_in], target, batch_size=64, epochs=1, verbose=0)\n"
-            "seq.evaluate([enc_in[:256], dec_in[:256]], target[:256], verbose=0)")
-    assert shell.run_cell(textwrap.dedent("""
+    cell = (
+        "%%tfmem --as seq_rep\n"
+        "seq.fit([enc_in, dec_in], target, batch_size=64, epochs=1, verbose=0)\n"
+        "seq.evaluate([enc_in[:256], dec_in[:256]], target[:256], verbose=0)"
+    )
+    assert shell.run_cell(
+        textwrap.dedent("""
         import numpy as np, keras
         enc_in = np.random.rand(4096, 16, 32).astype("float32")
         dec_in = np.random.rand(4096, 16, 32).astype("float32")
@@ -164,14 +175,16 @@ def test_a_list_of_input_arrays_gets_a_streaming_cell_that_runs(shell):
         a, b = keras.Input((16, 32)), keras.Input((16, 32))
         seq = keras.Model([a, b], keras.layers.Dense(8)(keras.layers.Concatenate()([a, b])))
         seq.compile("adam", "mse")
-    """)).success
+    """)
+    ).success
     assert shell.run_cell(cell).success
     report = shell.user_ns["seq_rep"]
     fix = next((f for f in report.fixes if f.id == "tf-data-streaming"), None)
     assert fix is not None, [f.id for f in report.findings]
     assert "data = as_tuples(([enc_in, dec_in], target))" in fix.code
-    result = shell.run_cell(fix.code.replace('--label "fix: tf-data-streaming"',
-                                             '--label "fix: tf-data-streaming" --no-panel'))
+    result = shell.run_cell(
+        fix.code.replace('--label "fix: tf-data-streaming"', '--label "fix: tf-data-streaming" --no-panel')
+    )
     assert result.success, result.error_in_exec
     after = pipeline.last_report()
     assert after.trace.input_copies == [] and after.model.calls == ["fit"]

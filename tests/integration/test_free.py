@@ -27,7 +27,10 @@ def fitted(width=4096):
 
 
 def test_free_gives_back_a_fitted_models_memory_that_del_and_clear_session_do_not():
-    data = run_python(PREPARED + FIT + textwrap.dedent("""
+    data = run_python(
+        PREPARED
+        + FIT
+        + textwrap.dedent("""
         start = current()
         m = fitted()
         weights_and_slots = sum(int(np.prod(v.shape)) * 4 for v in m.weights) * 3  # weights, Adam's m and v
@@ -42,7 +45,8 @@ def test_free_gives_back_a_fitted_models_memory_that_del_and_clear_session_do_no
         print(json.dumps({"held": held, "expected": weights_and_slots, "freed": done.freed, "purged": done.purged,
                           "before": with_keeper, "after": after, "text": done.text(),
                           "keeper_ok": bool(np.isfinite(keeper.get_weights()[0]).all())}))
-    """))
+    """)
+    )
     # what TF 2.21 keeps without help: the fitted model's weights and both Adam slots
     assert data["held"] >= 0.95 * data["expected"], data
     assert data["purged"] >= 1 and data["freed"] == data["before"] - data["after"]
@@ -52,7 +56,9 @@ def test_free_gives_back_a_fitted_models_memory_that_del_and_clear_session_do_no
 
 
 def test_percent_tfmem_free_drops_the_names_and_says_what_came_back():
-    data = run_in_fresh_shell(FIT + textwrap.dedent("""
+    data = run_in_fresh_shell(
+        FIT
+        + textwrap.dedent("""
         sh.user_ns.update(fitted=fitted, current=current)
         sh.run_cell("models = [fitted(), fitted()]")
         before = current()
@@ -63,14 +69,18 @@ def test_percent_tfmem_free_drops_the_names_and_says_what_came_back():
         print(json.dumps({"before": before, "after": current(), "said": said.stdout,
                           "gone": "models" not in sh.user_ns,
                           "unknown": type(unknown.error_in_exec).__name__, "why": str(unknown.error_in_exec)}))
-    """))
+    """)
+    )
     assert data["gone"] and data["before"] - data["after"] >= 2 * 3 * 4 * 1024 * 4096 * 0.95, data
     assert "Dropped models." in data["said"] and "given back" in data["said"] and "traced gradient" in data["said"]
     assert data["unknown"] == "UsageError" and "no variable named no_such_name" in data["why"]
 
 
 def test_without_the_private_registry_free_says_the_memory_stays_held():
-    data = run_python(PREPARED + FIT + textwrap.dedent("""
+    data = run_python(
+        PREPARED
+        + FIT
+        + textwrap.dedent("""
         from tensorflow.python.framework import ops
         from tfmem_magic.measure import capabilities
         m = fitted(); del m
@@ -79,7 +89,8 @@ def test_without_the_private_registry_free_says_the_memory_stays_held():
         done = tfmem_magic.free()
         print(json.dumps({"purged": done.purged, "readable": done.registry_readable, "text": done.text(),
                           "notes": capabilities.notes()}))
-    """))
+    """)
+    )
     assert data["purged"] == 0 and data["readable"] is False
     assert "may stay held until the kernel restarts" in data["text"]
     assert any("gradient registry is unavailable" in n for n in data["notes"]), data["notes"]

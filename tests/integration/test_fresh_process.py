@@ -46,8 +46,13 @@ def test_script_api_without_ipython_sees_every_allocation():
     ours, interactive = set(data.pop("ours")), interactive_modules()
     assert "tfmem_magic.adapters.magics" in interactive and "tfmem_magic.pipeline" in ours  # neither list is empty
     assert not ours & interactive, f"a script loaded {sorted(ours & interactive)}"
-    assert data == {"allocator": "bfc_cpu_allocator_for_gpu", "complete": True,
-                    "grew": data["grew"], "top": 512 * 256 * 4, "last": True}
+    assert data == {
+        "allocator": "bfc_cpu_allocator_for_gpu",
+        "complete": True,
+        "grew": data["grew"],
+        "top": 512 * 256 * 4,
+        "last": True,
+    }
     assert data["grew"] >= 512 * 256 * 4
 
 
@@ -73,7 +78,8 @@ def test_loaded_after_first_op_says_what_is_degraded():
 
 
 def test_no_statistics_at_all_gives_an_rss_report_not_a_crash():
-    data = run_python("""
+    data = run_python(
+        """
         import json
         import tensorflow as tf
         tf.constant(1.0)
@@ -83,7 +89,9 @@ def test_no_statistics_at_all_gives_an_rss_report_not_a_crash():
         r = p.report
         print(json.dumps({"allocator": r.env.allocator, "tf": r.tf, "status": r.status, "rss": r.rss.peak_bytes > 0,
                           "findings": [f.id for f in r.findings]}))
-    """, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    """,
+        env={"TF_ENABLE_ONEDNN_OPTS": "0"},
+    )
     assert data["allocator"] == "cpu" and data["tf"] == {} and data["status"] == "ok" and data["rss"]
     assert "allocator-blind-spot" in data["findings"]
 

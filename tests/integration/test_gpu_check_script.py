@@ -18,8 +18,9 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=ENV)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
 
 
 def test_without_a_gpu_the_check_says_so_and_exits_0():

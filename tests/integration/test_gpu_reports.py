@@ -22,9 +22,22 @@ GiB, MiB = 2**30, 2**20
 # what TensorFlow's BFC allocator writes on each MemoryAllocation / MemoryDeallocation event, in its order
 # (BFCAllocator::AddTraceMe, xla/tsl/framework/bfc_allocator.cc; tensorflow/core/common_runtime/bfc_allocator.cc
 # before the move). bytes_available is memory_limit_ - bytes_reserved - bytes_in_use there; fragmentation a double.
-BFC_STATS = ("allocator_name", "bytes_reserved", "bytes_allocated", "bytes_available", "fragmentation",
-             "peak_bytes_in_use", "requested_bytes", "allocation_bytes", "addr", "tf_op", "id", "region_type",
-             "data_type", "shape")
+BFC_STATS = (
+    "allocator_name",
+    "bytes_reserved",
+    "bytes_allocated",
+    "bytes_available",
+    "fragmentation",
+    "peak_bytes_in_use",
+    "requested_bytes",
+    "allocation_bytes",
+    "addr",
+    "tf_op",
+    "id",
+    "region_type",
+    "data_type",
+    "shape",
+)
 
 
 def allocator_timeline(name: str) -> list[tuple[int, bool, dict]]:
@@ -96,7 +109,7 @@ def test_the_live_set_at_the_public_traces_peak_is_that_allocators_recomputed_in
     timeline = allocator_timeline("GPU_6_bfc")
     peak = max(range(len(timeline)), key=lambda i: (timeline[i][2]["bytes_allocated"], -i))  # the first highest
     live: dict[int, dict] = {}
-    for _, is_alloc, stats in timeline[:peak + 1]:
+    for _, is_alloc, stats in timeline[: peak + 1]:
         if is_alloc:
             live[stats["addr"]] = stats  # a second allocation at an address: the first was freed unseen
         else:
@@ -125,8 +138,11 @@ def test_the_live_set_at_the_public_traces_peak_is_that_allocators_recomputed_in
     # sizes and counts: the largest is the largest of the independent live set
     groups: dict[tuple, list[int]] = {}
     for stats in live.values():
-        named = analysis.attribute_path(stats["tf_op"], analysis.TraceContext()) if stats.get("tf_op") else \
-            analysis.Attribution("(untagged)", None, "other")
+        named = (
+            analysis.attribute_path(stats["tf_op"], analysis.TraceContext())
+            if stats.get("tf_op")
+            else analysis.Attribution("(untagged)", None, "other")
+        )
         dtype = xplane.DATA_TYPES.get(stats.get("data_type", 0))
         acc = groups.setdefault((named.op, named.layer, named.phase, dtype, stats.get("shape") or None), [0, 0])
         acc[0] += stats["allocation_bytes"]
@@ -174,10 +190,16 @@ def test_the_public_gpu_trace_predicts_other_batches_from_its_own_replayed_seque
     events = xplane.read_segments([(gzip.decompress(PUBLIC.read_bytes()), 0)], None).events
     own = bfc.self_check(events)
     at_peak = bfc.replay_prepared(own.prepared)
-    shaped = [i for i in range(len(events)) if events.is_alloc[i]
-              and analysis.batch_dimension(events.string(int(events.shape[i])), 4)]
-    live_shaped = sum(a.requested for a in at_peak.live_at_peak
-                      if a.index >= 0 and analysis.batch_dimension(events.string(int(events.shape[a.index])), 4))
+    shaped = [
+        i
+        for i in range(len(events))
+        if events.is_alloc[i] and analysis.batch_dimension(events.string(int(events.shape[i])), 4)
+    ]
+    live_shaped = sum(
+        a.requested
+        for a in at_peak.live_at_peak
+        if a.index >= 0 and analysis.batch_dimension(events.string(int(events.shape[a.index])), 4)
+    )
     assert live_shaped > 0.3 * report.tf_peak_bytes  # activations are most of a BERT step's peak
     added = peaks[8] - peaks[4]
     assert 0.95 * live_shaped <= added <= 1.01 * sum(int(events.requested[i]) for i in shaped)
@@ -229,8 +251,9 @@ def test_tfmem_show_reads_a_folder_of_traces(tmp_path, capsys):
 GPU_RESERVED = 256 * MiB  # the GPU allocator's bytes_reserved: part of its limit, not of bytes_available
 
 
-def gpu_space(gpu: bool = True, xla: str | None = None, launch_op: str = "model/dense/MatMul",
-              xla_after: bool = False) -> bytes:
+def gpu_space(
+    gpu: bool = True, xla: str | None = None, launch_op: str = "model/dense/MatMul", xla_after: bool = False
+) -> bytes:
     """A host plane as TensorFlow 2.21 writes it (strings as refs, numbers as varints, fragmentation a double), with
     every stat BFC's AddTraceMe writes (BFC_STATS), for a GPU allocator and a host allocator that has more events:
     the old rule (the busiest allocator) would have picked the host's. `gpu=False`: the host allocator's events only.
@@ -257,12 +280,23 @@ def gpu_space(gpu: bool = True, xla: str | None = None, launch_op: str = "model/
         live[allocator] += size if alloc else -size
         peak[allocator] = max(peak[allocator], live[allocator])
         e = line.events.add(metadata_id=1 if alloc else 2, offset_ps=t * 1000)
-        ints = {"bytes_reserved": reserved[allocator], "bytes_allocated": live[allocator],
-                "bytes_available": limit[allocator] - reserved[allocator] - live[allocator],
-                "peak_bytes_in_use": peak[allocator], "requested_bytes": size if alloc else 0,
-                "allocation_bytes": size, "addr": addr, "id": 7, "data_type": 1}
-        refs = {"allocator_name": allocator, "tf_op": launch_op if allocator == "GPU_0_bfc" else "model/dense/MatMul",
-                "region_type": "output", "shape": "[1024,1024]"}
+        ints = {
+            "bytes_reserved": reserved[allocator],
+            "bytes_allocated": live[allocator],
+            "bytes_available": limit[allocator] - reserved[allocator] - live[allocator],
+            "peak_bytes_in_use": peak[allocator],
+            "requested_bytes": size if alloc else 0,
+            "allocation_bytes": size,
+            "addr": addr,
+            "id": 7,
+            "data_type": 1,
+        }
+        refs = {
+            "allocator_name": allocator,
+            "tf_op": launch_op if allocator == "GPU_0_bfc" else "model/dense/MatMul",
+            "region_type": "output",
+            "shape": "[1024,1024]",
+        }
         for name in BFC_STATS:
             if name == "fragmentation":
                 e.stats.add(metadata_id=sid[name], double_value=0.25)
@@ -291,8 +325,13 @@ def test_the_gpu_allocator_is_kept_even_when_the_host_one_is_busier():
         assert trace.events.allocator == "GPU_0_bfc" and len(trace.events) == 3
         gpu, host = trace.allocators
         # the limit is in use + available + reserved: BFC's bytes_available leaves the reserved bytes out
-        assert (gpu.device, gpu.peak_bytes, gpu.limit_bytes, gpu.start_bytes, gpu.end_bytes) == \
-            ("GPU:0", 8 * 2**20, 15 * GiB, 0, 4 * 2**20)
+        assert (gpu.device, gpu.peak_bytes, gpu.limit_bytes, gpu.start_bytes, gpu.end_bytes) == (
+            "GPU:0",
+            8 * 2**20,
+            15 * GiB,
+            0,
+            4 * 2**20,
+        )
         assert (host.name, host.device, host.events, host.limit_bytes) == ("gpu_host_bfc", None, 12, 64 * GiB)
     assert xplane.read_segments([(data, 0)], device="GPU:0").events.allocator == "GPU_0_bfc"
     assert all(not s.name.startswith(xplane.XLA_SPAN) for s in fast.spans)
@@ -314,14 +353,23 @@ def test_a_gpu_xspace_with_every_bfc_stat_is_a_report(tmp_path):
     path.write_bytes(data)
     report = tfmem_magic.analyze_xplane(path)
     assert list(report.tf) == ["GPU:0"] and report.env.devices == ["GPU:0"]
-    assert (report.main_device.baseline_bytes, report.main_device.peak_bytes, report.main_device.end_bytes) == \
-        (0, 8 * MiB, 4 * MiB)
+    assert (report.main_device.baseline_bytes, report.main_device.peak_bytes, report.main_device.end_bytes) == (
+        0,
+        8 * MiB,
+        4 * MiB,
+    )
     assert report.trace.allocator == "GPU_0_bfc" and report.trace.events == 3
     # the limit counts what BFC reserved: bytes_allocated + bytes_available alone would be 256 MiB short
     assert report.device_budget == ("GPU:0", 15 * GiB) and report.env.device_limit_bytes == {"GPU:0": 15 * GiB}
     (group,) = report.trace.at_peak
-    assert (group.op, group.layer, group.dtype, group.shape, group.bytes, group.count) == \
-        ("MatMul", "dense", "float32", "[1024,1024]", 8 * MiB, 2)
+    assert (group.op, group.layer, group.dtype, group.shape, group.bytes, group.count) == (
+        "MatMul",
+        "dense",
+        "float32",
+        "[1024,1024]",
+        8 * MiB,
+        2,
+    )
     host = report.trace.allocators[1]
     assert (host.name, host.device, host.events, host.limit_bytes) == ("gpu_host_bfc", None, 12, 64 * GiB)
     assert "gpu_host_bfc (pinned host memory): peak 4 KiB in 12 events" in " ".join(report.notes)
@@ -344,8 +392,11 @@ def test_a_trace_of_pinned_host_memory_only_is_listed_as_the_hosts(tmp_path):
 
 def test_a_cuda_malloc_async_allocator_serves_its_gpu():
     """TF_GPU_ALLOCATOR=cuda_malloc_async names a GPU's allocator gpu_async_<id> (gpu_cudamallocasync_allocator.cc)."""
-    assert [xplane.allocator_device(n) for n in ("gpu_async_0", "gpu_async_3", "gpu_async_host")] == \
-        ["GPU:0", "GPU:3", None]
+    assert [xplane.allocator_device(n) for n in ("gpu_async_0", "gpu_async_3", "gpu_async_host")] == [
+        "GPU:0",
+        "GPU:3",
+        None,
+    ]
 
 
 def test_tfmem_show_reads_a_single_plain_xplane_file(tmp_path, capsys):
@@ -356,15 +407,21 @@ def test_tfmem_show_reads_a_single_plain_xplane_file(tmp_path, capsys):
     assert "host.xplane.pb" in out and "Verdict   fits GPU:6" in out and "GPU_6_bfc" in out
 
 
-@pytest.mark.parametrize("name, launch_op, after", [
-    ("XlaLaunch", "cluster_1", False),  # an event named as the op type only
-    ("cluster_1/xla_run:_XlaRun", "cluster_1/xla_run", False),  # auto-clustering's launch op, "<node>:<type>"
-    ("StatefulPartitionedCall/cluster_0:XlaLaunch", "StatefulPartitionedCall/cluster_0", False),
-    # a GPU executable's run of a jit_compile function: its buffers are allocated before its own event, tagged with
-    # the function's op name
-    ("a_inference_train_step_812__XlaMustCompile_true_config_proto_1_executor_type_2_.3:XLA GPU module",
-     "__inference_train_step_812", True),
-])
+@pytest.mark.parametrize(
+    "name, launch_op, after",
+    [
+        ("XlaLaunch", "cluster_1", False),  # an event named as the op type only
+        ("cluster_1/xla_run:_XlaRun", "cluster_1/xla_run", False),  # auto-clustering's launch op, "<node>:<type>"
+        ("StatefulPartitionedCall/cluster_0:XlaLaunch", "StatefulPartitionedCall/cluster_0", False),
+        # a GPU executable's run of a jit_compile function: its buffers are allocated before its own event, tagged with
+        # the function's op name
+        (
+            "a_inference_train_step_812__XlaMustCompile_true_config_proto_1_executor_type_2_.3:XLA GPU module",
+            "__inference_train_step_812",
+            True,
+        ),
+    ],
+)
 def test_xla_runs_in_a_saved_trace_get_the_note_and_their_bytes(tmp_path, name, launch_op, after):
     path = tmp_path / "xla.xplane.pb"
     path.write_bytes(gpu_space(xla=name, launch_op=launch_op, xla_after=after))
@@ -410,8 +467,13 @@ def test_mixed_float16_keeps_the_what_if_and_its_fixes(shell):
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu", name="hidden"),
-                                  keras.layers.Dense(10, dtype="float32", name="out")])
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(256, activation="relu", name="hidden"),
+                keras.layers.Dense(10, dtype="float32", name="out"),
+            ]
+        )
         model.compile("adam", "sparse_categorical_crossentropy")
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -446,9 +508,14 @@ def test_a_trace_only_tensorflows_reader_can_read_says_what_to_install(monkeypat
 def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
     import numpy as np
 
-    columns = {"t_ps": np.array([5, 5, 5]), "live": np.array([10, 20, 30]), "chunk": np.array([10, 10, 10]),
-               "is_alloc": np.array([True, True, True]), "limit": np.array([0, 0, 0])}
-    (_, series), = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
+    columns = {
+        "t_ps": np.array([5, 5, 5]),
+        "live": np.array([10, 20, 30]),
+        "chunk": np.array([10, 10, 10]),
+        "is_alloc": np.array([True, True, True]),
+        "limit": np.array([0, 0, 0]),
+    }
+    ((_, series),) = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
     assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)
 
 
@@ -462,8 +529,14 @@ def test_an_xla_compiled_fit_says_why_its_breakdown_has_no_layers():
     x, y = np.random.rand(256, 128).astype("float32"), np.random.randint(0, 10, 256)
     reports = {}
     for jit in (True, False):
-        model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(512, activation="relu", name="wide"),
-                                  keras.layers.Dense(10, name="head")], name=f"xla_{jit}")
+        model = keras.Sequential(
+            [
+                keras.Input((128,)),
+                keras.layers.Dense(512, activation="relu", name="wide"),
+                keras.layers.Dense(10, name="head"),
+            ],
+            name=f"xla_{jit}",
+        )
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
         # built and compiled before the measured fit: its peak is a step's, not the moment the variables are made
         model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)
@@ -498,11 +571,12 @@ def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_n
     assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "true"
     monkeypatch.setenv(calibrate.GPU_GROWTH_ENV, "false")  # the user's choice is kept
     assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "false"
-    oom = ("tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
-           "shape[64,1024] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+    oom = (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+        "shape[64,1024] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
+    )
     monkeypatch.setattr(calibrate, "_run_probe", lambda payload, stage: (1, [], oom))
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     model.compile("sgd", "mse")
     with pytest.raises(TfmemUsageError, match="memory growth is off|unless memory growth is on"):
         calibrate.probe_peaks(model, [8, 16], True, None)
-

@@ -19,14 +19,22 @@ from tfmem_magic.measure.guard import MemoryLimitExceeded, parse_oom
 
 MiB = 2**20
 
-TF_OOM = ("{{function_node __wrapped__Fill_device_/job:localhost/replica:0/task:0/device:CPU:0}} OOM when allocating "
-          "tensor with shape[10000,10000] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by "
-          "allocator bfc_cpu_allocator_for_gpu [Op:Fill] name: ")
+TF_OOM = (
+    "{{function_node __wrapped__Fill_device_/job:localhost/replica:0/task:0/device:CPU:0}} OOM when allocating "
+    "tensor with shape[10000,10000] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by "
+    "allocator bfc_cpu_allocator_for_gpu [Op:Fill] name: "
+)
 
 
 def test_parse_oom_reads_tensorflows_message():
-    assert parse_oom(TF_OOM) == {"shape": "[10000,10000]", "dtype": "float32", "bytes": 400_000_000,
-                                 "device": "CPU:0", "allocator": "bfc_cpu_allocator_for_gpu", "op": "Fill"}
+    assert parse_oom(TF_OOM) == {
+        "shape": "[10000,10000]",
+        "dtype": "float32",
+        "bytes": 400_000_000,
+        "device": "CPU:0",
+        "allocator": "bfc_cpu_allocator_for_gpu",
+        "op": "Fill",
+    }
     assert parse_oom("some other error") is None
 
 
@@ -34,8 +42,10 @@ def test_watchdog_stops_a_python_loop(shell):
     import keras  # noqa: F401  (a notebook that uses TF has it loaded: the limit is sized against that process)
 
     limit = psutil.Process().memory_info().rss + 300 * MiB
-    cell = (f"%%tfmem --quick --interval 10 --limit {limit}\nimport numpy as np, time\nblocks = []\n"
-            "for i in range(60):\n    blocks.append(np.ones(50 * 2**20, np.uint8))\n    time.sleep(0.02)\n")
+    cell = (
+        f"%%tfmem --quick --interval 10 --limit {limit}\nimport numpy as np, time\nblocks = []\n"
+        "for i in range(60):\n    blocks.append(np.ones(50 * 2**20, np.uint8))\n    time.sleep(0.02)\n"
+    )
     result = shell.run_cell(cell)
     assert isinstance(result.error_in_exec, MemoryLimitExceeded)
     assert "Your variables are intact" in str(result.error_in_exec)
@@ -83,15 +93,20 @@ def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
         "%tfmem limit 2GB",  # before TensorFlow's first op: its allocator is capped too
         "import tensorflow as tf, numpy as np, keras\nkeep = tf.ones((256, 256))\nbefore = 42",
         "%%tfmem\nbig = tf.zeros((30000, 30000))",
-        ("%%tfmem\nwide = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(8192), keras.layers.Dense(10)])\n"
-         "wide.compile('adam', 'mse')\n"
-         "wide.fit(np.zeros((65536, 1024), 'float32'), np.zeros((65536, 10), 'float32'), batch_size=65536, verbose=0)"),
+        (
+            "%%tfmem\nwide = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(8192), "
+            "keras.layers.Dense(10)])\n"
+            "wide.compile('adam', 'mse')\n"
+            "wide.fit(np.zeros((65536, 1024), 'float32'), np.zeros((65536, 10), 'float32'), "
+            "batch_size=65536, verbose=0)"
+        ),
         "%%tfmem\nxs = []\nfor i in range(2000):\n    xs.append(tf.ones((1024, 1024)) + i)",
         "print('alive', before, keep.shape, len(xs) > 100)",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.km = client.create_kernel_manager()
     client.km.kernel_spec.argv[0] = sys.executable
     client.execute()
@@ -128,7 +143,8 @@ def test_watchdog_firing_during_an_allocator_refusal_gives_the_guards_error(tmp_
     window (here: another thread grows it), the watchdog's exception lands while TF builds its own error, which
     pybind11 reports as a RuntimeError. The user must see MemoryLimitExceeded instead: in a script and in a cell."""
     script = tmp_path / "tangle.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, threading, time
         os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = "256"
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
@@ -161,7 +177,8 @@ def test_watchdog_firing_during_an_allocator_refusal_gives_the_guards_error(tmp_
         out["cell"] = [type(exc).__name__, str(exc)[:200], report.status, report.guard.tripped_by,
                        report.error.type, shell.showtraceback.__func__.__qualname__]
         print(json.dumps(out))
-    """))
+    """)
+    )
     env = fresh_env()
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

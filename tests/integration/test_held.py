@@ -50,7 +50,9 @@ def findings(report):
 
 
 def test_a_list_that_grows_each_run_is_named_and_its_fix_gives_the_memory_back():
-    data = run_in_fresh_shell(SETUP + textwrap.dedent("""
+    data = run_in_fresh_shell(
+        SETUP
+        + textwrap.dedent("""
         ran("models = []")
         for _ in range(3):
             ran("%%tfmem\\nmodels.append(fitted(1024))")
@@ -61,7 +63,8 @@ def test_a_list_that_grows_each_run_is_named_and_its_fix_gives_the_memory_back()
         print(json.dumps({"findings": findings(r), "models": as_dict(holder(r, "models")),
                           "expected": 3 * sh.user_ns["state_bytes"](1024), "code": fix.code,
                           "freed": before - current(), "said": said, "left": len(sh.user_ns["models"])}))
-    """))
+    """)
+    )
     leak = data["findings"]["leak-growth"]
     assert leak["holders"] == ["models"], leak
     assert "`models` — a list in your namespace — holds 3 Keras models" in leak["evidence"], leak
@@ -75,7 +78,9 @@ def test_a_list_that_grows_each_run_is_named_and_its_fix_gives_the_memory_back()
 
 
 def test_a_search_loop_that_keeps_each_history_is_named_per_call_and_free_gives_it_back():
-    data = run_in_fresh_shell(SETUP + textwrap.dedent("""
+    data = run_in_fresh_shell(
+        SETUP
+        + textwrap.dedent("""
         ran("%%tfmem\\nresults = {}\\nfor w in (512, 1024, 2048):\\n    results[w] = fitted(w).history")
         r = pipeline.last_report()
         before = current()
@@ -84,7 +89,8 @@ def test_a_search_loop_that_keeps_each_history_is_named_per_call_and_free_gives_
                           "expected": sum(sh.user_ns["state_bytes"](w) for w in (512, 1024, 2048)),
                           "calls": [c.call for c in r.calls], "freed": before - current(), "said": said,
                           "gone": "results" not in sh.user_ns}))
-    """))
+    """)
+    )
     loop = data["findings"]["leak-in-cell"]
     assert loop["title"].startswith("Each of the 3 fit() calls in this cell left ~"), loop
     assert loop["holders"] == ["results"] and "`results` — a dict in your namespace" in loop["evidence"], loop
@@ -97,7 +103,9 @@ def test_a_search_loop_that_keeps_each_history_is_named_per_call_and_free_gives_
 
 
 def test_a_callback_a_tensor_in_out_and_models_nothing_refers_to():
-    data = run_in_fresh_shell(SETUP + textwrap.dedent("""
+    data = run_in_fresh_shell(
+        SETUP
+        + textwrap.dedent("""
         ran("%%tfmem\\nkeep = Keep()\\nm2 = fitted(2048, callbacks=[keep])\\ndel m2")
         callback = as_dict(holder(pipeline.last_report(), "keep"))
         ran("%%tfmem\\ntf.ones((512, 1024))")
@@ -122,7 +130,8 @@ def test_a_callback_a_tensor_in_out_and_models_nothing_refers_to():
                           "expected_gone": sum(sh.user_ns["state_bytes"](w) for w in (1024, 2048)),
                           "code": fix.code, "freed": freed, "said": said, "replaced": findings(replaced),
                           "w": as_dict(holder(replaced, "w"))}))
-    """))
+    """)
+    )
     callback = data["callback"]
     assert callback["kind"] == "Keep" and callback["paths"] == ["keep.model"], callback
     assert abs(callback["bytes"] - data["expected_callback"]) <= 0.01 * data["expected_callback"]
@@ -146,7 +155,9 @@ def test_a_model_alive_but_named_by_nothing_costs_one_collection_not_one_per_cel
     is "unnamed" at every cell's end. A garbage collection cannot clear it, so only the first cell that sees it
     collects: before, every cell did (0.7 s per `--quick` cell in a long pytest process). A model the user drops
     later still gets its collection, and the registry's bytes count it."""
-    data = run_in_fresh_shell(SETUP + textwrap.dedent("""
+    data = run_in_fresh_shell(
+        SETUP
+        + textwrap.dedent("""
         import gc, sys, types
         sys.modules["tfmem_test_elsewhere"] = types.SimpleNamespace(model=sh.user_ns["fitted"](4096))
         calls = []
@@ -164,7 +175,8 @@ def test_a_model_alive_but_named_by_nothing_costs_one_collection_not_one_per_cel
         r = pipeline.last_report()
         print(json.dumps({"per_cell": per_cell, "dropped": dropped, "runtime": r.held.runtime_bytes,
                           "expected": sh.user_ns["state_bytes"](2048)}))
-    """))
+    """)
+    )
     assert data["per_cell"] == [1, 0, 0, 0], data  # the first cell meets the hidden model: one collection, then none
     assert data["dropped"] == 1, data
     assert abs(data["runtime"] - data["expected"]) <= 0.01 * data["expected"], data

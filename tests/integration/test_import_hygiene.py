@@ -11,16 +11,24 @@ HEAVY = ("IPython", "ipywidgets", "tensorflow", "keras", "matplotlib")
 
 def loaded_after(code: str, setup: str = "") -> list[str]:
     """The HEAVY packages (top-level names) that `code` imports in a fresh interpreter, beyond what `setup` did."""
-    script = (f"import sys\n{setup}\nbefore = set(sys.modules)\n{code}\n"
-              "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} & set(%r)))" % (HEAVY,))
+    script = (
+        f"import sys\n{setup}\nbefore = set(sys.modules)\n{code}\n"
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} & set(%r)))" % (HEAVY,)
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     return eval(out.stdout.strip())  # a list literal printed by the child
 
 
 def test_core_import_pulls_no_ipython_widgets_or_tensorflow():
-    assert set(loaded_after("import tfmem_magic, tfmem_magic.pipeline, tfmem_magic.show.render, "
-                            "tfmem_magic.adapters.arguments")) & {"IPython", "ipywidgets", "tensorflow", "keras"} \
+    assert (
+        set(
+            loaded_after(
+                "import tfmem_magic, tfmem_magic.pipeline, tfmem_magic.show.render, tfmem_magic.adapters.arguments"
+            )
+        )
+        & {"IPython", "ipywidgets", "tensorflow", "keras"}
         == set()
+    )
 
 
 def test_the_tensorboard_writer_and_the_command_line_pull_nothing_heavy_at_import():
@@ -59,7 +67,10 @@ def test_a_monitored_fit_and_a_tensorboard_logdir_import_no_notebook_package(tmp
     pytest.importorskip("keras")
     pytest.importorskip("tensorboard")
     package = os.path.dirname(tfmem_magic.__file__) + os.sep
-    script = f"PACKAGE = {package!r}\n" + RECORD_NOTEBOOK_IMPORTS + f"""
+    script = (
+        f"PACKAGE = {package!r}\n"
+        + RECORD_NOTEBOOK_IMPORTS
+        + f"""
 import numpy as np, keras
 import tfmem_magic
 from tfmem_magic.keras import MemoryMonitor
@@ -75,9 +86,15 @@ written = tfmem_magic.to_tensorboard(p.report, {str(tmp_path / "logs")!r}, p.xsp
 assert written.events and written.xplanes and monitor.report is not None
 print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.split(".")[0] in NOTEBOOK), "attempts": attempts}}))
 """
+    )
     env = fresh_env()
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     # the refusing finder was in the way (Keras 3 itself asks for IPython at import: keras/src/saving/file_editor.py),
@@ -93,8 +110,10 @@ def test_the_pytest_plugin_pulls_nothing_heavy_until_asked():
 
 def test_the_keras_callback_adds_no_notebook_packages_to_what_keras_imports():
     # Keras 3 imports IPython itself (keras/src/saving/file_editor.py): the callback must add nothing to that
-    assert set(loaded_after("import tfmem_magic.keras", setup="import keras")) & {"IPython", "ipywidgets",
-                                                                                  "matplotlib"} == set()
+    assert (
+        set(loaded_after("import tfmem_magic.keras", setup="import keras")) & {"IPython", "ipywidgets", "matplotlib"}
+        == set()
+    )
 
 
 def test_version_is_single_sourced():

@@ -22,8 +22,14 @@ MiB = 2**20
 
 def wide_model(name: str = "wide_mlp") -> keras.Model:
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu", name="wide"),
-                              keras.layers.Dense(10, name="head")], name=name)
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(1024, activation="relu", name="wide"),
+            keras.layers.Dense(10, name="head"),
+        ],
+        name=name,
+    )
     model.compile("adam", "sparse_categorical_crossentropy")
     return model
 
@@ -38,8 +44,9 @@ def test_epoch_peaks_reach_history_and_agree_with_an_enclosing_measurement():
     model = wide_model()
     monitor = MemoryMonitor()
     with tfmem_magic.profile(label="around the fit", mode="quick") as p:
-        history = model.fit(x, y, batch_size=64, epochs=2, validation_data=(x[:128], y[:128]), verbose=0,
-                            callbacks=[monitor])
+        history = model.fit(
+            x, y, batch_size=64, epochs=2, validation_data=(x[:128], y[:128]), verbose=0, callbacks=[monitor]
+        )
     peaks = history.history["tf_peak_bytes"]
     assert len(peaks) == 2 and len(history.history["rss_peak_bytes"]) == 2
     # the window reset TF's peak counter each epoch; the enclosing measurement kept its own (folded) peak
@@ -137,8 +144,7 @@ class KeepsATensorPerEpoch(keras.callbacks.Callback):
 def test_a_peak_that_grows_every_epoch_warns_once_and_a_steady_one_does_not():
     x, y = data(256)
     with pytest.warns(MemoryGrowthWarning, match=r"grew in each of the last 3 epochs") as caught:
-        wide_model().fit(x, y, batch_size=64, epochs=6, verbose=0,
-                         callbacks=[KeepsATensorPerEpoch(), MemoryMonitor()])
+        wide_model().fit(x, y, batch_size=64, epochs=6, verbose=0, callbacks=[KeepsATensorPerEpoch(), MemoryMonitor()])
     assert len([w for w in caught if issubclass(w.category, MemoryGrowthWarning)]) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", MemoryGrowthWarning)
@@ -150,13 +156,25 @@ def test_the_first_steps_traced_into_a_saved_report(tmp_path):
     # first steps' peak is in a training step, not in the slots' creation (the first_cnn-like MLP above peaked
     # there in CI, with no layer at the peak)
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(4096, activation="relu", name="wide"),
-                              keras.layers.Dense(10, name="head")], name="traced_mlp")
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(4096, activation="relu", name="wide"),
+            keras.layers.Dense(10, name="head"),
+        ],
+        name="traced_mlp",
+    )
     model.compile("adam", "sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
     monitor = MemoryMonitor(trace_steps=3, save=tmp_path)
-    model.fit(rng.random((1024, 64), dtype="float32"), rng.integers(0, 10, 1024), batch_size=256, epochs=2,
-              verbose=0, callbacks=[monitor])
+    model.fit(
+        rng.random((1024, 64), dtype="float32"),
+        rng.integers(0, 10, 1024),
+        batch_size=256,
+        epochs=2,
+        verbose=0,
+        callbacks=[monitor],
+    )
     report = monitor.report
     assert report is not None and report.mode == "trace" and report.label == "traced_mlp: first 3 steps of fit"
     assert "wide" in {g.layer for g in report.trace.by_layer}
@@ -195,11 +213,14 @@ def test_a_fit_that_raises_in_a_traced_step_leaves_nothing_armed():
 
 def test_a_raising_fit_inside_a_tfmem_cell_leaves_keras_as_it_was(shell):
     x, y = data()
-    shell.user_ns.update(model=wide_model("raising_mlp"), x=x, y=y, MemoryMonitor=MemoryMonitor,
-                         FailsAtBatch=FailsAtBatch)
+    shell.user_ns.update(
+        model=wide_model("raising_mlp"), x=x, y=y, MemoryMonitor=MemoryMonitor, FailsAtBatch=FailsAtBatch
+    )
     originals = (keras.Model.fit, keras.Layer.__call__)
-    result = shell.run_cell("%%tfmem --as r\nmonitor = MemoryMonitor(trace_steps=5)\n"
-                            "model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[monitor, FailsAtBatch()])")
+    result = shell.run_cell(
+        "%%tfmem --as r\nmonitor = MemoryMonitor(trace_steps=5)\n"
+        "model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[monitor, FailsAtBatch()])"
+    )
     assert isinstance(result.error_in_exec, RuntimeError)
     # the cell's end ended the monitor's trace first (inner before outer): no patch, slot or session is left
     assert (keras.Model.fit, keras.Layer.__call__) == originals
@@ -207,11 +228,14 @@ def test_a_raising_fit_inside_a_tfmem_cell_leaves_keras_as_it_was(shell):
     assert shell.user_ns["monitor"].report is not None and shell.user_ns["r"].status == "error"
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"every": "epochs"}, "use 'epoch', 'batch', or a number of batches"),
-    ({"every": 0}, "use 'epoch', 'batch', or a number of batches"),
-    ({"trace_steps": -1}, "a number of steps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"every": "epochs"}, "use 'epoch', 'batch', or a number of batches"),
+        ({"every": 0}, "use 'epoch', 'batch', or a number of batches"),
+        ({"trace_steps": -1}, "a number of steps"),
+    ],
+)
 def test_bad_arguments_say_what_to_write(kwargs, expected):
     with pytest.raises(TfmemUsageError, match=expected):
         MemoryMonitor(**kwargs)
@@ -256,8 +280,9 @@ def test_keras_tensorboard_callback_listed_after_it_records_the_peaks(tmp_path):
 
     x, y = data(256)
     monitor = MemoryMonitor()
-    wide_model().fit(x, y, batch_size=64, epochs=2, verbose=0,
-                     callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))])
+    wide_model().fit(
+        x, y, batch_size=64, epochs=2, verbose=0, callbacks=[monitor, keras.callbacks.TensorBoard(str(tmp_path))]
+    )
     acc = EventAccumulator(str(tmp_path / "train"), size_guidance={"tensors": 0})
     acc.Reload()
     assert "epoch_tf_peak_bytes" in acc.Tags()["tensors"], acc.Tags()
@@ -268,8 +293,10 @@ def test_keras_tensorboard_callback_listed_after_it_records_the_peaks(tmp_path):
 def test_inside_a_tfmem_cell_the_cells_peak_stays_whole(shell):
     x, y = data()
     shell.user_ns.update(model=wide_model("cell_mlp"), x=x, y=y, MemoryMonitor=MemoryMonitor)
-    result = shell.run_cell("%%tfmem --quick --as r\nmonitor = MemoryMonitor()\n"
-                            "model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[monitor])")
+    result = shell.run_cell(
+        "%%tfmem --quick --as r\nmonitor = MemoryMonitor()\n"
+        "model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[monitor])"
+    )
     assert result.error_in_exec is None
     report, monitor = shell.user_ns["r"], shell.user_ns["monitor"]
     # each epoch reset TensorFlow's peak counter; the cell's peak folds every window in

@@ -52,9 +52,11 @@ def _state():
             "fit_is_keras": keras.Model.fit.__qualname__}
 """
 STATE = f"print({MARK!r} + json.dumps(_state()))"
-NEXT = ("%%tfmem --as nxt\nmodel.fit(x, y, epochs=1, batch_size=64, verbose=0)\n")
-NEXT_REPORT = (f"print({MARK!r} + json.dumps({{'mode': nxt.mode, 'status': nxt.status, 'events': nxt.trace.events "
-               "if nxt.trace else 0, 'notes': nxt.notes, 'model': nxt.model is not None}))")
+NEXT = "%%tfmem --as nxt\nmodel.fit(x, y, epochs=1, batch_size=64, verbose=0)\n"
+NEXT_REPORT = (
+    f"print({MARK!r} + json.dumps({{'mode': nxt.mode, 'status': nxt.status, 'events': nxt.trace.events "
+    "if nxt.trace else 0, 'notes': nxt.notes, 'model': nxt.model is not None}))"
+)
 
 
 class Kernel:
@@ -70,8 +72,9 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
 
-    def run(self, code: str, interrupt_after: float | None = None, timeout: float = 300, presses: int = PRESSES
-            ) -> dict:
+    def run(
+        self, code: str, interrupt_after: float | None = None, timeout: float = 300, presses: int = PRESSES
+    ) -> dict:
         """Execute a cell; returns its stdout, error name and the parsed MARK line (if printed). With
         `interrupt_after`, a real SIGINT is sent that many seconds after the cell prints STARTED (a signal sent
         before the kernel runs the cell would be ignored, so the clock starts from the cell's own word), and again
@@ -106,9 +109,13 @@ class Kernel:
                 break
         done.set()
         text = "".join(out)
-        marked = [line[len(MARK):] for line in text.splitlines() if line.startswith(MARK)]
-        return {"stdout": text, "error": error, "data": json.loads(marked[-1]) if marked else None,
-                "presses": len(pressed)}
+        marked = [line[len(MARK) :] for line in text.splitlines() if line.startswith(MARK)]
+        return {
+            "stdout": text,
+            "error": error,
+            "data": json.loads(marked[-1]) if marked else None,
+            "presses": len(pressed),
+        }
 
     def state(self) -> dict:
         return self.run(STATE)["data"]
@@ -146,10 +153,12 @@ def assert_clean_and_next_cell_complete(kernel: Kernel) -> None:
 def slowed(target: str, seconds: float) -> str:
     """Code that makes `target` (module.attr or Class.method) sleep before doing its work, and a name to undo it."""
     owner, name = target.rsplit(".", 1)
-    return (f"_saved = {target}\n"
-            f"def _slow(*a, **k):\n    import time; print({STARTED!r}, flush=True); time.sleep({seconds})\n"
-            "    return _saved(*a, **k)\n"
-            f"{owner}.{name} = _slow\n")
+    return (
+        f"_saved = {target}\n"
+        f"def _slow(*a, **k):\n    import time; print({STARTED!r}, flush=True); time.sleep({seconds})\n"
+        "    return _saved(*a, **k)\n"
+        f"{owner}.{name} = _slow\n"
+    )
 
 
 def undo(target: str) -> str:
@@ -206,8 +215,9 @@ def test_a_full_or_read_only_temp_folder(kernel, tiny_tmpfs, readonly):
     kernel.run(f"_saved_tmp = tempfile.tempdir; tempfile.tempdir = {str(tiny_tmpfs)!r}")
     try:
         cell = kernel.run("%%tfmem --as r\nmodel.fit(x, y, epochs=1, verbose=0)\nran = 2")
-        r = kernel.run(f"print({MARK!r} + json.dumps([r.status, r.mode, r.notes, "
-                       "r.trace.note if r.trace else None, ran]))")["data"]
+        r = kernel.run(
+            f"print({MARK!r} + json.dumps([r.status, r.mode, r.notes, r.trace.note if r.trace else None, ran]))"
+        )["data"]
     finally:
         kernel.run("tempfile.tempdir = _saved_tmp")
     assert cell["error"] is None and r[0] == "ok" and r[4] == 2
@@ -229,8 +239,10 @@ def test_a_profiler_session_someone_else_started(kernel, tmp_path):
         kernel.run("tf.profiler.experimental.stop()")
     assert r[0] == "quick" and any("profiler session you started" in n for n in r[1])
     # a session that bypasses tf.profiler's registry: our start fails, the cell is measured in quick mode
-    kernel.run("from tensorflow.python.profiler.internal import _pywrap_profiler\n"
-               f"_other = _pywrap_profiler.ProfilerSession(); _other.start({str(tmp_path / 'raw')!r}, {{}})")
+    kernel.run(
+        "from tensorflow.python.profiler.internal import _pywrap_profiler\n"
+        f"_other = _pywrap_profiler.ProfilerSession(); _other.start({str(tmp_path / 'raw')!r}, {{}})"
+    )
     try:
         kernel.run("%%tfmem --as r\nz = tf.ones((64, 64))")
         r = kernel.run(f"print({MARK!r} + json.dumps([r.mode, r.notes]))")["data"]
@@ -241,9 +253,11 @@ def test_a_profiler_session_someone_else_started(kernel, tmp_path):
 
 
 def test_a_library_patching_fit_inside_the_cell_keeps_its_patch(kernel):
-    cell = kernel.run("%%tfmem\n_keras_fit = keras.Model.fit\n"
-                      "def logged_fit(self, *a, **k):\n    return _keras_fit(self, *a, **k)\n"
-                      "keras.Model.fit = logged_fit\nmodel.fit(x, y, epochs=1, verbose=0)")
+    cell = kernel.run(
+        "%%tfmem\n_keras_fit = keras.Model.fit\n"
+        "def logged_fit(self, *a, **k):\n    return _keras_fit(self, *a, **k)\n"
+        "keras.Model.fit = logged_fit\nmodel.fit(x, y, epochs=1, verbose=0)"
+    )
     assert cell["error"] is None
     kept = kernel.run(f"print({MARK!r} + json.dumps(keras.Model.fit is logged_fit))")["data"]
     kernel.run("keras.Model.fit = _keras_fit")
@@ -252,9 +266,11 @@ def test_a_library_patching_fit_inside_the_cell_keeps_its_patch(kernel):
 
 
 def test_a_sampler_callback_that_raises(kernel):
-    kernel.run("_saved = _tracer.Tracer.observe\n"
-               "def _broken(self, *a):\n    raise RuntimeError('observer broke')\n"
-               "_tracer.Tracer.observe = _broken")
+    kernel.run(
+        "_saved = _tracer.Tracer.observe\n"
+        "def _broken(self, *a):\n    raise RuntimeError('observer broke')\n"
+        "_tracer.Tracer.observe = _broken"
+    )
     try:
         cell = kernel.run("%%tfmem --as r --interval 10\nmodel.fit(x, y, epochs=3, verbose=0)")
         r = kernel.run(f"print({MARK!r} + json.dumps([r.status, r.notes, len(r.rss.samples)]))")["data"]
@@ -281,8 +297,7 @@ class Swallower(keras.callbacks.Callback):
 """
 # one epoch, and one press for the plain fit: with three epochs and a press every AGAIN_S, the later presses had to land
 # in the later epochs' sleeps, and on a loaded machine one landed between them and stopped the plain fit
-FIT_SWALLOWED = ("model.fit(x, y, epochs=1, batch_size=32, verbose=0, callbacks=[Swallower()])\n"
-                 "print('FIT-RAN-TO-END')")
+FIT_SWALLOWED = "model.fit(x, y, epochs=1, batch_size=32, verbose=0, callbacks=[Swallower()])\nprint('FIT-RAN-TO-END')"
 # an exception whose display takes seconds (a deep library traceback on a busy machine): a second press lands
 # while IPython formats it, and IPython then prints a bare "KeyboardInterrupt" and sends no error output
 SLOW_TO_SHOW = f"""
@@ -325,8 +340,10 @@ def test_a_second_stop_while_the_traceback_is_shown_keeps_the_error(kernel):
 
 
 def test_a_stop_the_users_code_catches_is_left_alone(kernel):
-    code = (f"try:\n    print({STARTED!r}, flush=True)\n    time.sleep(3)\nexcept KeyboardInterrupt:\n"
-            "    print('stopped early')\nprint('went on')")
+    code = (
+        f"try:\n    print({STARTED!r}, flush=True)\n    time.sleep(3)\nexcept KeyboardInterrupt:\n"
+        "    print('stopped early')\nprint('went on')"
+    )
     cell = kernel.run("%%tfmem --quick --as r\n" + code, interrupt_after=0.5)
     assert cell["error"] is None and "went on" in cell["stdout"]
     notes = kernel.run(f"print({MARK!r} + json.dumps(r.notes))")["data"]
@@ -375,7 +392,11 @@ def test_many_faulted_cells_leave_nothing_behind(kernel):
     for i in range(6):
         began = time.time()
         cell = kernel.run("%%tfmem\n" + FIT_LONG, interrupt_after=0.3 + 0.4 * i)
-        assert cell["error"] == "KeyboardInterrupt", (i, round(time.time() - began, 1), cell["presses"],
-                                                     cell["stdout"][-2000:])
+        assert cell["error"] == "KeyboardInterrupt", (
+            i,
+            round(time.time() - began, 1),
+            cell["presses"],
+            cell["stdout"][-2000:],
+        )
         assert kernel.run("%%tfmem --quick\nraise ValueError('the cell fails')")["error"] == "ValueError"
     assert_clean_and_next_cell_complete(kernel)

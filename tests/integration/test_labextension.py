@@ -19,8 +19,20 @@ from pathlib import Path
 import pytest
 
 from tfmem_magic.core.report import (
-    MIME_TYPE, BeforeAfter, DeviceMemory, EnvInfo, ErrorInfo, Finding, Fix, HeldInfo, Holder, LiveGroup, ModelInfo,
-    Report, RssInfo, TraceInfo,
+    MIME_TYPE,
+    BeforeAfter,
+    DeviceMemory,
+    EnvInfo,
+    ErrorInfo,
+    Finding,
+    Fix,
+    HeldInfo,
+    Holder,
+    LiveGroup,
+    ModelInfo,
+    Report,
+    RssInfo,
+    TraceInfo,
 )
 from tfmem_magic.core.schema import shipped_schema
 from tfmem_magic.show.render import mime_bundle
@@ -28,21 +40,29 @@ from tfmem_magic.show.render import mime_bundle
 ROOT = Path(__file__).resolve().parents[2]
 EXT = ROOT / "labextension"
 MiB, GiB = 2**20, 2**30
-needs_npm = pytest.mark.skipif(shutil.which("npm") is None,
-                               reason="node/npm not installed (the extension cannot be built)")
+needs_npm = pytest.mark.skipif(
+    shutil.which("npm") is None, reason="node/npm not installed (the extension cannot be built)"
+)
 
 
 def npm_installed() -> None:
     if not (EXT / "node_modules").exists():
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=EXT, check=True, capture_output=True,
-                       timeout=600)
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund"], cwd=EXT, check=True, capture_output=True, timeout=600
+        )
 
 
 def jest(*args: str, env: dict[str, str] | None = None) -> str:
     """Run jest (all suites, or those named) and return its summary line ("Tests: ...") once it passed."""
     npm_installed()
-    run = subprocess.run(["npx", "jest", "--ci", *args], cwd=EXT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **(env or {})})
+    run = subprocess.run(
+        ["npx", "jest", "--ci", *args],
+        cwd=EXT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Tests:" in run.stderr, run.stderr[-3000:]
     summary = run.stderr.split("Tests:")[1].splitlines()[0]
@@ -60,8 +80,7 @@ def test_generated_report_types_are_current():
     """After a change to tfmem_magic/report.schema.json (or labextension/schema/view.schema.json), regenerate the
     renderer's types: `cd labextension && npm run types` (scripts/types.mjs) rewrites src/report.ts."""
     npm_installed()
-    run = subprocess.run(["node", "scripts/types.mjs", "--check"], cwd=EXT, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(["node", "scripts/types.mjs", "--check"], cwd=EXT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -70,28 +89,60 @@ def reports() -> dict[str, Report]:
     findings, a fix and names holding memory; a quick cell on a GPU with its own limit and sampled bytes; a cell
     that raised before TensorFlow ran. User strings hold HTML."""
     fit = Report(
-        label="fit <b>", status="ok", mode="trace", wall_s=1.5, number=3,
-        env=EnvInfo(allocator="bfc_cpu_allocator_for_gpu", allocator_complete=True, budget_bytes=24 * GiB,
-                    ram_total_bytes=32 * GiB, devices=["CPU:0"]),
+        label="fit <b>",
+        status="ok",
+        mode="trace",
+        wall_s=1.5,
+        number=3,
+        env=EnvInfo(
+            allocator="bfc_cpu_allocator_for_gpu",
+            allocator_complete=True,
+            budget_bytes=24 * GiB,
+            ram_total_bytes=32 * GiB,
+            devices=["CPU:0"],
+        ),
         rss=RssInfo(500 * MiB, 700 * MiB, 650 * MiB, "hwm", [[0, 500 * MiB], [0.7, 700 * MiB], [1.5, 650 * MiB]]),
         tf={"CPU:0": DeviceMemory(0, 64 * MiB, 2 * MiB)},
-        trace=TraceInfo(events=10, peak_live_bytes=64 * MiB, peak_time_s=0.5,
-                        timeline=[[0, 0], [0.5, 64 * MiB], [1.2, 2 * MiB]],
-                        by_phase=[LiveGroup(phase="forward", bytes=40 * MiB), LiveGroup(phase=None, bytes=24 * MiB)],
-                        by_layer=[LiveGroup(layer="dense<script>", bytes=30 * MiB)]),
-        model=ModelInfo(name="mlp<x>", params=288906, param_bytes=288906 * 4, optimizer="Adam", batch_size=256,
-                        replicas=2),
+        trace=TraceInfo(
+            events=10,
+            peak_live_bytes=64 * MiB,
+            peak_time_s=0.5,
+            timeline=[[0, 0], [0.5, 64 * MiB], [1.2, 2 * MiB]],
+            by_phase=[LiveGroup(phase="forward", bytes=40 * MiB), LiveGroup(phase=None, bytes=24 * MiB)],
+            by_layer=[LiveGroup(layer="dense<script>", bytes=30 * MiB)],
+        ),
+        model=ModelInfo(
+            name="mlp<x>", params=288906, param_bytes=288906 * 4, optimizer="Adam", batch_size=256, replicas=2
+        ),
         findings=[Finding("large-batch", "The batch", "warn", "a < b")],
         fixes=[Fix("shrink-batch", "Shrink", "why", "model.fit(x, batch_size=8)", predicted_peak_bytes=40 * MiB)],
-        before=BeforeAfter(number=1, label="fit", status="ok", tf_peak_bytes=128 * MiB, rss_peak_bytes=800 * MiB,
-                           wall_s=2.0, fix_id="shrink-batch", predicted_peak_bytes=60 * MiB, error_band=0.15,
-                           held=True),
+        before=BeforeAfter(
+            number=1,
+            label="fit",
+            status="ok",
+            tf_peak_bytes=128 * MiB,
+            rss_peak_bytes=800 * MiB,
+            wall_s=2.0,
+            fix_id="shrink-batch",
+            predicted_peak_bytes=60 * MiB,
+            error_band=0.15,
+            held=True,
+        ),
         held=HeldInfo(left_bytes=2 * MiB, holders=[Holder("models", "list", 2 * MiB, models=["a", "b<c>"])]),
     )
     gpu = Report(
-        label="gpu", mode="quick", wall_s=0.25, number=4,
-        env=EnvInfo(allocator="GPU_0_bfc", budget_bytes=24 * GiB, ram_total_bytes=32 * GiB, budget_source="cgroup",
-                    device_limit_bytes={"GPU:0": 14 * GiB}, devices=["CPU:0", "GPU:0"]),
+        label="gpu",
+        mode="quick",
+        wall_s=0.25,
+        number=4,
+        env=EnvInfo(
+            allocator="GPU_0_bfc",
+            budget_bytes=24 * GiB,
+            ram_total_bytes=32 * GiB,
+            budget_source="cgroup",
+            device_limit_bytes={"GPU:0": 14 * GiB},
+            devices=["CPU:0", "GPU:0"],
+        ),
         rss=RssInfo(2 * GiB, 3 * GiB, 3 * GiB, "sampled", [[0, 2 * GiB], [0.25, 3 * GiB]]),
         tf={"CPU:0": DeviceMemory(0, MiB, 0), "GPU:0": DeviceMemory(GiB, 4 * GiB, GiB, [[0, GiB], [0.2, 4 * GiB]])},
     )
@@ -113,8 +164,10 @@ def test_view_blocks_match_the_schema_the_renderer_types_are_made_of():
     for name, bundle in bundles().items():
         data = bundle[MIME_TYPE]
         wrong = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in views.iter_errors(data["view"])]
-        wrong += [f"report {'/'.join(map(str, e.path))}: {e.message}"
-                  for e in report_schema.iter_errors({k: v for k, v in data.items() if k != "view"})]
+        wrong += [
+            f"report {'/'.join(map(str, e.path))}: {e.message}"
+            for e in report_schema.iter_errors({k: v for k, v in data.items() if k != "view"})
+        ]
         assert not wrong, f"{name}: " + "; ".join(wrong)
         assert data["view"]["summary"], name  # the renderer shows the text form of a bundle without it
     fit = bundles()["traced fit after a fix"][MIME_TYPE]["view"]
@@ -137,8 +190,12 @@ def test_renderer_shows_the_words_python_put_in_the_bundle(tmp_path):
 def test_the_extension_names_only_python_that_exists():
     """The extension's comments and tests name Python modules and functions (`tfmem_magic.show.frontend.insert_cell`)
     and files (`tfmem_magic/report.schema.json`): each must exist, so that a move on the Python side shows here."""
-    files = [p for pattern in ("src/*.ts", "test/*.ts", "scripts/*.mjs", "schema/*.json")
-             for p in EXT.glob(pattern) if p.name != "report.ts"]  # report.ts: generated from the schema
+    files = [
+        p
+        for pattern in ("src/*.ts", "test/*.ts", "scripts/*.mjs", "schema/*.json")
+        for p in EXT.glob(pattern)
+        if p.name != "report.ts"
+    ]  # report.ts: generated from the schema
     assert files
     missing = []
     for path in files:
@@ -170,7 +227,8 @@ def _resolves(dotted: str) -> bool:
 def test_prebuilt_extension_is_installed_and_enabled():
     share = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "tfmem_magic"
     assert json.loads((share / "package.json").read_text())["name"] == "tfmem_magic"
-    out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True, text=True, timeout=120
+    )
     line = next(line for line in (out.stdout + out.stderr).splitlines() if "tfmem_magic" in line)
     assert "enabled" in line and "OK" in line

@@ -32,11 +32,17 @@ pytestmark = pytest.mark.slow
 MiB = 2**20
 
 MODELS = {
-    "mlp": ("(512,)", 'keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"), '
-                      'keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])'),
-    "cnn": ("(32, 32, 3)", 'keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"), '
-                           'keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])'),
-    "gru": ("(40, 16)", 'keras.Sequential([keras.Input((40, 16)), keras.layers.GRU(64), keras.layers.Dense(10)])'),
+    "mlp": (
+        "(512,)",
+        'keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"), '
+        'keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])',
+    ),
+    "cnn": (
+        "(32, 32, 3)",
+        'keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"), '
+        "keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])",
+    ),
+    "gru": ("(40, 16)", "keras.Sequential([keras.Input((40, 16)), keras.layers.GRU(64), keras.layers.Dense(10)])"),
 }
 
 
@@ -66,7 +72,9 @@ def fitted(shape: str, model: str, batch: int) -> int:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
     shape, model = MODELS[name]
-    data = run_python(fit_code(shape, model, 32) + textwrap.dedent("""
+    data = run_python(
+        fit_code(shape, model, 32)
+        + textwrap.dedent("""
         at32 = p.report  # holds its model weakly: calibration needs `m` alive, as a notebook keeps it
         tf_budget = 3 * at32.tf_peak_bytes  # what TensorFlow may add over the cell's start
         budget = at32.rss.baseline_bytes + tf_budget  # as a user gives it: the process's memory in all
@@ -81,7 +89,8 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         print(json.dumps({"batch": batch, "tf_budget": tf_budget, "at32": at32.tf_peak_bytes, "effective": effective,
                           "too_small": too_small, "whole": whole, "replayed": replayed,
                           "basis": at32.whatif_basis.name}))
-    """))
+    """)
+    )
     analytic_checked = name in ("cnn", "gru")
     named = {"real": data["batch"] if analytic_checked else None, "real_replayed": data["replayed"]}
     with ThreadPoolExecutor(2) as pool:  # two fresh processes at once: each its own allocator, two cores
@@ -89,10 +98,17 @@ def test_the_batch_largest_batch_names_fits_its_budget_when_run(name):
         data.update({key: running[key].result() if key in running else None for key in named})
 
     def used(real: int | None) -> str:
-        return (f"{real / data['tf_budget']:.0%} of the budget, {real / data['effective']:.0%} of what it was judged "
-                "against" if real else "not run")
-    print(f"\n{name}: batch {data['batch']}, real {used(data['real'])}; "
-          f"on the {data['basis']} basis {data['replayed']}, real {used(data['real_replayed'])}")
+        return (
+            f"{real / data['tf_budget']:.0%} of the budget, {real / data['effective']:.0%} of what it was judged "
+            "against"
+            if real
+            else "not run"
+        )
+
+    print(
+        f"\n{name}: batch {data['batch']}, real {used(data['real'])}; "
+        f"on the {data['basis']} basis {data['replayed']}, real {used(data['real_replayed'])}"
+    )
     assert data["too_small"] is None and data["whole"] == 8192
     checked = [("replayed", "real_replayed")] + ([("batch", "real")] if analytic_checked else [])
     for batch, real in checked:

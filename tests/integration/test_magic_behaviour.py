@@ -38,8 +38,9 @@ def test_cell_runs_like_without_the_magic(shell, capsys):
 @pytest.mark.parametrize("mode", ["--trace", "--quick"])
 def test_raising_cell_keeps_traceback_and_reports(shell, capsys, tmp_path, mode, displayed):
     before = thread_names()
-    result = shell.run_cell(f"%%tfmem {mode}\nimport tensorflow as tf\nt = tf.ones((64, 64))\n"
-                            "raise ValueError('boom 123')")
+    result = shell.run_cell(
+        f"%%tfmem {mode}\nimport tensorflow as tf\nt = tf.ones((64, 64))\nraise ValueError('boom 123')"
+    )
     out = capsys.readouterr().out
     assert isinstance(result.error_in_exec, ValueError) and str(result.error_in_exec) == "boom 123"
     assert out.count("ValueError") >= 1 and "boom 123" in out and "tfmem_magic" not in out  # the user's traceback
@@ -54,10 +55,12 @@ def test_raising_cell_keeps_traceback_and_reports(shell, capsys, tmp_path, mode,
 def test_an_error_inside_fit_shows_no_frame_of_tfmem(shell, capsys):
     """tfmem's wrapper around fit sits between the user's line and Keras' frames: IPython leaves it out (Keras
     filters its own frames), so the traceback reads as it does without the magic."""
-    result = shell.run_cell("%%tfmem\nimport numpy as np, keras\n"
-                            "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
-                            "m.compile('sgd', 'mse')\n"
-                            "m.fit(np.zeros((8, 5), 'float32'), np.zeros((8, 2), 'float32'), verbose=0)")
+    result = shell.run_cell(
+        "%%tfmem\nimport numpy as np, keras\n"
+        "m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "m.compile('sgd', 'mse')\n"
+        "m.fit(np.zeros((8, 5), 'float32'), np.zeros((8, 2), 'float32'), verbose=0)"
+    )
     out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # without the terminal's colours
     assert result.error_in_exec is not None and "m.fit(np.zeros((8, 5)" in out, out
     assert "tfmem_magic" not in out, out
@@ -73,10 +76,12 @@ def test_an_interrupt_on_an_instruction_without_a_line_still_shows_its_traceback
     """A Ctrl-C can land where Python 3.11 has no line number (seen once in CI, in TF's function.py): the
     traceback entry's tb_lineno is None and IPython's formatter fails on an assert, so the user saw IPython's
     internal AssertionError and the kernel did not report the cell failed. Here the entry is built the same way."""
-    cell = ("%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
-            "_lost = types.TracebackType(None, _here, 10**6, -1)\n"
-            "assert _lost.tb_lineno is None\n"
-            "raise KeyboardInterrupt().with_traceback(_lost)")
+    cell = (
+        "%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
+        "_lost = types.TracebackType(None, _here, 10**6, -1)\n"
+        "assert _lost.tb_lineno is None\n"
+        "raise KeyboardInterrupt().with_traceback(_lost)"
+    )
     result = shell.run_cell(cell)
     out = capsys.readouterr().out
     assert isinstance(result.error_in_exec, KeyboardInterrupt), out
@@ -98,8 +103,10 @@ def test_user_profiler_running_falls_back_to_quick(shell, tmp_path):
 
 
 def test_nested_cells_inner_quick_outer_sees_inner_peak(shell):
-    cell = ("%%tfmem --as outer\nimport tensorflow as tf\n"
-            "get_ipython().run_cell('%%tfmem --as inner\\nbig = tf.zeros((2048, 1024))\\ndel big')\n")
+    cell = (
+        "%%tfmem --as outer\nimport tensorflow as tf\n"
+        "get_ipython().run_cell('%%tfmem --as inner\\nbig = tf.zeros((2048, 1024))\\ndel big')\n"
+    )
     assert shell.run_cell(cell).success
     outer, inner = shell.user_ns["outer"], shell.user_ns["inner"]
     assert inner.mode == "quick" and any("Nested" in n for n in inner.notes)
@@ -162,8 +169,10 @@ def test_line_commands_return_their_objects_only_with_o(shell, tmp_path, display
 
     for name in ("w0", "w1"):
         assert shell.run_cell(f"%%tfmem --quick --label {name} --save {tmp_path / name}.json\nx = 1").success
-    shell.run_cell(f"last = %tfmem last -o\nhistory = %tfmem history -o  # a comment is not an argument\n"
-                   f"pair = %tfmem compare w0 w1 -o\nview = %tfmem cluster {tmp_path} -o")
+    shell.run_cell(
+        f"last = %tfmem last -o\nhistory = %tfmem history -o  # a comment is not an argument\n"
+        f"pair = %tfmem compare w0 w1 -o\nview = %tfmem cluster {tmp_path} -o"
+    )
     ns = shell.user_ns
     assert ns["last"] is pipeline.last_report() and ns["last"].label == "w1"
     assert ns["history"] == list(pipeline.history) and ns["history"][-1] is ns["last"]
@@ -237,8 +246,9 @@ def test_a_limit_with_no_room_above_the_process_says_so():
 
     tf.constant(1.0)  # TensorFlow runs (as in every notebook that uses it): its runtime is in the process already
     rss = psutil.Process().memory_info().rss
-    with pytest.raises(TfmemUsageError, match="leaves less than 64 MiB of room above what this process already "
-                                              "holds") as refused:
+    with pytest.raises(
+        TfmemUsageError, match="leaves less than 64 MiB of room above what this process already holds"
+    ) as refused:
         guard.check_reachable(rss + 30 * 2**20, "--limit")
     assert "is below" not in str(refused.value)
 

@@ -19,9 +19,14 @@ def test_every_fix_of_a_mixed_float16_report_predicts_and_its_cells_run(shell):
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512, activation="relu", name="hidden"),
-                                  keras.layers.Dense(512, activation="relu", name="hidden2"),
-                                  keras.layers.Dense(10, dtype="float32", name="out")])
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(512, activation="relu", name="hidden"),
+                keras.layers.Dense(512, activation="relu", name="hidden2"),
+                keras.layers.Dense(10, dtype="float32", name="out"),
+            ]
+        )
         model.compile("adam", "sparse_categorical_crossentropy")
     finally:
         keras.mixed_precision.set_global_policy("float32")

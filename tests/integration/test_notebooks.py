@@ -21,8 +21,9 @@ NOTEBOOKS = ROOT / "example_notebooks"
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> nbformat.NotebookNode:
     # the kernel runs this very interpreter, so it sees the same installed packages
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", allow_errors=allow_errors, resources={"metadata": {"path": str(cwd)}}
+    )
     client.km = client.create_kernel_manager()
     client.km.kernel_spec.argv[0] = sys.executable
     client.execute()
@@ -62,8 +63,10 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     # input copies vary from run to run (docs/design.md, "Facts found while building tfmem"); the finding must
     # match what the trace saw
     at_peak = sum(c.bytes for c in first.trace.input_copies if c.live_at_peak)
-    worth = at_peak >= 0.1 * first.trace.allocated_at_peak_bytes or sum(c.bytes for c in first.trace.input_copies) \
-        >= 64 * 2**20  # the rule's threshold
+    worth = (
+        at_peak >= 0.1 * first.trace.allocated_at_peak_bytes
+        or sum(c.bytes for c in first.trace.input_copies) >= 64 * 2**20
+    )  # the rule's threshold
     assert any(f.id == "input-copy" for f in first.findings) == (bool(first.trace.input_copies) and worth)
     history = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "batch 128" in history and "batch 32" in history
@@ -106,7 +109,7 @@ def test_batch_size_notebook(tmp_path):
     assert refused.preflight.verdict == "refused" and refused.error.type == "PreflightRefused"
     assert refused.rss.peak_bytes < refused.guard.limit_bytes  # nothing of the call ran
     # its what-if predicts from the pre-flight's replay, and names the refusal's batch
-    assert "±35% (replay basis); largest batch that fits: " f"{refused.preflight.largest_batch}\n" in text
+    assert f"±35% (replay basis); largest batch that fits: {refused.preflight.largest_batch}\n" in text
     assert fitted.status == "ok" and fitted.model.batch_size == refused.preflight.largest_batch
     assert fitted.rss.peak_bytes <= fitted.guard.limit_bytes
 
@@ -121,7 +124,7 @@ def test_precision_notebook(tmp_path):
     text = "".join(outputs_text(c) for c in nb.cells)
     assert "model built before the policy: float32" in text and "model built after it:         bfloat16" in text
     assert "dtype of the variables: float32" in text
-    assert not any(f.id == "mixed-precision" and "mixed_float16\")" in f.code for f in f32.fixes)
+    assert not any(f.id == "mixed-precision" and 'mixed_float16")' in f.code for f in f32.fixes)
 
 
 def test_data_pipelines_notebook(tmp_path):
@@ -204,7 +207,8 @@ def test_leaks_and_retracing_notebook(tmp_path):
     assert any("leak-in-cell" in found for found in ids) and any("held-by-tensorflow" in found for found in ids)
     assert "via histories[256].model" in text and text.count("given back") >= 2
     assert "Watch mode off" in text and "tfmem · TF peak" in "".join(
-        o.get("data", {}).get("text/plain", "") for c in nb.cells for o in c.get("outputs", []))
+        o.get("data", {}).get("text/plain", "") for c in nb.cells for o in c.get("outputs", [])
+    )
 
 
 def test_surviving_oom_notebook(tmp_path):
@@ -223,11 +227,13 @@ def test_surviving_oom_notebook(tmp_path):
 
 
 def test_failing_cell_in_a_kernel_fails_once_and_still_reports(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        nbformat.v4.new_code_cell("%%tfmem --quick\nkept = 5\nraise RuntimeError('cell failed 7')"),
-        nbformat.v4.new_code_cell("kept"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+            nbformat.v4.new_code_cell("%%tfmem --quick\nkept = 5\nraise RuntimeError('cell failed 7')"),
+            nbformat.v4.new_code_cell("kept"),
+        ]
+    )
     with pytest.raises(CellExecutionError, match="cell failed 7"):
         execute(nb, tmp_path)
     outputs = nb.cells[1].outputs
@@ -240,10 +246,12 @@ def test_failing_cell_in_a_kernel_fails_once_and_still_reports(tmp_path):
 
 
 def test_kernel_survives_error_and_keeps_variables(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        nbformat.v4.new_code_cell("%%tfmem --quick\nkept = 5\nraise RuntimeError('x')"),
-        nbformat.v4.new_code_cell("print('kept is', kept)"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+            nbformat.v4.new_code_cell("%%tfmem --quick\nkept = 5\nraise RuntimeError('x')"),
+            nbformat.v4.new_code_cell("print('kept is', kept)"),
+        ]
+    )
     execute(nb, tmp_path, allow_errors=True)
     assert "kept is 5" in nb.cells[2].outputs[0].text

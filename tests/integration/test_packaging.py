@@ -74,8 +74,13 @@ def test_it_installs_and_loads_in_a_fresh_environment_without_node(wheel, tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_dir = venv / "bin"
-    env = {"PATH": str(bin_dir), "HOME": os.environ.get("HOME", str(tmp_path)), "LANG": "C.UTF-8",
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "LANG": "C.UTF-8",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+    }
     for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CACHE_DIR"):
         if name in os.environ:
             env[name] = os.environ[name]
@@ -85,13 +90,21 @@ def test_it_installs_and_loads_in_a_fresh_environment_without_node(wheel, tmp_pa
     listing = run([str(bin_dir / "jupyter"), "labextension", "list"], env)
     line = next((x for x in listing.splitlines() if "tfmem_magic" in x), "")
     assert "enabled" in line and "OK" in line, listing
-    out = run([str(bin_dir / "python"), "-c", (
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "sh = InteractiveShell.instance()\n"
-        "sh.run_line_magic('load_ext', 'tfmem_magic')\n"
-        "sh.run_cell('%%tfmem --quick --no-panel --as r\\nblock = b\"x\" * (64 * 2**20)')\n"
-        "r = sh.user_ns['r']\n"
-        "print('RSS', r.rss.peak_bytes - r.rss.baseline_bytes, r.env.tensorflow)\n")], env)
+    out = run(
+        [
+            str(bin_dir / "python"),
+            "-c",
+            (
+                "from IPython.core.interactiveshell import InteractiveShell\n"
+                "sh = InteractiveShell.instance()\n"
+                "sh.run_line_magic('load_ext', 'tfmem_magic')\n"
+                "sh.run_cell('%%tfmem --quick --no-panel --as r\\nblock = b\"x\" * (64 * 2**20)')\n"
+                "r = sh.user_ns['r']\n"
+                "print('RSS', r.rss.peak_bytes - r.rss.baseline_bytes, r.env.tensorflow)\n"
+            ),
+        ],
+        env,
+    )
     rss, tensorflow = out.strip().splitlines()[-1].split()[1:]
     assert int(rss) >= 60 * 2**20 and tensorflow == "None"  # no TensorFlow here: process memory is measured
     # then the user installs their TensorFlow next to it (pip's cache has it from this suite's own install), and

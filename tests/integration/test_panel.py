@@ -40,8 +40,12 @@ def test_header_shows_the_reports_numbers_escaped(fit_report):
     panel = build_panel(fit_report)
     header = panel.children[0].value
     cpu = fit_report.tf["CPU:0"]
-    for number in (format_bytes(cpu.peak_bytes), format_bytes(cpu.peak_bytes - cpu.baseline_bytes),
-                   format_bytes(fit_report.rss.peak_bytes), format_bytes(fit_report.env.budget_bytes)):
+    for number in (
+        format_bytes(cpu.peak_bytes),
+        format_bytes(cpu.peak_bytes - cpu.baseline_bytes),
+        format_bytes(fit_report.rss.peak_bytes),
+        format_bytes(fit_report.env.budget_bytes),
+    ):
         assert number in header
     assert "&lt;i&gt;fit&lt;/i&gt;" in header and "<i>fit</i>" not in header
     assert "tfmem-panel" in panel._dom_classes
@@ -72,11 +76,19 @@ def test_panel_escapes_user_strings():
 
     from tfmem_magic.core.report import LayerInfo, LiveGroup, ModelInfo, TraceInfo
 
-    evil = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
-    report = Report(label=evil, notes=[evil], model=ModelInfo(name=evil, layers=[LayerInfo(name=evil, type=evil)]),
-                    trace=TraceInfo(events=1, peak_live_bytes=2**20, at_peak=[LiveGroup(op=evil, layer=evil,
-                                                                                        phase="forward", bytes=2**20)],
-                                    by_layer=[LiveGroup(layer=evil, bytes=2**20)], note=evil))
+    evil = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    report = Report(
+        label=evil,
+        notes=[evil],
+        model=ModelInfo(name=evil, layers=[LayerInfo(name=evil, type=evil)]),
+        trace=TraceInfo(
+            events=1,
+            peak_live_bytes=2**20,
+            at_peak=[LiveGroup(op=evil, layer=evil, phase="forward", bytes=2**20)],
+            by_layer=[LiveGroup(layer=evil, bytes=2**20)],
+            note=evil,
+        ),
+    )
     html = " ".join(w.value for w in walk(build_panel(report)) if isinstance(w, widgets.HTML))
     assert "<script>" not in html and "<img src=x" not in html
     assert html.count("&lt;script&gt;") >= 5
@@ -173,12 +185,16 @@ def test_figures_are_png_and_none_without_data(fit_report):
 
 @pytest.mark.slow
 def test_kernel_displays_static_twin_then_live_panel(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        # long enough for the sampler's timeline (a cell of a few sampling periods draws none)
-        nbformat.v4.new_code_cell("%%tfmem\nimport time, tensorflow as tf\nx = tf.ones((128, 128))\ntime.sleep(0.5)"),
-        nbformat.v4.new_code_cell("%%tfmem --no-panel\ny = 1"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+            # long enough for the sampler's timeline (a cell of a few sampling periods draws none)
+            nbformat.v4.new_code_cell(
+                "%%tfmem\nimport time, tensorflow as tf\nx = tf.ones((128, 128))\ntime.sleep(0.5)"
+            ),
+            nbformat.v4.new_code_cell("%%tfmem --no-panel\ny = 1"),
+        ]
+    )
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.km = client.create_kernel_manager()
     client.km.kernel_spec.argv[0] = sys.executable
@@ -189,8 +205,12 @@ def test_kernel_displays_static_twin_then_live_panel(tmp_path):
     assert "<img" in html  # the timeline travels with the static twin
     report = Report.from_dict(static.data[MIME_TYPE])
     cpu = report.tf["CPU:0"]
-    for number in (cpu.peak_bytes, cpu.peak_bytes - cpu.baseline_bytes, report.rss.peak_bytes,
-                   report.trace.peak_live_bytes):
+    for number in (
+        cpu.peak_bytes,
+        cpu.peak_bytes - cpu.baseline_bytes,
+        report.rss.peak_bytes,
+        report.trace.peak_live_bytes,
+    ):
         assert format_bytes(number) in html  # the HTML shows the report's own numbers
     # nbconvert's HTML of the executed notebook shows the static report
     from nbconvert import HTMLExporter

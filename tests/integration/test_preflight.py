@@ -26,11 +26,13 @@ model = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, a
 model.compile("adam", "sparse_categorical_crossentropy")
 model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)  # TensorFlow is running: no allocator cap any more
 """
-REPORT = (f"print({MARK!r} + json.dumps({{'status': r.status, 'rss_peak': r.rss.peak_bytes, 'notes': r.notes, "
-          "'preflight': r.preflight and __import__('dataclasses').asdict(r.preflight), "
-          "'error': r.error and r.error.message, 'tf_peak': r.tf_peak_bytes, "
-          "'basis': r.whatif_basis and [r.whatif_basis.name, r.whatif_basis.anchor], "
-          "'fixes': {f.id: f.code for f in r.fixes}}))")
+REPORT = (
+    f"print({MARK!r} + json.dumps({{'status': r.status, 'rss_peak': r.rss.peak_bytes, 'notes': r.notes, "
+    "'preflight': r.preflight and __import__('dataclasses').asdict(r.preflight), "
+    "'error': r.error and r.error.message, 'tf_peak': r.tf_peak_bytes, "
+    "'basis': r.whatif_basis and [r.whatif_basis.name, r.whatif_basis.anchor], "
+    "'fixes': {f.id: f.code for f in r.fixes}}))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,10 @@ def kernel(tmp_path_factory):
 
 def fit(kernel: Kernel, batch: int, options: str = "", code: str = "") -> tuple[dict, dict]:
     """A cell under --limit 3GB (`code`, by default a fit at `batch`), and its report."""
-    cell = kernel.run(f"%%tfmem --quick --limit 3GB --as r {options}\n"
-                      + (code or f"model.fit(x, y, batch_size={batch}, epochs=1, verbose=0)"))
+    cell = kernel.run(
+        f"%%tfmem --quick --limit 3GB --as r {options}\n"
+        + (code or f"model.fit(x, y, batch_size={batch}, epochs=1, verbose=0)")
+    )
     return cell, kernel.run(REPORT)["data"]
 
 
@@ -67,9 +71,11 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     assert 64 < suggested < 1024 and f"batch_size={suggested}" in r["fixes"]["shrink-batch"]
     # the report's what-if is the pre-flight's replay, anchored on its prediction, and names the same batch
     assert r["basis"] == ["replay", "preflight"]
-    asked = kernel.run(f"import tfmem_magic\nw = tfmem_magic.predict(r, batch_size={suggested})\n"
-                       f"print({MARK!r} + json.dumps([w.peak_bytes, w.error_band, w.basis, "
-                       "tfmem_magic.predict(r).largest_batch]))")["data"]
+    asked = kernel.run(
+        f"import tfmem_magic\nw = tfmem_magic.predict(r, batch_size={suggested})\n"
+        f"print({MARK!r} + json.dumps([w.peak_bytes, w.error_band, w.basis, "
+        "tfmem_magic.predict(r).largest_batch]))"
+    )["data"]
     predicted, band, basis, largest = asked
     assert basis == "replay" and largest == suggested, asked
     cell, r = fit(kernel, suggested)
@@ -77,8 +83,10 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     assert r["rss_peak"] < LIMIT
     assert r["preflight"]["verdict"] in ("fits", "uncertain")
     # ... and predicted the suggested batch's TF peak within its band (here: 1.44 GiB predicted at 456, 1.50 run)
-    print(f"\nbatch {suggested}: the refused report predicted {predicted / GiB:.2f} GiB ±{band:.0%}, "
-          f"it ran at {r['tf_peak'] / GiB:.2f} GiB")
+    print(
+        f"\nbatch {suggested}: the refused report predicted {predicted / GiB:.2f} GiB ±{band:.0%}, "
+        f"it ran at {r['tf_peak'] / GiB:.2f} GiB"
+    )
     assert abs(predicted / r["tf_peak"] - 1) <= band, (predicted, r["tf_peak"])
 
 
@@ -95,18 +103,21 @@ def test_no_preflight_leaves_the_call_to_the_guard(kernel):
     assert cell["error"] is None and r["preflight"] is None
 
 
-
 def test_each_call_is_checked_as_it_was_fed(kernel):
     # a predict after a fit in one cell was checked at the fit's batch (32, the report's) and went on to 2.1x the
     # limit at its own batch, 2048: each call is checked as it was fed
-    cell, r = fit(kernel, 32, "", "model.fit(x[:256], y[:256], batch_size=32, epochs=1, verbose=0)\n"
-                                  "out = model.predict(x, batch_size=2048, verbose=0)")
+    cell, r = fit(
+        kernel,
+        32,
+        "",
+        "model.fit(x[:256], y[:256], batch_size=32, epochs=1, verbose=0)\n"
+        "out = model.predict(x, batch_size=2048, verbose=0)",
+    )
     pre = r["preflight"]
     assert cell["error"] == "PreflightRefused" and (pre["call"], pre["batch_size"]) == ("predict", 2048), pre
     assert r["rss_peak"] < LIMIT
     # train_on_batch: its batch is the one handed in, checked once per size
-    cell, r = fit(kernel, 1024, "", "for i in range(0, 2048, 1024): model.train_on_batch(x[i:i + 1024], "
-                                    "y[i:i + 1024])")
+    cell, r = fit(kernel, 1024, "", "for i in range(0, 2048, 1024): model.train_on_batch(x[i:i + 1024], y[i:i + 1024])")
     pre = r["preflight"]
     assert cell["error"] == "PreflightRefused" and (pre["call"], pre["batch_size"]) == ("train_on_batch", 1024)
     assert "stopped train_on_batch() before its first step" in r["error"] and r["rss_peak"] < LIMIT
@@ -126,19 +137,29 @@ def step(xb, yb):
         loss = lossf(yb, model(xb, training=True))
     opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
 """)
-    cell = kernel.run("%%tfmem --quick --limit 3GB --as r\n"
-                      "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
+    cell = kernel.run(
+        "%%tfmem --quick --limit 3GB --as r\n"
+        "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)"
+    )
     r = kernel.run(REPORT)["data"]
     assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
-    assert any("trained in a loop of its own (Adam.apply(), outside fit)" in n and "only the guard watched it" in n
-               for n in r["notes"]), r["notes"]
+    assert any(
+        "trained in a loop of its own (Adam.apply(), outside fit)" in n and "only the guard watched it" in n
+        for n in r["notes"]
+    ), r["notes"]
     # run again, the step is traced: no update passes through Python, and the optimizer's step counter says it ran
-    cell = kernel.run("%%tfmem --quick --limit 3GB --as r\n"
-                      "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)")
+    cell = kernel.run(
+        "%%tfmem --quick --limit 3GB --as r\n"
+        "for xb, yb in tf.data.Dataset.from_tensor_slices((x[:192], y[:192])).batch(64): step(xb, yb)"
+    )
     r = kernel.run(REPORT)["data"]
     assert cell["error"] is None and r["status"] == "ok" and r["preflight"] is None, cell["stdout"][-2000:]
-    assert any("a loop of its own (opt (Adam) stepped 3 times in a tf.function traced before the cell, by its step "
-               "counter, outside fit)" in n for n in r["notes"]), r["notes"]
+    assert any(
+        "a loop of its own (opt (Adam) stepped 3 times in a tf.function traced before the cell, by its step "
+        "counter, outside fit)" in n
+        for n in r["notes"]
+    ), r["notes"]
+
 
 def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(tmp_path_factory):
     # A limit counts the process, and the process grows by more than TensorFlow's allocator (the arrays fit copies,
@@ -150,10 +171,15 @@ def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(t
         assert first.run(SETUP)["error"] is None
         cell = first.run("%%tfmem --limit 3GB --as r\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)")
         assert cell["error"] is None, cell["stdout"][-2000:]
-        data = first.run("import tfmem_magic\n" + REPORT.replace(
-            "'fixes'", "'largest': tfmem_magic.largest_batch(r), 'basis': r.whatif_basis.name, "
-                       "'outside': r.rss.peak_bytes - r.rss.baseline_bytes - r.tf_peak_bytes, "
-                       "'finding': [f.evidence for f in r.findings if f.id == 'large-batch'], 'fixes'"))["data"]
+        data = first.run(
+            "import tfmem_magic\n"
+            + REPORT.replace(
+                "'fixes'",
+                "'largest': tfmem_magic.largest_batch(r), 'basis': r.whatif_basis.name, "
+                "'outside': r.rss.peak_bytes - r.rss.baseline_bytes - r.tf_peak_bytes, "
+                "'finding': [f.evidence for f in r.findings if f.id == 'large-batch'], 'fixes'",
+            )
+        )["data"]
     finally:
         first.close()
     assert data["status"] == "ok", data["notes"]
@@ -171,8 +197,10 @@ def test_the_largest_batch_a_report_names_under_a_limit_runs_within_that_limit(t
         r = second.run(REPORT)["data"]
     finally:
         second.close()
-    print(f"\nbatch 256 on the {data['basis']} basis names {named}; run, the process peaked at "
-          f"{r['rss_peak'] / GiB:.2f} GiB of {LIMIT / GiB:.2f}")
+    print(
+        f"\nbatch 256 on the {data['basis']} basis names {named}; run, the process peaked at "
+        f"{r['rss_peak'] / GiB:.2f} GiB of {LIMIT / GiB:.2f}"
+    )
     assert cell["error"] is None and r["status"] == "ok", (named, data["outside"], cell["stdout"][-2000:], r["notes"])
     assert r["rss_peak"] < LIMIT
 
@@ -234,8 +262,10 @@ def gan_kernel(tmp_path_factory):
     setup, _ = load_benchmark("custom_step_accuracy").PROGRAMS["dcgan"]
     setup = textwrap.dedent(setup).replace("data = data.batch(BATCH).take(4)", "")
     k = Kernel(tmp_path_factory.mktemp("preflight-gan"))
-    cell = k.run("%load_ext tfmem_magic\nimport json, numpy as np, keras, tensorflow as tf\nfrom keras import layers\n"
-                 f"tf.zeros((4, 4)) + 1\n{setup}")
+    cell = k.run(
+        "%load_ext tfmem_magic\nimport json, numpy as np, keras, tensorflow as tf\nfrom keras import layers\n"
+        f"tf.zeros((4, 4)) + 1\n{setup}"
+    )
     assert cell["error"] is None, cell["stdout"][-2000:]
     yield k
     k.close()

@@ -29,8 +29,8 @@ def failure(out: str, test: str) -> str:
     """The section pytest prints for one failed test (its name between underscores, up to the next section)."""
     start = re.search(rf"^_+ {re.escape(test)} _+$", out, re.M)
     assert start, f"no failure section for {test}:\n{out}"
-    end = re.search(r"^(_+ \S+ _+|=+ .* =+)$", out[start.end():], re.M)
-    return out[start.end():start.end() + end.start()] if end else out[start.end():]
+    end = re.search(r"^(_+ \S+ _+|=+ .* =+)$", out[start.end() :], re.M)
+    return out[start.end() : start.end() + end.start()] if end else out[start.end() :]
 
 
 def test_the_plugin_is_registered_for_pytest():
@@ -38,7 +38,7 @@ def test_the_plugin_is_registered_for_pytest():
     assert found.get("tfmem") == "tfmem_magic.adapters.pytest_plugin"
 
 
-LIMITS = '''
+LIMITS = """
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -88,7 +88,7 @@ def test_device_over():
 @pytest.mark.tfmem_limit("1GiB", device="GPU:0")
 def test_device_absent():
     tf.ones((4, 4))                              # this machine has no GPU: nothing to judge the limit on
-'''
+"""
 
 
 def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
@@ -99,15 +99,18 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert outcomes.get("passed") == 3 and outcomes.get("failed") == 6, out
     # the plugin set TensorFlow's allocator up (BFC) before the first op: every allocation is counted
     assert "note: TensorFlow's CPU allocator" not in out, out  # what the plugin says when it could not
-    over = re.search(r"tfmem_limit: TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, "
-                     r"over its 16 MiB limit", out)
+    over = re.search(
+        r"tfmem_limit: TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, "
+        r"over its 16 MiB limit",
+        out,
+    )
     assert over and 60 <= float(over.group(1)) <= 70, out  # 32 MiB for x and 32 MiB for x * 2, both live
     # the largest tensors are named by op, dtype and shape: the two 32 MiB ones, x and x * 2
     largest = failure(out, "test_over")
     assert "Largest tensors live at the peak:" in largest
     assert re.search(r"^ +32 MiB  [A-Za-z]\w*.*  float32\[2048,4096\]", largest, re.M), largest
     assert re.search(r"^ +32 MiB  Mul\b.*float32\[2048,4096\]", largest, re.M), largest  # x * 2
-    fit = out[out.index("test_fit_over"):]
+    fit = out[out.index("test_fit_over") :]
     assert re.search(r"over its 8 MiB limit", fit) and "wide" in fit  # the layer that holds the most is named
     rss = re.search(r"tfmem_limit: the process's RSS peak was ([\d.]+) MiB", out)
     assert rss and 280 <= float(rss.group(1)) <= 400, out
@@ -121,17 +124,22 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert report.label.endswith("test_over") and report.tf_peak_bytes > 16 * MiB
     assert report.env.allocator == "bfc_cpu_allocator_for_gpu" and report.env.allocator_complete
     # device=: the limit is judged on that device's allocator, over and under it
-    device_over = re.search(r"TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, over its "
-                            r"40 MiB limit", failure(out, "test_device_over"))
+    device_over = re.search(
+        r"TensorFlow's peak on CPU:0 was ([\d.]+) MiB over the test body's baseline, over its "
+        r"40 MiB limit",
+        failure(out, "test_device_over"),
+    )
     assert device_over and 60 <= float(device_over.group(1)) <= 70, out
     assert "test_limits.py::test_device_within" not in out  # passed: listed only if it failed
     absent = failure(out, "test_device_absent")
-    assert "tfmem_limit(device='GPU:0'): TensorFlow has no allocator statistics for GPU:0 in this process " \
-           "(its devices: CPU:0; with statistics: CPU:0)" in absent, absent
+    assert (
+        "tfmem_limit(device='GPU:0'): TensorFlow has no allocator statistics for GPU:0 in this process "
+        "(its devices: CPU:0; with statistics: CPU:0)" in absent
+    ), absent
     assert "@pytest.mark.skipif(not tf.config.list_physical_devices('GPU')" in absent
 
 
-LEAKS = '''
+LEAKS = """
 import pytest
 import tensorflow as tf
 
@@ -158,7 +166,7 @@ def test_runs_the_body_each_time():
 
 def test_the_body_ran_four_times():
     assert len(CALLS) == 4
-'''
+"""
 
 
 def test_a_leak_across_runs_fails_and_a_clean_body_passes(pytester, clean_env):
@@ -167,17 +175,23 @@ def test_a_leak_across_runs_fails_and_a_clean_body_passes(pytester, clean_env):
     out = result.stdout.str()
     assert result.parseoutcomes() == {"passed": 4, "failed": 1}, out
     leak = failure(out, "test_keeps_a_tensor_per_call")
-    grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per run on average, more than "
-                     r"the 1 MiB allowed\. After each of the 3 runs of the body: ", leak)
+    grew = re.search(
+        r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per run on average, more than "
+        r"the 1 MiB allowed\. After each of the 3 runs of the body: ",
+        leak,
+    )
     assert grew and 3.9 <= float(grew.group(1)) <= 4.5, out
     # the report of the failing test's last run, where _save writes it
     path = re.search(r"^report of the last run: (\S+\.json)$", leak, re.M)
-    assert path and re.search(r"\.pytest_cache/d/tfmem/test_leaks\.py_test_keeps_a_tensor_per_call-[0-9a-f]{8}"
-                              r"\.json$", path.group(1)), leak
+    assert path and re.search(
+        r"\.pytest_cache/d/tfmem/test_leaks\.py_test_keeps_a_tensor_per_call-[0-9a-f]{8}"
+        r"\.json$",
+        path.group(1),
+    ), leak
     assert Report.load(path.group(1)).label == "test_leaks.py::test_keeps_a_tensor_per_call"
 
 
-UNEVEN = '''
+UNEVEN = """
 import pytest
 import tensorflow as tf
 
@@ -200,7 +214,7 @@ def test_every_second_run_keeps_a_tensor():
 @pytest.mark.tfmem_no_leak("1MiB", runs=3)
 def test_every_run_keeps_a_tensor():
     KEPT.append(tf.ones((1024, 1024)) * 2)
-'''
+"""
 
 
 def test_a_one_off_growth_passes_and_a_growth_in_most_runs_fails(pytester, clean_env):
@@ -211,8 +225,12 @@ def test_a_one_off_growth_passes_and_a_growth_in_most_runs_fails(pytester, clean
     assert "test_uneven.py::test_one_run_fills_a_cache" not in out  # it passed
     every_second = failure(out, "test_every_second_run_keeps_a_tensor")
     # growths 4, 0, 4, 0 MiB; the largest left out: (0 + 4 + 0) / 3
-    grew = re.search(r"grew by ([\d.]+) MiB per run on average.*the largest single growth, ([\d.]+) MiB, is left "
-                     r"out as a one-off", every_second, re.S)
+    grew = re.search(
+        r"grew by ([\d.]+) MiB per run on average.*the largest single growth, ([\d.]+) MiB, is left "
+        r"out as a one-off",
+        every_second,
+        re.S,
+    )
     assert grew and 1.2 <= float(grew.group(1)) <= 1.6 and 3.9 <= float(grew.group(2)) <= 4.5, every_second
     assert "After each of the 5 runs of the body" in every_second
     steady = failure(out, "test_every_run_keeps_a_tensor")
@@ -220,7 +238,7 @@ def test_a_one_off_growth_passes_and_a_growth_in_most_runs_fails(pytester, clean
     assert grew and 3.9 <= float(grew.group(1)) <= 4.5, steady
 
 
-LOOPS = '''
+LOOPS = """
 import pytest
 import tensorflow as tf
 
@@ -261,7 +279,7 @@ def test_the_body_ran_once():
 def test_one_step_only(tfmem_leak_check):
     tf.ones((4, 4))
     tfmem_leak_check.step()
-'''
+"""
 
 
 def test_the_no_leak_rule_over_the_tests_own_loop(pytester, clean_env):
@@ -270,20 +288,25 @@ def test_the_no_leak_rule_over_the_tests_own_loop(pytester, clean_env):
     out = result.stdout.str()
     assert result.parseoutcomes() == {"passed": 4, "failed": 2}, out
     leak = failure(out, "test_loop_keeps_a_tensor_per_iteration")
-    grew = re.search(r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per step on average, more than "
-                     r"the 1 MiB allowed\. After each of the 4 steps of the test's loop \(tfmem_leak_check\.step\(\)\)",
-                     leak)
+    grew = re.search(
+        r"tfmem_no_leak: TensorFlow's live bytes grew by ([\d.]+) MiB per step on average, more than "
+        r"the 1 MiB allowed\. After each of the 4 steps of the test's loop \(tfmem_leak_check\.step\(\)\)",
+        leak,
+    )
     assert grew and 3.9 <= float(grew.group(1)) <= 4.5, leak
     path = re.search(r"^report: (\S+\.json)$", leak, re.M)
     assert path and Report.load(path.group(1)).label == "test_loops.py::test_loop_keeps_a_tensor_per_iteration"
-    assert "called tfmem_leak_check.step() 1 time(s); call it once per iteration of its loop, at least twice" in \
-        failure(out, "test_one_step_only")
+    assert (
+        "called tfmem_leak_check.step() 1 time(s); call it once per iteration of its loop, at least twice"
+        in failure(out, "test_one_step_only")
+    )
 
 
 def test_an_overridden_loop_fixture_is_named_not_misjudged(pytester, clean_env):
     pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef tfmem_leak_check():\n    return object()\n")
-    pytester.makepyfile(test_loop=(
-        "import pytest\n\n@pytest.mark.tfmem_no_leak('1MiB')\ndef test_a(tfmem_leak_check):\n    pass\n"))
+    pytester.makepyfile(
+        test_loop=("import pytest\n\n@pytest.mark.tfmem_no_leak('1MiB')\ndef test_a(tfmem_leak_check):\n    pass\n")
+    )
     result = pytester.runpytest_subprocess("-q", timeout=120)
     out = result.stdout.str()
     assert result.parseoutcomes() == {"failed": 1}, out
@@ -291,19 +314,28 @@ def test_an_overridden_loop_fixture_is_named_not_misjudged(pytester, clean_env):
     assert "time(s)" not in out  # not judged as a loop that called step() too rarely
 
 
-@pytest.mark.parametrize("marker, expected, fixtures", [
-    ('tfmem_limit("lots")', "tfmem_limit('lots')", ""),
-    ('tfmem_limit("1MiB", "2MiB")', "takes one size", ""),
-    ('tfmem_limit("1MiB", device="gpu")', "name a TensorFlow device such as 'GPU:0'", ""),
-    ('tfmem_limit("1MiB", rss="yes")', "rss is True or False", ""),
-    ('tfmem_limit("1MiB", rss=True, device="CPU:0")', "rss=True limits the process's memory; device= does not apply",
-     ""),
-    ('tfmem_no_leak("1MiB", runs=1)', "at least 2", ""),
-    ('tfmem_no_leak("1MiB", repeat=3)', "unknown argument(s) repeat", ""),
-    ('tfmem_no_leak("1MiB", runs=3)', "with the tfmem_leak_check fixture the body runs once", "tfmem_leak_check"),
-    (None, "the tfmem_leak_check fixture judges the test's loop by its @pytest.mark.tfmem_no_leak(size) marker",
-     "tfmem_leak_check"),
-])
+@pytest.mark.parametrize(
+    "marker, expected, fixtures",
+    [
+        ('tfmem_limit("lots")', "tfmem_limit('lots')", ""),
+        ('tfmem_limit("1MiB", "2MiB")', "takes one size", ""),
+        ('tfmem_limit("1MiB", device="gpu")', "name a TensorFlow device such as 'GPU:0'", ""),
+        ('tfmem_limit("1MiB", rss="yes")', "rss is True or False", ""),
+        (
+            'tfmem_limit("1MiB", rss=True, device="CPU:0")',
+            "rss=True limits the process's memory; device= does not apply",
+            "",
+        ),
+        ('tfmem_no_leak("1MiB", runs=1)', "at least 2", ""),
+        ('tfmem_no_leak("1MiB", repeat=3)', "unknown argument(s) repeat", ""),
+        ('tfmem_no_leak("1MiB", runs=3)', "with the tfmem_leak_check fixture the body runs once", "tfmem_leak_check"),
+        (
+            None,
+            "the tfmem_leak_check fixture judges the test's loop by its @pytest.mark.tfmem_no_leak(size) marker",
+            "tfmem_leak_check",
+        ),
+    ],
+)
 def test_bad_marker_arguments_fail_at_collection(pytester, clean_env, marker, expected, fixtures):
     decorator = f"@pytest.mark.{marker}\n" if marker else ""
     pytester.makepyfile(test_bad=f"import pytest\n\n{decorator}def test_a({fixtures}):\n    pass\n")
@@ -313,7 +345,7 @@ def test_bad_marker_arguments_fail_at_collection(pytester, clean_env, marker, ex
     assert "test_bad.py::test_a:" in err and expected in err, err
 
 
-TABLE = '''
+TABLE = """
 import os
 import pytest
 import tensorflow as tf
@@ -325,17 +357,18 @@ def test_allocates(mib):
 
 def test_plain():
     assert os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "1"  # --tfmem set the allocator up before collection
-'''
+"""
 
 
 def test_the_table_of_the_largest_under_xdist_with_saved_reports(pytester, clean_env, tmp_path):
     pytester.makepyfile(test_table=TABLE)
     saved = tmp_path / "reports"
-    result = pytester.runpytest_subprocess("-q", "-n", "2", "--tfmem", "--tfmem-top", "2", "--tfmem-save",
-                                           str(saved), timeout=300)
+    result = pytester.runpytest_subprocess(
+        "-q", "-n", "2", "--tfmem", "--tfmem-top", "2", "--tfmem-save", str(saved), timeout=300
+    )
     out = result.stdout.str()
     assert result.parseoutcomes().get("passed") == 4, out
-    table = out[out.index("tfmem: the 2 tests with the highest TensorFlow peak"):].splitlines()
+    table = out[out.index("tfmem: the 2 tests with the highest TensorFlow peak") :].splitlines()
     rows = [line for line in table if "test_table.py" in line]
     assert len(rows) == 2 and "[64]" in rows[0] and "[32]" in rows[1], out
     assert rows[0].split()[0:2] == ["64", "MiB"]
@@ -349,19 +382,22 @@ def test_the_table_of_the_largest_under_xdist_with_saved_reports(pytester, clean
 
 
 def test_a_limit_on_a_body_that_never_runs_tensorflow_passes(pytester, clean_env):
-    pytester.makepyfile(test_no_tf='''
+    pytester.makepyfile(
+        test_no_tf="""
 import pytest
 
 @pytest.mark.tfmem_limit("1MiB")
 def test_plain():
     assert sum(range(10)) == 45   # TensorFlow is imported (to trace), but no op runs: its allocator never exists
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("-q", timeout=120)
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
 
 
 def test_markers_on_a_unittest_method_are_refused(pytester, clean_env):
-    pytester.makepyfile(test_ut='''
+    pytester.makepyfile(
+        test_ut="""
 import unittest
 import pytest
 
@@ -369,26 +405,30 @@ class T(unittest.TestCase):
     @pytest.mark.tfmem_limit("1MiB")
     def test_a(self):
         pass
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("-q", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "unittest.TestCase method" in result.stderr.str()
 
 
 def test_without_markers_or_options_the_plugin_changes_nothing(pytester, clean_env):
-    pytester.makepyfile(test_plain='''
+    pytester.makepyfile(
+        test_plain="""
 import os
 
 def test_env():
     assert "TF_CPU_ALLOCATOR_USE_BFC" not in os.environ
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("-q", timeout=120)
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
     assert "tfmem" not in result.stdout.str()
 
 
 def test_trace_mode_for_every_test_saves_the_breakdown(pytester, clean_env, tmp_path):
-    pytester.makepyfile(test_traced='''
+    pytester.makepyfile(
+        test_traced="""
 import numpy as np
 import keras
 
@@ -396,7 +436,8 @@ def test_fit():
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, name="dense_t")])
     model.compile("sgd", "mse")
     model.fit(np.ones((128, 64), "float32"), np.ones((128, 256), "float32"), batch_size=32, verbose=0)
-''')
+"""
+    )
     saved = tmp_path / "reports"
     result = pytester.runpytest_subprocess("-q", "--tfmem-trace", "--tfmem-save", str(saved), timeout=300)
     assert result.parseoutcomes() == {"passed": 1}, result.stdout.str()
@@ -405,7 +446,7 @@ def test_fit():
     assert "tfmem: the 1 test with the highest TensorFlow peak" in result.stdout.str()
 
 
-FIXTURES = '''
+FIXTURES = """
 import pytest
 import tensorflow as tf
 
@@ -425,7 +466,7 @@ def test_small_body_with_big_fixtures(big, warmed_up):
 def test_the_same_in_the_body():
     big = tf.ones((4096, 4096))
     assert float(tf.reduce_sum(big[:16])) == 16 * 4096
-'''
+"""
 
 
 def test_only_the_test_body_is_measured_not_its_fixtures(pytester, clean_env):
@@ -434,11 +475,13 @@ def test_only_the_test_body_is_measured_not_its_fixtures(pytester, clean_env):
     out = result.stdout.str()
     assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out
     assert "test_fixtures.py::test_small_body_with_big_fixtures" not in out  # it passed
-    assert re.search(r"TensorFlow's peak on CPU:0 was 6\d(\.\d+)? MiB over the test body's baseline, over its 8 MiB",
-                     failure(out, "test_the_same_in_the_body"))
+    assert re.search(
+        r"TensorFlow's peak on CPU:0 was 6\d(\.\d+)? MiB over the test body's baseline, over its 8 MiB",
+        failure(out, "test_the_same_in_the_body"),
+    )
 
 
-IMPORT_OP = '''
+IMPORT_OP = """
 import pytest
 import tensorflow as tf
 
@@ -451,10 +494,12 @@ def test_within():
 @pytest.mark.tfmem_limit("16MiB")
 def test_over():
     assert float(tf.reduce_sum(tf.ones((2048, 4096)) * SCALE)) > 0     # 64 MiB
-'''
-LATE = ("a TensorFlow op ran before the plugin could switch it to BFC (when a test module or conftest.py was "
-        "imported). Run pytest with TF_CPU_ALLOCATOR_USE_BFC=1 in the environment, or run no TensorFlow op at import "
-        "(make tensors in fixtures or tests).")
+"""
+LATE = (
+    "a TensorFlow op ran before the plugin could switch it to BFC (when a test module or conftest.py was "
+    "imported). Run pytest with TF_CPU_ALLOCATOR_USE_BFC=1 in the environment, or run no TensorFlow op at import "
+    "(make tensors in fixtures or tests)."
+)
 
 
 def test_an_op_at_import_is_reported_with_what_to_do(pytester, clean_env):
@@ -464,10 +509,10 @@ def test_an_op_at_import_is_reported_with_what_to_do(pytester, clean_env):
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out
-    note = ("note: TensorFlow's CPU allocator (mklcpu) tracks only allocations of 256 KiB or more: " + LATE)
+    note = "note: TensorFlow's CPU allocator (mklcpu) tracks only allocations of 256 KiB or more: " + LATE
     over = failure(out, "test_over")
     assert "over its 16 MiB limit" in over and note in over, over
-    summary = out[out.index("=== tfmem ==="):]
+    summary = out[out.index("=== tfmem ===") :]
     assert summary.splitlines()[1] == note, summary
 
 
@@ -477,9 +522,11 @@ def test_an_op_at_import_without_allocator_statistics_fails_clearly(pytester, cl
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     assert result.parseoutcomes() == {"failed": 2}, out
-    message = ("tfmem_limit: tfmem could not measure TensorFlow's allocator in this test: TensorFlow's CPU allocator "
-               "(cpu) keeps no statistics at all: " + LATE[:-1] + "; or limit the process memory instead with "
-               "rss=True.")
+    message = (
+        "tfmem_limit: tfmem could not measure TensorFlow's allocator in this test: TensorFlow's CPU allocator "
+        "(cpu) keeps no statistics at all: " + LATE[:-1] + "; or limit the process memory instead with "
+        "rss=True."
+    )
     assert message in failure(out, "test_within"), out
 
 
@@ -496,13 +543,17 @@ def pytest_example(path: Path, heading: str) -> str:
     """The first Python block under `heading` in `path` (the README's pytest section, docs/pytest.md's "Every
     marker"), as a user would paste it."""
     text = path.read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(heading) :], re.S).group(1)
 
 
-@pytest.mark.parametrize("path, heading, markers, tests", [
-    (README, "### In your tests: memory budgets with pytest", ("tfmem_limit", "tfmem_no_leak"), 2),
-    (README.parent / "docs" / "pytest.md", "## Every marker", ("rss=True", "device=", "tfmem_leak_check"), 5),
-], ids=["readme", "docs"])
+@pytest.mark.parametrize(
+    "path, heading, markers, tests",
+    [
+        (README, "### In your tests: memory budgets with pytest", ("tfmem_limit", "tfmem_no_leak"), 2),
+        (README.parent / "docs" / "pytest.md", "## Every marker", ("rss=True", "device=", "tfmem_leak_check"), 5),
+    ],
+    ids=["readme", "docs"],
+)
 def test_the_documented_examples_run_as_pasted(pytester, clean_env, path, heading, markers, tests):
     code = pytest_example(path, heading)
     assert all(m in code for m in markers)

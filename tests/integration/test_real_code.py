@@ -40,9 +40,19 @@ NONDETERMINISTIC = {"image_from_directory": 3e-2}
 # Findings that cannot be true for these programs: a few MB of weights and batches, one model built and compiled
 # once per cell, one fit, far from any budget, the extension loaded before TensorFlow's first op (BFC allocator).
 # "input-copy" can be true only when fit() was handed numpy arrays.
-FALSE_FOR_SMALL_PROGRAMS = {"large-batch", "large-model", "optimizer-state", "in-memory-dataset", "leak-growth",
-                            "retracing", "fragmentation", "near-budget", "oom", "non-tf-growth",
-                            "allocator-blind-spot"}
+FALSE_FOR_SMALL_PROGRAMS = {
+    "large-batch",
+    "large-model",
+    "optimizer-state",
+    "in-memory-dataset",
+    "leak-growth",
+    "retracing",
+    "fragmentation",
+    "near-budget",
+    "oom",
+    "non-tf-growth",
+    "allocator-blind-spot",
+}
 MARK = "REALCODE-RESULT "
 # programs whose peak the trace does not reach: structured_data adapts 13 preprocessing layers before fit, and those
 # tf.data passes spend the trace's memory budget (tracer.py) before the training step, whose ~1.5 MiB peak is then
@@ -98,8 +108,9 @@ def seconds(cell) -> float:
     start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
     if not (start and end):
         return float("nan")
-    return (datetime.fromisoformat(end.replace("Z", "+00:00"))
-            - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+    return (
+        datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.fromisoformat(start.replace("Z", "+00:00"))
+    ).total_seconds()
 
 
 def error_of(cell) -> str | None:
@@ -114,20 +125,22 @@ def result_of(cell) -> dict:
     text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.output_type == "stream")
     lines = [line for line in text.splitlines() if line.startswith(MARK)]
     assert lines, f"the probe cell printed nothing: {error_of(cell)}"
-    return json.loads(lines[-1][len(MARK):])
+    return json.loads(lines[-1][len(MARK) :])
 
 
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_real_program_under_tfmem(program, tmp_path, record_property):
     model_var, fed_arrays = PROGRAMS[program]
     source = (REALCODE / f"{program}.py").read_text()
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        nbformat.v4.new_code_cell(source),
-        nbformat.v4.new_code_cell(probe(model_var)),
-        nbformat.v4.new_code_cell("%%tfmem --as r\n" + source),
-        nbformat.v4.new_code_cell(probe(model_var)),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+            nbformat.v4.new_code_cell(source),
+            nbformat.v4.new_code_cell(probe(model_var)),
+            nbformat.v4.new_code_cell("%%tfmem --as r\n" + source),
+            nbformat.v4.new_code_cell(probe(model_var)),
+        ]
+    )
     execute(nb, tmp_path, allow_errors=True)
     _, plain_cell, plain_probe, magic_cell, magic_probe = nb.cells
     plain_s, magic_s = seconds(plain_cell), seconds(magic_cell)
@@ -144,8 +157,10 @@ def test_real_program_under_tfmem(program, tmp_path, record_property):
     # under the magic: the same program behaves the same
     assert error_of(magic_cell) is None, f"{program} raised under %%tfmem:\n{error_of(magic_cell)}"
     profiled = result_of(magic_probe)
-    print(f"{program}: losses plain {plain['loss']}, under %%tfmem {profiled.get('loss')}; findings "
-          f"{[f[0] for f in profiled.get('report', {}).get('findings', [])]}")
+    print(
+        f"{program}: losses plain {plain['loss']}, under %%tfmem {profiled.get('loss')}; findings "
+        f"{[f[0] for f in profiled.get('report', {}).get('findings', [])]}"
+    )
     assert profiled.get("keys") == plain["keys"], (profiled.get("keys"), plain["keys"])
     # same seed, same data: the profiler and the wrappers must not change what the program computes
     tolerance = NONDETERMINISTIC.get(program, 1e-5)
@@ -156,8 +171,11 @@ def test_real_program_under_tfmem(program, tmp_path, record_property):
     assert report is not None, "`%%tfmem --as r` bound no report to r"
     assert report["status"] == "ok", report["error"]
     assert report["model_layers"] is not None, "the report has no model"
-    assert report["model_layers"] == profiled["layers"], (report["model_name"], report["model_layers"],
-                                                          profiled["layers"])
+    assert report["model_layers"] == profiled["layers"], (
+        report["model_name"],
+        report["model_layers"],
+        profiled["layers"],
+    )
     false = FALSE_FOR_SMALL_PROGRAMS | (set() if fed_arrays else {"input-copy"})
     wrong = [f for f in report["findings"] if f[0] in false]
     assert not wrong, (wrong, report["tf_function_traces"])
@@ -168,19 +186,23 @@ def test_real_program_under_tfmem(program, tmp_path, record_property):
     predicted, band, basis = twice
     rewritten = rewrite_batch(source, report["batch"], 2 * report["batch"])
     assert rewritten.source is not None, rewritten.message
-    nb2 = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
-        nbformat.v4.new_code_cell(rewritten.source),  # the run before, as in the first kernel
-        nbformat.v4.new_code_cell("%%tfmem --as r\n" + rewritten.source),
-        nbformat.v4.new_code_cell(probe(model_var)),
-    ])
+    nb2 = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext tfmem_magic"),
+            nbformat.v4.new_code_cell(rewritten.source),  # the run before, as in the first kernel
+            nbformat.v4.new_code_cell("%%tfmem --as r\n" + rewritten.source),
+            nbformat.v4.new_code_cell(probe(model_var)),
+        ]
+    )
     execute(nb2, tmp_path, allow_errors=True)
     assert error_of(nb2.cells[2]) is None, error_of(nb2.cells[2])
     measured = result_of(nb2.cells[3])["report"]
     assert measured["batch"] == 2 * report["batch"]
     error = predicted / measured["tf_peak"] - 1
-    print(f"{program}: batch {report['batch']} -> {2 * report['batch']}: predicted {predicted / 2**20:.1f} MiB "
-          f"({basis}), measured {measured['tf_peak'] / 2**20:.1f} MiB: {error:+.1%}")
+    print(
+        f"{program}: batch {report['batch']} -> {2 * report['batch']}: predicted {predicted / 2**20:.1f} MiB "
+        f"({basis}), measured {measured['tf_peak'] / 2**20:.1f} MiB: {error:+.1%}"
+    )
     record_property("error_at_2x", error)
     print(report.get("slope"))
     if program in UPPER_BOUND_ONLY:

@@ -38,14 +38,20 @@ print(json.dumps({"measured": p.report.tf_peak_bytes, "kept": p.report.model.lay
 
 
 def run(kind: str, bidir: bool, batch: int, predict_at: int, text: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROGRAM, kind, "1" if bidir else "0", str(batch), str(predict_at),
-                          "1" if text else "0"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, kind, "1" if bidir else "0", str(batch), str(predict_at), "1" if text else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind,bidir,text", [("gru", False, False), ("lstm", True, False), ("lstm", False, True)],
-                         ids=["GRU", "bidirectional LSTM", "LSTM over variable-length token ids"])
+@pytest.mark.parametrize(
+    "kind,bidir,text",
+    [("gru", False, False), ("lstm", True, False), ("lstm", False, True)],
+    ids=["GRU", "bidirectional LSTM", "LSTM over variable-length token ids"],
+)
 def test_the_prior_counts_what_a_recurrent_layer_keeps_per_time_step(kind, bidir, text):
     """With token ids of any length, the time steps are the ones the cell fed (the model's shapes say None)."""
     cell = run(kind, bidir, 32, 256, text)  # a cell at batch 32 predicts batch 256

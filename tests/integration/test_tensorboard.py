@@ -29,8 +29,14 @@ def fit_small(batch: int = 64) -> None:
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu", name="wide"),
-                              keras.layers.Dense(10, name="head")], name="tb_mlp")
+    model = keras.Sequential(
+        [
+            keras.Input((256,)),
+            keras.layers.Dense(1024, activation="relu", name="wide"),
+            keras.layers.Dense(10, name="head"),
+        ],
+        name="tb_mlp",
+    )
     model.compile("adam", "sparse_categorical_crossentropy")
     x = np.random.default_rng(0).random((512, 256), dtype="float32")
     model.fit(x, np.zeros(512, "int32"), batch_size=batch, epochs=1, verbose=0)
@@ -100,8 +106,9 @@ def test_the_profile_tab_opens_our_cpu_trace(traced):
 
 def test_the_magic_writes_the_logdir_and_says_where(shell, tmp_path):
     shell.run_cell("import numpy as np, keras")
-    result = shell.run_cell(f"%%tfmem --tensorboard {tmp_path / 'logs'} --label 'magic run'\n"
-                            "keras.ops.sum(keras.ops.ones((512, 512)) * 2)")
+    result = shell.run_cell(
+        f"%%tfmem --tensorboard {tmp_path / 'logs'} --label 'magic run'\nkeras.ops.sum(keras.ops.ones((512, 512)) * 2)"
+    )
     assert result.error_in_exec is None
     runs = list((tmp_path / "logs").iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("magic_run-")
@@ -142,7 +149,8 @@ def test_a_saved_trace_shown_with_tensorboard_goes_along_for_the_profile_tab(tmp
     assert written.read_bytes() == gzip.decompress(PUBLIC.read_bytes())
     scalars, texts = scalars_and_text(run)
     assert max(v for _, v in scalars["tfmem/traced_live_MiB"]) == pytest.approx(
-        original.trace.peak_live_bytes / MiB, rel=1e-6)
+        original.trace.peak_live_bytes / MiB, rel=1e-6
+    )
     assert "GPU:6" in texts["tfmem/report"]
     xprof = pytest.importorskip("xprof.convert.raw_to_tool_data")
     data, _ = xprof.xspace_to_tool_data([str(written)], "memory_profile", {})
@@ -163,8 +171,10 @@ def test_a_logdir_tfmem_wrote_reads_back_with_the_same_peak(tmp_path, capsys):
     (file,) = session.glob("*.xplane.pb")
     again = tfmem_magic.analyze_xplane(file)  # what `tfmem show` printed, as an object
     assert again.main_device_name == original.main_device_name == "GPU:6"
-    assert again.tf_peak_bytes == original.tf_peak_bytes and again.main_device.peak_bytes == \
-        original.main_device.peak_bytes
+    assert (
+        again.tf_peak_bytes == original.tf_peak_bytes
+        and again.main_device.peak_bytes == original.main_device.peak_bytes
+    )
     assert again.trace.peak_live_bytes == original.trace.peak_live_bytes
     assert [(g.op, g.bytes) for g in again.trace.at_peak] == [(g.op, g.bytes) for g in original.trace.at_peak]
 
@@ -196,22 +206,29 @@ def test_to_tensorboard_is_a_function_over_the_report_not_a_method(traced, tmp_p
 def readme_section(heading: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"\n{heading}\n")
-    end = re.search(r"\n#{1,3} ", text[start + len(heading) + 2:])
-    return text[start:start + len(heading) + 2 + (end.start() if end else len(text))]
+    end = re.search(r"\n#{1,3} ", text[start + len(heading) + 2 :])
+    return text[start : start + len(heading) + 2 + (end.start() if end else len(text))]
 
 
 @pytest.mark.parametrize("heading", ["### TensorBoard", "### In scripts and long training: the Keras callback"])
 def test_the_readme_examples_run_as_pasted(heading, tmp_path):
     """Every plain Python block of the README's section runs as pasted, in a fresh interpreter (notebook cells, the
     ones starting with `%%`, are the magic's: the magic's own tests run them)."""
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme_section(heading), re.S)
-              if not b.lstrip().startswith("%")]
+    blocks = [
+        b for b in re.findall(r"```python\n(.*?)```", readme_section(heading), re.S) if not b.lstrip().startswith("%")
+    ]
     assert blocks, heading
     # as a user's script starts: none of this process's allocator settings (conftest's prepare())
     env = fresh_env()
     for block in blocks:
-        out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        out = subprocess.run(
+            [sys.executable, "-c", block],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
         assert out.returncode == 0, f"{heading}:\n{block}\n{out.stderr[-3000:]}"
         assert "MemoryMonitor:" not in out.stderr, out.stderr[-3000:]  # e.g. "statistics are incomplete"
     assert list(tmp_path.glob("logs/**/events.out.tfevents*"))  # both examples write a TensorBoard logdir

@@ -44,8 +44,13 @@ print(json.dumps({"left": left, "segments": segments, "events": p.report.trace a
 
 
 def run(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM, mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

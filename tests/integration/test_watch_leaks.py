@@ -90,8 +90,10 @@ def test_leak_rule_fires_on_a_leaking_cell_and_not_on_a_clean_one():
 
 
 def test_retracing_rule(shell):
-    shell.run_cell("import tensorflow as tf\n@tf.function\ndef double(x):\n    return x * 2\n"
-                   "@tf.function\ndef triple(x):\n    return x * 3")
+    shell.run_cell(
+        "import tensorflow as tf\n@tf.function\ndef double(x):\n    return x * 2\n"
+        "@tf.function\ndef triple(x):\n    return x * 3"
+    )
     assert shell.run_cell("%%tfmem --quick --as r\nfor i in range(5):\n    double(i)").success
     report = shell.user_ns["r"]
     assert report.tf_function_traces.get("double") == 5
@@ -106,7 +108,8 @@ def test_a_train_step_over_batches_with_a_partial_last_one_is_not_a_retrace(shel
     """TensorFlow's "quickstart for experts": a @tf.function train step that creates the optimizer's variables on
     its first call (TensorFlow traces that call twice) over a dataset whose last batch is partial (a second
     signature): 3 graphs, 2 signatures, neither growing with the calls."""
-    shell.run_cell(textwrap.dedent("""
+    shell.run_cell(
+        textwrap.dedent("""
         import keras, tensorflow as tf
         qs_model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         qs_opt = keras.optimizers.Adam()
@@ -117,9 +120,11 @@ def test_a_train_step_over_batches_with_a_partial_last_one_is_not_a_retrace(shel
             grads = tape.gradient(loss, qs_model.trainable_variables)
             qs_opt.apply_gradients(zip(grads, qs_model.trainable_variables))
         qs_data = tf.data.Dataset.from_tensor_slices((tf.zeros((100, 8)), tf.zeros((100, 4)))).batch(32)
-    """))
-    assert shell.run_cell("%%tfmem --quick --as r\nfor epoch in range(3):\n    for x, y in qs_data:\n"
-                          "        train_step(x, y)").success
+    """)
+    )
+    assert shell.run_cell(
+        "%%tfmem --quick --as r\nfor epoch in range(3):\n    for x, y in qs_data:\n        train_step(x, y)"
+    ).success
     report = shell.user_ns["r"]
     assert report.tf_function_traces.get("train_step") == 3 and report.tf_function_signatures["train_step"] == 1
     assert not any(f.id == "retracing" for f in report.findings)

@@ -86,8 +86,7 @@ def test_both_decoders_read_a_real_xla_trace_alike():
     for name in ("t_ps", "is_alloc", "live", "chunk", "addr", "limit"):
         assert np.array_equal(getattr(fast.events, name), getattr(slow.events, name)), name
     runs = [(s.name, s.start_ps, s.end_ps, s.thread) for s in fast.spans if s.name.startswith(xplane.XLA_SPAN)]
-    assert runs == [(s.name, s.start_ps, s.end_ps, s.thread) for s in slow.spans
-                    if s.name.startswith(xplane.XLA_SPAN)]
+    assert runs == [(s.name, s.start_ps, s.end_ps, s.thread) for s in slow.spans if s.name.startswith(xplane.XLA_SPAN)]
     assert runs and {name for name, *_ in runs} == {"xla/CpuExecutable::ExecuteAsyncOnStream"}
     # the HLO module that ran, named by its ops' hlo_module stat: the function the allocations are tagged with
     (module,) = fast.xla_modules

@@ -36,8 +36,9 @@ def test_fast_decoder_equals_reference_on_a_real_trace():
     for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "limit"):
         assert np.array_equal(getattr(fast.events, name), getattr(slow.events, name)), name
     for name in ("op", "region", "shape"):
-        assert ([fast.events.string(i) for i in getattr(fast.events, name)]
-                == [slow.events.string(i) for i in getattr(slow.events, name)]), name
+        assert [fast.events.string(i) for i in getattr(fast.events, name)] == [
+            slow.events.string(i) for i in getattr(slow.events, name)
+        ], name
     assert [(s.name, s.start_ps, s.end_ps) for s in fast.spans] == [(s.name, s.start_ps, s.end_ps) for s in slow.spans]
 
 
@@ -49,8 +50,9 @@ def test_inline_string_stats_fall_back_to_the_reference_decoder():
     plane = space.planes.add(id=1, name="/host:CPU")
     plane.event_metadata[1].id, plane.event_metadata[1].name = 1, "MemoryAllocation"
     plane.event_metadata[2].id, plane.event_metadata[2].name = 2, "tfmem:layer/dense"
-    for sid, name in enumerate(("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "tf_op",
-                                "allocator_name", "bfc"), start=1):
+    for sid, name in enumerate(
+        ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "tf_op", "allocator_name", "bfc"), start=1
+    ):
         plane.stat_metadata[sid].id, plane.stat_metadata[sid].name = sid, name
     line = plane.lines.add(id=7, name="python", timestamp_ns=5)
     span = line.events.add(metadata_id=2, offset_ps=100, duration_ps=1000)
@@ -73,8 +75,9 @@ def memory_plane(space, name: str = "/host:CPU", line_name: str = "python", stri
     plane = space.planes.add(id=len(space.planes), name=name)
     for mid, event in ((1, "MemoryAllocation"), (2, "MemoryDeallocation"), (3, "tfmem:layer/dense")):
         plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, event
-    for sid, stat in enumerate(("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "tf_op",
-                                "data_type", *strings), start=1):
+    for sid, stat in enumerate(
+        ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "tf_op", "data_type", *strings), start=1
+    ):
         plane.stat_metadata[sid].id, plane.stat_metadata[sid].name = sid, stat
     return plane, plane.lines.add(id=7, name=line_name, timestamp_ns=5)
 
@@ -92,11 +95,13 @@ def assert_same_events(a, b):
     for name in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "thread", "limit"):
         assert np.array_equal(getattr(a.events, name), getattr(b.events, name)), name
     for name in ("op", "region", "shape"):
-        assert ([a.events.string(i) for i in getattr(a.events, name)]
-                == [b.events.string(i) for i in getattr(b.events, name)]), name
+        assert [a.events.string(i) for i in getattr(a.events, name)] == [
+            b.events.string(i) for i in getattr(b.events, name)
+        ], name
     assert [a.events.threads[k] for k in a.events.thread] == [b.events.threads[k] for k in b.events.thread]
     assert [(s.name, s.start_ps, s.end_ps, s.thread) for s in a.spans] == [
-        (s.name, s.start_ps, s.end_ps, s.thread) for s in b.spans]
+        (s.name, s.start_ps, s.end_ps, s.thread) for s in b.spans
+    ]
 
 
 def test_a_missing_addr_is_unknown_to_both_decoders_and_pairs_with_nothing(monkeypatch):
@@ -149,7 +154,9 @@ def test_decoded_segments_read_as_the_raw_blobs(monkeypatch):
     assert_same_events(merged, raw)
     assert len(raw.events) == 10 and decoded.events == 5  # the Decoded is left as it was
     assert [raw.events.string(i) for i in raw.events.op] == ["MatMul", "Relu"] * 2 + ["MatMul"] + [
-        "Relu", "Conv2D"] * 2 + ["Relu"]
+        "Relu",
+        "Conv2D",
+    ] * 2 + ["Relu"]
     assert [s.start_ps for s in raw.spans] == [5010, 10**6 + 5010]
 
 

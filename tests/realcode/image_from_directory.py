@@ -121,9 +121,7 @@ def make_model(input_shape, num_classes):
         x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
 
         # Project residual
-        residual = layers.Conv2D(size, 1, strides=2, padding="same")(
-            previous_block_activation
-        )
+        residual = layers.Conv2D(size, 1, strides=2, padding="same")(previous_block_activation)
         x = layers.add([x, residual])  # Add back residual
         previous_block_activation = x  # Set aside next residual
 

@@ -108,9 +108,5 @@ model = keras.Model(inputs=inputs, outputs=outputs)
 ## Train and Evaluate
 """
 
-model.compile(
-    optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"]
-)
-history = model.fit(
-    x_train, y_train, batch_size=32, epochs=1, validation_data=(x_val, y_val)
-)
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(x_train, y_train, batch_size=32, epochs=1, validation_data=(x_val, y_val))

@@ -23,8 +23,10 @@ keras.utils.set_random_seed(0)
 rng = np.random.default_rng(0)
 good = ["great", "wonderful", "moving", "brilliant", "fun", "superb"]
 bad = ["boring", "awful", "dull", "terrible", "weak", "clumsy"]
-filler = ("the film was a story with an actor and some scenes that felt like this movie in my opinion "
-          "it is of plot cast music ending director").split()
+filler = (
+    "the film was a story with an actor and some scenes that felt like this movie in my opinion "
+    "it is of plot cast music ending director"
+).split()
 
 
 def synthetic_review(label):
@@ -55,9 +57,7 @@ print(f"Number of batches in raw_val_ds: {raw_val_ds.cardinality()}")
 def custom_standardization(input_data):
     lowercase = tf.strings.lower(input_data)
     stripped_html = tf.strings.regex_replace(lowercase, "<br />", " ")
-    return tf.strings.regex_replace(
-        stripped_html, f"[{re.escape(string.punctuation)}]", ""
-    )
+    return tf.strings.regex_replace(stripped_html, f"[{re.escape(string.punctuation)}]", "")
 
 
 # Model constants.

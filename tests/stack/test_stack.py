@@ -41,8 +41,10 @@ def test_the_stack_is_the_one_asked_for():
     output), and the Keras is the one tf.keras gives."""
     made = type(keras.layers.Dense(1)).__module__.split(".")[0]
     assert made == EXPECTED_KERAS
-    print(f"\nstack: TensorFlow {tf.__version__}, {EXPECTED_KERAS} {kerases.version(EXPECTED_KERAS)}; "
-          f"{capabilities.summary()}")
+    print(
+        f"\nstack: TensorFlow {tf.__version__}, {EXPECTED_KERAS} {kerases.version(EXPECTED_KERAS)}; "
+        f"{capabilities.summary()}"
+    )
 
 
 def test_no_capability_is_missing_on_this_stack():
@@ -52,8 +54,9 @@ def test_no_capability_is_missing_on_this_stack():
     capabilities.forget()  # this stack's answers, not what an earlier test of the run left (a module it stubbed)
     expected = EXPECTED_MISSING.get(_stack(), {})
     missing = {c.name: c.api for c in capabilities.missing()}
-    assert set(missing) == set(expected), (f"{_stack()}: {capabilities.summary()}; missing {missing}, expected "
-                                           f"{expected or 'none'}")
+    assert set(missing) == set(expected), (
+        f"{_stack()}: {capabilities.summary()}; missing {missing}, expected {expected or 'none'}"
+    )
     needed = {"tensorflow", EXPECTED_KERAS}
     judged = {c.name for c in capabilities.judged()}
     assert {c.name for c in capabilities.CAPABILITIES if c.needs in needed} <= judged, capabilities.summary()
@@ -80,8 +83,14 @@ def test_a_known_allocation_is_measured():
 
 def _wide_model(name: str):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.layers.Input((256,)), keras.layers.Dense(1024, activation="relu", name="wide"),
-                              keras.layers.Dense(10, name="head")], name=name)
+    model = keras.Sequential(
+        [
+            keras.layers.Input((256,)),
+            keras.layers.Dense(1024, activation="relu", name="wide"),
+            keras.layers.Dense(10, name="head"),
+        ],
+        name=name,
+    )
     model.compile(keras.optimizers.Adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -96,8 +105,9 @@ def test_a_fit_with_validation_is_broken_down_by_layer_and_phase(shell):
     shell.user_ns.update(model=_wide_model("stack_mlp"), x=x, y=y)
     # batch 512: the step's layer tensors (2 MiB each) outweigh Adam's update of the 1 MiB kernel; at batch 128 the
     # peak fell in that update, where the layer's last gradient is freed or not (once in CI: no layer at the peak)
-    result = shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=512, epochs=1, verbose=0, "
-                            "validation_data=(x[:256], y[:256]))")
+    result = shell.run_cell(
+        "%%tfmem --as rep\nmodel.fit(x, y, batch_size=512, epochs=1, verbose=0, validation_data=(x[:256], y[:256]))"
+    )
     assert result.success, result.error_in_exec
     report = shell.user_ns["rep"]
     model = report.model
@@ -131,12 +141,12 @@ def test_the_trace_window_covers_the_first_steps(shell):
     trace = report.trace
     assert trace is not None and trace.events > 0
     assert report.model is not None and report.model.keras_package == EXPECTED_KERAS and "fit" in report.model.calls
-    assert not trace.complete and "traced the first 3 steps of each fit/evaluate/predict call" in (trace.note or ""), \
+    assert not trace.complete and "traced the first 3 steps of each fit/evaluate/predict call" in (trace.note or ""), (
         trace.note
+    )
     assert trace.windows, trace
     # (a window's end is the tracer's clock, read a moment after the cell's: up to a few ms past wall_s)
-    assert all(0 <= start < end <= report.wall_s + 0.05 for start, end in trace.windows), (trace.windows,
-                                                                                          report.wall_s)
+    assert all(0 <= start < end <= report.wall_s + 0.05 for start, end in trace.windows), (trace.windows, report.wall_s)
     # 29 of the 32 steps ran untraced: the windows leave a gap in the cell
     assert sum(end - start for start, end in trace.windows) < report.wall_s, (trace.windows, report.wall_s)
 
@@ -178,8 +188,9 @@ def test_fix_cells_are_written_in_the_models_keras_and_run(shell):
     shell.user_ns.update(model=_wide_model("fix_mlp"), x=x, y=y)
     shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=64, epochs=1, verbose=0)")
     report = shell.user_ns["rep"]
-    ctx = fixes.FixContext(source="model.fit(x, y, batch_size=64, epochs=1, verbose=0)", model_name="model",
-                           number=report.number)
+    ctx = fixes.FixContext(
+        source="model.fit(x, y, batch_size=64, epochs=1, verbose=0)", model_name="model", number=report.number
+    )
     lighter = fixes.lighter_optimizer(report, ctx)
     assert f"import {EXPECTED_KERAS}\n" in lighter.code and lighter.predicted_peak_bytes < report.tf_peak_bytes
     assert shell.run_cell(lighter.code).success
@@ -274,7 +285,8 @@ def test_what_only_tensorflow_holds_is_what_free_gives_back(shell, capsys):
         "    m.compile('adam', 'mse')\n"
         "    m.fit(np.zeros((64, 512), 'float32'), np.zeros((64, 4), 'float32'), batch_size=32, verbose=0)\n"
         "    return m\n"
-        "stack_state = 3 * 4 * (512 * 2048 + 2048 + 2048 * 4 + 4)")  # weights and Adam's two slots
+        "stack_state = 3 * 4 * (512 * 2048 + 2048 + 2048 * 4 + 4)"
+    )  # weights and Adam's two slots
     # models earlier tests dropped are held too: a first cell takes what is held now as its baseline
     assert shell.run_cell("%%tfmem --quick\nimport gc; gc.collect()").success
     assert shell.run_cell("%%tfmem --quick\nstack_fitted()\ngc.collect()").success
@@ -285,10 +297,15 @@ def test_what_only_tensorflow_holds_is_what_free_gives_back(shell, capsys):
     expected = shell.user_ns["stack_state"]
     assert "given back" in capsys.readouterr().out
     with capsys.disabled():
-        print(f"\n{_stack()}: a dropped fitted model's {expected / MiB:.2f} MiB is "
-              + (f"held by TensorFlow ({held.runtime_new_bytes / MiB:.2f} MiB more; "
-                 f"{held.runtime_bytes / MiB:.2f} MiB in all); free gave back {freed / MiB:.2f} MiB"
-                 if held.runtime_bytes else "freed at del (not held)"))
+        print(
+            f"\n{_stack()}: a dropped fitted model's {expected / MiB:.2f} MiB is "
+            + (
+                f"held by TensorFlow ({held.runtime_new_bytes / MiB:.2f} MiB more; "
+                f"{held.runtime_bytes / MiB:.2f} MiB in all); free gave back {freed / MiB:.2f} MiB"
+                if held.runtime_bytes
+                else "freed at del (not held)"
+            )
+        )
     if held.runtime_bytes:  # pinned: what the report said is what came back
         assert abs(held.runtime_new_bytes - expected) <= 0.02 * expected, (held, expected)
         assert freed >= 0.95 * held.runtime_bytes, (held, freed)

@@ -16,23 +16,37 @@ def make_trace(rows, spans=(), strings=(), threads=("python",)) -> Trace:
         live.append(cur)
     col = lambda i, dt=np.int64: np.array([r[i] for r in rows], dtype=dt)  # noqa: E731
     ev = MemoryEvents(
-        t_ps=col(0) * 10**6, is_alloc=col(1, bool), live=np.array(live, dtype=np.int64), requested=col(3),
-        chunk=col(2), addr=col(4), dtype=np.ones(len(rows), dtype=np.int64), op=col(5, np.int32),
-        region=np.full(len(rows), -1, np.int32), shape=np.full(len(rows), -1, np.int32), thread=col(6, np.int32),
-        strings=list(strings), threads=list(threads), allocator="bfc",
+        t_ps=col(0) * 10**6,
+        is_alloc=col(1, bool),
+        live=np.array(live, dtype=np.int64),
+        requested=col(3),
+        chunk=col(2),
+        addr=col(4),
+        dtype=np.ones(len(rows), dtype=np.int64),
+        op=col(5, np.int32),
+        region=np.full(len(rows), -1, np.int32),
+        shape=np.full(len(rows), -1, np.int32),
+        thread=col(6, np.int32),
+        strings=list(strings),
+        threads=list(threads),
+        allocator="bfc",
     )
     return Trace(ev, list(spans))
 
 
-STRINGS = ["StatefulPartitionedCall/mlp_1/dense_1/MatMul",
-           "StatefulPartitionedCall/gradient_tape/mlp_1/dense_1/MatMul/MatMul_1",
-           "StatefulPartitionedCall/adam/Mul_3", "MatMul", "IteratorGetNext"]
+STRINGS = [
+    "StatefulPartitionedCall/mlp_1/dense_1/MatMul",
+    "StatefulPartitionedCall/gradient_tape/mlp_1/dense_1/MatMul/MatMul_1",
+    "StatefulPartitionedCall/adam/Mul_3",
+    "MatMul",
+    "IteratorGetNext",
+]
 
 
 def test_peak_live_set_and_preexisting():
     rows = [
-        (10, True, 256, 200, 0xA, 0, 0),   # forward activation, freed at t=40
-        (20, True, 512, 500, 0xB, 1, 0),   # backward, live at the peak
+        (10, True, 256, 200, 0xA, 0, 0),  # forward activation, freed at t=40
+        (20, True, 512, 500, 0xB, 1, 0),  # backward, live at the peak
         (30, True, 1024, 1000, 0xC, 2, 0),  # optimizer, live at the peak  <- peak (1000+256+512+1024)
         (40, False, 256, 200, 0xA, -1, 0),
         (50, False, 100, 100, 0xD, -1, 0),  # frees something allocated before the trace
@@ -54,23 +68,25 @@ def test_peak_live_set_and_preexisting():
 
 def test_what_the_cell_left_live_at_its_end_is_grouped_as_the_peak_is():
     rows = [
-        (10, True, 256, 200, 0xA, 0, 0),   # forward activation, freed
-        (20, True, 512, 500, 0xB, 2, 0),   # optimizer slot: never freed in the cell
+        (10, True, 256, 200, 0xA, 0, 0),  # forward activation, freed
+        (20, True, 512, 500, 0xB, 2, 0),  # optimizer slot: never freed in the cell
         (30, True, 1024, 1000, 0xC, 0, 0),  # a layer's output a name keeps
         (40, False, 256, 200, 0xA, -1, 0),
         (50, False, 100, 100, 0xD, -1, 0),  # a pre-existing tensor freed: not the cell's
     ]
     info = analysis.summarize(make_trace(rows, strings=STRINGS), analysis.TraceContext(layer_names={"mlp", "dense"}))
     assert info.held_at_end_bytes == 512 + 1024
-    assert {(g.layer, g.phase, g.bytes) for g in info.held_at_end} == {("dense", "forward", 1024),
-                                                                       (None, "optimizer", 512)}
+    assert {(g.layer, g.phase, g.bytes) for g in info.held_at_end} == {
+        ("dense", "forward", 1024),
+        (None, "optimizer", 512),
+    }
 
 
 def test_address_reuse_matches_each_free_to_its_own_allocation():
     rows = [
         (10, True, 100, 100, 0xA, 3, 0),
         (20, False, 100, 100, 0xA, -1, 0),
-        (30, True, 300, 300, 0xA, 3, 0),   # same address again, live at the end
+        (30, True, 300, 300, 0xA, 3, 0),  # same address again, live at the end
     ]
     freed_at, pre = analysis.match_frees(make_trace(rows, strings=STRINGS).events)
     assert list(freed_at) == [1, 3, 3]
@@ -79,7 +95,7 @@ def test_address_reuse_matches_each_free_to_its_own_allocation():
 
 def test_an_address_allocated_again_without_a_free_was_freed_during_a_pause():
     rows = [
-        (10, True, 100, 100, 0xA, 3, 0),   # its free fell in a pause: the address is handed out again at t=30
+        (10, True, 100, 100, 0xA, 3, 0),  # its free fell in a pause: the address is handed out again at t=30
         (20, True, 200, 200, 0xB, 3, 0),
         (30, True, 100, 100, 0xA, 3, 0),
         (40, False, 100, 100, 0xA, -1, 0),
@@ -95,13 +111,17 @@ def test_an_address_allocated_again_without_a_free_was_freed_during_a_pause():
 
 def test_eager_allocations_use_layer_and_phase_spans():
     us = 10**6
-    spans = [Span("layer/outer", 5 * us, 100 * us, "python"), Span("layer/inner", 10 * us, 20 * us, "python"),
-             Span("phase/backward", 30 * us, 40 * us, "python"), Span("weights/inner", 50 * us, 60 * us, "python")]
+    spans = [
+        Span("layer/outer", 5 * us, 100 * us, "python"),
+        Span("layer/inner", 10 * us, 20 * us, "python"),
+        Span("phase/backward", 30 * us, 40 * us, "python"),
+        Span("weights/inner", 50 * us, 60 * us, "python"),
+    ]
     rows = [
-        (12, True, 10, 10, 1, 3, 0),   # inside inner (nested in outer) -> inner, forward
-        (25, True, 20, 20, 2, 3, 0),   # inner ended: its parent outer -> outer, forward
-        (35, True, 40, 40, 3, 3, 0),   # backward span, inside outer
-        (55, True, 80, 80, 4, 3, 0),   # weights of inner
+        (12, True, 10, 10, 1, 3, 0),  # inside inner (nested in outer) -> inner, forward
+        (25, True, 20, 20, 2, 3, 0),  # inner ended: its parent outer -> outer, forward
+        (35, True, 40, 40, 3, 3, 0),  # backward span, inside outer
+        (55, True, 80, 80, 4, 3, 0),  # weights of inner
         (55, True, 160, 160, 5, 3, 1),  # same time, another thread: no span applies
     ]
     trace = make_trace(rows, spans=spans, strings=STRINGS, threads=("python", "tf_Compute/1"))
@@ -111,36 +131,47 @@ def test_eager_allocations_use_layer_and_phase_spans():
 
 
 def test_input_attribution():
-    rows = [(10, True, 4096, 4000, 1, -1, 0),   # untagged, same size as the array given to fit -> input copy
-            (20, True, 64, 64, 2, 4, 0),        # iterator op
-            (30, True, 32, 32, 3, -1, 1)]       # untagged on a tf.data thread
+    rows = [
+        (10, True, 4096, 4000, 1, -1, 0),  # untagged, same size as the array given to fit -> input copy
+        (20, True, 64, 64, 2, 4, 0),  # iterator op
+        (30, True, 32, 32, 3, -1, 1),
+    ]  # untagged on a tf.data thread
     trace = make_trace(rows, strings=STRINGS, threads=("python", "tf_data_private_threadpool/1"))
     att = analysis.attribute_events(trace, analysis.TraceContext(input_array_bytes={4000}))
     assert [att.phase_name(i) for i in range(3)] == ["input", "input", "input"]
     assert att.op_name(0).startswith("input copy")
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("StatefulPartitionedCall/cnn_1/conv_a_1/Relu", ("Relu", "conv_a", "forward")),
-    ("StatefulPartitionedCall/gradient_tape/cnn_1/conv_a_1/ReluGrad", ("ReluGrad", "conv_a", "backward")),
-    ("StatefulPartitionedCall/adam/Sqrt_5", ("Sqrt", None, "optimizer")),
-    ("StatefulPartitionedCall/compile_loss/sparse_categorical_crossentropy/Log", ("Log", None, "forward")),
-    ("__inference_initialize_variables_802", ("initialize variables", None, "weights")),
-    ("__inference_multi_step_on_iterator_879", ("function runtime", None, "other")),
-    ("MakeIterator", ("MakeIterator", None, "input")),
-    ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("StatefulPartitionedCall/cnn_1/conv_a_1/Relu", ("Relu", "conv_a", "forward")),
+        ("StatefulPartitionedCall/gradient_tape/cnn_1/conv_a_1/ReluGrad", ("ReluGrad", "conv_a", "backward")),
+        ("StatefulPartitionedCall/adam/Sqrt_5", ("Sqrt", None, "optimizer")),
+        ("StatefulPartitionedCall/compile_loss/sparse_categorical_crossentropy/Log", ("Log", None, "forward")),
+        ("__inference_initialize_variables_802", ("initialize variables", None, "weights")),
+        ("__inference_multi_step_on_iterator_879", ("function runtime", None, "other")),
+        ("MakeIterator", ("MakeIterator", None, "input")),
+        ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+    ],
+)
 def test_attribute_path(path, expected):
     att = analysis.attribute_path(path, analysis.TraceContext(layer_names={"cnn", "conv_a"}))
     assert (att.op, att.layer, att.phase) == expected
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("StatefulPartitionedCall/worker_1/wide_1/Relu", ("Relu", "wide", "forward")),
-    ("StatefulPartitionedCall/gradient_tape/worker_1/wide_1/MatMul/MatMul_1", ("MatMul", "wide", "backward")),
-    ("StatefulPartitionedCall/gradient_tape/worker_1/head_1/BiasAdd/BiasAddGrad", ("BiasAddGrad", "head", "backward")),
-    ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("StatefulPartitionedCall/worker_1/wide_1/Relu", ("Relu", "wide", "forward")),
+        ("StatefulPartitionedCall/gradient_tape/worker_1/wide_1/MatMul/MatMul_1", ("MatMul", "wide", "backward")),
+        (
+            "StatefulPartitionedCall/gradient_tape/worker_1/head_1/BiasAdd/BiasAddGrad",
+            ("BiasAddGrad", "head", "backward"),
+        ),
+        ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+    ],
+)
 def test_a_trace_without_the_model_names_the_layer_not_the_forward_op(path, expected):
     """A saved or captured trace: no layer names are known, the enclosing scope is the layer, and a gradient's
     path, which names its forward op as a scope, still gives the layer (a captured worker's breakdown once listed
@@ -190,10 +221,12 @@ def test_the_steps_come_from_the_models_sequence_outputs_only():
     from tfmem_magic.analyze.build import step_dims
     from tfmem_magic.core.report import LayerInfo, ModelInfo, Report
 
-    layers = [LayerInfo("attn", "MultiHeadAttention", 1, "(None, 64, 64)", 1),
-              LayerInfo("conv", "Conv2D", 1, "(None, 62, 62, 32)", 1),  # an image: rows are not folded
-              LayerInfo("tokens", "Embedding", 1, "(None, None, 64)", 1),  # open length: no steps known
-              LayerInfo("head", "Dense", 1, "(None, 10)", 1)]
+    layers = [
+        LayerInfo("attn", "MultiHeadAttention", 1, "(None, 64, 64)", 1),
+        LayerInfo("conv", "Conv2D", 1, "(None, 62, 62, 32)", 1),  # an image: rows are not folded
+        LayerInfo("tokens", "Embedding", 1, "(None, None, 64)", 1),  # open length: no steps known
+        LayerInfo("head", "Dense", 1, "(None, 10)", 1),
+    ]
     report = Report(model=ModelInfo(name="m", params=4, layers=layers))
     assert step_dims(report) == {64}
     assert step_dims(Report()) == set()
@@ -212,8 +245,12 @@ def test_the_moments_below_are_the_ones_a_smaller_batch_would_peak_at():
 
 
 def test_a_moment_holding_bytes_the_trace_never_saw_is_not_taken_for_a_line():
-    rows = [(10, True, 300, 300, 0xA, 0, 0), (20, True, 600, 600, 0xB, 0, 0),  # <- the peak: 1000 + 900
-            (30, False, 300, 300, 0xA, -1, 0), (40, True, 50, 50, 0xC, 0, 0)]
+    rows = [
+        (10, True, 300, 300, 0xA, 0, 0),
+        (20, True, 600, 600, 0xB, 0, 0),  # <- the peak: 1000 + 900
+        (30, False, 300, 300, 0xA, -1, 0),
+        (40, True, 50, 50, 0xC, 0, 0),
+    ]
     ev = make_trace(rows, strings=STRINGS).events
     ev.live[3] += 100  # 100 bytes allocated while the trace was paused are in the allocator's total there
     assert int(np.argmax(ev.live)) == 1  # still below the peak
@@ -236,11 +273,13 @@ def test_each_event_knows_where_its_trace_segment_ends():
 
 
 def test_a_free_lost_in_a_pause_ends_the_tensor_where_its_segment_ends():
-    rows = [(10, True, 100, 100, 0xA, 0, 0),   # A: its free falls in the pause after event 1
-            (20, True, 200, 200, 0xB, 0, 0),   # B: freed in the next segment
-            (50, False, 200, 200, 0xB, -1, 0),
-            (60, True, 100, 100, 0xA, 0, 0),   # A's address allocated again: match_frees ends A here
-            (70, True, 50, 50, 0xD, 0, 0)]     # D: never freed in the trace
+    rows = [
+        (10, True, 100, 100, 0xA, 0, 0),  # A: its free falls in the pause after event 1
+        (20, True, 200, 200, 0xB, 0, 0),  # B: freed in the next segment
+        (50, False, 200, 200, 0xB, -1, 0),
+        (60, True, 100, 100, 0xA, 0, 0),  # A's address allocated again: match_frees ends A here
+        (70, True, 50, 50, 0xD, 0, 0),
+    ]  # D: never freed in the trace
     ev = make_trace(rows, strings=STRINGS).events
     freed_at, _ = analysis.match_frees(ev)
     assert freed_at.tolist()[:2] == [3, 2] and freed_at[4] == 5
@@ -251,5 +290,4 @@ def test_a_free_lost_in_a_pause_ends_the_tensor_where_its_segment_ends():
     # A ends with its segment (index 2), not at the reuse of its address; B keeps its real free; D the trace's end
     assert ended.tolist()[:3] == [2, 2, 5] and ended[4] == 5
     # what is live at the peak keeps the peak's own accounting
-    assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]),
-                                   window_ends)[0] == 3
+    assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends)[0] == 3

@@ -18,6 +18,7 @@ PUBLIC = Path(__file__).parent.parent / "data" / "gpu_multi_worker_bert.xplane.p
 
 # ---- the size rules --------------------------------------------------------------------------------------------
 
+
 def test_requests_round_up_to_256_bytes():
     assert [bfc.rounded_bytes(n) for n in (1, 255, 256, 257, 1000, 4096)] == [256, 256, 256, 512, 1024, 4096]
 
@@ -35,6 +36,7 @@ def test_zero_bytes_is_not_an_allocation():
 
 
 # ---- allocation: best fit, split or not ---------------------------------------------------------------------------
+
 
 def test_the_first_allocation_with_growth_takes_a_2_mib_region_and_counts_its_rounded_chunk():
     sim = BFCSimulator(memory_limit=None, allow_growth=True)
@@ -99,6 +101,7 @@ def test_equal_free_chunks_are_taken_lowest_address_first():
 
 # ---- free: coalescing ---------------------------------------------------------------------------------------------
 
+
 def test_a_free_chunk_merges_with_its_free_neighbours():
     sim = BFCSimulator()
     a, b, c = (sim.allocate(1024) for _ in range(3))
@@ -122,6 +125,7 @@ def test_chunks_of_different_regions_never_merge():
 
 
 # ---- regions: growth, limit, garbage collection ---------------------------------------------------------------------
+
 
 def test_regions_double_and_a_large_request_doubles_until_it_fits():
     sim = BFCSimulator(memory_limit=None, allow_growth=True)
@@ -207,16 +211,25 @@ def test_reset_peak_restarts_the_peak_at_what_is_in_use():
 
 # ---- replay ---------------------------------------------------------------------------------------------------------
 
+
 def test_replay_reports_the_peak_its_moment_and_what_is_live_there():
-    events = [("alloc", "a", 1000, 0.1), ("alloc", "b", 3000, 0.2), ("free", "a", 1000, 0.3),
-              ("alloc", "c", 500, 0.4), ("free", "b", 3000, 0.5), ("free", "c", 500, 0.6)]
+    events = [
+        ("alloc", "a", 1000, 0.1),
+        ("alloc", "b", 3000, 0.2),
+        ("free", "a", 1000, 0.3),
+        ("alloc", "c", 500, 0.4),
+        ("free", "b", 3000, 0.5),
+        ("free", "c", 500, 0.6),
+    ]
     r = bfc.replay(events)
     # c (512) goes into a's 1 KiB hole, which is split (1024 >= 2 x 512)
     assert r.bytes_in_use == [1024, 4096, 3072, 3584, 512, 0]
     assert r.chunk_bytes == [1024, 3072, 0, 512, 0, 0]
     assert r.peak_bytes_in_use == 4096 and r.peak_index == 1 and r.peak_time == 0.2
-    assert [(a.key, a.requested, a.chunk, a.index) for a in r.live_at_peak] == [("b", 3000, 3072, 1),
-                                                                                ("a", 1000, 1024, 0)]
+    assert [(a.key, a.requested, a.chunk, a.index) for a in r.live_at_peak] == [
+        ("b", 3000, 3072, 1),
+        ("a", 1000, 1024, 0),
+    ]
     assert r.requested_at_peak == 4000 and r.peak_region_bytes == 2 * MiB and r.final_bytes_in_use == 0
     assert r.addresses[3] == r.addresses[0]  # c where a was
     assert r.oom_index is None and r.unmatched_frees == 0
@@ -277,23 +290,44 @@ def _traced(steps: list[tuple[str, str, int]], region_addresses: list[int]) -> t
     n = len(rows)
     column = lambda k, dtype: np.array([r[k] for r in rows], dtype)  # noqa: E731
     events = MemoryEvents(
-        t_ps=np.arange(n, dtype=np.int64), is_alloc=column(0, bool), live=column(4, np.int64),
-        requested=column(1, np.int64), chunk=column(2, np.int64), addr=column(3, np.int64),
-        dtype=np.ones(n, np.int64), op=np.full(n, -1, np.int32), region=np.full(n, -1, np.int32),
-        shape=np.full(n, -1, np.int32), thread=np.zeros(n, np.int32), strings=[], threads=["main"],
-        allocator="bfc_cpu_allocator_for_gpu", limit=np.zeros(n, np.int64))
+        t_ps=np.arange(n, dtype=np.int64),
+        is_alloc=column(0, bool),
+        live=column(4, np.int64),
+        requested=column(1, np.int64),
+        chunk=column(2, np.int64),
+        addr=column(3, np.int64),
+        dtype=np.ones(n, np.int64),
+        op=np.full(n, -1, np.int32),
+        region=np.full(n, -1, np.int32),
+        shape=np.full(n, -1, np.int32),
+        thread=np.zeros(n, np.int32),
+        strings=[],
+        threads=["main"],
+        allocator="bfc_cpu_allocator_for_gpu",
+        limit=np.zeros(n, np.int64),
+    )
     return events, tf
 
 
 # three full regions (glibc's: the first on the heap, the next two mmapped, the later one lower), then a 1 MiB hole
 # at the start of regions 2 and 3: a tie, and BFC takes the lower address (region 3's). Which one x took decides
 # whether b2's free makes a 2 MiB hole in region 2 that d reuses, or d needs a fourth region
-TIE = [("alloc", "a", MiB), ("alloc", "a2", MiB),
-       ("alloc", "b", MiB), ("alloc", "b2", MiB), ("alloc", "b3", 2 * MiB),
-       ("alloc", "c", MiB), ("alloc", "c2", MiB), ("alloc", "c3", 6 * MiB),
-       ("free", "b", 0), ("free", "c", 0), ("alloc", "x", 600 * KiB), ("free", "b2", 0),
-       ("alloc", "d", int(1.5 * MiB)),
-       *(("free", name, 0) for name in ("a", "a2", "b3", "c2", "c3", "x", "d"))]
+TIE = [
+    ("alloc", "a", MiB),
+    ("alloc", "a2", MiB),
+    ("alloc", "b", MiB),
+    ("alloc", "b2", MiB),
+    ("alloc", "b3", 2 * MiB),
+    ("alloc", "c", MiB),
+    ("alloc", "c2", MiB),
+    ("alloc", "c3", 6 * MiB),
+    ("free", "b", 0),
+    ("free", "c", 0),
+    ("alloc", "x", 600 * KiB),
+    ("free", "b2", 0),
+    ("alloc", "d", int(1.5 * MiB)),
+    *(("free", name, 0) for name in ("a", "a2", "b3", "c2", "c3", "x", "d")),
+]
 TIE_REGIONS = [HEAP, MMAP, MMAP - 64 * MiB]
 
 
@@ -326,10 +360,18 @@ def test_a_real_trace_whose_later_regions_lie_lower_replays_to_the_byte():
     with np.load(Path(__file__).parent.parent / "data" / "regions-efficientnetb0.npz") as data:
         columns = {k: data[k] for k in ("is_alloc", "addr", "requested", "chunk", "live", "limit")}
     n = len(columns["addr"])
-    events = MemoryEvents(t_ps=np.arange(n, dtype=np.int64), dtype=np.ones(n, np.int64), op=np.full(n, -1, np.int32),
-                          region=np.full(n, -1, np.int32), shape=np.full(n, -1, np.int32),
-                          thread=np.zeros(n, np.int32), strings=[], threads=["main"],
-                          allocator="bfc_cpu_allocator_for_gpu", **columns)
+    events = MemoryEvents(
+        t_ps=np.arange(n, dtype=np.int64),
+        dtype=np.ones(n, np.int64),
+        op=np.full(n, -1, np.int32),
+        region=np.full(n, -1, np.int32),
+        shape=np.full(n, -1, np.int32),
+        thread=np.zeros(n, np.int32),
+        strings=[],
+        threads=["main"],
+        allocator="bfc_cpu_allocator_for_gpu",
+        **columns,
+    )
     check = bfc.self_check(events)
     regions = check.prepared.region_addresses if check.prepared else []
     assert len(regions) == 8 and regions[3:] == sorted(regions[3:], reverse=True) and regions[3] > regions[2]
@@ -338,6 +380,7 @@ def test_a_real_trace_whose_later_regions_lie_lower_replays_to_the_byte():
 
 
 # ---- the self-check on real traces -----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def public_trace_bytes() -> bytes:
@@ -362,8 +405,15 @@ def test_the_public_v100_trace_replays_to_the_byte(public_trace_bytes, device, e
     assert check.preexisting_bytes == 4_013_337_088 and check.preexisting_freed == 0
     assert check.simulated_peak_index == check.traced_peak_index
     if device == "GPU:6":  # five allocations got a larger chunk than they asked for (a free chunk under twice theirs)
-        assert sum(1 for i in range(events) if trace.events.is_alloc[i]
-                   and trace.events.chunk[i] > bfc.rounded_bytes(int(trace.events.requested[i]))) == 5
+        assert (
+            sum(
+                1
+                for i in range(events)
+                if trace.events.is_alloc[i]
+                and trace.events.chunk[i] > bfc.rounded_bytes(int(trace.events.requested[i]))
+            )
+            == 5
+        )
 
 
 def test_the_public_trace_tells_growth_from_no_growth(public_trace_bytes):
@@ -386,8 +436,12 @@ def test_random_sequences_keep_the_allocators_invariants(seed):
 
     rng = random.Random(seed)
     addresses = [rng.choice([1 << 44, 1 << 45, (1 << 44) + 3 * MiB]) for _ in range(4)] if seed % 2 else []
-    sim = BFCSimulator(memory_limit=rng.choice([None, 64 * MiB, 200 * MiB]), allow_growth=seed != 4,
-                       garbage_collection=seed % 3 == 0, region_addresses=addresses)
+    sim = BFCSimulator(
+        memory_limit=rng.choice([None, 64 * MiB, 200 * MiB]),
+        allow_growth=seed != 4,
+        garbage_collection=seed % 3 == 0,
+        region_addresses=addresses,
+    )
     live: list[int] = []
     for _ in range(1500):
         if live and rng.random() < 0.45:

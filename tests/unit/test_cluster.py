@@ -14,20 +14,35 @@ MiB = 2**20
 
 
 def worker(label: str, grown: int, top_layer: str = "wide") -> Report:
-    trace = TraceInfo(events=100, peak_live_bytes=(10 + grown) * MiB, peak_time_s=0.5,
-                      at_peak=[LiveGroup(op="MatMul", layer=top_layer, phase="forward", bytes=grown * MiB),
-                               LiveGroup(op=None, layer=None, phase="pre-existing", bytes=10 * MiB)])
+    trace = TraceInfo(
+        events=100,
+        peak_live_bytes=(10 + grown) * MiB,
+        peak_time_s=0.5,
+        at_peak=[
+            LiveGroup(op="MatMul", layer=top_layer, phase="forward", bytes=grown * MiB),
+            LiveGroup(op=None, layer=None, phase="pre-existing", bytes=10 * MiB),
+        ],
+    )
     return Report(label=label, tf={"CPU:0": DeviceMemory(10 * MiB, (10 + grown) * MiB, 10 * MiB)}, trace=trace)
 
 
 def test_the_worst_worker_and_an_imbalance_are_named():
-    view = cluster_view([WorkerRow("w0:6009", worker("w0", 40)), WorkerRow("w1:6009", worker("w1", 42)),
-                         WorkerRow("w2:6009", worker("w2", 120, "chief_only")),
-                         WorkerRow("w3:6009", None, "unreachable: no profiler server answered there")])
+    view = cluster_view(
+        [
+            WorkerRow("w0:6009", worker("w0", 40)),
+            WorkerRow("w1:6009", worker("w1", 42)),
+            WorkerRow("w2:6009", worker("w2", 120, "chief_only")),
+            WorkerRow("w3:6009", None, "unreachable: no profiler server answered there"),
+        ]
+    )
     assert view.worst.worker == "w2:6009"
     imbalance = next(f for f in view.findings if f.startswith("Imbalance"))
-    assert "w2:6009 peaked at 130 MiB, 2.5x the median worker (52 MiB): 120 MiB made while it was traced, 10 MiB " \
-        "held before" in imbalance and "chief_only" in imbalance
+    assert (
+        "w2:6009 peaked at 130 MiB, 2.5x the median worker (52 MiB): 120 MiB made while it was traced, 10 MiB "
+        "held before"
+        in imbalance
+        and "chief_only" in imbalance
+    )
     assert any(f.startswith("w3:6009: no report (unreachable") for f in view.findings)
     text = cluster_text(view)
     assert "w2:6009 (worst)" in text and "chief_only · MatMul (forward)" in text
@@ -51,18 +66,26 @@ def test_a_folder_of_saved_worker_reports(tmp_path):
         from_directory(empty)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("127.0.0.1:6009", ["127.0.0.1:6009"]),
-    ("grpc://w0:6009, w1:6010", ["w0:6009", "w1:6010"]),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:6009", ["127.0.0.1:6009"]),
+        ("grpc://w0:6009, w1:6010", ["w0:6009", "w1:6010"]),
+    ],
+)
 def test_worker_addresses(text, expected):
     assert parse_workers(text) == expected
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("", "name the workers"), ("w0", "not a worker address"), ("w0:99999", "not a worker address"),
-    ("w0:1,w0:1", "named twice"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "name the workers"),
+        ("w0", "not a worker address"),
+        ("w0:99999", "not a worker address"),
+        ("w0:1,w0:1", "named twice"),
+    ],
+)
 def test_bad_worker_addresses_say_what_to_write(text, message):
     with pytest.raises(TfmemUsageError, match=message):
         parse_workers(text)
@@ -71,8 +94,13 @@ def test_bad_worker_addresses_say_what_to_write(text, message):
 def test_the_cluster_panel_shows_the_worst_worker_first_and_switches():
     from tfmem_magic.show.panel import cluster_panel
 
-    view = cluster_view([WorkerRow("w0:1", worker("w0", 40)), WorkerRow("w1:1", worker("w1", 90)),
-                         WorkerRow("w2:1", None, "unreachable")])
+    view = cluster_view(
+        [
+            WorkerRow("w0:1", worker("w0", 40)),
+            WorkerRow("w1:1", worker("w1", 90)),
+            WorkerRow("w2:1", None, "unreachable"),
+        ]
+    )
     panel = cluster_panel(view)
     table, choice, shown = panel.children
     assert "w1:1 (worst)" in table.value

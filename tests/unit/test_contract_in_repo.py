@@ -23,8 +23,12 @@ NAME = re.compile(r"'([^'\n]+)'")
 def repo_files() -> list[Path]:
     """Tracked files, and new ones not ignored yet (they are committed with the change that adds them)."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     paths = [ROOT / p for p in out.decode().split("\0") if p]
@@ -43,8 +47,11 @@ def text_of(path: Path) -> str | None:
 
 
 def outside_citations(text: str) -> list[str]:
-    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
-            for needle in OUTSIDE for m in re.finditer(re.escape(needle), text)]
+    return [
+        f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+        for needle in OUTSIDE
+        for m in re.finditer(re.escape(needle), text)
+    ]
 
 
 def cited_sections(text: str) -> list[str]:
@@ -56,12 +63,15 @@ def headings() -> set[str]:
 
 
 def test_the_checks_tell_a_citation_from_a_users_shared_folder():
-    assert outside_citations("tfmem run --save /shared/tfmem/worker0.json train.py; `%tfmem cluster /shared/tfmem`")\
-        == []
+    assert (
+        outside_citations("tfmem run --save /shared/tfmem/worker0.json train.py; `%tfmem cluster /shared/tfmem`") == []
+    )
     assert outside_citations("see " + OUTSIDE[0] + " §3") != []
     assert outside_citations("(" + OUTSIDE[3] + " §1)") != []
     assert cited_sections("(docs/design.md, 'Memory guard', 'Out of memory and limits' have it)") == [
-        "Memory guard", "Out of memory and limits"]
+        "Memory guard",
+        "Out of memory and limits",
+    ]
     assert cited_sections("docs/design.md, 'A' and 'B'; docs/design.md alone") == ["A", "B"]
 
 
@@ -93,6 +103,9 @@ def test_every_citation_of_the_design_in_the_package_names_a_section():
     bare = []
     for path in (ROOT / "tfmem_magic").rglob("*.py"):
         text = path.read_text()
-        bare += [f"{path.relative_to(ROOT)}: {text[m.start():m.end() + 30]!r}" for m in CITATION.finditer(text)
-                 if not m.group("names")]
+        bare += [
+            f"{path.relative_to(ROOT)}: {text[m.start() : m.end() + 30]!r}"
+            for m in CITATION.finditer(text)
+            if not m.group("names")
+        ]
     assert bare == [], "cite as \"docs/design.md, 'Section name'\""

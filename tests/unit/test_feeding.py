@@ -7,8 +7,20 @@ import numpy as np
 from tfmem_magic.measure import feeding
 
 
-def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
-        validation_data=None, shuffle=True, class_weight=None, sample_weight=None):
+def fit(
+    self,
+    x=None,
+    y=None,
+    batch_size=None,
+    epochs=1,
+    verbose="auto",
+    callbacks=None,
+    validation_split=0.0,
+    validation_data=None,
+    shuffle=True,
+    class_weight=None,
+    sample_weight=None,
+):
     """Keras 3's fit signature (the parts that matter here)."""
 
 
@@ -34,20 +46,25 @@ def test_validation_split_counts_the_training_rows_and_both_copies():
     copies = {(a.role, a.copy_bytes) for a in feed.arrays}
     assert copies == {("x", 900 * 32), ("validation x", 100 * 32), ("y", 900 * 4), ("validation y", 100 * 4)}
     # validation_data wins over validation_split (as in Keras)
-    feed = feeding.describe_feed("fit", feeding.bind(fit, (x, y), {"validation_split": 0.1,
-                                                              "validation_data": (x[:50], y[:50])}))
+    feed = feeding.describe_feed(
+        "fit", feeding.bind(fit, (x, y), {"validation_split": 0.1, "validation_data": (x[:50], y[:50])})
+    )
     assert feed.samples == 1000 and feed.validation == "validation_data: 50 rows"
 
 
 def test_dict_inputs_sample_weights_and_a_small_dataset():
     x = {"age": np.zeros((20, 1), "float32"), "city": np.zeros((20, 1), "int64")}
-    feed = feeding.describe_feed("fit", feeding.bind(fit, (x, np.zeros(20)), {"sample_weight": np.ones(20),
-                                                                         "batch_size": 64}))
+    feed = feeding.describe_feed(
+        "fit", feeding.bind(fit, (x, np.zeros(20)), {"sample_weight": np.ones(20), "batch_size": 64})
+    )
     assert feed.batch_size == 20  # fewer rows than the batch: one batch of 20
     assert sorted(a.role for a in feed.arrays) == ["sample_weight", "x", "x", "y"]
     leaf = feeding.LEAF
-    assert feed.structure == {"x": {"age": {leaf: [[1], "float32"]}, "city": {leaf: [[1], "int64"]}},
-                              "y": {leaf: [[], "float64"]}, "sample_weight": {leaf: [[], "float64"]}}
+    assert feed.structure == {
+        "x": {"age": {leaf: [[1], "float32"]}, "city": {leaf: [[1], "int64"]}},
+        "y": {leaf: [[], "float64"]},
+        "sample_weight": {leaf: [[], "float64"]},
+    }
     assert feeding.structure_leaves(feed.structure["x"]) == [([1], "float32"), ([1], "int64")]
 
 
@@ -57,8 +74,7 @@ def test_a_generator_is_passed_through_whole_and_its_first_batch_noted():
     spied = feeding.spy_generator(source, seen.append)
     assert len(list(spied)) == 3 and len(seen) == 1
     leaf = feeding.LEAF
-    assert feeding.batch_of(seen[0]) == (16, {"x": {leaf: [[3], "float64"]}, "y": {leaf: [[2], "float32"]}},
-                                         (16, 3))
+    assert feeding.batch_of(seen[0]) == (16, {"x": {leaf: [[3], "float64"]}, "y": {leaf: [[2], "float32"]}}, (16, 3))
     # several outputs, and a Python list (no shape): the nesting is kept, the list has no spec
     batch = (np.zeros((8, 5)), [np.zeros((8, 1)), [0] * 8], np.ones(8))
     assert feeding.split_batch(batch)["y"] == [{leaf: [[1], "float64"]}, [None] * 8]

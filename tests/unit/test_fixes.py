@@ -6,31 +6,70 @@ from __future__ import annotations
 import ast
 
 from tfmem_magic.advise import fixes
-from tfmem_magic.core.report import (DeviceMemory, EnvInfo, Finding, LayerInfo, ModelInfo, PreflightInfo, Report,
-                                     RssInfo, TraceInfo)
+from tfmem_magic.core.report import (
+    DeviceMemory,
+    EnvInfo,
+    Finding,
+    LayerInfo,
+    ModelInfo,
+    PreflightInfo,
+    Report,
+    RssInfo,
+    TraceInfo,
+)
 
 MiB = 2**20
-CELL = ("model = build()\nmodel.compile('adam', 'mse')  # adam\n"
-        "model.fit(x_train, y_train, batch_size=256, epochs=3)  # was batch_size=512\n")
+CELL = (
+    "model = build()\nmodel.compile('adam', 'mse')  # adam\n"
+    "model.fit(x_train, y_train, batch_size=256, epochs=3)  # was batch_size=512\n"
+)
 
 
 def report(devices=("CPU:0",), status="ok", findings=("large-batch",), policy="float32", batch=256) -> Report:
-    layers = [LayerInfo("conv", "Conv2D", 896, "(None, 30, 30, 32)", 30 * 30 * 32 * 4),
-              LayerInfo("flat", "Flatten", 0, "(None, 28800)", 28800 * 4),
-              LayerInfo("head", "Dense", 288010, "(None, 10)", 40)]
-    model = ModelInfo(name="m", params=288906, trainable_params=288906, param_bytes=288906 * 4, optimizer="Adam",
-                      optimizer_slots=2, optimizer_bytes=2 * 288906 * 4, batch_size=batch,
-                      input_shape="(512, 32, 32, 3)",
-                      dtype_policy=policy, calls=["fit"], layers=layers, trainable_bytes=288906 * 4, samples=512,
-                      input_array_bytes=512 * 32 * 32 * 3 * 4 + 512 * 40, new_weight_bytes=288906 * 4,
-                      optimizer_built_in_cell=True)
-    rep = Report(status=status, env=EnvInfo(tensorflow="2.21.0", allocator="bfc_cpu_allocator_for_gpu",
-                                            allocator_complete=True, devices=list(devices), budget_bytes=500 * MiB,
-                                            ram_total_bytes=24 * 1024 * MiB),
-                 rss=RssInfo(baseline_bytes=400 * MiB, peak_bytes=560 * MiB, end_bytes=540 * MiB),
-                 tf={"CPU:0": DeviceMemory(0, 120 * MiB, 20 * MiB)}, model=model, number=7)
-    links = {"large-batch": ["shrink-batch", "grad-accumulation", "mixed-precision"],
-             "large-model": ["freeze-layers", "lighter-optimizer"], "input-copy": ["tf-data-streaming"]}
+    layers = [
+        LayerInfo("conv", "Conv2D", 896, "(None, 30, 30, 32)", 30 * 30 * 32 * 4),
+        LayerInfo("flat", "Flatten", 0, "(None, 28800)", 28800 * 4),
+        LayerInfo("head", "Dense", 288010, "(None, 10)", 40),
+    ]
+    model = ModelInfo(
+        name="m",
+        params=288906,
+        trainable_params=288906,
+        param_bytes=288906 * 4,
+        optimizer="Adam",
+        optimizer_slots=2,
+        optimizer_bytes=2 * 288906 * 4,
+        batch_size=batch,
+        input_shape="(512, 32, 32, 3)",
+        dtype_policy=policy,
+        calls=["fit"],
+        layers=layers,
+        trainable_bytes=288906 * 4,
+        samples=512,
+        input_array_bytes=512 * 32 * 32 * 3 * 4 + 512 * 40,
+        new_weight_bytes=288906 * 4,
+        optimizer_built_in_cell=True,
+    )
+    rep = Report(
+        status=status,
+        env=EnvInfo(
+            tensorflow="2.21.0",
+            allocator="bfc_cpu_allocator_for_gpu",
+            allocator_complete=True,
+            devices=list(devices),
+            budget_bytes=500 * MiB,
+            ram_total_bytes=24 * 1024 * MiB,
+        ),
+        rss=RssInfo(baseline_bytes=400 * MiB, peak_bytes=560 * MiB, end_bytes=540 * MiB),
+        tf={"CPU:0": DeviceMemory(0, 120 * MiB, 20 * MiB)},
+        model=model,
+        number=7,
+    )
+    links = {
+        "large-batch": ["shrink-batch", "grad-accumulation", "mixed-precision"],
+        "large-model": ["freeze-layers", "lighter-optimizer"],
+        "input-copy": ["tf-data-streaming"],
+    }
     rep.findings = [Finding(f, f, "warn", "evidence", fixes=list(links.get(f, []))) for f in findings]
     return rep
 
@@ -77,7 +116,7 @@ def test_grad_accumulation_recompiles_after_the_cells_compile_and_keeps_the_effe
 
 def test_mixed_precision_is_bfloat16_on_cpu_and_float16_only_with_a_gpu():
     cpu = by_id(fixes.build(report(), ctx()))["mixed-precision"]
-    assert 'set_global_policy("mixed_bfloat16")' in cpu.code and "mixed_float16\")" not in cpu.code
+    assert 'set_global_policy("mixed_bfloat16")' in cpu.code and 'mixed_float16")' not in cpu.code
     assert body(cpu.code).index("set_global_policy") < body(cpu.code).index("model = build()")  # before building
     gpu = by_id(fixes.build(report(devices=("CPU:0", "GPU:0")), ctx()))["mixed-precision"]
     assert 'set_global_policy("mixed_float16")' in gpu.code
@@ -122,6 +161,7 @@ def test_before_after_checks_the_prediction():
     before = report()
     before.fixes = fixes.build(before, ctx())
     from tfmem_magic.core.report import Prediction
+
     before.prediction = Prediction("analytic", 0, 0, 1.0, 0.3)
     predicted = before.fixes[0].predicted_peak_bytes
     after = report(batch=64)
@@ -130,7 +170,6 @@ def test_before_after_checks_the_prediction():
     assert ba.held and ba.predicted_peak_bytes == predicted and ba.number == 7
     after.tf = {"CPU:0": DeviceMemory(0, int(predicted * 1.5), 0)}
     assert fixes.before_after(before, after, "shrink-batch").held is False
-
 
 
 def test_a_fix_cell_run_after_another_fix_is_not_judged_against_a_kernel_it_no_longer_is():
@@ -213,8 +252,10 @@ def _calibrating(rep: Report, context, monkeypatch):
     rep.fixes = fixes.build(rep, context)
     calibration.remember_model(rep, model, None, context)
     per_sample = 2 * (rep.whatif_basis.activations_per_sample + rep.whatif_basis.input_per_sample)
-    peaks = {b: (round(1.1 * (20 * MiB + b * per_sample)), round(20 * MiB + b * per_sample))
-             for b in calibration.probe_batches(rep, rep.whatif_basis)}
+    peaks = {
+        b: (round(1.1 * (20 * MiB + b * per_sample)), round(20 * MiB + b * per_sample))
+        for b in calibration.probe_batches(rep, rep.whatif_basis)
+    }
     monkeypatch.setattr(calibrate, "probe_peaks", lambda *args, **kwargs: peaks)
     return model
 
@@ -253,8 +294,11 @@ def test_the_panels_calibrate_button_shows_the_fixes_written_again(monkeypatch):
 
     rep = report()
     model = _calibrating(rep, ctx(), monkeypatch)
-    monkeypatch.setattr(calibration, "measured_basis",  # the panel's call, without the step replay's probes
-                        lambda r, progress=None, real=calibration.measured_basis: real(r, progress, replay=False))
+    monkeypatch.setattr(
+        calibration,
+        "measured_basis",  # the panel's call, without the step replay's probes
+        lambda r, progress=None, real=calibration.measured_basis: real(r, progress, replay=False),
+    )
 
     def shown(widget):  # the HTML of every widget under `widget`
         if isinstance(widget, widgets.HTML):
@@ -319,8 +363,9 @@ def test_the_pipeline_calibrates_as_its_mode_says(monkeypatch):
     from tfmem_magic.core.session import SESSION
 
     asked = []
-    monkeypatch.setattr(calibration, "auto_calibration",
-                        lambda rep: (True, calibration.AUTO_REASON) if rep.fixes else None)
+    monkeypatch.setattr(
+        calibration, "auto_calibration", lambda rep: (True, calibration.AUTO_REASON) if rep.fixes else None
+    )
     monkeypatch.setattr(calibration, "measured_basis", lambda rep: asked.append(rep.number) or rep.whatif_basis)
     monkeypatch.setattr(SESSION, "calibrate", "auto")
     shrinking, quiet = _with_fixes(report()), _with_fixes(report(findings=()))
@@ -328,9 +373,13 @@ def test_the_pipeline_calibrates_as_its_mode_says(monkeypatch):
     for rep, options in ((shrinking, {}), (quiet, {}), (shrinking, {"calibrate": False}), (quiet, {"calibrate": True})):
         pipeline.Profiler(pipeline.Options(**options))._calibrate(rep)
     assert asked == [7, 8]  # auto: the shrinking report only; --no-calibrate skips it; --calibrate runs any
-    assert any(n.startswith("Calibrated as the cell ended (auto: the report names the largest batch that fits; "
-                            "%tfmem calibrate off or calibrate=False skips it") for n in shrinking.notes), \
-        shrinking.notes
+    assert any(
+        n.startswith(
+            "Calibrated as the cell ended (auto: the report names the largest batch that fits; "
+            "%tfmem calibrate off or calibrate=False skips it"
+        )
+        for n in shrinking.notes
+    ), shrinking.notes
     monkeypatch.setattr(SESSION, "calibrate", "off")
     pipeline.Profiler()._calibrate(shrinking)
     monkeypatch.setattr(SESSION, "calibrate", "on")
@@ -386,8 +435,9 @@ def test_a_cell_that_ran_out_is_never_told_that_its_batch_or_a_larger_one_fits()
     assert fix.title == "Shrink the batch to 128"
     # the pre-flight let the call run (its prediction was within its band) and the guard stopped it: the largest
     # batch the pre-flight found for the process is the one to name, in the finding and the fix alike
-    rep.preflight = PreflightInfo(call="fit", batch_size=256, verdict="uncertain", largest_batch=192, band=0.4,
-                                  threshold_bytes=737 * MiB)
+    rep.preflight = PreflightInfo(
+        call="fit", batch_size=256, verdict="uncertain", largest_batch=192, band=0.4, threshold_bytes=737 * MiB
+    )
     finding = diagnose_model.large_batch(rep)
     fix = by_id(fixes.build(rep, ctx()))["shrink-batch"]
     assert "The batch to try is 192, the largest batch whose pre-flight prediction (+40%)" in finding.evidence

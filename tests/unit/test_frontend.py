@@ -61,8 +61,9 @@ def wait_for(condition, seconds: float = 5.0) -> bool:
 def test_no_answer_is_reported_once_after_the_wait(silent_front_end):
     replies = []
     assert frontend.insert_cell("x = 1", "cell-1", "below", lambda state, data: replies.append(state))
-    assert silent_front_end.opened == [{"target": "tfmem_insert", "code": "x = 1", "cell_id": "cell-1",
-                                        "placement": "below"}]
+    assert silent_front_end.opened == [
+        {"target": "tfmem_insert", "code": "x = 1", "cell_id": "cell-1", "placement": "below"}
+    ]
     assert wait_for(lambda: replies == ["no-answer"])
     time.sleep(0.3)
     assert replies == ["no-answer"]  # once

@@ -18,17 +18,30 @@ from test_fixes import ctx, report  # noqa: I001  (tests/unit is on sys.path for
 GiB, MiB = 2**30, 2**20
 
 
-@pytest.mark.parametrize(("name", "device"), [
-    ("GPU_0_bfc", "GPU:0"), ("GPU_12_bfc", "GPU:12"), ("bfc_cpu_allocator_for_gpu", "CPU:0"), ("mklcpu", "CPU:0"),
-    ("gpu_host_bfc", None), ("cuda_host_bfc", None), ("xla_vendor_allocator", None),
-])
+@pytest.mark.parametrize(
+    ("name", "device"),
+    [
+        ("GPU_0_bfc", "GPU:0"),
+        ("GPU_12_bfc", "GPU:12"),
+        ("bfc_cpu_allocator_for_gpu", "CPU:0"),
+        ("mklcpu", "CPU:0"),
+        ("gpu_host_bfc", None),
+        ("cuda_host_bfc", None),
+        ("xla_vendor_allocator", None),
+    ],
+)
 def test_an_allocators_device_comes_from_its_name(name, device):
     assert allocator_device(name) == device
 
 
-@pytest.mark.parametrize(("name", "local"), [
-    ("/device:CPU:0", "CPU:0"), ("/job:worker/replica:0/task:1/device:GPU:3", "GPU:3"), ("CPU:0", "CPU:0"),
-])
+@pytest.mark.parametrize(
+    ("name", "local"),
+    [
+        ("/device:CPU:0", "CPU:0"),
+        ("/job:worker/replica:0/task:1/device:GPU:3", "GPU:3"),
+        ("CPU:0", "CPU:0"),
+    ],
+)
 def test_a_distributed_workers_device_names_are_its_local_ones(name, local):
     assert local_device_name(name) == local  # MultiWorkerMirroredStrategy names devices with the task
 
@@ -112,11 +125,19 @@ def test_the_busiest_gpu_is_the_one_that_grew_not_the_one_holding_old_memory():
 def test_a_gpu_oom_message_gives_its_request():
     from tfmem_magic.measure.guard import parse_oom
 
-    message = ("OOM when allocating tensor with shape[32,512,56,56] and type half on "
-               "/job:localhost/replica:0/task:0/device:GPU:1 by allocator GPU_1_bfc\n"
-               "\t [[{{node model/conv2d/Conv2D}}]]")
-    assert parse_oom(message) == {"shape": "[32,512,56,56]", "dtype": "float16", "bytes": 32 * 512 * 56 * 56 * 2,
-                                  "device": "GPU:1", "allocator": "GPU_1_bfc", "op": "model/conv2d/Conv2D"}
+    message = (
+        "OOM when allocating tensor with shape[32,512,56,56] and type half on "
+        "/job:localhost/replica:0/task:0/device:GPU:1 by allocator GPU_1_bfc\n"
+        "\t [[{{node model/conv2d/Conv2D}}]]"
+    )
+    assert parse_oom(message) == {
+        "shape": "[32,512,56,56]",
+        "dtype": "float16",
+        "bytes": 32 * 512 * 56 * 56 * 2,
+        "device": "GPU:1",
+        "allocator": "GPU_1_bfc",
+        "op": "model/conv2d/Conv2D",
+    }
 
 
 def test_an_allocators_series_is_downsampled_with_its_peak_kept():
@@ -135,8 +156,9 @@ def test_an_allocators_series_is_downsampled_with_its_peak_kept():
 def test_in_quick_mode_a_gpu_reports_verdict_says_which_memory_it_is_about():
     rep = gpu_report(peak=13 * GiB, limit=None)  # quick mode: TensorFlow told no GPU limit
     rep.rss.peak_bytes = 2 * GiB
-    assert verdict(rep) == ("process memory fits with 22 GiB to spare (available RAM); GPU:0's limit was not "
-                            "recorded (a trace records it)")
+    assert verdict(rep) == (
+        "process memory fits with 22 GiB to spare (available RAM); GPU:0's limit was not recorded (a trace records it)"
+    )
     rep.status = "error"
     assert verdict(rep).startswith("raised an error; process memory fits with")
     assert verdict(gpu_report(peak=13 * GiB, limit=14 * GiB)) == "used 93% of GPU:0's 14 GiB"  # traced: the GPU's
@@ -146,9 +168,15 @@ def test_on_a_gpu_the_guards_layers_say_they_watch_host_memory():
     from tfmem_magic.analyze.build import guard_layers, oom_tripped_by
 
     assert guard_layers(False, allocator_capped=True, batch_end_armed=True) == [
-        "allocator", "batch-end check", "watchdog"]
+        "allocator",
+        "batch-end check",
+        "watchdog",
+    ]
     assert guard_layers(True, allocator_capped=True, batch_end_armed=True) == [
-        "allocator (CPU only)", "batch-end check (host memory)", "watchdog (host memory)"]
+        "allocator (CPU only)",
+        "batch-end check (host memory)",
+        "watchdog (host memory)",
+    ]
     request = {"shape": "[32,512,56,56]", "dtype": "float16", "bytes": 1, "device": "GPU:1", "allocator": "GPU_1_bfc"}
     assert oom_tripped_by(request) == "GPU_1_bfc allocator (the GPU's own memory)"
     assert oom_tripped_by({**request, "device": "CPU:0", "allocator": "mklcpu"}) == "allocator"
@@ -158,11 +186,21 @@ def test_a_gpu_oom_is_not_blamed_on_tfmems_guard():
     from tfmem_magic.core.report import ErrorInfo, GuardInfo
 
     rep = gpu_report(peak=14 * GiB, limit=14 * GiB, status="oom")
-    rep.error = ErrorInfo(type="ResourceExhaustedError", message="OOM", request={
-        "shape": "[32,512,56,56]", "dtype": "float16", "bytes": 32 * 512 * 56 * 56 * 2, "device": "GPU:0",
-        "allocator": "GPU_0_bfc", "op": None})
-    rep.guard = GuardInfo(20 * GiB, "--limit", ["watchdog (host memory)"], None,
-                          "GPU_0_bfc allocator (the GPU's own memory)", None)
+    rep.error = ErrorInfo(
+        type="ResourceExhaustedError",
+        message="OOM",
+        request={
+            "shape": "[32,512,56,56]",
+            "dtype": "float16",
+            "bytes": 32 * 512 * 56 * 56 * 2,
+            "device": "GPU:0",
+            "allocator": "GPU_0_bfc",
+            "op": None,
+        },
+    )
+    rep.guard = GuardInfo(
+        20 * GiB, "--limit", ["watchdog (host memory)"], None, "GPU_0_bfc allocator (the GPU's own memory)", None
+    )
     text = " ".join(f.evidence for f in diagnose.findings(rep))
     assert "on GPU:0" in text and "tfmem's" not in text
 

@@ -11,9 +11,13 @@ import tfmem_magic
 PACKAGE = Path(tfmem_magic.__file__).parent
 LAYERS = ["core", "measure", "analyze", "advise", "pipeline", "show", "adapters"]
 # each layer's modules may import these third-party packages at module level (inside functions is the lazy path)
-FORBIDDEN_AT_TOP = {"core": {"numpy", "tensorflow", "keras", "IPython", "ipywidgets", "psutil", "matplotlib"},
-                    "measure": {"IPython", "ipywidgets", "matplotlib"}, "analyze": {"IPython", "ipywidgets"},
-                    "advise": {"IPython", "ipywidgets"}, "pipeline": {"IPython", "ipywidgets"}}
+FORBIDDEN_AT_TOP = {
+    "core": {"numpy", "tensorflow", "keras", "IPython", "ipywidgets", "psutil", "matplotlib"},
+    "measure": {"IPython", "ipywidgets", "matplotlib"},
+    "analyze": {"IPython", "ipywidgets"},
+    "advise": {"IPython", "ipywidgets"},
+    "pipeline": {"IPython", "ipywidgets"},
+}
 
 
 def layer_of(module: str) -> str | None:
@@ -41,8 +45,11 @@ def imports(path: Path) -> list[tuple[str, bool]]:
 
 
 def package_modules() -> dict[str, Path]:
-    return {".".join(("tfmem_magic",) + p.relative_to(PACKAGE).with_suffix("").parts): p
-            for p in PACKAGE.rglob("*.py") if "labextension" not in p.parts}
+    return {
+        ".".join(("tfmem_magic",) + p.relative_to(PACKAGE).with_suffix("").parts): p
+        for p in PACKAGE.rglob("*.py")
+        if "labextension" not in p.parts
+    }
 
 
 def test_every_module_belongs_to_a_layer():

@@ -62,9 +62,13 @@ def test_below_the_cells_batch_the_measured_basis_takes_the_analytic_slope_below
 
     def two_moments(rep):
         basis = plain(rep)
-        return replace(basis, activations_per_sample=3 * basis.activations_per_sample,
-                       activations_per_sample_below=basis.activations_per_sample, moment_gap=MiB,
-                       other=basis.other - round(2 * basis.activations_per_sample * basis.knobs.batch_size))
+        return replace(
+            basis,
+            activations_per_sample=3 * basis.activations_per_sample,
+            activations_per_sample_below=basis.activations_per_sample,
+            moment_gap=MiB,
+            other=basis.other - round(2 * basis.activations_per_sample * basis.knobs.batch_size),
+        )
 
     monkeypatch.setattr(calibration, "analytic_basis", two_moments)
     peaks = {b: (round(1.1 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (64, 256, 1024)}
@@ -140,8 +144,18 @@ def test_the_4x_probe_needs_room_for_its_peak_and_its_synthetic_inputs():
 
 
 def test_suggested_batches_are_ones_people_type():
-    assert [prediction.typeable_batch(n) for n in (1, 2, 3, 13, 15, 16, 23, 159, 251, 256)] == \
-        [1, 2, 2, 12, 14, 16, 16, 152, 248, 256]
+    assert [prediction.typeable_batch(n) for n in (1, 2, 3, 13, 15, 16, 23, 159, 251, 256)] == [
+        1,
+        2,
+        2,
+        12,
+        14,
+        16,
+        16,
+        152,
+        248,
+        256,
+    ]
     assert prediction.typeable_batch(159, step=3) == 144  # a multiple of 8 and of the accumulation steps
     assert prediction.typeable_batch(20, step=3) == 18  # below lcm(8, 3): steps' multiple only
     assert prediction.typeable_batch(2, step=4) == 4  # never below one accumulation step
@@ -187,8 +201,9 @@ def test_a_copy_made_while_the_trace_restarted_is_not_slope():
 
     from tfmem_magic.core.report import Report
 
-    rep = Report.from_dict(json.loads((Path(__file__).parent / "recorded" / "copy_made_while_untraced.json")
-                                      .read_text()))
+    rep = Report.from_dict(
+        json.loads((Path(__file__).parent / "recorded" / "copy_made_while_untraced.json").read_text())
+    )
     untraced = sum(g.requested_bytes for g in rep.trace.by_phase if g.phase == "untraced")
     assert not rep.trace.input_copies and untraced > rep.model.copy_bytes  # what makes this report the case
     basis = prediction.analytic_basis(rep)
@@ -205,8 +220,9 @@ def test_a_copy_the_trace_saw_freed_stays_missing_whatever_was_untraced():
 
     from tfmem_magic.core.report import InputCopy, Report
 
-    rep = Report.from_dict(json.loads((Path(__file__).parent / "recorded" / "copy_made_while_untraced.json")
-                                      .read_text()))
+    rep = Report.from_dict(
+        json.loads((Path(__file__).parent / "recorded" / "copy_made_while_untraced.json").read_text())
+    )
     size = rep.model.copy_bytes
     rep.trace.input_copies = [InputCopy(size, size, 0.01, 0.1, live_at_peak=False, role="training")]
     basis = prediction.analytic_basis(rep)
@@ -279,12 +295,14 @@ def test_a_custom_loop_under_a_strategy_reads_one_replicas_batch_and_names_the_g
     from tfmem_magic.measure.instrument import ModelUse
 
     model = _ReplicatedModel()
-    called = describe_model(ModelUse(weakref.ref(model), calls=["__call__"], batch_size=64,
-                               batch_source=feeding.DIRECT_CALL_BATCH))
+    called = describe_model(
+        ModelUse(weakref.ref(model), calls=["__call__"], batch_size=64, batch_source=feeding.DIRECT_CALL_BATCH)
+    )
     assert called.replicas == 2 and called.batch_size == 128 and called.replica_batch == 64
     assert called.batch_source == f"{feeding.DIRECT_CALL_BATCH}, times 2 replicas"
-    fitted = describe_model(ModelUse(weakref.ref(model), calls=["fit"], batch_size=128,
-                                     batch_source="batch_size argument"))
+    fitted = describe_model(
+        ModelUse(weakref.ref(model), calls=["fit"], batch_size=128, batch_source="batch_size argument")
+    )
     assert fitted.batch_size == 128 and fitted.replica_batch == 64
 
 
@@ -296,8 +314,12 @@ def test_what_a_larger_batch_adds_gets_the_chunks_large_tensors_get():
     assert quick.fragmentation == prediction.TYPICAL_FRAGMENTATION and quick.growth_fragmentation is None
     # the cell's trace saw its peak and measured 1.3x there (a chunk BFC did not split, small tensors)
     requested = round(rep.tf_peak_bytes / 1.3)
-    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
-                          allocated_at_peak_bytes=round(requested * 1.3))
+    rep.trace = TraceInfo(
+        events=100,
+        peak_live_bytes=rep.tf_peak_bytes,
+        requested_at_peak_bytes=requested,
+        allocated_at_peak_bytes=round(requested * 1.3),
+    )
     basis = prediction.analytic_basis(rep)
     assert basis.fragmentation == pytest.approx(1.3, rel=1e-3)
     assert basis.growth_fragmentation == prediction.GROWTH_FRAGMENTATION
@@ -330,10 +352,16 @@ def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
     rep = report(batch=32)
     requested = round(rep.tf_peak_bytes / 1.3)
     gap = 1 * MiB
-    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes, requested_at_peak_bytes=requested,
-                          allocated_at_peak_bytes=round(requested * 1.3), replica_batch_size=32,
-                          batch_bytes_at_peak=32 * 11_000, batch_bytes_most=32 * 71_000,
-                          live_at_batch_most_bytes=rep.tf_peak_bytes - round(gap * 1.3))
+    rep.trace = TraceInfo(
+        events=100,
+        peak_live_bytes=rep.tf_peak_bytes,
+        requested_at_peak_bytes=requested,
+        allocated_at_peak_bytes=round(requested * 1.3),
+        replica_batch_size=32,
+        batch_bytes_at_peak=32 * 11_000,
+        batch_bytes_most=32 * 71_000,
+        live_at_batch_most_bytes=rep.tf_peak_bytes - round(gap * 1.3),
+    )
     basis = prediction.analytic_basis(rep)
     busy, calm = basis.activations_per_sample, basis.activations_per_sample_below
     assert calm is not None and busy > calm and basis.moment_gap == pytest.approx(gap, abs=1)
@@ -356,7 +384,8 @@ def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
     assert old.moment_gap == 0
     assert prediction.parts_at(old, replace(old.knobs, batch_size=far))["activations"] == pytest.approx(busy * far)
     assert prediction.peak_at(old, replace(old.knobs, batch_size=far)) > prediction.peak_at(
-        basis, replace(basis.knobs, batch_size=far))
+        basis, replace(basis.knobs, batch_size=far)
+    )
 
 
 def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
@@ -371,11 +400,17 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     gap = MiB // 2
     fed = rep.model.copy_bytes / rep.model.samples  # the batch's own input tensors: a part of their own
     # the allocator's own peak came while the trace was paused, 1 MiB over the traced one: the gap is the allocator's
-    rep.trace = TraceInfo(events=100, peak_live_bytes=rep.tf_peak_bytes - MiB, requested_at_peak_bytes=requested,
-                          allocated_at_peak_bytes=round(requested * 1.3), replica_batch_size=32,
-                          batch_bytes_at_peak=round(32 * (40_000 + fed)), batch_bytes_most=round(32 * (40_000 + fed)),
-                          live_at_batch_most_bytes=rep.tf_peak_bytes,
-                          moments_below=[[round(32 * (5_000 + fed)), rep.tf_peak_bytes - round(gap * 1.3)]])
+    rep.trace = TraceInfo(
+        events=100,
+        peak_live_bytes=rep.tf_peak_bytes - MiB,
+        requested_at_peak_bytes=requested,
+        allocated_at_peak_bytes=round(requested * 1.3),
+        replica_batch_size=32,
+        batch_bytes_at_peak=round(32 * (40_000 + fed)),
+        batch_bytes_most=round(32 * (40_000 + fed)),
+        live_at_batch_most_bytes=rep.tf_peak_bytes,
+        moments_below=[[round(32 * (5_000 + fed)), rep.tf_peak_bytes - round(gap * 1.3)]],
+    )
     basis = prediction.analytic_basis(rep)
     slope = basis.activations_per_sample
     assert basis.lines_below == [[pytest.approx(5_000, abs=0.1), pytest.approx(gap, abs=1)]]
@@ -415,4 +450,5 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     rep.trace.moments_below = []
     alone = prediction.analytic_basis(rep)
     assert prediction.peak_at(alone, replace(alone.knobs, batch_size=8)) < prediction.peak_at(
-        basis, replace(basis.knobs, batch_size=8))
+        basis, replace(basis.knobs, batch_size=8)
+    )

@@ -52,6 +52,7 @@ class _Variable:
 @pytest.fixture
 def no_replay(monkeypatch):
     """The replay cannot be used: the probes' line stands in."""
+
     def refuse(*args, **kwargs):
         raise NoReplay("its self-check failed")
 
@@ -60,6 +61,7 @@ def no_replay(monkeypatch):
 
 def recorded_traces(fed: int = 0):
     """calibrate.replay_traces, answered with the recorded CNN traces (the probes a call at batch 320 asks for)."""
+
     def replay_traces(model, batches, train, structure, folder, **kwargs):
         assert batches == [23, 37] and kwargs["pipeline"]
         out = {}
@@ -155,8 +157,9 @@ def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypa
 
 
 def test_where_the_replay_cannot_be_used_the_probes_line_stands_in_and_says_why(monkeypatch, no_replay):
-    monkeypatch.setattr(preflight.calibrate, "probe_peaks",
-                        lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
+    monkeypatch.setattr(
+        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+    )
     info = preflight.check(_Model(), "fit", _use(1024), 600 * MiB, rss=100 * MiB)
     assert info.basis == "probes" and info.replay_note == "its self-check failed"
     assert "the replay was not used: its self-check failed" in preflight.refusal(info, "--limit")
@@ -166,12 +169,14 @@ def _use(batch: int) -> ModelUse:
     return ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=batch, feed="dataset")
 
 
-@pytest.mark.parametrize("threshold, verdict", [(10_000 * MiB, "fits"), (1_100 * MiB, "uncertain"),
-                                                (600 * MiB, "refused")])
+@pytest.mark.parametrize(
+    "threshold, verdict", [(10_000 * MiB, "fits"), (1_100 * MiB, "uncertain"), (600 * MiB, "refused")]
+)
 def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, verdict):
     # a step that needs 1 MiB per sample (chunks 1.0x), no probes' floor: 1 GiB at batch 1024, 100 MiB held now
-    monkeypatch.setattr(preflight.calibrate, "probe_peaks",
-                        lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
+    monkeypatch.setattr(
+        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+    )
     info = preflight.check(_Model(), "fit", _use(1024), threshold, rss=100 * MiB)
     assert info.basis == "probes" and info.probe_batches == [64, 128]
     assert info.step_bytes == 1024 * MiB and info.predicted_rss_bytes == 1124 * MiB
@@ -183,21 +188,42 @@ def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, 
 
 def test_the_allocators_free_regions_absorb_the_growth(monkeypatch, no_replay):
     """RSS never shrinks: regions TF already holds (an earlier, larger step) are reused before the process grows."""
-    monkeypatch.setattr(preflight.calibrate, "probe_peaks",
-                        lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches})
-    info = preflight.check(_Model(), "fit", _use(1024), 10_000 * MiB, rss=2000 * MiB, tf_current=100 * MiB,
-                           tf_held=900 * MiB)
+    monkeypatch.setattr(
+        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+    )
+    info = preflight.check(
+        _Model(), "fit", _use(1024), 10_000 * MiB, rss=2000 * MiB, tf_current=100 * MiB, tf_held=900 * MiB
+    )
     assert info.predicted_rss_bytes == 2000 * MiB + (100 + 1024 - 900) * MiB
 
 
 def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to_do():
-    info = PreflightInfo(call="fit", batch_size=1024, probe_batches=[64, 128], step_bytes=4 * 2**30,
-                         extra_bytes=100 * MiB, rss_bytes=800 * MiB, predicted_rss_bytes=5 * 2**30,
-                         threshold_bytes=3 * 10**9, band=0.25, verdict="refused", largest_batch=352, seconds=8.6)
+    info = PreflightInfo(
+        call="fit",
+        batch_size=1024,
+        probe_batches=[64, 128],
+        step_bytes=4 * 2**30,
+        extra_bytes=100 * MiB,
+        rss_bytes=800 * MiB,
+        predicted_rss_bytes=5 * 2**30,
+        threshold_bytes=3 * 10**9,
+        band=0.25,
+        verdict="refused",
+        largest_batch=352,
+        seconds=8.6,
+    )
     text = preflight.refusal(info, "--limit")
-    for said in ("stopped fit() before its first step", "at batch 1024", "~5 GiB", "--limit allows 2.79 GiB",
-                 "Lower the batch size to 352", "%tfmem fix shrink-batch", "batches 64 and 128", "8.6 s",
-                 "--no-preflight"):
+    for said in (
+        "stopped fit() before its first step",
+        "at batch 1024",
+        "~5 GiB",
+        "--limit allows 2.79 GiB",
+        "Lower the batch size to 352",
+        "%tfmem fix shrink-batch",
+        "batches 64 and 128",
+        "8.6 s",
+        "--no-preflight",
+    ):
         assert said in text, said
     info.largest_batch = None
     assert "Not even batch 1 fits" in preflight.refusal(info, "--limit")
@@ -241,7 +267,8 @@ def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(mon
     for batch in (64, 128, info.largest_batch, 320):
         step = max(r.peak_bytes_in_use for r in at.peaks(batch)) - fixed
         assert prediction.predict(rep, batch_size=batch).peak_bytes == pytest.approx(
-            40 * MiB + step + info.extra_bytes, abs=2)
+            40 * MiB + step + info.extra_bytes, abs=2
+        )
     now = prediction.predict(rep)
     assert now.basis == "replay" and now.error_band == prediction.PREFLIGHT_BAND
     # judged as the pre-flight judged it (its threshold, TF's bytes and regions held already, +40% on the growth
@@ -301,12 +328,19 @@ def test_a_loop_of_calls_is_checked_once_per_batch_and_never_below_one_it_let_ru
         checks(model, "train_on_batch", _use(512), 10**9, 0, "--limit")
     with pytest.raises(preflight.PreflightRefused):  # below a refused batch, above one let run: checked
         checks(model, "train_on_batch", _use(384), 10**9, 0, "--limit")
-    assert asked == [("train_on_batch", 64), ("train_on_batch", 128), ("train_on_batch", 256), ("test_on_batch", 40),
-                     ("train_on_batch", 512), ("train_on_batch", 384)]
+    assert asked == [
+        ("train_on_batch", 64),
+        ("train_on_batch", 128),
+        ("train_on_batch", 256),
+        ("test_on_batch", 40),
+        ("train_on_batch", 512),
+        ("train_on_batch", 384),
+    ]
 
 
 def test_only_an_on_batch_loop_of_one_input_shape_skips_smaller_batches_and_failed_probes_are_not_run_again(
-        monkeypatch):
+    monkeypatch,
+):
     asked = []
 
     def check(model, call, use, *args):
@@ -321,12 +355,20 @@ def test_only_an_on_batch_loop_of_one_input_shape_skips_smaller_batches_and_fail
     def use(batch: int, shape: tuple = (None, 8)) -> ModelUse:
         return ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=batch, feed="arrays", input_shape=shape)
 
-    for call, batch, shape in (("fit", 256, (256, 8)), ("fit", 128, (128, 8)),  # fit: another array, checked
-                               ("train_on_batch", 256, (256, 8)), ("train_on_batch", 128, (128, 8)),
-                               ("train_on_batch", 128, (128, 32))):  # a longer input: checked
+    for call, batch, shape in (
+        ("fit", 256, (256, 8)),
+        ("fit", 128, (128, 8)),  # fit: another array, checked
+        ("train_on_batch", 256, (256, 8)),
+        ("train_on_batch", 128, (128, 8)),
+        ("train_on_batch", 128, (128, 32)),
+    ):  # a longer input: checked
         checks(model, call, use(batch, shape), 10**9, 0, "--limit")
-    assert asked == [("fit", 256, (256, 8)), ("fit", 128, (128, 8)), ("train_on_batch", 256, (256, 8)),
-                     ("train_on_batch", 128, (128, 32))]
+    assert asked == [
+        ("fit", 256, (256, 8)),
+        ("fit", 128, (128, 8)),
+        ("train_on_batch", 256, (256, 8)),
+        ("train_on_batch", 128, (128, 32)),
+    ]
     asked.clear()
     for batch in (7, 9, 11):  # the probes failed once: not again for this model and call in the cell
         checks(model, "predict_on_batch", use(batch), 10**9, 0, "--limit")

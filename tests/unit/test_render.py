@@ -1,19 +1,25 @@
 from tfmem_magic.core.report import MIME_TYPE, DeviceMemory, EnvInfo, ErrorInfo, LiveGroup, Report, RssInfo, TraceInfo
 from tfmem_magic.show.render import mime_bundle, render_html, render_text, verdict
 
-EVIL = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>"
+EVIL = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 
 
 def evil_report() -> Report:
     return Report(
-        label=EVIL, status="error", error=ErrorInfo("ValueError", EVIL),
+        label=EVIL,
+        status="error",
+        error=ErrorInfo("ValueError", EVIL),
         env=EnvInfo(budget_bytes=10 * 2**30, ram_total_bytes=16 * 2**30, allocator="bfc_cpu_allocator_for_gpu"),
         rss=RssInfo(2**30, 2 * 2**30, 2**30, "hwm", [[t / 4, (1 + t / 4) * 2**30] for t in range(5)]),
         tf={"CPU:0": DeviceMemory(0, 3 * 2**20, 2**20)},
-        trace=TraceInfo(events=2, peak_live_bytes=3 * 2**20, timeline=[[0, 0], [1, 3 * 2**20]],
-                        at_peak=[LiveGroup(op=EVIL, layer=EVIL, phase="forward", bytes=2**20, count=1, shape=EVIL)],
-                        by_layer=[LiveGroup(layer=EVIL, bytes=2**20)], by_phase=[LiveGroup(phase="forward",
-                                                                                            bytes=2**20)]),
+        trace=TraceInfo(
+            events=2,
+            peak_live_bytes=3 * 2**20,
+            timeline=[[0, 0], [1, 3 * 2**20]],
+            at_peak=[LiveGroup(op=EVIL, layer=EVIL, phase="forward", bytes=2**20, count=1, shape=EVIL)],
+            by_layer=[LiveGroup(layer=EVIL, bytes=2**20)],
+            by_phase=[LiveGroup(phase="forward", bytes=2**20)],
+        ),
         notes=[EVIL],
     )
 

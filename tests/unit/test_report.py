@@ -17,11 +17,20 @@ from tfmem_magic.core.report import (
 
 def sample_report() -> Report:
     return Report(
-        label="cell", status="ok", mode="trace", wall_s=1.5, env=EnvInfo(allocator="bfc", budget_bytes=10),
-        rss=RssInfo(1, 3, 2, "hwm", [[0.0, 1], [0.1, 3]]), tf={"CPU:0": DeviceMemory(100, 400, 150)},
-        trace=TraceInfo(events=3, peak_live_bytes=400, at_peak=[LiveGroup(op="MatMul", layer="d", phase="forward",
-                                                                           bytes=300, requested_bytes=256, count=1)]),
-        model=ModelInfo(name="m", params=5), findings=[Finding("oom", "t", "critical", "e", 5)],
+        label="cell",
+        status="ok",
+        mode="trace",
+        wall_s=1.5,
+        env=EnvInfo(allocator="bfc", budget_bytes=10),
+        rss=RssInfo(1, 3, 2, "hwm", [[0.0, 1], [0.1, 3]]),
+        tf={"CPU:0": DeviceMemory(100, 400, 150)},
+        trace=TraceInfo(
+            events=3,
+            peak_live_bytes=400,
+            at_peak=[LiveGroup(op="MatMul", layer="d", phase="forward", bytes=300, requested_bytes=256, count=1)],
+        ),
+        model=ModelInfo(name="m", params=5),
+        findings=[Finding("oom", "t", "critical", "e", 5)],
     )
 
 
@@ -36,14 +45,48 @@ def test_round_trip_through_json():
 
 def test_contract_keys_present():
     data = sample_report().to_dict()
-    for key in ("schema", "label", "status", "error", "mode", "wall_s", "env", "rss", "tf", "trace", "model",
-                "findings", "fixes", "prediction"):
+    for key in (
+        "schema",
+        "label",
+        "status",
+        "error",
+        "mode",
+        "wall_s",
+        "env",
+        "rss",
+        "tf",
+        "trace",
+        "model",
+        "findings",
+        "fixes",
+        "prediction",
+    ):
         assert key in data
-    for key in ("tensorflow", "keras", "python", "platform", "allocator", "allocator_complete", "devices",
-                "ram_total_bytes", "budget_bytes", "budget_source", "mixed_precision_policy"):
+    for key in (
+        "tensorflow",
+        "keras",
+        "python",
+        "platform",
+        "allocator",
+        "allocator_complete",
+        "devices",
+        "ram_total_bytes",
+        "budget_bytes",
+        "budget_source",
+        "mixed_precision_policy",
+    ):
         assert key in data["env"]
-    for key in ("events", "peak_live_bytes", "peak_requested_bytes", "peak_time_s", "timeline",
-                "preexisting_bytes", "at_peak", "by_layer", "by_op"):
+    for key in (
+        "events",
+        "peak_live_bytes",
+        "peak_requested_bytes",
+        "peak_time_s",
+        "timeline",
+        "preexisting_bytes",
+        "at_peak",
+        "by_layer",
+        "by_op",
+    ):
         assert key in data["trace"]
 
 

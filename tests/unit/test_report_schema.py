@@ -8,18 +8,30 @@ import json
 
 from jsonschema import Draft202012Validator
 
-from tfmem_magic.core.report import (CallRecord, DeviceMemory, Finding, HeldInfo, Holder, LiveGroup, ModelInfo, Report,
-                                     TraceInfo)
+from tfmem_magic.core.report import (
+    CallRecord,
+    DeviceMemory,
+    Finding,
+    HeldInfo,
+    Holder,
+    LiveGroup,
+    ModelInfo,
+    Report,
+    TraceInfo,
+)
 from tfmem_magic.core.schema import SCHEMA_FILE, report_schema, shipped_schema
 
 
 def full_report() -> Report:
-    r = Report(label="x", tf={"CPU:0": DeviceMemory(1, 2, 3, samples=[[0.0, 2.0]])},
-               trace=TraceInfo(events=3, at_peak=[LiveGroup(op="MatMul", bytes=4)], held_at_end=[LiveGroup(bytes=1)]),
-               model=ModelInfo(name="m", params=1, optimizers=["d_optimizer: Adam"]),
-               findings=[Finding("leak-growth", "t", "warn", "e", 5, ["clear-session"], ["models"])],
-               held=HeldInfo(left_bytes=-4, holders=[Holder("models", "list", 9, models=["m"], paths=["models[0]"])]),
-               calls=[CallRecord("fit", "m", 0.1, 0.2, None, 7, 8, 9)])
+    r = Report(
+        label="x",
+        tf={"CPU:0": DeviceMemory(1, 2, 3, samples=[[0.0, 2.0]])},
+        trace=TraceInfo(events=3, at_peak=[LiveGroup(op="MatMul", bytes=4)], held_at_end=[LiveGroup(bytes=1)]),
+        model=ModelInfo(name="m", params=1, optimizers=["d_optimizer: Adam"]),
+        findings=[Finding("leak-growth", "t", "warn", "e", 5, ["clear-session"], ["models"])],
+        held=HeldInfo(left_bytes=-4, holders=[Holder("models", "list", 9, models=["m"], paths=["models[0]"])]),
+        calls=[CallRecord("fit", "m", 0.1, 0.2, None, 7, 8, 9)],
+    )
     return Report.from_dict(json.loads(r.to_json()))
 
 

@@ -20,8 +20,10 @@ def test_strings_containing_batch_size_are_left_alone():
 
 
 def test_tf_data_batch_call():
-    src = ("ds = (tf.data.Dataset.from_tensor_slices((x, y))\n      .shuffle(1000)\n      .batch(256)\n"
-           "      .prefetch(2))\n")
+    src = (
+        "ds = (tf.data.Dataset.from_tensor_slices((x, y))\n      .shuffle(1000)\n      .batch(256)\n"
+        "      .prefetch(2))\n"
+    )
     out = rewrite_batch(src, 256, 96)
     assert out.source == src.replace(".batch(256)", ".batch(96)")
     assert out.changed[0].kind == "tf.data .batch()"

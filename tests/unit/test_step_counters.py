@@ -70,8 +70,18 @@ class NotKeras:  # the user's object with an `iterations` and an `apply`: not an
 def test_the_namespaces_optimizers_and_models_optimizers_are_read_once_each():
     opt, other, inner = Adam(3), Adam(10), Adam(7)
     legacy = LegacyOptimizer()
-    ns = {"opt": opt, "model": Model(opt), "gan": Model(other), "_hidden": Adam(), "thing": NotKeras(),
-          "Out": {1: Adam()}, "n": 4, "legacy": legacy, "scaled": LossScaleOptimizer(inner), "inner": inner}
+    ns = {
+        "opt": opt,
+        "model": Model(opt),
+        "gan": Model(other),
+        "_hidden": Adam(),
+        "thing": NotKeras(),
+        "Out": {1: Adam()},
+        "n": 4,
+        "legacy": legacy,
+        "scaled": LossScaleOptimizer(inner),
+        "inner": inner,
+    }
     counters = step_counters.read(ns)
     assert sorted((c.name, c.steps) for c in counters) == [("gan.optimizer", 10), ("opt", 3), ("scaled", 7)]
     assert legacy._iterations is None  # not made by reading it

@@ -80,11 +80,22 @@ def unshaped_events(sizes: list[int]):
     n = 2 * len(sizes)
     requested = np.repeat(np.array(sizes, np.int64), 2)
     live = np.tile([1, 0], len(sizes)) * requested
-    return MemoryEvents(t_ps=np.arange(n, dtype=np.int64), is_alloc=np.tile([True, False], len(sizes)), live=live,
-                        requested=requested, chunk=requested, addr=np.repeat(np.arange(len(sizes)) * 2**30, 2),
-                        dtype=np.ones(n, np.int64), op=np.full(n, -1, np.int32), region=np.full(n, -1, np.int32),
-                        shape=np.full(n, -1, np.int32), thread=np.zeros(n, np.int32), strings=[], threads=["main"],
-                        allocator="bfc_cpu_allocator_for_gpu")
+    return MemoryEvents(
+        t_ps=np.arange(n, dtype=np.int64),
+        is_alloc=np.tile([True, False], len(sizes)),
+        live=live,
+        requested=requested,
+        chunk=requested,
+        addr=np.repeat(np.arange(len(sizes)) * 2**30, 2),
+        dtype=np.ones(n, np.int64),
+        op=np.full(n, -1, np.int32),
+        region=np.full(n, -1, np.int32),
+        shape=np.full(n, -1, np.int32),
+        thread=np.zeros(n, np.int32),
+        strings=[],
+        threads=["main"],
+        allocator="bfc_cpu_allocator_for_gpu",
+    )
 
 
 def test_buffers_with_no_shape_pair_by_size_before_order():
@@ -113,8 +124,11 @@ def test_a_batch_copy_only_one_probe_made_grows_with_the_batch():
     # (TensorFlow copies a NumPy array only when it is not aligned as it needs): they grow with the batch
     low, high = probes("cnn")
     lines = step_replay.align(high, low, 37, 23)
-    copies = [i for i in range(len(high)) if high.is_alloc[i] and high.requested[i] == 37 * 49152
-              and not high.string(int(high.shape[i]))]
+    copies = [
+        i
+        for i in range(len(high))
+        if high.is_alloc[i] and high.requested[i] == 37 * 49152 and not high.string(int(high.shape[i]))
+    ]
     assert len(copies) == 2 and all(lines.sizes(256)[i] == 256 * 49152 for i in copies)
     # a large unshaped buffer that is not a multiple of the odd probe batch stays the size it was
     lone = unshaped_events([1_664_001])
@@ -132,8 +146,9 @@ def test_the_curve_holds_each_probes_own_peak_between_its_two_op_orders(cnn_curv
     # these two probes ran the step's ops in different orders: the orders' replays differ (by 12% at batch 37)
     k = cnn_curve.batches.index(37)
     assert cnn_curve.peaks[k] > 1.05 * cnn_curve.second_peaks[k]
-    assert cnn_curve.cross_error == pytest.approx((cnn_curve.peaks[k] - int(high.live.max())) / int(high.live.max()),
-                                                  abs=1e-4)
+    assert cnn_curve.cross_error == pytest.approx(
+        (cnn_curve.peaks[k] - int(high.live.max())) / int(high.live.max()), abs=1e-4
+    )
     assert cnn_curve.batches[0] == 1 and cnn_curve.batches[-1] >= 4096 and 32 in cnn_curve.batches
     # its activations dominate: 64x the batch is more than 30x the peak
     assert cnn_curve.peaks[cnn_curve.batches.index(4096)] > 30 * cnn_curve.peaks[cnn_curve.batches.index(64)]
@@ -161,12 +176,28 @@ def test_probe_batches_are_odd_and_avoid_the_models_widths():
     assert step_replay.odd_probes(1) == (3, 5) and step_replay.odd_probes(2) == (3, 5)
     low, high = step_replay.odd_probes(1000)
     assert low % 2 and high % 2 and 650 <= low < 1000 < high <= 1200
-    assert step_replay.grid(32, (23, 37), per_replay_s=100.0) == [1, 2, 4, 8, 16, 23, 32, 37, 64, 128, 256, 512,
-                                                                   1024, 2048, 4096]
+    assert step_replay.grid(32, (23, 37), per_replay_s=100.0) == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        23,
+        32,
+        37,
+        64,
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+    ]
     assert {20, 24, 28, 40, 48} <= set(step_replay.grid(32, (23, 37), per_replay_s=0.001))
 
 
 # ---- the prediction it feeds ---------------------------------------------------------------------------------------
+
 
 def replayed(curve: ReplayCurve) -> Report:
     rep = report(batch=32)
@@ -179,9 +210,22 @@ def flat_curve(**changes) -> ReplayCurve:
     # 10 MiB + 1 MiB per sample, with a staircase at 40 (a region that no longer fits)
     batches = [1, 2, 4, 8, 16, 23, 32, 37, 40, 64, 128]
     peaks = [10 * MiB + b * MiB + (8 * MiB if b >= 40 else 0) for b in batches]
-    return replace(ReplayCurve(probes=[23, 37], events=100, allocations=50, aligned=50, own_error=0.0,
-                               cross_error=0.0, traced_peaks=[33 * MiB, 47 * MiB], batches=batches, peaks=peaks,
-                               second_peaks=[p - MiB for p in peaks], passed=True), **changes)
+    return replace(
+        ReplayCurve(
+            probes=[23, 37],
+            events=100,
+            allocations=50,
+            aligned=50,
+            own_error=0.0,
+            cross_error=0.0,
+            traced_peaks=[33 * MiB, 47 * MiB],
+            batches=batches,
+            peaks=peaks,
+            second_peaks=[p - MiB for p in peaks],
+            passed=True,
+        ),
+        **changes,
+    )
 
 
 def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_batches():
@@ -200,8 +244,11 @@ def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_b
 def test_the_cells_own_step_replayed_keeps_the_parts_floor_below_the_cells_batch():
     """A curve from the cell's own saved step (source "step"): below the cell's batch the prediction is the larger
     of the replay's and the parts', above it the replay's alone."""
-    steep = flat_curve(source="step", peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches],
-                       second_peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches])
+    steep = flat_curve(
+        source="step",
+        peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches],
+        second_peaks=[10 * MiB + 3 * b * MiB for b in flat_curve().batches],
+    )
     rep = replayed(steep)
     basis = rep.whatif_basis
     parts = prediction.peak_at(replace(basis, replay=None, name="analytic"), replace(basis.knobs, batch_size=8))
@@ -231,8 +278,15 @@ def test_other_knobs_than_the_batch_keep_the_parts_and_say_so():
 
 
 def test_a_replay_that_failed_its_self_check_is_not_used_and_the_prediction_says_why():
-    rep = replayed(flat_curve(passed=False, peaks=[], second_peaks=[], batches=[],
-                              why_not="probe 23's own sequence replayed to +4.0% of its traced peak"))
+    rep = replayed(
+        flat_curve(
+            passed=False,
+            peaks=[],
+            second_peaks=[],
+            batches=[],
+            why_not="probe 23's own sequence replayed to +4.0% of its traced peak",
+        )
+    )
     rep.whatif_basis = replace(rep.whatif_basis, name="measured")
     w = prediction.predict(rep, batch_size=64)
     assert w.basis == "measured" and any("The step replay is not used: probe 23's own" in n for n in w.notes)
@@ -258,6 +312,7 @@ def test_the_largest_batch_that_fits_is_searched_on_the_replay():
 
 
 # ---- calibration's glue: the probes are the collaborator here (their processes: test_diagnosis_predict.py) --------
+
 
 class _Model:
     weights: list = []
@@ -339,11 +394,27 @@ def with_a_pair_missing(folder: Path) -> Path:
     freed = next(j for j in range(largest + 1, len(low)) if not low.is_alloc[j] and low.addr[j] == low.addr[largest])
     keep = np.ones(len(low), bool)
     keep[[largest, freed]] = False
-    columns = {k: getattr(low, k)[keep] for k in ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype",
-                                                   "op", "region", "shape", "thread", "limit")}
+    columns = {
+        k: getattr(low, k)[keep]
+        for k in (
+            "t_ps",
+            "is_alloc",
+            "live",
+            "requested",
+            "chunk",
+            "addr",
+            "dtype",
+            "op",
+            "region",
+            "shape",
+            "thread",
+            "limit",
+        )
+    }
     folder.mkdir()
-    step_replay.save_events(MemoryEvents(**columns, strings=low.strings, threads=low.threads,
-                                         allocator=low.allocator), folder / "23.npz")
+    step_replay.save_events(
+        MemoryEvents(**columns, strings=low.strings, threads=low.threads, allocator=low.allocator), folder / "23.npz"
+    )
     import shutil
 
     shutil.copy(DATA / "cnn-37.npz", folder / "37.npz")
@@ -352,8 +423,9 @@ def with_a_pair_missing(folder: Path) -> Path:
 
 def test_a_probe_trace_that_does_not_replay_is_refused_and_the_probes_run_once_more(monkeypatch, tmp_path):
     broken = with_a_pair_missing(tmp_path / "broken")
-    curve = step_replay.curve(step_replay.load_events(broken / "23.npz"), step_replay.load_events(broken / "37.npz"),
-                              23, 37, 32)
+    curve = step_replay.curve(
+        step_replay.load_events(broken / "23.npz"), step_replay.load_events(broken / "37.npz"), 23, 37, 32
+    )
     assert not curve.passed and "probe 23's own sequence replayed to -" in curve.why_not
     rep = calibrated_with(monkeypatch, [broken, "cnn"])  # the second try's traces replay
     assert rep.whatif_basis.name == "replay" and rep.whatif_basis.replay.retried
@@ -378,8 +450,9 @@ def test_the_alignment_counts_allocations_and_their_bytes():
     from tfmem_magic.analyze.step_replay import Lines
 
     # 94 of 100 allocations matched (2 negligible label rows left out), the unmatched holding 5 of 1,000 bytes
-    lines = Lines(np.zeros(100), np.zeros(100), aligned=94, allocations=102, negligible=2, allocated_bytes=1000,
-                  unaligned_bytes=5)
+    lines = Lines(
+        np.zeros(100), np.zeros(100), aligned=94, allocations=102, negligible=2, allocated_bytes=1000, unaligned_bytes=5
+    )
     count, share = lines.aligned_share()
     assert count == pytest.approx(0.94) and share == pytest.approx(0.995)
 

@@ -31,8 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=128, help="batch size of the demo fit (128)")
     demo.add_argument("--epochs", type=int, default=1, help="epochs of the demo fit (1)")
     run = sub.add_parser("run", parents=[measure], help="profile a Python script: tfmem run train.py [args]")
-    run.add_argument("--serve", metavar="PORT", type=int, help="also start TensorFlow's profiler server on PORT, so "
-                                                                "that `tfmem capture HOST:PORT` can trace this worker")
+    run.add_argument(
+        "--serve",
+        metavar="PORT",
+        type=int,
+        help="also start TensorFlow's profiler server on PORT, so that `tfmem capture HOST:PORT` can trace this worker",
+    )
     run.add_argument("script", help="the script to run")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     capture = sub.add_parser("capture", help="trace every worker of a training job at once, side by side")
@@ -44,25 +48,43 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("folder", help="a folder of *.json reports and *.xplane.pb traces, one per worker")
     cluster.add_argument("--html", metavar="PATH", help="also write the side-by-side table as HTML")
     show = sub.add_parser("show", help="print a saved report (and optionally write it as HTML)")
-    show.add_argument("report", help="a report saved with --save x.json, or a trace recorded elsewhere: a "
-                                     ".xplane.pb (gzipped too), or a folder of them (TensorBoard's plugins/profile)")
-    show.add_argument("--device", metavar="NAME", help="of a trace: the device whose allocator to read (GPU:1); "
-                                                      "default: the busiest GPU, else the CPU")
-    show.add_argument("--batch-size", metavar="N", type=int, help="of a trace: the batch one step of its device "
-                                                                  "ran, per replica, for the what-if from it "
-                                                                  "(default: read from the tensors' shapes)")
+    show.add_argument(
+        "report",
+        help="a report saved with --save x.json, or a trace recorded elsewhere: a "
+        ".xplane.pb (gzipped too), or a folder of them (TensorBoard's plugins/profile)",
+    )
+    show.add_argument(
+        "--device",
+        metavar="NAME",
+        help="of a trace: the device whose allocator to read (GPU:1); default: the busiest GPU, else the CPU",
+    )
+    show.add_argument(
+        "--batch-size",
+        metavar="N",
+        type=int,
+        help="of a trace: the batch one step of its device "
+        "ran, per replica, for the what-if from it "
+        "(default: read from the tensors' shapes)",
+    )
     show.add_argument("--html", metavar="PATH", help="also write a static HTML page")
-    show.add_argument("--tensorboard", metavar="LOGDIR", help="also write it for TensorBoard (scalars and text; "
-                                                              "a trace goes along for the Profile tab, a saved "
-                                                              "report keeps none)")
+    show.add_argument(
+        "--tensorboard",
+        metavar="LOGDIR",
+        help="also write it for TensorBoard (scalars and text; "
+        "a trace goes along for the Profile tab, a saved "
+        "report keeps none)",
+    )
     return parser
 
 
 def _cluster(ns: argparse.Namespace) -> int:
     from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
-    view = (pipeline.capture(ns.workers, ns.seconds, ns.logdir) if ns.command == "capture"
-            else pipeline.cluster_from(ns.folder))
+    view = (
+        pipeline.capture(ns.workers, ns.seconds, ns.logdir)
+        if ns.command == "capture"
+        else pipeline.cluster_from(ns.folder)
+    )
     print(cluster_text(view))
     if ns.html:
         Path(ns.html).write_text("<!doctype html><meta charset='utf-8'>" + cluster_html(view))
@@ -78,8 +100,10 @@ def _show(ns: argparse.Namespace) -> int:
         files: list[Path | None] = list(traces)
     else:
         if ns.device or ns.batch_size:
-            raise TfmemUsageError("--device and --batch-size are for a saved trace (.xplane.pb); a saved report "
-                                  "already has its device and its batch")
+            raise TfmemUsageError(
+                "--device and --batch-size are for a saved trace (.xplane.pb); a saved report "
+                "already has its device and its batch"
+            )
         files = [None]
         reports = [Report.load(ns.report)]
     for i, (report, file) in enumerate(zip(reports, files, strict=True)):
@@ -120,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(ns, "serve", None) is not None and options.mode == "trace":
         # TensorFlow runs one profiler session per process: a local trace would refuse the remote capture
         options = replace(options, mode="quick")
-        print("tfmem run --serve: the script is measured in quick mode here; `tfmem capture` traces it",
-              file=sys.stderr)
+        print(
+            "tfmem run --serve: the script is measured in quick mode here; `tfmem capture` traces it", file=sys.stderr
+        )
     profiler = pipeline.Profiler(options)
     if ns.command == "demo":
         from tfmem_magic.adapters.demo import run_demo
@@ -130,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--batch and --epochs must be at least 1")
         out = Path(ns.out)
         out.mkdir(parents=True, exist_ok=True)
-        print(f"tfmem demo: training a small CNN (batch {ns.batch}, {ns.epochs} epoch(s)) under the profiler...",
-              flush=True)
+        print(
+            f"tfmem demo: training a small CNN (batch {ns.batch}, {ns.epochs} epoch(s)) under the profiler...",
+            flush=True,
+        )
         run_demo(profiler, ns.batch, ns.epochs)
         report = profiler.report
         assert report is not None

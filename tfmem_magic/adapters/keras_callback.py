@@ -38,13 +38,22 @@ def callback_base() -> type:
 class MemoryMonitorMixin:
     """The callback's logic; `tfmem_magic.keras.MemoryMonitor` puts it on the right Keras' Callback class."""
 
-    def __init__(self, every: str | int = "epoch", trace_steps: int = 0, save: str | os.PathLike[str] | None = None,
-                 device: str | None = None, warn_growth: bool = True, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        every: str | int = "epoch",
+        trace_steps: int = 0,
+        save: str | os.PathLike[str] | None = None,
+        device: str | None = None,
+        warn_growth: bool = True,
+        verbose: bool = False,
+    ) -> None:
         super().__init__()
-        if every not in ("epoch", "batch") and not (isinstance(every, int) and not isinstance(every, bool)
-                                                    and every >= 1):
-            raise TfmemUsageError(f"MemoryMonitor(every={every!r}): use 'epoch', 'batch', or a number of batches "
-                                  "(e.g. every=100)")
+        if every not in ("epoch", "batch") and not (
+            isinstance(every, int) and not isinstance(every, bool) and every >= 1
+        ):
+            raise TfmemUsageError(
+                f"MemoryMonitor(every={every!r}): use 'epoch', 'batch', or a number of batches (e.g. every=100)"
+            )
         if not isinstance(trace_steps, int) or isinstance(trace_steps, bool) or trace_steps < 0:
             raise TfmemUsageError(f"MemoryMonitor(trace_steps={trace_steps!r}): a number of steps, 0 for none")
         self.every_batches = None if every == "epoch" else (1 if every == "batch" else int(every))
@@ -92,9 +101,13 @@ class MemoryMonitorMixin:
         view = environment.allocator_view()
         if not view.complete and not self._allocator_warned:
             self._allocator_warned = True
-            warnings.warn(f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (In a "
-                          "script: import tfmem_magic.keras, or call tfmem_magic.prepare(), before TensorFlow's first "
-                          "op.)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"MemoryMonitor: {view.note or 'TensorFlow allocator statistics are incomplete.'} (In a "
+                "script: import tfmem_magic.keras, or call tfmem_magic.prepare(), before TensorFlow's first "
+                "op.)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _close(self, logs: Logs | None, kind: str, epoch: int | None = None, batch: int | None = None) -> None:
         """Read and record the open window (kind: "epoch", "batches" or "call"); its figures go into `logs`."""
@@ -106,10 +119,12 @@ class MemoryMonitorMixin:
         old_tf, old_rss = self._epoch_peaks
         self._epoch_peaks = (old_tf if tf_peak is None else max(tf_peak, old_tf or 0), max(rss_peak, old_rss))
 
-    def _record(self, kind: str, epoch: int | None, batch: int | None, tf_peak: int | None, rss_peak: int,
-                logs: Logs | None) -> None:
-        self.records.append({"call": self._call, "kind": kind, "epoch": epoch, "batch": batch, TF_PEAK: tf_peak,
-                             RSS_PEAK: rss_peak})
+    def _record(
+        self, kind: str, epoch: int | None, batch: int | None, tf_peak: int | None, rss_peak: int, logs: Logs | None
+    ) -> None:
+        self.records.append(
+            {"call": self._call, "kind": kind, "epoch": epoch, "batch": batch, TF_PEAK: tf_peak, RSS_PEAK: rss_peak}
+        )
         if logs is not None:
             logs[TF_PEAK] = tf_peak if tf_peak is not None else float("nan")
             logs[RSS_PEAK] = rss_peak
@@ -155,9 +170,11 @@ class MemoryMonitorMixin:
         tf_peak, rss_peak = self._epoch_peaks
         self._fit_epoch_peaks.append(tf_peak)
         if self.verbose:
-            print(f"MemoryMonitor: epoch {epoch + 1}: TensorFlow peak "
-                  f"{format_bytes(tf_peak) if tf_peak is not None else 'not measured'} on {self.device}, "
-                  f"process RSS peak {format_bytes(rss_peak)}")
+            print(
+                f"MemoryMonitor: epoch {epoch + 1}: TensorFlow peak "
+                f"{format_bytes(tf_peak) if tf_peak is not None else 'not measured'} on {self.device}, "
+                f"process RSS peak {format_bytes(rss_peak)}"
+            )
         self._check_growth()
 
     def on_train_end(self, logs: Logs | None = None) -> None:
@@ -201,7 +218,10 @@ class MemoryMonitorMixin:
                 f"{format_bytes((peaks[-1] - peaks[0]) // (len(peaks) - 1))} per "
                 "epoch): something is kept from epoch to epoch (a callback or metric collecting tensors, a growing "
                 "tf.data cache, a tf.function retraced for new Python values). At this rate the run needs that "
-                "much more memory every epoch.", MemoryGrowthWarning, stacklevel=2)
+                "much more memory every epoch.",
+                MemoryGrowthWarning,
+                stacklevel=2,
+            )
 
     # ---- the traced report of the first steps -----------------------------------------------------------------
     def _start_trace(self) -> None:
@@ -209,15 +229,25 @@ class MemoryMonitorMixin:
         from tfmem_magic.pipeline import Profiler
 
         name = getattr(getattr(self, "model", None), "name", "model")
-        profiler = Profiler(Options(mode="trace", label=f"{name}: first {self.trace_steps} steps of fit",
-                                    trace_steps=self.trace_steps, publish=False))
+        profiler = Profiler(
+            Options(
+                mode="trace",
+                label=f"{name}: first {self.trace_steps} steps of fit",
+                trace_steps=self.trace_steps,
+                publish=False,
+            )
+        )
         if self._window is not None:
             self._window.fold_current()
         try:
             profiler.start()
         except Exception as exc:  # never break the user's fit for our trace
-            warnings.warn(f"MemoryMonitor: the first steps could not be traced ({type(exc).__name__}: {exc}); the "
-                          "per-epoch figures are measured as usual.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"MemoryMonitor: the first steps could not be traced ({type(exc).__name__}: {exc}); the "
+                "per-epoch figures are measured as usual.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         self._profiler, self._steps_traced = profiler, 0
         SESSION.abandoned.append(self._abandon_trace)  # if fit raises in a traced step, the next measurement ends it
@@ -234,8 +264,12 @@ class MemoryMonitorMixin:
         try:
             report = profiler.finish(None)
         except Exception as exc:  # our failure must not break the user's fit
-            warnings.warn(f"MemoryMonitor: the traced report of the first steps failed ({type(exc).__name__}: "
-                          f"{exc}); the per-epoch figures are measured as usual.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"MemoryMonitor: the traced report of the first steps failed ({type(exc).__name__}: "
+                f"{exc}); the per-epoch figures are measured as usual.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         if self._window is not None:
             self._window.fold_report(report)
@@ -243,13 +277,19 @@ class MemoryMonitorMixin:
             report.notes.append(f"MemoryMonitor: {why} (traced {self._steps_traced} of {self.trace_steps}).")
         self.report = report
         stem = f"tfmem-{file_stem(report.label.split(':')[0], 'model')}-first-steps"
-        self._save("the report", lambda folder: [save_report(report, folder / (stem + suffix))
-                                                 for suffix in (".json", ".html")])
+        self._save(
+            "the report",
+            lambda folder: [save_report(report, folder / (stem + suffix)) for suffix in (".json", ".html")],
+        )
 
     def _save_records(self) -> None:
         """`save=DIR`: every window so far into DIR/tfmem-epochs.json, at the end of each fit, evaluate and predict."""
-        self._save("the figures", lambda folder: (folder / "tfmem-epochs.json").write_text(json.dumps(
-            {"device": self.device, "records": self.records}, indent=1)))
+        self._save(
+            "the figures",
+            lambda folder: (folder / "tfmem-epochs.json").write_text(
+                json.dumps({"device": self.device, "records": self.records}, indent=1)
+            ),
+        )
 
     def _save(self, what: str, write: Callable[[Path], object]) -> None:
         """`save=DIR`: write into DIR; a folder that cannot be written costs a warning, never the user's fit."""
@@ -259,5 +299,6 @@ class MemoryMonitorMixin:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             write(self.save_dir)
         except OSError as exc:
-            warnings.warn(f"MemoryMonitor: could not save {what} in {self.save_dir} ({exc})", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"MemoryMonitor: could not save {what} in {self.save_dir} ({exc})", RuntimeWarning, stacklevel=3
+            )

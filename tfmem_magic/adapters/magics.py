@@ -67,8 +67,14 @@ class TfmemMagics(Magics):
             before = resolve_report(args.before, "--before", shell.user_ns) if args.before else None  # fail first
         except TfmemUsageError as exc:
             raise UsageError(str(exc)) from None
-        profiler = pipeline.Profiler(replace(args.options, cell_key=cell_key(cell, frontend.current_cell_id(shell)),
-                                             source=cell, namespace=shell.user_ns))
+        profiler = pipeline.Profiler(
+            replace(
+                args.options,
+                cell_key=cell_key(cell, frontend.current_cell_id(shell)),
+                source=cell,
+                namespace=shell.user_ns,
+            )
+        )
         hook = shell.displayhook
         outer = hook.exec_result  # the ExecutionResult of the cell that holds this magic
         try:
@@ -76,8 +82,10 @@ class TfmemMagics(Magics):
         except TfmemUsageError as exc:  # e.g. a --limit the process already passes: the cell does not run
             raise UsageError(str(exc)) from None
         except Exception as exc:  # our failure must not cost the user their cell: run it unmeasured
-            print(f"tfmem could not start measuring ({type(exc).__name__}: {exc}); the cell runs unmeasured.",
-                  file=sys.stderr)
+            print(
+                f"tfmem could not start measuring ({type(exc).__name__}: {exc}); the cell runs unmeasured.",
+                file=sys.stderr,
+            )
             shell.run_cell(cell, store_history=False)  # type: ignore[no-untyped-call]
             hook.exec_result = outer
             return
@@ -164,8 +172,10 @@ class TfmemMagics(Magics):
 
     def _compare(self, words: list[str]) -> tuple[Report, Report]:
         if len(words) != 2:
-            raise TfmemUsageError("%tfmem compare A B: give two reports: history numbers (%tfmem history), labels, "
-                                  "or names bound with %%tfmem --as NAME")
+            raise TfmemUsageError(
+                "%tfmem compare A B: give two reports: history numbers (%tfmem history), labels, "
+                "or names bound with %%tfmem --as NAME"
+            )
         a, b = (resolve_report(word, "%tfmem compare", self.shell.user_ns) for word in words)
         _display({"text/plain": compare_text(a, b), "text/html": compare_html(a, b)}, raw=True)
         return a, b
@@ -178,15 +188,18 @@ class TfmemMagics(Magics):
             if at + 1 >= len(words):
                 raise TfmemUsageError("%tfmem fix --report N: give a report number from %tfmem history")
             report = resolve_report(words[at + 1], "%tfmem fix --report", self.shell.user_ns)
-            words = words[:at] + words[at + 2:]
+            words = words[:at] + words[at + 2 :]
         if report is None:
             raise TfmemUsageError(NOTHING_YET)
         if not words or not report.fixes:
             print(fixes_text(report))
             return
         key = words[0]
-        fix = (report.fixes[int(key) - 1] if key.isdigit() and 1 <= int(key) <= len(report.fixes)
-               else next((f for f in report.fixes if f.id == key), None))
+        fix = (
+            report.fixes[int(key) - 1]
+            if key.isdigit() and 1 <= int(key) <= len(report.fixes)
+            else next((f for f in report.fixes if f.id == key), None)
+        )
         if fix is None:
             choices = ", ".join(f"{i} ({f.id})" for i, f in enumerate(report.fixes, 1))
             raise TfmemUsageError(f"%tfmem fix {key}: report {report.number} has fixes {choices}")
@@ -210,17 +223,25 @@ class TfmemMagics(Magics):
         if len(words) != 1 or words[0] not in CALIBRATE_MODES:
             raise TfmemUsageError(f"%tfmem {COMMANDS['calibrate'].usage} (now {SESSION.calibrate})")
         SESSION.calibrate = words[0]
-        cost = ("" if SESSION.calibrate == "off" else " (probe processes replay its step: 9 s for a small CNN here, "
-                "40 s for a GRU, minutes for a ResNet); --no-calibrate skips one cell")
-        print(f"Calibration {SESSION.calibrate}: what-ifs calibrated as their cell ends: "
-              f"{CALIBRATE_MODES[SESSION.calibrate]}{cost}.")
+        cost = (
+            ""
+            if SESSION.calibrate == "off"
+            else " (probe processes replay its step: 9 s for a small CNN here, "
+            "40 s for a GRU, minutes for a ResNet); --no-calibrate skips one cell"
+        )
+        print(
+            f"Calibration {SESSION.calibrate}: what-ifs calibrated as their cell ends: "
+            f"{CALIBRATE_MODES[SESSION.calibrate]}{cost}."
+        )
 
     def _free(self, names: list[str]) -> release.Released:
         try:
             done = release.free(self.shell.user_ns, names)
         except KeyError as unknown:  # checked before anything is dropped
-            raise TfmemUsageError(f"no variable named {unknown.args[0]} in the notebook; give the names that hold "
-                                  "the models or tensors to drop (or none, to drop only what nothing holds)") from None
+            raise TfmemUsageError(
+                f"no variable named {unknown.args[0]} in the notebook; give the names that hold "
+                "the models or tensors to drop (or none, to drop only what nothing holds)"
+            ) from None
         print(done.text())
         return done
 
@@ -228,8 +249,11 @@ class TfmemMagics(Magics):
         from tfmem_magic.show.cluster_render import cluster_html, cluster_text
 
         args = cluster_arguments(word, words)
-        view: ClusterView = (pipeline.capture(args.target, args.seconds, args.logdir) if word == "capture"
-                             else pipeline.cluster_from(args.target))
+        view: ClusterView = (
+            pipeline.capture(args.target, args.seconds, args.logdir)
+            if word == "capture"
+            else pipeline.cluster_from(args.target)
+        )
         if args.name:
             self.shell.user_ns[args.name] = view
         _display({"text/plain": cluster_text(view), "text/html": cluster_html(view)}, raw=True)
@@ -258,8 +282,10 @@ class TfmemMagics(Magics):
         if SESSION.watcher is not None:
             SESSION.watcher.stop()
         SESSION.watcher = Watcher(self.shell, options)
-        print("Watching every cell (quick mode): one line of memory figures below each. %%tfmem cells keep their "
-              "own report. %tfmem watch off to stop.")
+        print(
+            "Watching every cell (quick mode): one line of memory figures below each. %%tfmem cells keep their "
+            "own report. %tfmem watch off to stop."
+        )
 
     def _help(self, words: list[str]) -> None:
         print(help_text())
@@ -267,37 +293,70 @@ class TfmemMagics(Magics):
 
 COMMANDS: dict[str, Command] = {
     "status": Command("status", "what the extension sees: allocator, budget, TensorFlow state", TfmemMagics._status),
-    "limit": Command("limit SIZE [--keep-onednn] | limit off", "a memory limit for every cell (set before "
-                     "TensorFlow's first op, it also caps TensorFlow's allocator)", TfmemMagics._limit),
-    "calibrate": Command("calibrate auto | calibrate on | calibrate off", "which %%tfmem cells calibrate their "
-                         "what-if as they end (the step replay in two probe processes), as --calibrate does for one "
-                         "cell: auto (the default) those whose report names the largest batch that fits, on every "
-                         "cell that runs a Keras model, off none", TfmemMagics._calibrate),
-    "watch": Command("watch on [--interval MS] | watch off", "profile every cell in quick mode, one line each",
-                     TfmemMagics._watch),
-    "history": Command("history", "one line per profiled cell of this session", TfmemMagics._history,
-                       returns="the list of reports"),
-    "compare": Command("compare A B", "two reports side by side (history numbers, labels, or names bound with "
-                       "--as)", TfmemMagics._compare, returns="the two reports"),
-    "fix": Command("fix [K|ID] [--report N]", "put fix K (or the fix with that id) of the last report (or report N) "
-                   "into the next cell; no argument lists the fixes", TfmemMagics._fix),
+    "limit": Command(
+        "limit SIZE [--keep-onednn] | limit off",
+        "a memory limit for every cell (set before TensorFlow's first op, it also caps TensorFlow's allocator)",
+        TfmemMagics._limit,
+    ),
+    "calibrate": Command(
+        "calibrate auto | calibrate on | calibrate off",
+        "which %%tfmem cells calibrate their "
+        "what-if as they end (the step replay in two probe processes), as --calibrate does for one "
+        "cell: auto (the default) those whose report names the largest batch that fits, on every "
+        "cell that runs a Keras model, off none",
+        TfmemMagics._calibrate,
+    ),
+    "watch": Command(
+        "watch on [--interval MS] | watch off", "profile every cell in quick mode, one line each", TfmemMagics._watch
+    ),
+    "history": Command(
+        "history", "one line per profiled cell of this session", TfmemMagics._history, returns="the list of reports"
+    ),
+    "compare": Command(
+        "compare A B",
+        "two reports side by side (history numbers, labels, or names bound with --as)",
+        TfmemMagics._compare,
+        returns="the two reports",
+    ),
+    "fix": Command(
+        "fix [K|ID] [--report N]",
+        "put fix K (or the fix with that id) of the last report (or report N) "
+        "into the next cell; no argument lists the fixes",
+        TfmemMagics._fix,
+    ),
     "last": Command("last", "show the last report again", TfmemMagics._last, returns="the report"),
-    "free": Command("free [NAME ...]", "drop those names, clear the Keras session and the traced gradients "
-                    "TensorFlow keeps for models that are gone, say what its allocator gave back (no restart) and "
-                    "which names still hold TensorFlow memory", TfmemMagics._free, returns="what was given back"),
-    "capture": Command("capture HOST:PORT[,HOST:PORT...] [--seconds S] [--logdir DIR] [--as NAME]", "trace every "
-                       "worker of a training job at once (each started with tfmem_magic.serve(PORT)) and show them "
-                       "side by side", lambda magics, words: magics._cluster("capture", words),
-                       returns="the cluster view"),
-    "cluster": Command("cluster DIR [--as NAME]", "the same side-by-side view from the reports the workers saved in "
-                       "DIR", lambda magics, words: magics._cluster("cluster", words), returns="the cluster view"),
+    "free": Command(
+        "free [NAME ...]",
+        "drop those names, clear the Keras session and the traced gradients "
+        "TensorFlow keeps for models that are gone, say what its allocator gave back (no restart) and "
+        "which names still hold TensorFlow memory",
+        TfmemMagics._free,
+        returns="what was given back",
+    ),
+    "capture": Command(
+        "capture HOST:PORT[,HOST:PORT...] [--seconds S] [--logdir DIR] [--as NAME]",
+        "trace every "
+        "worker of a training job at once (each started with tfmem_magic.serve(PORT)) and show them "
+        "side by side",
+        lambda magics, words: magics._cluster("capture", words),
+        returns="the cluster view",
+    ),
+    "cluster": Command(
+        "cluster DIR [--as NAME]",
+        "the same side-by-side view from the reports the workers saved in DIR",
+        lambda magics, words: magics._cluster("cluster", words),
+        returns="the cluster view",
+    ),
     "help": Command("help", "this list and the %%tfmem options", TfmemMagics._help),
 }
 
 
 def help_text() -> str:
-    commands = "\n".join(f"  %tfmem {c.usage}{' [-o]' if c.returns else ''}\n      {c.help}"
-                         + (f"; -o returns {c.returns}" if c.returns else "") for c in COMMANDS.values())
+    commands = "\n".join(
+        f"  %tfmem {c.usage}{' [-o]' if c.returns else ''}\n      {c.help}"
+        + (f"; -o returns {c.returns}" if c.returns else "")
+        for c in COMMANDS.values()
+    )
     return f"{commands}\n\n{build_parser().format_help()}"
 
 
@@ -332,8 +391,9 @@ def resolve_report(ref: str, what: str, namespace: dict[str, Any]) -> Report:
         if report.label == ref:
             return report
     numbers = f"{reports[0].number}-{reports[-1].number}" if reports else "none yet"
-    raise TfmemUsageError(f"{what}: no report {ref!r}; use a number from %tfmem history ({numbers}), a label, or a "
-                          "name bound with --as")
+    raise TfmemUsageError(
+        f"{what}: no report {ref!r}; use a number from %tfmem history ({numbers}), a label, or a name bound with --as"
+    )
 
 
 def show_tracebacks_through(shell: Any, profiler: pipeline.Profiler, repair: bool) -> Callable[[], None]:
@@ -419,8 +479,10 @@ def load(ipython: InteractiveShell) -> None:
     absent = capabilities.missing()
     ipython.register_magics(TfmemMagics)
     if absent:
-        print(f"tfmem_magic: {len(absent)} of the private APIs it reads are missing here "
-              f"({', '.join(c.name for c in absent)}): what each costs is in %tfmem status and in every report.")
+        print(
+            f"tfmem_magic: {len(absent)} of the private APIs it reads are missing here "
+            f"({', '.join(c.name for c in absent)}): what each costs is in %tfmem status and in every report."
+        )
     if setup.loaded_after_first_op:
         note = environment.allocator_view().note
         if note:

@@ -84,26 +84,45 @@ def tfmem_leak_check() -> LeakCheck:
 
 # ---- hooks ----------------------------------------------------------------------------------------------------------
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tfmem", "TensorFlow memory (tfmem_magic)")
-    group.addoption("--tfmem", action="store_true", default=False,
-                    help="measure every test's TensorFlow and process memory and list the largest at the end")
-    group.addoption("--tfmem-top", type=int, default=10, metavar="N",
-                    help="how many tests the --tfmem table lists (default 10)")
-    group.addoption("--tfmem-save", metavar="DIR", default=None,
-                    help="write each measured test's report as JSON in DIR (read it with `tfmem show FILE`)")
-    group.addoption("--tfmem-trace", action="store_true", default=False,
-                    help="measure with the profiler's trace (per-op/per-layer breakdown; slower) instead of quick "
-                         "mode")
+    group.addoption(
+        "--tfmem",
+        action="store_true",
+        default=False,
+        help="measure every test's TensorFlow and process memory and list the largest at the end",
+    )
+    group.addoption(
+        "--tfmem-top", type=int, default=10, metavar="N", help="how many tests the --tfmem table lists (default 10)"
+    )
+    group.addoption(
+        "--tfmem-save",
+        metavar="DIR",
+        default=None,
+        help="write each measured test's report as JSON in DIR (read it with `tfmem show FILE`)",
+    )
+    group.addoption(
+        "--tfmem-trace",
+        action="store_true",
+        default=False,
+        help="measure with the profiler's trace (per-op/per-layer breakdown; slower) instead of quick mode",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{LIMIT}(size, device=None, rss=False): fail when TensorFlow's peak over the "
-                            "test's baseline (or the process's RSS peak, rss=True) exceeds size, e.g. '300MiB'")
-    config.addinivalue_line("markers", f"{NO_LEAK}(size, runs=3): run the test body `runs` times (or judge its own "
-                            f"loop, with the {LEAK_FIXTURE} fixture) and fail when TensorFlow's live bytes grow by "
-                            "more than size per run after the first, on average, leaving out the largest single "
-                            "growth")
+    config.addinivalue_line(
+        "markers",
+        f"{LIMIT}(size, device=None, rss=False): fail when TensorFlow's peak over the "
+        "test's baseline (or the process's RSS peak, rss=True) exceeds size, e.g. '300MiB'",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{NO_LEAK}(size, runs=3): run the test body `runs` times (or judge its own "
+        f"loop, with the {LEAK_FIXTURE} fixture) and fail when TensorFlow's live bytes grow by "
+        "more than size per run after the first, on average, leaving out the largest single "
+        "growth",
+    )
     config.pluginmanager.register(_Plugin(config), "tfmem-measure")
 
 
@@ -141,9 +160,11 @@ class _Plugin:
             cls = getattr(item, "cls", None)  # a pytest.Function's class, None for a module-level test
             if any(wanted) and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
                 # unittest runs the method itself: pytest's pyfunc_call, where the body is measured, never runs
-                raise pytest.UsageError(f"{item.nodeid}: tfmem markers measure pytest test functions; this is a "
-                                        "unittest.TestCase method. Write it as a plain test function, or use "
-                                        "`with tfmem_magic.profile() as p:` in the method and check p.report.")
+                raise pytest.UsageError(
+                    f"{item.nodeid}: tfmem markers measure pytest test functions; this is a "
+                    "unittest.TestCase method. Write it as a plain test function, or use "
+                    "`with tfmem_magic.profile() as p:` in the method and check p.report."
+                )
             if any(wanted):
                 self.prepare()  # the test modules imported TF, but it has usually not run an op yet
 
@@ -180,7 +201,7 @@ class _Plugin:
         n = min(self.top, len(self.rows))
         tr.write_sep("=", f"tfmem: the {n} test{'s' if n != 1 else ''} with the highest TensorFlow peak")
         tr.write_line(f"{'TF peak':>10}  {'RSS peak':>10}  test   (peaks over each test body's baseline)")
-        ranked = sorted(self.rows, key=lambda r: (r[0] or 0, r[1]), reverse=True)[:self.top]
+        ranked = sorted(self.rows, key=lambda r: (r[0] or 0, r[1]), reverse=True)[: self.top]
         for tf_peak, rss_peak, nodeid in ranked:
             tf_text = format_bytes(tf_peak) if tf_peak is not None else "-"
             tr.write_line(f"{tf_text:>10}  {format_bytes(rss_peak):>10}  {nodeid}")
@@ -190,6 +211,7 @@ class _Plugin:
 
 # ---- markers --------------------------------------------------------------------------------------------------------
 
+
 def _limit_of(item: pytest.Item) -> Limit | None:
     mark = item.get_closest_marker(LIMIT)
     if mark is None:
@@ -197,8 +219,9 @@ def _limit_of(item: pytest.Item) -> Limit | None:
     size, kwargs = _one_size(mark, {"device", "rss"})
     device = kwargs.get("device")
     if device is not None and not (isinstance(device, str) and re.fullmatch(r"(CPU|GPU):\d+", device)):
-        raise TfmemUsageError(f"@pytest.mark.{LIMIT}(device={device!r}): name a TensorFlow device such as 'GPU:0' "
-                              "or 'CPU:0'")
+        raise TfmemUsageError(
+            f"@pytest.mark.{LIMIT}(device={device!r}): name a TensorFlow device such as 'GPU:0' or 'CPU:0'"
+        )
     rss = kwargs.get("rss", False)
     if not isinstance(rss, bool):
         raise TfmemUsageError(f"@pytest.mark.{LIMIT}(rss={rss!r}): rss is True or False")
@@ -212,34 +235,44 @@ def _no_leak_of(item: pytest.Item) -> NoLeak | None:
     loop = LEAK_FIXTURE in getattr(item, "fixturenames", ())
     if mark is None:
         if loop:
-            raise TfmemUsageError(f"the {LEAK_FIXTURE} fixture judges the test's loop by its "
-                                  f"@pytest.mark.{NO_LEAK}(size) marker; add the marker, e.g. "
-                                  f"@pytest.mark.{NO_LEAK}('1MiB')")
+            raise TfmemUsageError(
+                f"the {LEAK_FIXTURE} fixture judges the test's loop by its "
+                f"@pytest.mark.{NO_LEAK}(size) marker; add the marker, e.g. "
+                f"@pytest.mark.{NO_LEAK}('1MiB')"
+            )
         return None
     size, kwargs = _one_size(mark, {"runs"})
     if loop and "runs" in kwargs:
-        raise TfmemUsageError(f"@pytest.mark.{NO_LEAK}(runs=...): with the {LEAK_FIXTURE} fixture the body runs "
-                              "once and its loop's steps are judged; leave runs out")
+        raise TfmemUsageError(
+            f"@pytest.mark.{NO_LEAK}(runs=...): with the {LEAK_FIXTURE} fixture the body runs "
+            "once and its loop's steps are judged; leave runs out"
+        )
     runs = kwargs.get("runs", 3)
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 2:
-        raise TfmemUsageError(f"@pytest.mark.{NO_LEAK}(runs={runs!r}): runs is a whole number of at least 2 (the "
-                              "first run warms up: graphs are traced and caches filled)")
+        raise TfmemUsageError(
+            f"@pytest.mark.{NO_LEAK}(runs={runs!r}): runs is a whole number of at least 2 (the "
+            "first run warms up: graphs are traced and caches filled)"
+        )
     return NoLeak(size, runs, loop)
 
 
 def _one_size(mark: pytest.Mark, allowed: set[str]) -> tuple[int, Mapping[str, Any]]:
     unknown = set(mark.kwargs) - allowed - {"size"}
     if unknown:
-        raise TfmemUsageError(f"@pytest.mark.{mark.name}: unknown argument(s) {', '.join(sorted(unknown))}; it "
-                              f"takes a size and {', '.join(sorted(allowed))}")
+        raise TfmemUsageError(
+            f"@pytest.mark.{mark.name}: unknown argument(s) {', '.join(sorted(unknown))}; it "
+            f"takes a size and {', '.join(sorted(allowed))}"
+        )
     sizes = list(mark.args) + ([mark.kwargs["size"]] if "size" in mark.kwargs else [])
     if len(sizes) != 1:
-        raise TfmemUsageError(f"@pytest.mark.{mark.name} takes one size, e.g. @pytest.mark.{mark.name}('300MiB'); "
-                              f"got {len(sizes)}")
+        raise TfmemUsageError(
+            f"@pytest.mark.{mark.name} takes one size, e.g. @pytest.mark.{mark.name}('300MiB'); got {len(sizes)}"
+        )
     size = sizes[0]
     if isinstance(size, bool) or not isinstance(size, (int, str)):
-        raise TfmemUsageError(f"@pytest.mark.{mark.name}({size!r}): give the size as a string such as '300MiB' or "
-                              "as bytes (an int)")
+        raise TfmemUsageError(
+            f"@pytest.mark.{mark.name}({size!r}): give the size as a string such as '300MiB' or as bytes (an int)"
+        )
     try:
         value = size if isinstance(size, int) else parse_size(size)
     except (TfmemUsageError, ValueError) as exc:
@@ -251,8 +284,10 @@ def _one_size(mark: pytest.Mark, allowed: set[str]) -> tuple[int, Mapping[str, A
 
 # ---- measuring one test body ----------------------------------------------------------------------------------------
 
-def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, limit: Limit | None,
-              no_leak: NoLeak | None) -> Callable[..., Any]:
+
+def _measured(
+    func: Callable[..., Any], item: pytest.Function, state: _Plugin, limit: Limit | None, no_leak: NoLeak | None
+) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from tfmem_magic.core.options import Options
@@ -266,8 +301,11 @@ def _measured(func: Callable[..., Any], item: pytest.Function, state: _Plugin, l
         device = limit.device if limit else None
         leak_check = _leak_check_of(item, device) if no_leak and no_leak.loop else None
         if no_leak is not None and no_leak.loop and leak_check is None:
-            pytest.fail(f"{item.nodeid}: the {LEAK_FIXTURE} fixture was overridden (by a conftest?): the no-leak "
-                        "check over a test's own loop needs tfmem's fixture", pytrace=False)
+            pytest.fail(
+                f"{item.nodeid}: the {LEAK_FIXTURE} fixture was overridden (by a conftest?): the no-leak "
+                "check over a test's own loop needs tfmem's fixture",
+                pytrace=False,
+            )
         ends: list[int | None] = []
         result, profiler = None, None
         try:
@@ -372,8 +410,10 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
     if peak <= limit.bytes:
         return
     path = _save(state, item, report, _failure_dir(state))
-    lines = [f"{LIMIT}: {what} was {format_bytes(peak)} over the test body's baseline, over its "
-             f"{format_bytes(limit.bytes)} limit (by {format_bytes(peak - limit.bytes)})."]
+    lines = [
+        f"{LIMIT}: {what} was {format_bytes(peak)} over the test body's baseline, over its "
+        f"{format_bytes(limit.bytes)} limit (by {format_bytes(peak - limit.bytes)})."
+    ]
     lines += largest_tensors(report, TOP_TENSORS)
     if report.env.partial_allocator:  # the peak above misses allocations: say so where the user reads it
         lines.append(f"note: {allocator_note(report)}")
@@ -381,12 +421,15 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
     pytest.fail("\n".join(lines), pytrace=False)
 
 
-def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_leak: NoLeak,
-                   ends: list[int | None]) -> None:
+def _check_no_leak(
+    item: pytest.Function, state: _Plugin, report: Report, no_leak: NoLeak, ends: list[int | None]
+) -> None:
     if no_leak.loop and len(ends) < 2:
-        pytest.fail(f"{NO_LEAK}: the test called {LEAK_FIXTURE}.step() {len(ends)} time(s); call it once per "
-                    "iteration of its loop, at least twice (the first step warms up and is not judged)",
-                    pytrace=False)
+        pytest.fail(
+            f"{NO_LEAK}: the test called {LEAK_FIXTURE}.step() {len(ends)} time(s); call it once per "
+            "iteration of its loop, at least twice (the first step warms up and is not judged)",
+            pytrace=False,
+        )
     if any(e is None for e in ends):
         pytest.fail(unmeasured(report, NO_LEAK), pytrace=False)
     known = [e for e in ends if e is not None]
@@ -394,14 +437,20 @@ def _check_no_leak(item: pytest.Function, state: _Plugin, report: Report, no_lea
     if per_run <= no_leak.bytes:
         return
     path = _save(state, item, report, _failure_dir(state))
-    unit, runs = ("step", f"{len(known)} steps of the test's loop ({LEAK_FIXTURE}.step())") if no_leak.loop else \
-        ("run", f"{len(known)} runs of the body")
-    left_out = f"; the largest single growth, {format_bytes(one_off)}, is left out as a one-off" \
-        if len(known) > 2 else ""
-    lines = [f"{NO_LEAK}: TensorFlow's live bytes grew by {format_bytes(per_run)} per {unit} on average, more than "
-             f"the {format_bytes(no_leak.bytes)} allowed. After each of the {runs}: "
-             f"{', '.join(format_bytes(e) for e in known)} (the first warms up and is not judged{left_out}).",
-             f"Tensors kept alive from {unit} to {unit}: a list that collects outputs, a model or optimizer built "
-             "per call, a tf.function retraced for new Python values, or a tf.Variable made in a loop."]
+    unit, runs = (
+        ("step", f"{len(known)} steps of the test's loop ({LEAK_FIXTURE}.step())")
+        if no_leak.loop
+        else ("run", f"{len(known)} runs of the body")
+    )
+    left_out = (
+        f"; the largest single growth, {format_bytes(one_off)}, is left out as a one-off" if len(known) > 2 else ""
+    )
+    lines = [
+        f"{NO_LEAK}: TensorFlow's live bytes grew by {format_bytes(per_run)} per {unit} on average, more than "
+        f"the {format_bytes(no_leak.bytes)} allowed. After each of the {runs}: "
+        f"{', '.join(format_bytes(e) for e in known)} (the first warms up and is not judged{left_out}).",
+        f"Tensors kept alive from {unit} to {unit}: a list that collects outputs, a model or optimizer built "
+        "per call, a tf.function retraced for new Python values, or a tf.Variable made in a loop.",
+    ]
     lines.append(f"report: {path}" if no_leak.loop else f"report of the last run: {path}")
     pytest.fail("\n".join(lines), pytrace=False)

@@ -217,9 +217,14 @@ print("TFMEM-PROBE " + json.dumps(peaks))
 """
 
 
-def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None,
-                pipeline: bool = False, progress: Callable[[str, float], None] | None = None
-                ) -> dict[int, tuple[int, int]]:
+def probe_peaks(
+    model: Any,
+    batches: list[int],
+    train: bool,
+    structure: dict[str, Any] | None,
+    pipeline: bool = False,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict[int, tuple[int, int]]:
     """Per batch size, one step of a clone of `model` (with `pipeline`, a few steps of fit/predict on arrays, as the
     cell ran them) on synthetic batches shaped like `structure` (feeding.spec_of: features, targets, weights): the
     allocator's peak and the peak of the bytes the step requested, both over the step's start.
@@ -230,20 +235,29 @@ def probe_peaks(model: Any, batches: list[int], train: bool, structure: dict[str
     stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
     tell = progress or (lambda text, done: None)
     tell("starting TensorFlow", 0.02)
-    returncode, lines, last_error = _run_probe(json.dumps(spec),
-                                               lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
+    returncode, lines, last_error = _run_probe(json.dumps(spec), lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
     line = _answer(model, spec, "TFMEM-PROBE ", returncode, lines, last_error)
     peaks = {int(k): tuple(v) for k, v in json.loads(line).items()}
     if any(None in v for v in peaks.values()):
-        raise TfmemUsageError("calibration needs TensorFlow's allocator statistics, which the probe process did not "
-                              "have")
+        raise TfmemUsageError(
+            "calibration needs TensorFlow's allocator statistics, which the probe process did not have"
+        )
     return peaks
 
 
-def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, folder: str,
-                  pipeline: bool = False, progress: Callable[[str, float], None] | None = None,
-                  parallel: bool = False, feed: str = "", rows: int | None = None, saved: str | None = None
-                  ) -> dict[int, str]:
+def replay_traces(
+    model: Any,
+    batches: list[int],
+    train: bool,
+    structure: dict[str, Any] | None,
+    folder: str,
+    pipeline: bool = False,
+    progress: Callable[[str, float], None] | None = None,
+    parallel: bool = False,
+    feed: str = "",
+    rows: int | None = None,
+    saved: str | None = None,
+) -> dict[int, str]:
     """The step replay's probes (analyze/step_replay.py): per batch, a fresh process builds the clone and runs its
     step twice (as probe_peaks runs it) while the profiler records everything its allocator does, from its first
     allocation for the model, with no pause and no budget: a trace from a fresh allocator replays to the byte.
@@ -261,9 +275,11 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     while any(rows % b == 0 for b in batches):
         rows += 1
     # the model's config and classes (or the saved step), made once for both
-    spec = (_saved_spec(model, structure, saved) if saved else _spec(model, [], train, structure, pipeline))
-    specs = {b: {**spec, "batches": [b], "replay": os.path.join(folder, f"replay-{b}.npz"), "rows": rows,
-                 "feed": feed} for b in batches}
+    spec = _saved_spec(model, structure, saved) if saved else _spec(model, [], train, structure, pipeline)
+    specs = {
+        b: {**spec, "batches": [b], "replay": os.path.join(folder, f"replay-{b}.npz"), "rows": rows, "feed": feed}
+        for b in batches
+    }
     names = " and ".join(str(b) for b in batches)
     tell(f"replay probes at batch {names}" if parallel else f"replay probe at batch {batches[0]}", 0.05)
 
@@ -279,8 +295,9 @@ def replay_traces(model: Any, batches: list[int], train: bool, structure: dict[s
     return {b: str(spec["replay"]) for b, spec in specs.items()}
 
 
-def _spec(model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
-          ) -> dict[str, Any]:
+def _spec(
+    model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
+) -> dict[str, Any]:
     """What the probe script needs: the model's config, how to compile and feed it, the notebook's classes."""
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
@@ -289,16 +306,25 @@ def _spec(model: Any, batches: list[int], train: bool, structure: dict[str, Any]
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
         raise NotRebuildable(_not_rebuildable(model, exc)) from exc
     try:
-        spec = {"model": config, "keras": flavour, "batches": batches, "train": train, "pipeline": pipeline,
-                "steps": PIPELINE_STEPS,
-                "structure": structure,
-                "compile": model.get_compile_config() if train else None,
-                "policy": keras.mixed_precision.global_policy().name,
-                "custom": _custom_objects(model, keras), "path": [p for p in sys.path if isinstance(p, str)]}
+        spec = {
+            "model": config,
+            "keras": flavour,
+            "batches": batches,
+            "train": train,
+            "pipeline": pipeline,
+            "steps": PIPELINE_STEPS,
+            "structure": structure,
+            "compile": model.get_compile_config() if train else None,
+            "policy": keras.mixed_precision.global_policy().name,
+            "custom": _custom_objects(model, keras),
+            "path": [p for p in sys.path if isinstance(p, str)],
+        }
         json.dumps(spec)
     except (TypeError, ValueError, NotImplementedError, AttributeError) as exc:
-        raise TfmemUsageError(f"calibration could not send the model to the probe process ({type(exc).__name__}: "
-                              f"{str(exc)[:200]}); the analytic basis stays in use") from exc
+        raise TfmemUsageError(
+            f"calibration could not send the model to the probe process ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); the analytic basis stays in use"
+        ) from exc
     return spec
 
 
@@ -311,13 +337,24 @@ def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dic
     except (AttributeError, ValueError):  # a subclassed model that was never called symbolically
         inputs = []
     known = [None if d is None else int(d) for d in list(inputs[0].shape)[1:]] if len(inputs) == 1 else None
-    return {"saved": saved, "keras": flavour, "batches": [], "train": True, "pipeline": False,
-            "steps": PIPELINE_STEPS, "structure": structure, "policy": keras.mixed_precision.global_policy().name,
-            "custom": None, "path": [p for p in sys.path if isinstance(p, str)], "known": known}
+    return {
+        "saved": saved,
+        "keras": flavour,
+        "batches": [],
+        "train": True,
+        "pipeline": False,
+        "steps": PIPELINE_STEPS,
+        "structure": structure,
+        "policy": keras.mixed_precision.global_policy().name,
+        "custom": None,
+        "path": [p for p in sys.path if isinstance(p, str)],
+        "known": known,
+    }
 
 
-def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str],
-            last_error: str) -> str:
+def _answer(
+    model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str], last_error: str
+) -> str:
     """The probe's answer line (after `prefix`), or a TfmemUsageError that says why there is none."""
     if returncode is None:
         raise TfmemUsageError(f"calibration probes took more than {TIMEOUT_S} s; the analytic basis stays in use")
@@ -332,8 +369,10 @@ def _answer(model: Any, spec: dict[str, Any], prefix: str, returncode: int | Non
     clone = next((x.split(" ", 1)[1] for x in lines if x.startswith("TFMEM-CLONE ")), None)
     # another Keras' clone measures another implementation: no number, not a wrong one
     if clone != ("saved-step" if spec.get("saved") else spec["keras"]):
-        raise TfmemUsageError(f"calibration: the probe process built the clone with {clone or 'no Keras'}, not with "
-                              f"the model's {spec['keras']}; the analytic basis stays in use")
+        raise TfmemUsageError(
+            f"calibration: the probe process built the clone with {clone or 'no Keras'}, not with "
+            f"the model's {spec['keras']}; the analytic basis stays in use"
+        )
     return line.split(" ", 1)[1]
 
 
@@ -384,8 +423,10 @@ def _custom_objects(model: Any, keras: Any) -> str | None:
         raise TypeError(f"the notebook's classes ({names}) could not be sent to the probe process: {exc}") from exc
 
 
-_MISSING_ARGUMENT = re.compile(r"(?:[\w.]+\.)?(\w+)\.__init__\(\) missing \d+ required (?:positional |keyword-only )?"
-                               r"arguments?: [^;)]*")
+_MISSING_ARGUMENT = re.compile(
+    r"(?:[\w.]+\.)?(\w+)\.__init__\(\) missing \d+ required (?:positional |keyword-only )?"
+    r"arguments?: [^;)]*"
+)
 
 
 class NotRebuildable(TfmemUsageError):
@@ -405,10 +446,12 @@ def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None)
             continue
     culprit = culprit or type(model).__name__
     why = " ".join(str(exc).split())[:160]  # Keras' own message spans lines: one line here
-    return (f"calibration rebuilds a clone of the model from its Keras config, and {culprit} has none "
-            f"({type(exc).__name__}: {why}). Give {culprit} a get_config() that returns its constructor's "
-            "arguments (and a from_config() that rebuilds nested models), or build the model with the functional "
-            "API; the analytic basis (from this cell's trace) stays in use.")
+    return (
+        f"calibration rebuilds a clone of the model from its Keras config, and {culprit} has none "
+        f"({type(exc).__name__}: {why}). Give {culprit} a get_config() that returns its constructor's "
+        "arguments (and a from_config() that rebuilds nested models), or build the model with the functional "
+        "API; the analytic basis (from this cell's trace) stays in use."
+    )
 
 
 def probe_environment() -> dict[str, str]:
@@ -433,9 +476,13 @@ def weight_dims(model: Any) -> set[int]:
     """Every dimension of the model's weights: the step replay's probe batches avoid them (a probe batch equal to a
     layer's width makes its tensors ambiguous, step_replay.odd_probes)."""
     return {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
-GPU_BUSY = ("the probe process found no room on the GPU: the kernel's TensorFlow reserves nearly all of a GPU's "
-            "memory unless memory growth is on. Turn it on at the top of the notebook (the memory-growth fix, then "
-            "restart) to calibrate on the GPU; the analytic basis stays in use")
+
+
+GPU_BUSY = (
+    "the probe process found no room on the GPU: the kernel's TensorFlow reserves nearly all of a GPU's "
+    "memory unless memory growth is on. Turn it on at the top of the notebook (the memory-growth fix, then "
+    "restart) to calibrate on the GPU; the analytic basis stays in use"
+)
 
 
 def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
@@ -445,9 +492,17 @@ def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, 
     env = probe_environment()
     timed_out = threading.Event()
     lines: list[str] = []
-    with tempfile.TemporaryFile("w+") as err, \
-            subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=err, text=True, env=env) as proc:
+    with (
+        tempfile.TemporaryFile("w+") as err,
+        subprocess.Popen(
+            [sys.executable, "-c", _PROBE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        ) as proc,
+    ):
 
         def stop() -> None:
             timed_out.set()

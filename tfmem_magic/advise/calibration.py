@@ -20,8 +20,9 @@ from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 
 
-def remember_model(report: Report, model: Any, structure: dict[str, Any] | None = None,
-                   fix_context: fixes.FixContext | None = None) -> None:
+def remember_model(
+    report: Report, model: Any, structure: dict[str, Any] | None = None, fix_context: fixes.FixContext | None = None
+) -> None:
     """Keep a weak link from a report to the live Keras model it measured (for calibrate), what one of its
     batches held (feeding.spec_of: the probes make synthetic batches like it), and what its fixes were written from
     (a calibration writes them again on its basis)."""
@@ -54,8 +55,7 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
     return sorted({max(1, high // 4), max(1, high // 2), high})
 
 
-def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None, replay: bool = True
-                   ) -> Basis:
+def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None, replay: bool = True) -> Basis:
     """Calibrate: a clone of the cell's model trains on synthetic data at three batch sizes; the slopes of the
     requested bytes' peak between them replace the analytic one. Then (with `replay`) the step replay: two more
     probes, each in a fresh process, trace the clone's allocations from the start at two odd batches, and the
@@ -64,31 +64,47 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     (`Report.whatif_basis`, saved with it), and its `prediction` block is redone on it."""
     stored = report.whatif_basis
     if stored is not None and from_trace(stored):
-        raise TfmemUsageError("this report is a saved trace's: it has no model to calibrate, and its what-if is "
-                              "already the trace's own allocations replayed (predict without calibrate=True)")
+        raise TfmemUsageError(
+            "this report is a saved trace's: it has no model to calibrate, and its what-if is "
+            "already the trace's own allocations replayed (predict without calibrate=True)"
+        )
     if stored is not None and stored.name in CALIBRATED:
         return stored
     basis = analytic_basis(report)
     if basis.knobs.replicas > 1:
-        raise TfmemUsageError(f"calibration trains a clone of the model in one process; this cell ran it as one of "
-                              f"{basis.knobs.replicas} replicas of a tf.distribute strategy, which the probes cannot "
-                              "replay: the analytic basis stays")
+        raise TfmemUsageError(
+            f"calibration trains a clone of the model in one process; this cell ran it as one of "
+            f"{basis.knobs.replicas} replicas of a tf.distribute strategy, which the probes cannot "
+            "replay: the analytic basis stays"
+        )
     entry = SESSION.models.get(id(report))
     model = entry[1]() if entry is not None and entry[0]() is report else None
     if entry is None or model is None:
-        raise TfmemUsageError("calibration needs the live Keras model of this cell: run the cell again in this "
-                              "kernel (a report loaded from a file can only use the analytic basis)")
+        raise TfmemUsageError(
+            "calibration needs the live Keras model of this cell: run the cell again in this "
+            "kernel (a report loaded from a file can only use the analytic basis)"
+        )
     calls = report.model.calls if report.model else []
     if "optimizer.apply" in calls and not any(c in calls for c in ("fit", "train_on_batch")):  # a loop's cell
         loop = step_export.loop_step(model) if replay else None
         if loop is None:
-            raise TfmemUsageError("calibration replays the cell's fit() on a clone, and this cell trained in a loop "
-                                  "of its own (optimizer.apply) whose step tfmem did not find as a tf.function "
-                                  "with batched tensor arguments: the probes cannot replay that loop. The analytic "
-                                  "basis (from this cell's trace) stays in use, with its wider band.")
+            raise TfmemUsageError(
+                "calibration replays the cell's fit() on a clone, and this cell trained in a loop "
+                "of its own (optimizer.apply) whose step tfmem did not find as a tf.function "
+                "with batched tensor arguments: the probes cannot replay that loop. The analytic "
+                "basis (from this cell's trace) stays in use, with its wider band."
+            )
         function, name, structure = loop
-        return own_step_basis(report, basis, model, structure, f"{name}, a GradientTape loop's step", entry[3],
-                              progress, lambda folder: step_export.export_loop_step(function, structure, folder))
+        return own_step_basis(
+            report,
+            basis,
+            model,
+            structure,
+            f"{name}, a GradientTape loop's step",
+            entry[3],
+            progress,
+            lambda folder: step_export.export_loop_step(function, structure, folder),
+        )
 
     training = report.model.training if report.model else True
     # the step the cell ran, saved for the probes where a clone cannot run it: training's, or evaluate's or
@@ -98,11 +114,24 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
 
     def keras_step(own: str) -> Basis:  # the model's step (its own or Keras'), saved for the probes
         assert method is not None
-        return own_step_basis(report, basis, model, entry[2], own, entry[3], progress,
-                              lambda folder: step_export.export_step(model, entry[2], folder, method))
+        return own_step_basis(
+            report,
+            basis,
+            model,
+            entry[2],
+            own,
+            entry[3],
+            progress,
+            lambda folder: step_export.export_step(model, entry[2], folder, method),
+        )
 
-    own = (step_export.sent_step(model) if training
-           else step_export.uncloneable(model, method) if method is not None else None)
+    own = (
+        step_export.sent_step(model)
+        if training
+        else step_export.uncloneable(model, method)
+        if method is not None
+        else None
+    )
     if own is not None and replay:
         return keras_step(own)
     batches = probe_batches(report, basis)
@@ -110,17 +139,33 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     pipeline = report.model.fed_arrays if report.model else False
     share = 0.5 if replay else 1.0  # of the progress bar: the replay's probes take about as long
     try:
-        peaks = calibrate.probe_peaks(model, batches, training, entry[2], pipeline,
-                                      None if progress is None else lambda text, done: progress(text, share * done))
+        peaks = calibrate.probe_peaks(
+            model,
+            batches,
+            training,
+            entry[2],
+            pipeline,
+            None if progress is None else lambda text, done: progress(text, share * done),
+        )
     except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
         if not (replay and method is not None):
             raise
         return keras_step(step_export.not_rebuilt(model, method))
-    curve = (replay_curve(model, basis, training, entry[2], pipeline,
-                          None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
-                          report.model.feed if report.model else "", report.model.samples if report.model else None,
-                          report.on_gpu)
-             if replay else None)
+    curve = (
+        replay_curve(
+            model,
+            basis,
+            training,
+            entry[2],
+            pipeline,
+            None if progress is None else lambda text, done: progress(text, 0.5 + 0.5 * done),
+            report.model.feed if report.model else "",
+            report.model.samples if report.model else None,
+            report.on_gpu,
+        )
+        if replay
+        else None
+    )
     if progress:
         progress("done", 1.0)
     anchor = basis.knobs.batch_size
@@ -165,20 +210,38 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
         # chunk reuse). Where the cell's trace found a busier moment than its peak, the analytic slope above the
         # cell's batch is that moment's and its slope below is the peak's: the one below (the busier slope took a
         # GRU's batch 8 to a predicted 0 bytes in a zoo run)
-        below = (basis.activations_per_sample_below if basis.activations_per_sample_below is not None
-                 else basis.activations_per_sample)
-    parts = (basis.weights + basis.gradients + basis.optimizer + basis.input_copy
-             + (above + basis.input_per_sample) * anchor)
-    other = (round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
-             if basis.measured_peak is not None else 0)
+        below = (
+            basis.activations_per_sample_below
+            if basis.activations_per_sample_below is not None
+            else basis.activations_per_sample
+        )
+    parts = (
+        basis.weights + basis.gradients + basis.optimizer + basis.input_copy + (above + basis.input_per_sample) * anchor
+    )
+    other = (
+        round(basis.measured_peak / basis.fragmentation + basis.copy_missing - parts)
+        if basis.measured_peak is not None
+        else 0
+    )
     name = "replay" if curve is not None and curve.passed else "measured"
     # the probes' slope above is one line from the cell's peak: the analytic basis' second moment is not theirs
-    measured = replace(basis, name=name, replay=curve, activations_per_sample=above, activations_per_sample_below=below,
-                       moment_gap=0,
-                       other=other, slope_source="probe runs", increment_fragmentation=min(2.0, max(1.0, chunks)),
-                       calibration={"batches": batches, "peak_bytes": [peaks[b][0] for b in batches],
-                                    "requested_bytes": [peaks[b][1] for b in batches],
-                                    "seconds": round(time.perf_counter() - started, 2)})
+    measured = replace(
+        basis,
+        name=name,
+        replay=curve,
+        activations_per_sample=above,
+        activations_per_sample_below=below,
+        moment_gap=0,
+        other=other,
+        slope_source="probe runs",
+        increment_fragmentation=min(2.0, max(1.0, chunks)),
+        calibration={
+            "batches": batches,
+            "peak_bytes": [peaks[b][0] for b in batches],
+            "requested_bytes": [peaks[b][1] for b in batches],
+            "seconds": round(time.perf_counter() - started, 2),
+        },
+    )
     _adopt(report, measured, entry[3])
     return measured
 
@@ -193,9 +256,16 @@ def _adopt(report: Report, basis: Basis, fix_context: fixes.FixContext | None) -
     report.findings = [(large_batch(report) or f) if f.id == "large-batch" else f for f in report.findings]
 
 
-def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str, Any] | None, own: str,
-                   fix_context: fixes.FixContext | None, progress: Callable[[str, float], None] | None,
-                   export: Callable[[str], step_export.SavedStep]) -> Basis:
+def own_step_basis(
+    report: Report,
+    basis: Basis,
+    model: Any,
+    structure: dict[str, Any] | None,
+    own: str,
+    fix_context: fixes.FixContext | None,
+    progress: Callable[[str, float], None] | None,
+    export: Callable[[str], step_export.SavedStep],
+) -> Basis:
     """Calibrate a model that trains in a step of its own (`own`: the method it overrides, e.g. GAN.train_step, or
     a GradientTape loop's tf.function): that step is saved with its variables (`export(folder)`, step_export.py)
     and run by the step replay's two probe processes, so
@@ -204,29 +274,57 @@ def own_step_basis(report: Report, basis: Basis, model: Any, structure: dict[str
     TfmemUsageError that says why when the step cannot be saved or its replay's self-check fails (the analytic
     basis stays)."""
     if report.model is None or basis.measured_peak is None:  # before saving anything: the replay is anchored on it
-        raise TfmemUsageError("calibration replays the cell's own step anchored on the cell's measured peak, and "
-                              "this cell has none (it stopped early, or TensorFlow's allocator statistics were "
-                              "missing): the analytic basis stays in use")
+        raise TfmemUsageError(
+            "calibration replays the cell's own step anchored on the cell's measured peak, and "
+            "this cell has none (it stopped early, or TensorFlow's allocator statistics were "
+            "missing): the analytic basis stays in use"
+        )
     if progress:
         progress(f"saving {own} for the probes", 0.02)
     with step_export.saved_for_probes(export, "tfmem-step-") as saved:
-        curve = replay_curve(model, basis, True, structure, report.model.fed_arrays, progress, report.model.feed,
-                             report.model.samples, report.on_gpu, saved=saved.folder)
+        curve = replay_curve(
+            model,
+            basis,
+            True,
+            structure,
+            report.model.fed_arrays,
+            progress,
+            report.model.feed,
+            report.model.samples,
+            report.on_gpu,
+            saved=saved.folder,
+        )
     if progress:
         progress("done", 1.0)
     if not curve.passed:
-        raise TfmemUsageError(f"calibration ran this model's own step ({own}) in two probe processes, and "
-                              f"its step replay cannot be used: {curve.why_not}. The analytic basis stays in use.")
+        raise TfmemUsageError(
+            f"calibration ran this model's own step ({own}) in two probe processes, and "
+            f"its step replay cannot be used: {curve.why_not}. The analytic basis stays in use."
+        )
     curve.source = "step"
-    replayed = replace(basis, name="replay", replay=curve, slope_source=f"{own}, replayed",
-                       calibration={"step": own, "seconds": curve.seconds})
+    replayed = replace(
+        basis,
+        name="replay",
+        replay=curve,
+        slope_source=f"{own}, replayed",
+        calibration={"step": own, "seconds": curve.seconds},
+    )
     _adopt(report, replayed, fix_context)
     return replayed
 
 
-def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any] | None, pipeline: bool,
-                 progress: Callable[[str, float], None] | None = None, feed: str = "", samples: int | None = None,
-                 on_gpu: bool = False, saved: str | None = None) -> ReplayCurve:
+def replay_curve(
+    model: Any,
+    basis: Basis,
+    train: bool,
+    structure: dict[str, Any] | None,
+    pipeline: bool,
+    progress: Callable[[str, float], None] | None = None,
+    feed: str = "",
+    samples: int | None = None,
+    on_gpu: bool = False,
+    saved: str | None = None,
+) -> ReplayCurve:
     """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
     cell's (calibrate.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
     their sequences are replayed at a grid of batches (step_replay.curve). A curve that could not be made says why
@@ -236,8 +334,11 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
     cell = basis.knobs.batch_size
     probes = step_replay.odd_probes(cell, calibrate.weight_dims(model))
     if basis.measured_peak is None:
-        return _unused(probes, "the cell's own peak was not measured (it stopped early, or TensorFlow's allocator "
-                       "statistics were missing): the replay is anchored on it")
+        return _unused(
+            probes,
+            "the cell's own peak was not measured (it stopped early, or TensorFlow's allocator "
+            "statistics were missing): the replay is anchored on it",
+        )
     started = time.perf_counter()
     folder = tempfile.mkdtemp(prefix="tfmem-replay-")
     tries, first = 0, ""
@@ -247,8 +348,9 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
         growth = calibrate.probes_grow_gpu()
         while True:
             tries += 1
-            paths = calibrate.replay_traces(model, list(probes), train, structure, folder, pipeline, progress,
-                                            parallel, feed, rows, saved)
+            paths = calibrate.replay_traces(
+                model, list(probes), train, structure, folder, pipeline, progress, parallel, feed, rows, saved
+            )
             if progress:
                 progress("replaying the step through the allocator", 0.95)
             low, high = (step_replay.load_events(paths[b]) for b in probes)
@@ -273,8 +375,16 @@ def replay_curve(model: Any, basis: Basis, train: bool, structure: dict[str, Any
 
 def _unused(probes: tuple[int, int], why: str) -> ReplayCurve:
     """A curve that was not made: no peaks, and the reason every prediction's notes give."""
-    return ReplayCurve(probes=list(probes), events=0, allocations=0, aligned=0, own_error=0.0, cross_error=0.0,
-                       traced_peaks=[], why_not=why)
+    return ReplayCurve(
+        probes=list(probes),
+        events=0,
+        allocations=0,
+        aligned=0,
+        own_error=0.0,
+        cross_error=0.0,
+        traced_peaks=[],
+        why_not=why,
+    )
 
 
 # a probe process's own memory besides its step: TensorFlow's runtime and the profiler's recorder (measured: 0.5-0.7
@@ -309,17 +419,20 @@ def auto_calibration(report: Report) -> tuple[bool, str] | None:
     wanted but the machine's free memory is too little for a probe process."""
     import psutil
 
-    names_a_batch = (any(f.id == "shrink-batch" for f in report.fixes)
-                     or any(f.id == "large-batch" for f in report.findings))
+    names_a_batch = any(f.id == "shrink-batch" for f in report.fixes) or any(
+        f.id == "large-batch" for f in report.findings
+    )
     if report.status != "ok" or report.whatif_basis is None or not names_a_batch:
         return None
     basis = report.whatif_basis
     one = peak_at(basis, basis.knobs) + PROBE_PROCESS_BYTES
     available = psutil.virtual_memory().available
     if one > AUTO_ROOM * available:
-        return False, (f"the report names the largest batch that fits, but a probe process needs "
-                       f"~{format_bytes(one)} and the machine has {format_bytes(available)} available; --calibrate "
-                       "runs it anyway")
+        return False, (
+            f"the report names the largest batch that fits, but a probe process needs "
+            f"~{format_bytes(one)} and the machine has {format_bytes(available)} available; --calibrate "
+            "runs it anyway"
+        )
     return True, AUTO_REASON
 
 

@@ -23,8 +23,15 @@ RETRACE_MIN = 3  # traces of one tf.function in one cell
 MIN_COPY_SHARE = 0.1  # an input copy worth a finding: this share of the cell's memory at the peak,
 MIN_COPY_BYTES = 64 * 2**20  # or this large in itself
 RAN_ON = 1.05  # a peak this far past where the guard tripped: the step ran on inside TensorFlow
-KERAS_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator", "one_step_on_data", "predict_step",
-                        "train_function", "test_function", "predict_function")
+KERAS_STEP_FUNCTIONS = (
+    "multi_step_on_iterator",
+    "one_step_on_iterator",
+    "one_step_on_data",
+    "predict_step",
+    "train_function",
+    "test_function",
+    "predict_function",
+)
 
 
 @dataclass
@@ -43,8 +50,14 @@ def run_summary(report: Report, new_models: int) -> RunSummary:
     mem = report.main_device
     left = None if mem is None else mem.end_bytes - mem.baseline_bytes
     held = report.held
-    return RunSummary(report.run, left, report.rss.end_bytes, new_models,
-                      {h.name: h.bytes for h in held.holders} if held else {}, held.runtime_bytes if held else 0)
+    return RunSummary(
+        report.run,
+        left,
+        report.rss.end_bytes,
+        new_models,
+        {h.name: h.bytes for h in held.holders} if held else {},
+        held.runtime_bytes if held else 0,
+    )
 
 
 def growing_holders(report: Report, earlier: RunSummary) -> list[Holder]:
@@ -63,16 +76,24 @@ def allocator_blind_spot(report: Report) -> Finding | None:
     else:
         what = f"{env.allocator} {env.allocator_misses}, so smaller tensors are invisible"
     if saved:
-        evidence = (f"The process that recorded this trace did not switch TensorFlow's CPU allocator to BFC before "
-                    f"its first op, and its allocator {what}: the peak and the breakdown are a lower bound. Start "
-                    "that process with `tfmem_magic.serve(PORT)` (a worker) or `tfmem_magic.prepare()` first "
-                    "thing, before any TensorFlow code, and record it again.")
+        evidence = (
+            f"The process that recorded this trace did not switch TensorFlow's CPU allocator to BFC before "
+            f"its first op, and its allocator {what}: the peak and the breakdown are a lower bound. Start "
+            "that process with `tfmem_magic.serve(PORT)` (a worker) or `tfmem_magic.prepare()` first "
+            "thing, before any TensorFlow code, and record it again."
+        )
     else:
-        evidence = (f"TensorFlow started before the extension was loaded, and its CPU allocator {what}. Restart the "
-                    "kernel and run `%load_ext tfmem_magic` (or `import tfmem_magic; tfmem_magic.prepare()`) "
-                    "before any TensorFlow code: it switches on the BFC allocator, which sees every allocation.")
-    return Finding(id="allocator-blind-spot", severity="warn",
-                   title="TensorFlow's allocator hides part of the memory", evidence=evidence)
+        evidence = (
+            f"TensorFlow started before the extension was loaded, and its CPU allocator {what}. Restart the "
+            "kernel and run `%load_ext tfmem_magic` (or `import tfmem_magic; tfmem_magic.prepare()`) "
+            "before any TensorFlow code: it switches on the BFC allocator, which sees every allocation."
+        )
+    return Finding(
+        id="allocator-blind-spot",
+        severity="warn",
+        title="TensorFlow's allocator hides part of the memory",
+        evidence=evidence,
+    )
 
 
 def near_budget(report: Report) -> Finding | None:
@@ -82,14 +103,21 @@ def near_budget(report: Report) -> Finding | None:
     device = report.device_budget
     if device is not None:
         name, limit = device
-        found = _near(report.tf[name].peak_bytes, limit, f"TensorFlow used {{share}} of {name}'s memory",
-                      f"Peak on {name} {{peak}} against its allocator's limit of {{budget}}")
+        found = _near(
+            report.tf[name].peak_bytes,
+            limit,
+            f"TensorFlow used {{share}} of {name}'s memory",
+            f"Peak on {name} {{peak}} against its allocator's limit of {{budget}}",
+        )
         if found is not None:
             return found
     source = {"cgroup": "the container's memory limit", "user": "your limit", "ram": "the RAM available"}
-    return _near(report.rss.peak_bytes, report.env.budget_bytes,
-                 f"The process used {{share}} of {source.get(report.env.budget_source, 'the budget')}",
-                 f"Peak process memory {{peak}} against a budget of {{budget}} ({report.env.budget_source})")
+    return _near(
+        report.rss.peak_bytes,
+        report.env.budget_bytes,
+        f"The process used {{share}} of {source.get(report.env.budget_source, 'the budget')}",
+        f"Peak process memory {{peak}} against a budget of {{budget}} ({report.env.budget_source})",
+    )
 
 
 def _near(peak: int, budget: int, title: str, evidence: str) -> Finding | None:
@@ -97,9 +125,13 @@ def _near(peak: int, budget: int, title: str, evidence: str) -> Finding | None:
         return None
     share = peak / budget
     values = {"share": f"{share:.0%}", "peak": format_bytes(peak), "budget": format_bytes(budget)}
-    return Finding(id="near-budget", severity="critical" if share >= 0.95 else "warn", title=title.format(**values),
-                   evidence=evidence.format(**values) + f"; {format_bytes(max(0, budget - peak))} to spare.",
-                   bytes=peak)
+    return Finding(
+        id="near-budget",
+        severity="critical" if share >= 0.95 else "warn",
+        title=title.format(**values),
+        evidence=evidence.format(**values) + f"; {format_bytes(max(0, budget - peak))} to spare.",
+        bytes=peak,
+    )
 
 
 def out_of_memory(report: Report) -> Finding | None:
@@ -109,18 +141,23 @@ def out_of_memory(report: Report) -> Finding | None:
     request = report.error.request if report.error else None
     if request:
         op = f" for op {request['op']}" if request.get("op") else ""
-        parts.append(f"TensorFlow could not allocate a {request['dtype']} tensor of shape {request['shape']} "
-                     f"({format_bytes(request['bytes'])}){op} on {request['device']}.")
+        parts.append(
+            f"TensorFlow could not allocate a {request['dtype']} tensor of shape {request['shape']} "
+            f"({format_bytes(request['bytes'])}){op} on {request['device']}."
+        )
     g = report.guard
     if g is not None and g.tripped_by in ("batch-end check", "watchdog"):  # tfmem's layers, not TF's allocator
-        parts.append(f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
-                     f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source}).")
+        parts.append(
+            f"tfmem's {g.tripped_by} stopped the cell at {format_bytes(g.tripped_rss_bytes)} of process "
+            f"memory against the limit of {format_bytes(g.limit_bytes)} ({g.source})."
+        )
         peak = report.rss.peak_bytes
         over = f"{format_bytes(peak)} ({peak / g.limit_bytes - 1:.0%} over the limit)"
         if g.tripped_rss_bytes and peak > max(g.tripped_rss_bytes, g.limit_bytes) * RAN_ON:
             if g.tripped_by == "watchdog":  # it raises in Python code: the step it saw pass the limit ran on first
-                parts.append(f"The step running then went on to {over} before it could be stopped: one step is "
-                             "one C++ call.")
+                parts.append(
+                    f"The step running then went on to {over} before it could be stopped: one step is one C++ call."
+                )
             else:  # the batch-end check runs after a step: the step had been higher inside
                 parts.append(f"Inside the last step the process had reached {over}: the check runs between steps.")
     elif g is not None and g.allocator_limit_bytes:
@@ -129,14 +166,21 @@ def out_of_memory(report: Report) -> Finding | None:
     if trace is not None and trace.at_peak:
         top = trace.at_peak[0]
         name = " · ".join(x for x in (top.layer, top.op) if x)
-        parts.append(f"When it failed, {format_bytes(trace.peak_live_bytes)} was live in TensorFlow; the largest "
-                     f"part: {name} ({top.phase}), {format_bytes(top.bytes)}.")
+        parts.append(
+            f"When it failed, {format_bytes(trace.peak_live_bytes)} was live in TensorFlow; the largest "
+            f"part: {name} ({top.phase}), {format_bytes(top.bytes)}."
+        )
     if not parts:
         message = report.error.message if report.error else ""
         parts.append(clip_message(message, 600) if message else "An out-of-memory error stopped the cell.")
     parts.append("The kernel and your variables are intact.")
-    return Finding(id="oom", severity="critical", title="The cell ran out of memory", evidence=" ".join(parts),
-                   bytes=request["bytes"] if request else None)
+    return Finding(
+        id="oom",
+        severity="critical",
+        title="The cell ran out of memory",
+        evidence=" ".join(parts),
+        bytes=request["bytes"] if request else None,
+    )
 
 
 def input_copy(report: Report) -> Finding | None:
@@ -153,21 +197,26 @@ def input_copy(report: Report) -> Finding | None:
     calls = report.model.calls if report.model is not None else []
     call = next((c for c in ("fit", "evaluate", "predict") if c in calls), "fit/evaluate/predict")
     roles = sorted({c.role for c in trace.input_copies})
-    what = " and ".join(f"{role} data {format_bytes(sum(c.bytes for c in trace.input_copies if c.role == role))}"
-                        for role in roles)
+    what = " and ".join(
+        f"{role} data {format_bytes(sum(c.bytes for c in trace.input_copies if c.role == role))}" for role in roles
+    )
     if at_peak:
         severity = "warn" if share >= 0.5 else "info"
-        where = (f"{format_bytes(at_peak)} of it was live at the peak: {share:.0%} of the "
-                 f"{format_bytes(own)} this cell held then.")
+        where = (
+            f"{format_bytes(at_peak)} of it was live at the peak: {share:.0%} of the "
+            f"{format_bytes(own)} this cell held then."
+        )
     else:
         severity = "info"
         where = "It was freed before the peak, so it did not raise this cell's peak."
     return Finding(
-        id="input-copy", severity=severity,
+        id="input-copy",
+        severity=severity,
         title=f"{call}() copied the whole input arrays into tensors",
         evidence=f"TensorFlow allocated {format_bytes(copied)} for tensor copies of the numpy arrays handed to "
-                 f"{call}() ({what}): the data is held twice, once by numpy and once by TensorFlow. {where}",
-        bytes=at_peak or copied, fixes=["tf-data-streaming"],
+        f"{call}() ({what}): the data is held twice, once by numpy and once by TensorFlow. {where}",
+        bytes=at_peak or copied,
+        fixes=["tf-data-streaming"],
     )
 
 
@@ -182,18 +231,23 @@ def retracing(report: Report) -> Finding | None:
     name, signatures = max(heavy.items(), key=lambda item: item[1])
     count = max(report.tf_function_traces.get(name, signatures), signatures)
     if any(step in name for step in KERAS_STEP_FUNCTIONS):
-        cause = ("Keras traced its training step again for each new model or compile(): build and compile the model "
-                 "once, outside the loop, and call keras.backend.clear_session() before making a new one.")
+        cause = (
+            "Keras traced its training step again for each new model or compile(): build and compile the model "
+            "once, outside the loop, and call keras.backend.clear_session() before making a new one."
+        )
     else:
-        cause = ("each call with a new Python number, a new input shape or dtype builds a new graph, and every graph "
-                 "stays in memory: pass tensors instead of Python numbers, or give the function an input_signature "
-                 "(or reduce_retracing=True).")
+        cause = (
+            "each call with a new Python number, a new input shape or dtype builds a new graph, and every graph "
+            "stays in memory: pass tensors instead of Python numbers, or give the function an input_signature "
+            "(or reduce_retracing=True)."
+        )
     return Finding(
-        id="retracing", severity="warn",
+        id="retracing",
+        severity="warn",
         title=f"tf.function '{name}' was traced {count} times in this cell",
         evidence=f"TensorFlow built {count} graphs for '{name}' during this cell, for {signatures} input signatures "
-                 f"that grow with the calls ({sum(report.tf_function_traces.values())} traces in all): {cause}"
-                 + _graphs_memory(report),
+        f"that grow with the calls ({sum(report.tf_function_traces.values())} traces in all): {cause}"
+        + _graphs_memory(report),
         fixes=["clear-session"] if "Keras" in cause else [],
     )
 
@@ -204,8 +258,10 @@ def _graphs_memory(report: Report) -> str:
     grew = report.rss.end_bytes - report.rss.baseline_bytes
     if not report.rss.end_bytes or grew < 2**20:
         return ""
-    return (f" The process held {format_bytes(grew)} more at the cell's end than at its start; every graph and its "
-            "concrete function stay in memory as long as the tf.function does (del it, or re-create it, to free them).")
+    return (
+        f" The process held {format_bytes(grew)} more at the cell's end than at its start; every graph and its "
+        "concrete function stay in memory as long as the tf.function does (del it, or re-create it, to free them)."
+    )
 
 
 def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | None:
@@ -213,55 +269,72 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
     if len(previous) < LEAK_RUNS - 1:
         return None
     current = run_summary(report, 0)
-    recent = list(previous[-(LEAK_RUNS - 1):]) + [current]
-    new_models = sum(r.new_models for r in previous[-(LEAK_RUNS - 1):])
+    recent = list(previous[-(LEAK_RUNS - 1) :]) + [current]
+    new_models = sum(r.new_models for r in previous[-(LEAK_RUNS - 1) :])
     left = [r.tf_left_bytes for r in recent]
     if all(x is not None and x > LEAK_MIN_TF for x in left):
         per_run = sum(left) // len(left)  # type: ignore[arg-type]
         named = growing_holders(report, previous[-(LEAK_RUNS - 1)])
-        runtime_grew = report.held is not None and \
-            report.held.runtime_bytes - previous[-(LEAK_RUNS - 1)].runtime_bytes >= HELD_MIN
+        runtime_grew = (
+            report.held is not None and report.held.runtime_bytes - previous[-(LEAK_RUNS - 1)].runtime_bytes >= HELD_MIN
+        )
         if named or runtime_grew:
             who = [holder_words(h) for h in named[:3]]
             if runtime_grew:
-                who.append("TensorFlow's gradient registry holds the trained models no name reaches "
-                           "(docs/held-memory.md)")
+                who.append(
+                    "TensorFlow's gradient registry holds the trained models no name reaches (docs/held-memory.md)"
+                )
             cause = "Who holds it: " + "; ".join(who) + ". Drop those references and %tfmem free gives the memory back."
             fixes = ["clear-session"]
         elif new_models >= LEAK_RUNS - 1:
-            cause = ("The cell builds a new Keras model each run while memory grows each run: the earlier models are "
-                     "still referenced somewhere (a list, a callback, Out[...]). Drop those references; "
-                     "keras.backend.clear_session() also resets Keras' global state.")
+            cause = (
+                "The cell builds a new Keras model each run while memory grows each run: the earlier models are "
+                "still referenced somewhere (a list, a callback, Out[...]). Drop those references; "
+                "keras.backend.clear_session() also resets Keras' global state."
+            )
             fixes = ["clear-session"]
         else:
-            cause = ("Something keeps tensors alive between runs: a list or dict they are appended to, a global, "
-                     "or an output history (Out[...], _). Clear it, or keep only what you need as numpy values.")
+            cause = (
+                "Something keeps tensors alive between runs: a list or dict they are appended to, a global, "
+                "or an output history (Out[...], _). Clear it, or keep only what you need as numpy values."
+            )
             fixes = []
         growth = ", ".join(f"+{format_bytes(x)}" for x in left)
         return Finding(
-            id="leak-growth", severity="warn",
+            id="leak-growth",
+            severity="warn",
             title=f"Each run of this cell leaves ~{format_bytes(per_run)} more in TensorFlow",
             evidence=f"Runs {recent[0].run}-{recent[-1].run} of this cell left {growth} live in TensorFlow's "
-                     f"allocator after they ended. {cause}",
-            bytes=per_run * len(left), fixes=fixes, holders=[h.name for h in named[:3]],
+            f"allocator after they ended. {cause}",
+            bytes=per_run * len(left),
+            fixes=fixes,
+            holders=[h.name for h in named[:3]],
         )
     rss = [r.rss_end_bytes for r in [previous[-LEAK_RUNS]] + recent] if len(previous) >= LEAK_RUNS else []
     steps = [b - a for a, b in zip(rss, rss[1:], strict=False)]
     if steps and all(step > LEAK_MIN_RSS for step in steps):
         return Finding(
-            id="leak-growth", severity="warn",
+            id="leak-growth",
+            severity="warn",
             title=f"Process memory grows ~{format_bytes(sum(steps) // len(steps))} with each run of this cell",
             evidence=f"After runs {recent[0].run}-{recent[-1].run} the process held "
-                     + ", ".join(format_bytes(x) for x in rss[1:])
-                     + ", while TensorFlow's live bytes did not grow: numpy arrays or Python objects are kept "
-                       "between runs (appended to a list, stored in a global).",
+            + ", ".join(format_bytes(x) for x in rss[1:])
+            + ", while TensorFlow's live bytes did not grow: numpy arrays or Python objects are kept "
+            "between runs (appended to a list, stored in a global).",
             bytes=sum(steps),
         )
     return None
 
 
-RULES: list[Callable[[Report], Finding | None]] = [out_of_memory, near_budget, allocator_blind_spot, input_copy,
-                                                   retracing, *MODEL_RULES, *HELD_RULES]
+RULES: list[Callable[[Report], Finding | None]] = [
+    out_of_memory,
+    near_budget,
+    allocator_blind_spot,
+    input_copy,
+    retracing,
+    *MODEL_RULES,
+    *HELD_RULES,
+]
 
 
 def findings(report: Report, previous: Sequence[RunSummary] = ()) -> list[Finding]:

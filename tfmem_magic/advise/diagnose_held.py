@@ -17,13 +17,23 @@ PREDICT_RSS_STEP = 2**20  # RSS growth per predict call (the median) that counts
 CONTAINERS = ("list", "dict", "set")
 # a name bound to one of these is the user's working object (the model they train, their data): a fix never drops it
 KEPT_KINDS = ("Keras model", "Keras layer", "tensor", "variable", "optimizer", "function")
-_KIND_WORDS = {"list": "a list", "dict": "a dict", "tuple": "a tuple", "set": "a set", "Keras model": "a Keras model",
-               "Keras layer": "a Keras layer", "tensor": "a tensor", "variable": "a variable", "function": "a function",
-               "optimizer": "an optimizer", "History": "the History that fit returned"}
+_KIND_WORDS = {
+    "list": "a list",
+    "dict": "a dict",
+    "tuple": "a tuple",
+    "set": "a set",
+    "Keras model": "a Keras model",
+    "Keras layer": "a Keras layer",
+    "tensor": "a tensor",
+    "variable": "a variable",
+    "function": "a function",
+    "optimizer": "an optimizer",
+    "History": "the History that fit returned",
+}
 
 
 def holder_words(h: Holder) -> str:
-    """"`models` — a list in your namespace — holds 3 Keras models, 6.9 MiB each"."""
+    """ "`models` — a list in your namespace — holds 3 Keras models, 6.9 MiB each"."""
     kind = _KIND_WORDS.get(h.kind, "a " + h.kind)
     where = "IPython's output cache" if h.name == "Out" else f"{kind} in your namespace"
     n = len(h.models)
@@ -63,23 +73,30 @@ def held_by_tensorflow(report: Report) -> Finding | None:
     if held is None or held.runtime_new_bytes < HELD_MIN:
         return None
     return Finding(
-        id="held-by-tensorflow", severity="warn",
+        id="held-by-tensorflow",
+        severity="warn",
         title=f"{format_bytes(held.runtime_bytes)} of trained models nothing refers to is still held by TensorFlow",
-        evidence=(f"No Python object holds these variables any more ({format_bytes(held.runtime_new_bytes)} "
-                  f"more than when tfmem last looked), but {held.runtime_entries} traced training step(s) in "
-                  "TensorFlow's gradient registry still capture them: on TensorFlow 2.21 every model that ran fit (or "
-                  "optimizer.apply in a tf.function) stays pinned after del, keras.backend.clear_session() and "
-                  "gc.collect() (tensorflow#97697, docs/held-memory.md). %tfmem free gives it back without a restart."),
-        bytes=held.runtime_bytes, fixes=["clear-session"])
+        evidence=(
+            f"No Python object holds these variables any more ({format_bytes(held.runtime_new_bytes)} "
+            f"more than when tfmem last looked), but {held.runtime_entries} traced training step(s) in "
+            "TensorFlow's gradient registry still capture them: on TensorFlow 2.21 every model that ran fit (or "
+            "optimizer.apply in a tf.function) stays pinned after del, keras.backend.clear_session() and "
+            "gc.collect() (tensorflow#97697, docs/held-memory.md). %tfmem free gives it back without a restart."
+        ),
+        bytes=held.runtime_bytes,
+        fixes=["clear-session"],
+    )
 
 
 def _holders_of_the_loop(report: Report, total: int) -> list[Holder]:
     """The names that hold what a loop of calls left: several of its models, or about all it left. A name bound to
     one model (the loop's last `model`) holds one model, not the loop's leftovers: it is not named."""
     held = report.held
-    return [h for h in (held.holders if held else [])
-            if h.new_bytes >= HELD_MIN and (len(h.models) >= 2 or h.new_bytes >= total // 2)
-            and h.kind not in KEPT_KINDS]
+    return [
+        h
+        for h in (held.holders if held else [])
+        if h.new_bytes >= HELD_MIN and (len(h.models) >= 2 or h.new_bytes >= total // 2) and h.kind not in KEPT_KINDS
+    ]
 
 
 def _loop_calls(calls: list[CallRecord], kind: str) -> list[CallRecord]:
@@ -91,8 +108,11 @@ def leak_in_cell(report: Report) -> Finding | None:
     held = report.held
     for kind in ("fit", "predict", "evaluate"):
         calls = _loop_calls(report.calls, kind)
-        left = [c.tf_after_bytes - c.tf_before_bytes for c in calls
-                if c.tf_after_bytes is not None and c.tf_before_bytes is not None]
+        left = [
+            c.tf_after_bytes - c.tf_before_bytes
+            for c in calls
+            if c.tf_after_bytes is not None and c.tf_before_bytes is not None
+        ]
         if len(left) < LOOP_CALLS or len(left) != len(calls) or not all(x >= HELD_MIN for x in left):
             continue
         total = sum(left)
@@ -101,19 +121,27 @@ def leak_in_cell(report: Report) -> Finding | None:
         named = _holders_of_the_loop(report, total)
         parts = ["Held by " + "; ".join(holder_words(h) for h in named[:3]) + "."] if named else []
         if held.runtime_new_bytes >= HELD_MIN:
-            parts.append(f"{format_bytes(held.runtime_new_bytes)} of it no Python object holds: TensorFlow's gradient "
-                         "registry keeps each trained model's variables (docs/held-memory.md).")
-        who = " ".join(parts) or ("tfmem found no name that holds it (a global of a module, or a name it could not "
-                                  "walk into).")
+            parts.append(
+                f"{format_bytes(held.runtime_new_bytes)} of it no Python object holds: TensorFlow's gradient "
+                "registry keeps each trained model's variables (docs/held-memory.md)."
+            )
+        who = " ".join(parts) or (
+            "tfmem found no name that holds it (a global of a module, or a name it could not walk into)."
+        )
         return Finding(
-            id="leak-in-cell", severity="warn",
-            title=f"Each of the {len(left)} {kind}() calls in this cell left ~{format_bytes(total / len(left))} "
-                  "behind",
-            evidence=(f"TensorFlow's allocator held {', '.join('+' + format_bytes(x) for x in left)} more after each "
-                      f"{kind}() call than before it, and {format_bytes(held.left_bytes)} more at the cell's end. "
-                      f"{who} To train many models in one kernel, keep only what you need of each (its score, "
-                      "model.get_weights()), or reuse one model and set_weights() its initial weights per trial."),
-            bytes=total, fixes=["clear-session"], holders=[h.name for h in named[:3]])
+            id="leak-in-cell",
+            severity="warn",
+            title=f"Each of the {len(left)} {kind}() calls in this cell left ~{format_bytes(total / len(left))} behind",
+            evidence=(
+                f"TensorFlow's allocator held {', '.join('+' + format_bytes(x) for x in left)} more after each "
+                f"{kind}() call than before it, and {format_bytes(held.left_bytes)} more at the cell's end. "
+                f"{who} To train many models in one kernel, keep only what you need of each (its score, "
+                "model.get_weights()), or reuse one model and set_weights() its initial weights per trial."
+            ),
+            bytes=total,
+            fixes=["clear-session"],
+            holders=[h.name for h in named[:3]],
+        )
     return None
 
 
@@ -124,10 +152,14 @@ def predict_loop_growth(report: Report) -> Finding | None:
     if len(calls) < PREDICT_LOOP_CALLS:
         return None
     # what each call returned is the user's (an array appended to a list grows the process too): not the leak
-    steps = [b.rss_before_bytes - a.rss_before_bytes - a.output_bytes
-             for a, b in zip(calls[1:], calls[2:], strict=False)]
-    tf_steps = [c.tf_after_bytes - c.tf_before_bytes for c in calls[1:]
-                if c.tf_after_bytes is not None and c.tf_before_bytes is not None]
+    steps = [
+        b.rss_before_bytes - a.rss_before_bytes - a.output_bytes for a, b in zip(calls[1:], calls[2:], strict=False)
+    ]
+    tf_steps = [
+        c.tf_after_bytes - c.tf_before_bytes
+        for c in calls[1:]
+        if c.tf_after_bytes is not None and c.tf_before_bytes is not None
+    ]
     if not steps or median(steps) < PREDICT_RSS_STEP or sum(1 for s in steps if s > 0) < 0.8 * len(steps):
         return None
     if tf_steps and median(tf_steps) >= PREDICT_RSS_STEP:
@@ -135,14 +167,18 @@ def predict_loop_growth(report: Report) -> Finding | None:
     per_call = median(steps)
     grown = calls[-1].rss_before_bytes - calls[1].rss_before_bytes
     return Finding(
-        id="predict-loop", severity="warn",
+        id="predict-loop",
+        severity="warn",
         title=f"The process grew ~{format_bytes(per_call)} with each predict() call of a loop of {len(calls)}",
-        evidence=(f"Process memory before each predict() call after the first grew by a median of "
-                  f"{format_bytes(per_call)} per call beyond the arrays it returned ({format_bytes(grown)} in all), "
-                  "while TensorFlow's allocator "
-                  "did not: predict() builds a data adapter and iterator per call (tensorflow#33009). In a loop "
-                  "over small inputs call the model directly, model(x, training=False), or model.predict_on_batch(x)."),
-        bytes=int(per_call * len(steps)))
+        evidence=(
+            f"Process memory before each predict() call after the first grew by a median of "
+            f"{format_bytes(per_call)} per call beyond the arrays it returned ({format_bytes(grown)} in all), "
+            "while TensorFlow's allocator "
+            "did not: predict() builds a data adapter and iterator per call (tensorflow#33009). In a loop "
+            "over small inputs call the model directly, model(x, training=False), or model.predict_on_batch(x)."
+        ),
+        bytes=int(per_call * len(steps)),
+    )
 
 
 HELD_RULES = [held_by_tensorflow, leak_in_cell, predict_loop_growth]

@@ -7,9 +7,17 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 from __future__ import annotations
 
 from tfmem_magic.advise.fitting import fitting_batch
-from tfmem_magic.advise.prediction import (analytic_basis, budget_at_start, budget_for_tf, grown_outside_tf,
-                                          growth_ratio, is_preflight_anchored, parts_at, refused_call_start,
-                                          replay_moved)
+from tfmem_magic.advise.prediction import (
+    analytic_basis,
+    budget_at_start,
+    budget_for_tf,
+    grown_outside_tf,
+    growth_ratio,
+    is_preflight_anchored,
+    parts_at,
+    refused_call_start,
+    replay_moved,
+)
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Finding, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -77,15 +85,20 @@ def large_batch(report: Report) -> Finding | None:
         # the batch the shrink-batch fix names: the report's basis (the analytic one when the cell ends, the step
         # replay once calibrated: calibration.measured_basis writes this finding again), or the pre-flight's
         named = fitting_batch(report, budget)
-        advice = (" Even batch 1 is predicted not to fit: the model itself needs a look." if named is None else
-                  " " + named.sentence())
+        advice = (
+            " Even batch 1 is predicted not to fit: the model itself needs a look."
+            if named is None
+            else " " + named.sentence()
+        )
     return Finding(
-        id="large-batch", severity="critical" if report.status == "oom" else "warn",
+        id="large-batch",
+        severity="critical" if report.status == "oom" else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
         evidence=f"{what} ~{format_bytes(activations)}, {activations / peak:.0%} of {whose} "
-                 f"({format_bytes(peak)}), and it grows with the batch (~{format_bytes(round(per_sample))} per "
-                 f"sample).{advice}",
-        bytes=round(activations), fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],
+        f"({format_bytes(peak)}), and it grows with the batch (~{format_bytes(round(per_sample))} per "
+        f"sample).{advice}",
+        bytes=round(activations),
+        fixes=["shrink-batch", "grad-accumulation", "mixed-precision"],
     )
 
 
@@ -101,15 +114,18 @@ def large_model(report: Report) -> Finding | None:
         return None
     parts = f"weights {format_bytes(model.param_bytes)}"
     if model.training:
-        parts += (f", gradients {format_bytes(model.trainable_bytes)}, optimizer state "
-                  f"{format_bytes(model.optimizer_bytes)}")
+        parts += (
+            f", gradients {format_bytes(model.trainable_bytes)}, optimizer state {format_bytes(model.optimizer_bytes)}"
+        )
     share = f", {state / budget:.0%} of the budget" if budget else ""
     return Finding(
-        id="large-model", severity="warn",
+        id="large-model",
+        severity="warn",
         title=f"The model itself ({model.params:,} parameters) takes most of the memory",
         evidence=f"{model.name} holds {format_bytes(state)} whatever the batch ({parts}{share}). A smaller batch "
-                 "will not help much: freeze layers you do not train, use a lighter optimizer, or a smaller model.",
-        bytes=state, fixes=["freeze-layers", "lighter-optimizer"],
+        "will not help much: freeze layers you do not train, use a lighter optimizer, or a smaller model.",
+        bytes=state,
+        fixes=["freeze-layers", "lighter-optimizer"],
     )
 
 
@@ -125,13 +141,15 @@ def optimizer_state(report: Report) -> Finding | None:
     if slots < MIN_OPTIMIZER or not (large or (budget and slots >= OPTIMIZER_SHARE * budget)):
         return None
     return Finding(
-        id="optimizer-state", severity="info" if report.status == "ok" else "warn",
+        id="optimizer-state",
+        severity="info" if report.status == "ok" else "warn",
         title=f"{model.optimizer} keeps {model.optimizer_slots} extra copies of every trainable weight",
         evidence=f"The optimizer's state is {format_bytes(slots)} ({model.optimizer_slots} slot(s) per trainable "
-                 f"weight, {format_bytes(model.trainable_bytes)} each): "
-                 f"{slots / peak:.0%} of {used}. SGD with momentum keeps one slot, "
-                 "plain SGD none.",
-        bytes=slots, fixes=["lighter-optimizer"],
+        f"weight, {format_bytes(model.trainable_bytes)} each): "
+        f"{slots / peak:.0%} of {used}. SGD with momentum keeps one slot, "
+        "plain SGD none.",
+        bytes=slots,
+        fixes=["lighter-optimizer"],
     )
 
 
@@ -146,12 +164,14 @@ def in_memory_dataset(report: Report) -> Finding | None:
     copy = sum(c.bytes for c in report.trace.input_copies) if report.trace else 0
     held = f"; TensorFlow copied {format_bytes(copy)} of it into tensors as well" if copy else ""
     return Finding(
-        id="in-memory-dataset", severity="warn",
+        id="in-memory-dataset",
+        severity="warn",
         title=f"The whole dataset ({format_bytes(size)}) sits in memory",
         evidence=f"The cell handed {format_bytes(size)} of numpy arrays ({model.samples or '?'} samples) to "
-                 f"{'/'.join(c for c in model.calls if c != '__call__')}{held}. Streaming it with tf.data "
-                 "(from files, or a generator) keeps only a few batches in memory.",
-        bytes=size, fixes=["tf-data-streaming"],
+        f"{'/'.join(c for c in model.calls if c != '__call__')}{held}. Streaming it with tf.data "
+        "(from files, or a generator) keeps only a few batches in memory.",
+        bytes=size,
+        fixes=["tf-data-streaming"],
     )
 
 
@@ -164,13 +184,15 @@ def fragmentation(report: Report) -> Finding | None:
     if ratio < FRAGMENTATION or waste < MIN_FRAGMENTATION_WASTE:
         return None
     return Finding(
-        id="fragmentation", severity="info",
+        id="fragmentation",
+        severity="info",
         title=f"The allocator reserved {ratio:.2f}x what the tensors asked for",
         evidence=f"At the peak the cell's tensors requested {format_bytes(trace.requested_at_peak_bytes)} and the "
-                 f"allocator held {format_bytes(trace.allocated_at_peak_bytes)} for them ({format_bytes(waste)} of "
-                 "rounding and split chunks). The gap grows with tensor size: it counts against your memory like "
-                 "any tensor. CPU has no allocator setting that removes it; smaller batches shrink it with the rest.",
-        bytes=waste, fixes=["shrink-batch"],
+        f"allocator held {format_bytes(trace.allocated_at_peak_bytes)} for them ({format_bytes(waste)} of "
+        "rounding and split chunks). The gap grows with tensor size: it counts against your memory like "
+        "any tensor. CPU has no allocator setting that removes it; smaller batches shrink it with the rest.",
+        bytes=waste,
+        fixes=["shrink-batch"],
     )
 
 
@@ -185,16 +207,24 @@ def non_tf_growth(report: Report) -> Finding | None:
     outside = grown_outside_tf(report)  # the profiler's own memory is tfmem's, not the user's
     if outside < MIN_NON_TF or outside < NON_TF_SHARE * (growth - profiler):
         return None
-    tracer = (f" (tfmem's profiler took up to {format_bytes(profiler)} of the growth itself, not counted here)"
-              if profiler >= 2**20 else "")
-    runtime = (" TensorFlow's runtime started in this cell: its libraries, kernels and caches alone add about "
-               "0.5 GiB the first time." if report.env.tensorflow_started_in_cell else "")
+    tracer = (
+        f" (tfmem's profiler took up to {format_bytes(profiler)} of the growth itself, not counted here)"
+        if profiler >= 2**20
+        else ""
+    )
+    runtime = (
+        " TensorFlow's runtime started in this cell: its libraries, kernels and caches alone add about "
+        "0.5 GiB the first time."
+        if report.env.tensorflow_started_in_cell
+        else ""
+    )
     return Finding(
-        id="non-tf-growth", severity="info" if report.env.tensorflow_started_in_cell else "warn",
+        id="non-tf-growth",
+        severity="info" if report.env.tensorflow_started_in_cell else "warn",
         title=f"{format_bytes(outside)} of the process growth is outside TensorFlow's allocator",
         evidence=f"The process grew by {format_bytes(growth)}{tracer} while TensorFlow's allocator grew by "
-                 f"{format_bytes(tf_growth)}: the rest is numpy arrays, Python objects, `.numpy()` copies or "
-                 f"library caches, which TensorFlow's statistics cannot see.{runtime}",
+        f"{format_bytes(tf_growth)}: the rest is numpy arrays, Python objects, `.numpy()` copies or "
+        f"library caches, which TensorFlow's statistics cannot see.{runtime}",
         bytes=outside,
     )
 

@@ -25,8 +25,10 @@ class FittingBatch:
     def sentence(self) -> str:
         """The finding's words for it."""
         if self.source == "whatif":
-            return (f"The largest batch predicted to fit (with a {self.band:.0%} margin, {self.basis} basis) is "
-                    f"{self.batch}.")
+            return (
+                f"The largest batch predicted to fit (with a {self.band:.0%} margin, {self.basis} basis) is "
+                f"{self.batch}."
+            )
         return f"The batch to try is {self.batch}, {self.why}."
 
 
@@ -37,12 +39,21 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
     assert model is not None and model.batch_size
     batch = model.batch_size
     pre = report.preflight
-    if pre is not None and pre.batch_size == batch and pre.largest_batch and (
-            pre.verdict == "refused" or (report.status == "oom" and pre.largest_batch < batch)):
+    if (
+        pre is not None
+        and pre.batch_size == batch
+        and pre.largest_batch
+        and (pre.verdict == "refused" or (report.status == "oom" and pre.largest_batch < batch))
+    ):
         # the pre-flight measured the clone's steps and predicted the process, outside TF's allocator too
-        return FittingBatch(pre.largest_batch, "preflight",
-                            f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
-                            f"{format_bytes(pre.threshold_bytes)} the guard allows", pre.band, "preflight")
+        return FittingBatch(
+            pre.largest_batch,
+            "preflight",
+            f"the largest batch whose pre-flight prediction (+{pre.band:.0%}) fits the "
+            f"{format_bytes(pre.threshold_bytes)} the guard allows",
+            pre.band,
+            "preflight",
+        )
     now = predict(report, tf_budget=budget)
     fit = now.largest_batch
     if fit is None:
@@ -51,11 +62,22 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
         half = typeable_batch(batch // 2, max(1, model.replicas))  # a batch the replicas can share
         if half >= batch:
             return None  # no smaller batch the replicas can share
-        return FittingBatch(half, "half", f"half the batch: the cell ran out of memory although the predicted peak "
-                                          f"fits the {format_bytes(budget)} left, so the prediction is not to be "
-                                          "trusted here", now.error_band, now.basis)
+        return FittingBatch(
+            half,
+            "half",
+            f"half the batch: the cell ran out of memory although the predicted peak "
+            f"fits the {format_bytes(budget)} left, so the prediction is not to be "
+            "trusted here",
+            now.error_band,
+            now.basis,
+        )
     # the margin the search judged that batch with (+40% above the cell's peak on a CPU)
     margin = now.margin_at(peak_at(basis_of(report), replace(now.knobs, batch_size=fit)))
-    return FittingBatch(max(1, fit), "whatif",
-                        f"the largest batch whose predicted peak (+{margin:.0%} margin, {now.basis} basis) "
-                        f"fits the {format_bytes(budget)} left", margin, now.basis)
+    return FittingBatch(
+        max(1, fit),
+        "whatif",
+        f"the largest batch whose predicted peak (+{margin:.0%} margin, {now.basis} basis) "
+        f"fits the {format_bytes(budget)} left",
+        margin,
+        now.basis,
+    )

@@ -35,8 +35,11 @@ class FixContext:
 
 
 def _header(ctx: FixContext, fix_id: str) -> str:
-    return f'%%tfmem --before {ctx.number} --fix {fix_id} --label "fix: {fix_id}"\n' if ctx.number else \
-        f'%%tfmem --label "fix: {fix_id}"\n'
+    return (
+        f'%%tfmem --before {ctx.number} --fix {fix_id} --label "fix: {fix_id}"\n'
+        if ctx.number
+        else f'%%tfmem --label "fix: {fix_id}"\n'
+    )
 
 
 def _saving(report: Report, after: int) -> str:
@@ -45,11 +48,14 @@ def _saving(report: Report, after: int) -> str:
         return f"predicted TF peak {format_bytes(after)}"
     delta = before - after
     if abs(delta) < max(2**20, 0.02 * before):  # within rounding of the prediction: say so, not "saves 12 KiB"
-        return (f"predicted TF peak {format_bytes(after)}, about the {format_bytes(before)} measured: it saves "
-                "nothing at this cell's peak")
+        return (
+            f"predicted TF peak {format_bytes(after)}, about the {format_bytes(before)} measured: it saves "
+            "nothing at this cell's peak"
+        )
     word = "saves" if delta >= 0 else "adds"
-    return (f"predicted TF peak {format_bytes(after)} instead of {format_bytes(before)} "
-            f"({word} {format_bytes(abs(delta))})")
+    return (
+        f"predicted TF peak {format_bytes(after)} instead of {format_bytes(before)} ({word} {format_bytes(abs(delta))})"
+    )
 
 
 def _model(ctx: FixContext) -> str:
@@ -70,9 +76,15 @@ def _after_compile(source: str, lines: str) -> str:
         tree = ast.parse(source)
     except SyntaxError:
         return lines + source
-    ends = [node.end_lineno for node in ast.walk(tree) if isinstance(node, ast.Expr) and
-            isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute) and
-            node.value.func.attr in ("compile", "compile_from_config") and node.end_lineno]
+    ends = [
+        node.end_lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr in ("compile", "compile_from_config")
+        and node.end_lineno
+    ]
     if not ends:
         return lines + source
     rows = source.splitlines(keepends=True)
@@ -94,6 +106,7 @@ def _with_batch(report: Report, ctx: FixContext, new: int) -> tuple[str | None, 
 
 # ---- the fixes ------------------------------------------------------------------------------------------------------
 
+
 def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     model = report.model
     budget = budget_for_tf(report)
@@ -107,19 +120,33 @@ def shrink_batch(report: Report, ctx: FixContext) -> Fix | None:
     new, chosen = named.batch, named.why
     source, message = _with_batch(report, ctx, new)
     after = predict(report, batch_size=new)
-    why = (f"Batch {model.batch_size} → {new}, {chosen}: {_saving(report, after.peak_bytes)}. Smaller batches also "
-           "mean more, noisier steps: you may want a lower learning rate.")
+    why = (
+        f"Batch {model.batch_size} → {new}, {chosen}: {_saving(report, after.peak_bytes)}. Smaller batches also "
+        "mean more, noisier steps: you may want a lower learning rate."
+    )
     if source is None:
-        return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Could not rewrite the cell: {message}.",
-                   f"# {message}\n", after.peak_bytes)
-    return Fix("shrink-batch", f"Shrink the batch to {new}", why + f" Changed: {message}.",
-               _header(ctx, "shrink-batch") + source, after.peak_bytes)
+        return Fix(
+            "shrink-batch",
+            f"Shrink the batch to {new}",
+            why + f" Could not rewrite the cell: {message}.",
+            f"# {message}\n",
+            after.peak_bytes,
+        )
+    return Fix(
+        "shrink-batch",
+        f"Shrink the batch to {new}",
+        why + f" Changed: {message}.",
+        _header(ctx, "shrink-batch") + source,
+        after.peak_bytes,
+    )
 
 
-NO_ACCUMULATION_IN_TF_KERAS = ("Gradient accumulation is not offered for this tf_keras (Keras 2) model: its "
-                               "optimizers have no gradient_accumulation_steps (Keras 3's have), and accumulating by "
-                               "hand needs a custom train_step. Shrinking the batch or mixed precision are the fixes "
-                               "here.")
+NO_ACCUMULATION_IN_TF_KERAS = (
+    "Gradient accumulation is not offered for this tf_keras (Keras 2) model: its "
+    "optimizers have no gradient_accumulation_steps (Keras 3's have), and accumulating by "
+    "hand needs a custom train_step. Shrinking the batch or mixed precision are the fixes "
+    "here."
+)
 
 
 def grad_accumulation(report: Report, ctx: FixContext) -> Fix | None:
@@ -134,18 +161,32 @@ def grad_accumulation(report: Report, ctx: FixContext) -> Fix | None:
     micro = model.batch_size // steps
     source, message = _with_batch(report, ctx, micro)
     after = predict(report, accumulation_steps=steps)
-    lines = (f"# {steps} steps of {micro} samples, one weight update: the same effective batch of "
-             f"{model.batch_size}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
-             f'config["optimizer"]["config"]["gradient_accumulation_steps"] = {steps}\n'
-             f"{_model(ctx)}.compile_from_config(config)\n")
-    why = (f"Runs batches of {micro} and applies the averaged gradients every {steps} steps (Keras' "
-           f"gradient_accumulation_steps), so the model learns as with batch {model.batch_size}; the optimizer keeps "
-           f"one more copy of the weights for the sums: {_saving(report, after.peak_bytes)}.")
+    lines = (
+        f"# {steps} steps of {micro} samples, one weight update: the same effective batch of "
+        f"{model.batch_size}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
+        f'config["optimizer"]["config"]["gradient_accumulation_steps"] = {steps}\n'
+        f"{_model(ctx)}.compile_from_config(config)\n"
+    )
+    why = (
+        f"Runs batches of {micro} and applies the averaged gradients every {steps} steps (Keras' "
+        f"gradient_accumulation_steps), so the model learns as with batch {model.batch_size}; the optimizer keeps "
+        f"one more copy of the weights for the sums: {_saving(report, after.peak_bytes)}."
+    )
     if source is None:
-        return Fix("grad-accumulation", f"Accumulate gradients over {steps} batches of {micro}",
-                   why + f" Could not rewrite the cell's batch: {message}.", lines, after.peak_bytes)
-    return Fix("grad-accumulation", f"Accumulate gradients over {steps} batches of {micro}", why,
-               _header(ctx, "grad-accumulation") + _after_compile(source, lines), after.peak_bytes)
+        return Fix(
+            "grad-accumulation",
+            f"Accumulate gradients over {steps} batches of {micro}",
+            why + f" Could not rewrite the cell's batch: {message}.",
+            lines,
+            after.peak_bytes,
+        )
+    return Fix(
+        "grad-accumulation",
+        f"Accumulate gradients over {steps} batches of {micro}",
+        why,
+        _header(ctx, "grad-accumulation") + _after_compile(source, lines),
+        after.peak_bytes,
+    )
 
 
 def mixed_precision(report: Report, ctx: FixContext) -> Fix | None:
@@ -155,14 +196,19 @@ def mixed_precision(report: Report, ctx: FixContext) -> Fix | None:
     gpu = any("GPU" in d for d in report.env.devices)
     policy = "mixed_float16" if gpu else "mixed_bfloat16"
     after = predict(report, policy=policy)
-    where = ("on a GPU, float16 runs on its tensor cores" if gpu else
-             "on CPU, bfloat16: float16 runs 74-260x slower there and is never suggested; steps can take 6-55% "
-             "longer on CPUs without native bfloat16")
+    where = (
+        "on a GPU, float16 runs on its tensor cores"
+        if gpu
+        else "on CPU, bfloat16: float16 runs 74-260x slower there and is never suggested; steps can take 6-55% "
+        "longer on CPUs without native bfloat16"
+    )
     keras = _keras(report)
     set_policy = f'import {keras}\n{keras}.mixed_precision.set_global_policy("{policy}")  # before the model is built\n'
-    why = (f"Computes activations in 16 bits while the weights stay float32 ({where}). The policy applies to "
-           f"models built after it is set, so the model is rebuilt: {_saving(report, after.peak_bytes)}. It stays "
-           f'set for the session: {keras}.mixed_precision.set_global_policy("float32") undoes it.')
+    why = (
+        f"Computes activations in 16 bits while the weights stay float32 ({where}). The policy applies to "
+        f"models built after it is set, so the model is rebuilt: {_saving(report, after.peak_bytes)}. It stays "
+        f'set for the session: {keras}.mixed_precision.set_global_policy("float32") undoes it.'
+    )
     if model.new_weight_bytes and ctx.source is not None:  # this cell builds the model: set the policy, re-run it
         code = _header(ctx, "mixed-precision") + set_policy + ctx.source
     else:
@@ -176,19 +222,28 @@ def lighter_optimizer(report: Report, ctx: FixContext) -> Fix | None:
         return None
     after = predict(report, optimizer="sgd+momentum")
     keras = _keras(report)
-    code = (f"import {keras}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
-            f'config["optimizer"] = {keras}.optimizers.serialize({keras}.optimizers.SGD(learning_rate=0.01, '
-            "momentum=0.9))\n"
-            f"{_model(ctx)}.compile_from_config(config)\n")
+    code = (
+        f"import {keras}\nconfig = {_model(ctx)}.get_compile_config()  # your loss and metrics, as compiled\n"
+        f'config["optimizer"] = {keras}.optimizers.serialize({keras}.optimizers.SGD(learning_rate=0.01, '
+        "momentum=0.9))\n"
+        f"{_model(ctx)}.compile_from_config(config)\n"
+    )
     if ctx.source is not None and not model.optimizer_built_in_cell:
         code = _header(ctx, "lighter-optimizer") + code + ctx.source
     elif ctx.source is not None:
         code = _header(ctx, "lighter-optimizer") + _after_compile(ctx.source, code)
-    why = (f"SGD with momentum keeps 1 slot per weight instead of {model.optimizer}'s {model.optimizer_slots} "
-           f"({format_bytes(model.trainable_bytes)} less per slot): {_saving(report, after.peak_bytes)}. It usually "
-           "needs a tuned learning rate (Adafactor is another low-memory choice).")
-    return Fix("lighter-optimizer", "Use SGD with momentum instead of " + (model.optimizer or "Adam"), why, code,
-               after.peak_bytes)
+    why = (
+        f"SGD with momentum keeps 1 slot per weight instead of {model.optimizer}'s {model.optimizer_slots} "
+        f"({format_bytes(model.trainable_bytes)} less per slot): {_saving(report, after.peak_bytes)}. It usually "
+        "needs a tuned learning rate (Adafactor is another low-memory choice)."
+    )
+    return Fix(
+        "lighter-optimizer",
+        "Use SGD with momentum instead of " + (model.optimizer or "Adam"),
+        why,
+        code,
+        after.peak_bytes,
+    )
 
 
 def freeze_layers(report: Report, ctx: FixContext) -> Fix | None:
@@ -204,13 +259,17 @@ def freeze_layers(report: Report, ctx: FixContext) -> Fix | None:
     saved = frozen_bytes * per_weight
     predicted = max(0, (report.tf_peak_bytes or 0) - saved) if model.optimizer_built_in_cell else None
     names = ", ".join(layer.name for layer in frozen[:4]) + (" ..." if len(frozen) > 4 else "")
-    code = (f"for layer in {_model(ctx)}.layers[:-1]:  # keep the last layer trainable\n"
-            "    layer.trainable = False\n"
-            f"config = {_model(ctx)}.get_compile_config()\n{_model(ctx)}.compile_from_config(config)  # "
-            "trainable changes take effect at compile\n")
-    why = (f"Stops training {names}: no gradients and no optimizer state for {format_bytes(frozen_bytes)} of "
-           f"weights, about {format_bytes(saved)} less. Right when those layers are pretrained (fine-tuning); for "
-           "a model trained from scratch, a smaller model is the fix instead.")
+    code = (
+        f"for layer in {_model(ctx)}.layers[:-1]:  # keep the last layer trainable\n"
+        "    layer.trainable = False\n"
+        f"config = {_model(ctx)}.get_compile_config()\n{_model(ctx)}.compile_from_config(config)  # "
+        "trainable changes take effect at compile\n"
+    )
+    why = (
+        f"Stops training {names}: no gradients and no optimizer state for {format_bytes(frozen_bytes)} of "
+        f"weights, about {format_bytes(saved)} less. Right when those layers are pretrained (fine-tuning); for "
+        "a model trained from scratch, a smaller model is the fix instead."
+    )
     return Fix("freeze-layers", "Freeze all but the last layer", why, code, predicted)
 
 
@@ -234,25 +293,31 @@ def tf_data_streaming(report: Report, ctx: FixContext) -> Fix | None:
         return _stream_fix(report, model, call, code, ctx)
     chosen = {r: names.get(r) or r for r in roles}  # an unnamed array gets its role as a placeholder name
     missing = [r for r in roles if not names.get(r)]
-    unnamed = "".join(f"# {chosen[r]}: your {r} array (the cell passed it as an expression, not a variable)\n"
-                      for r in missing)
+    unnamed = "".join(
+        f"# {chosen[r]}: your {r} array (the cell passed it as an expression, not a variable)\n" for r in missing
+    )
     first = chosen[roles[0]]
     sliced = ", ".join(f"{chosen[r]}[i:i + {batch}]" for r in roles)
     specs = ", ".join(f"tf.TensorSpec((None, *{chosen[r]}.shape[1:]), {chosen[r]}.dtype)" for r in roles)
     signature = specs if len(roles) == 1 else f"({specs})"
     rest = _STREAM_REST[call]
-    code = (f"import tensorflow as tf\n{unnamed}\n"
-            "def batches():  # yields slices: TensorFlow never holds the whole array\n"
-            f"    for i in range(0, len({first}), {batch}):\n        yield {sliced}\n\n"
-            f"dataset = tf.data.Dataset.from_generator(batches, output_signature={signature})\n"
-            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({first}) // {batch})))"
-            ".prefetch(2)\n"
-            f"{_model(ctx)}.{call}(dataset, {rest}\n")
+    code = (
+        f"import tensorflow as tf\n{unnamed}\n"
+        "def batches():  # yields slices: TensorFlow never holds the whole array\n"
+        f"    for i in range(0, len({first}), {batch}):\n        yield {sliced}\n\n"
+        f"dataset = tf.data.Dataset.from_generator(batches, output_signature={signature})\n"
+        f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-len({first}) // {batch})))"
+        ".prefetch(2)\n"
+        f"{_model(ctx)}.{call}(dataset, {rest}\n"
+    )
     return _stream_fix(report, model, call, code, ctx)
 
 
-_STREAM_REST = {"fit": "epochs=1)  # shuffle the index order in batches() for real training", "evaluate": ")",
-                "predict": ")"}
+_STREAM_REST = {
+    "fit": "epochs=1)  # shuffle the index order in batches() for real training",
+    "evaluate": ")",
+    "predict": ")",
+}
 
 
 def _structured_stream(ctx: FixContext, call: str, batch: int) -> str | None:
@@ -263,20 +328,22 @@ def _structured_stream(ctx: FixContext, call: str, batch: int) -> str | None:
         return None
     roles = [r for r in ("x", "y", "sample_weight") if r in args and (call != "predict" or r == "x")]
     data = args["x"] if roles == ["x"] else "(" + ", ".join(args[r] for r in roles) + ")"
-    return ("import tensorflow as tf\n\n"
-            "def as_tuples(s):  # tf.data takes tuples and dicts as structures, not lists\n"
-            "    if isinstance(s, (list, tuple)):\n        return tuple(as_tuples(v) for v in s)\n"
-            "    if isinstance(s, dict):\n        return {k: as_tuples(v) for k, v in s.items()}\n"
-            "    return s\n\n"
-            f"data = as_tuples({data})  # what {call}() was given, as the cell wrote it\n"
-            "rows = len(tf.nest.flatten(data)[0])\n\n"
-            "def batches():  # yields slices: TensorFlow never holds the whole arrays\n"
-            f"    for i in range(0, rows, {batch}):\n"
-            f"        yield tf.nest.map_structure(lambda a: a[i:i + {batch}], data)\n\n"
-            "signature = tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), data)\n"
-            "dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)\n"
-            f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-rows // {batch}))).prefetch(2)\n"
-            f"{_model(ctx)}.{call}(dataset, {_STREAM_REST[call]}\n")
+    return (
+        "import tensorflow as tf\n\n"
+        "def as_tuples(s):  # tf.data takes tuples and dicts as structures, not lists\n"
+        "    if isinstance(s, (list, tuple)):\n        return tuple(as_tuples(v) for v in s)\n"
+        "    if isinstance(s, dict):\n        return {k: as_tuples(v) for k, v in s.items()}\n"
+        "    return s\n\n"
+        f"data = as_tuples({data})  # what {call}() was given, as the cell wrote it\n"
+        "rows = len(tf.nest.flatten(data)[0])\n\n"
+        "def batches():  # yields slices: TensorFlow never holds the whole arrays\n"
+        f"    for i in range(0, rows, {batch}):\n"
+        f"        yield tf.nest.map_structure(lambda a: a[i:i + {batch}], data)\n\n"
+        "signature = tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype), data)\n"
+        "dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)\n"
+        f"dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-rows // {batch}))).prefetch(2)\n"
+        f"{_model(ctx)}.{call}(dataset, {_STREAM_REST[call]}\n"
+    )
 
 
 def _stream_fix(report: Report, model: ModelInfo, call: str, code: str, ctx: FixContext) -> Fix:
@@ -286,17 +353,26 @@ def _stream_fix(report: Report, model: ModelInfo, call: str, code: str, ctx: Fix
     measured = report.trace is not None and report.trace.events > 0 and report.status == "ok"
     predicted = max(0, peak - copy) if measured else None
     if measured and copy < 0.01 * max(peak, 1):
-        saving = ("it does not lower this cell's TensorFlow peak (the copy was freed before the peak), but the "
-                  f"{format_bytes(model.copy_bytes)} copy no longer exists at all")
+        saving = (
+            "it does not lower this cell's TensorFlow peak (the copy was freed before the peak), but the "
+            f"{format_bytes(model.copy_bytes)} copy no longer exists at all"
+        )
     elif copy:
         saving = f"{format_bytes(copy)} of tensor copies were live at the peak: {_saving(report, predicted or 0)}"
     else:
         saving = f"{format_bytes(model.copy_bytes)} of arrays are copied whole"
-    why = (f"{call}(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time "
-           f"({saving}). For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
-           "keras.utils.image_dataset_from_directory).")
-    return Fix("tf-data-streaming", f"Stream the data with tf.data instead of {call}(numpy)", why,
-               _header(ctx, "tf-data-streaming") + code, predicted)
+    why = (
+        f"{call}(numpy) turns the whole arrays into tensors first; a generator feeds one batch at a time "
+        f"({saving}). For data that does not fit in RAM at all, read it from files (tf.data.TFRecordDataset, "
+        "keras.utils.image_dataset_from_directory)."
+    )
+    return Fix(
+        "tf-data-streaming",
+        f"Stream the data with tf.data instead of {call}(numpy)",
+        why,
+        _header(ctx, "tf-data-streaming") + code,
+        predicted,
+    )
 
 
 def clear_session(report: Report, ctx: FixContext) -> Fix | None:
@@ -309,24 +385,32 @@ def clear_session(report: Report, ctx: FixContext) -> Fix | None:
         back = min(back, mem.end_bytes)
     if names:
         code = drop_lines(names, {n: h.kind for n, h in holders.items()})
-        why = (f"Drops exactly the references that hold the memory ({', '.join(names)}), then %tfmem free clears the "
-               "Keras session and the traced training steps TensorFlow keeps for models that are gone, and says what "
-               f"its allocator gave back: up to {format_bytes(back)} measured at this cell's end (less where another "
-               "name still reaches the same models). Models you still use keep working.")
+        why = (
+            f"Drops exactly the references that hold the memory ({', '.join(names)}), then %tfmem free clears the "
+            "Keras session and the traced training steps TensorFlow keeps for models that are gone, and says what "
+            f"its allocator gave back: up to {format_bytes(back)} measured at this cell's end (less where another "
+            "name still reaches the same models). Models you still use keep working."
+        )
     elif held is not None and held.runtime_bytes >= 2**20:
         code = "# gives back what only TensorFlow holds, and says how much came back\n%tfmem free\n"
-        why = (f"Nothing in the notebook refers to these trained models, yet TensorFlow holds "
-               f"{format_bytes(held.runtime_bytes)} of their weights and optimizer slots: its gradient registry keeps "
-               "every traced training step (docs/held-memory.md). %tfmem free clears the Keras session and drops "
-               "those registry entries, and says what the allocator gave back. Models you still use keep working.")
+        why = (
+            f"Nothing in the notebook refers to these trained models, yet TensorFlow holds "
+            f"{format_bytes(held.runtime_bytes)} of their weights and optimizer slots: its gradient registry keeps "
+            "every traced training step (docs/held-memory.md). %tfmem free clears the Keras session and drops "
+            "those registry entries, and says what the allocator gave back. Models you still use keep working."
+        )
     else:
-        code = ("# drop the names that still hold old models first (a list of models, a History kept in a dict), "
-                "e.g.\n# %tfmem free models\n%tfmem free\n")
-        why = ("Models built again and again keep their weights and optimizer slots: a list, Out[...] or a callback "
-               "may still refer to them, and on TensorFlow 2.21 every model that ran fit stays pinned by TensorFlow's "
-               "gradient registry even after del and keras.backend.clear_session(). %tfmem free NAME ... drops the "
-               "names you give, clears the Keras session and those registry entries, and says what TensorFlow's "
-               "allocator gave back (docs/held-memory.md). Models you still use keep working.")
+        code = (
+            "# drop the names that still hold old models first (a list of models, a History kept in a dict), "
+            "e.g.\n# %tfmem free models\n%tfmem free\n"
+        )
+        why = (
+            "Models built again and again keep their weights and optimizer slots: a list, Out[...] or a callback "
+            "may still refer to them, and on TensorFlow 2.21 every model that ran fit stays pinned by TensorFlow's "
+            "gradient registry even after del and keras.backend.clear_session(). %tfmem free NAME ... drops the "
+            "names you give, clears the Keras session and those registry entries, and says what TensorFlow's "
+            "allocator gave back (docs/held-memory.md). Models you still use keep working."
+        )
     return Fix("clear-session", "Give back the memory of models that are gone", why, code)
 
 
@@ -335,23 +419,31 @@ def cpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
         return None
     budget = report.env.budget_bytes
     limit = max(512 * 2**20, int(budget * 0.9))
-    code = ("# first cell of the notebook, then Kernel > Restart and run all\n%load_ext tfmem_magic\n"
-            f"%tfmem limit {format_bytes(limit).replace(' ', '')}\n")
-    why = (f"Caps TensorFlow's CPU allocator (TF_CPU_BFC_MEM_LIMIT_IN_MB, read at TensorFlow's first op) below "
-           f"{format_bytes(limit)} and arms tfmem's guard, so an oversized step fails with a clean error instead "
-           "of the machine swapping or the kernel being killed. It lowers no peak: it makes running out "
-           "survivable. Needs a kernel restart.")
+    code = (
+        "# first cell of the notebook, then Kernel > Restart and run all\n%load_ext tfmem_magic\n"
+        f"%tfmem limit {format_bytes(limit).replace(' ', '')}\n"
+    )
+    why = (
+        f"Caps TensorFlow's CPU allocator (TF_CPU_BFC_MEM_LIMIT_IN_MB, read at TensorFlow's first op) below "
+        f"{format_bytes(limit)} and arms tfmem's guard, so an oversized step fails with a clean error instead "
+        "of the machine swapping or the kernel being killed. It lowers no peak: it makes running out "
+        "survivable. Needs a kernel restart."
+    )
     return Fix("cpu-memory-limit", "Cap TensorFlow's memory (CPU)", why, code, None, needs_restart=True)
 
 
 def memory_growth(report: Report, ctx: FixContext) -> Fix | None:
     if not any("GPU" in d for d in report.env.devices):
         return None  # CPU has no memory growth: set_memory_growth raises on CPU devices
-    code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
-            "import tensorflow as tf\nfor gpu in tf.config.list_physical_devices('GPU'):\n"
-            "    tf.config.experimental.set_memory_growth(gpu, True)\n")
-    why = ("TensorFlow reserves nearly all GPU memory at start; with growth on it takes what it needs, so other "
-           f"processes and notebooks can share the GPU. It does not lower the model's own peak; {GPU_NOTE}.")
+    code = (
+        "# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
+        "import tensorflow as tf\nfor gpu in tf.config.list_physical_devices('GPU'):\n"
+        "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+    )
+    why = (
+        "TensorFlow reserves nearly all GPU memory at start; with growth on it takes what it needs, so other "
+        f"processes and notebooks can share the GPU. It does not lower the model's own peak; {GPU_NOTE}."
+    )
     return Fix("memory-growth", "Let the GPU memory grow on demand", why, code, None, needs_restart=True)
 
 
@@ -370,19 +462,29 @@ def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
             sized = f"MiB: 90% of what TensorFlow may use on {name} ({format_bytes(limit)}); lower it to share"
     else:
         share, sized = 8192, "MiB: set your share"
-    code = ("# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
-            "import tensorflow as tf\ngpus = tf.config.list_physical_devices('GPU')\n"
-            "tf.config.set_logical_device_configuration(\n"
-            f"    gpus[{index}], [tf.config.LogicalDeviceConfiguration(memory_limit={share})])  # {sized}\n")
-    why = (f"Gives TensorFlow a fixed share of {name} ({share} MiB), so a runaway step fails inside it with a clean "
-           f"OOM error instead of starving other processes; {GPU_NOTE}.")
+    code = (
+        "# first cell of the notebook, before any TensorFlow op; then restart the kernel and run all\n"
+        "import tensorflow as tf\ngpus = tf.config.list_physical_devices('GPU')\n"
+        "tf.config.set_logical_device_configuration(\n"
+        f"    gpus[{index}], [tf.config.LogicalDeviceConfiguration(memory_limit={share})])  # {sized}\n"
+    )
+    why = (
+        f"Gives TensorFlow a fixed share of {name} ({share} MiB), so a runaway step fails inside it with a clean "
+        f"OOM error instead of starving other processes; {GPU_NOTE}."
+    )
     return Fix("gpu-memory-limit", "Cap TensorFlow's GPU memory", why, code, None, needs_restart=True)
 
 
 WRITERS: dict[str, Callable[[Report, FixContext], Fix | None]] = {
-    "shrink-batch": shrink_batch, "grad-accumulation": grad_accumulation, "mixed-precision": mixed_precision,
-    "lighter-optimizer": lighter_optimizer, "freeze-layers": freeze_layers, "tf-data-streaming": tf_data_streaming,
-    "clear-session": clear_session, "cpu-memory-limit": cpu_memory_limit, "memory-growth": memory_growth,
+    "shrink-batch": shrink_batch,
+    "grad-accumulation": grad_accumulation,
+    "mixed-precision": mixed_precision,
+    "lighter-optimizer": lighter_optimizer,
+    "freeze-layers": freeze_layers,
+    "tf-data-streaming": tf_data_streaming,
+    "clear-session": clear_session,
+    "cpu-memory-limit": cpu_memory_limit,
+    "memory-growth": memory_growth,
     "gpu-memory-limit": gpu_memory_limit,
 }
 # what an out-of-memory or near-budget cell gets besides the fixes its findings name
@@ -412,8 +514,7 @@ def build(report: Report, ctx: FixContext) -> list[Fix]:
     return fixes
 
 
-def before_after(before: Report, after: Report, fix_id: str | None,
-                 since: Iterable[Report] = ()) -> BeforeAfter:
+def before_after(before: Report, after: Report, fix_id: str | None, since: Iterable[Report] = ()) -> BeforeAfter:
     """Compare a fix cell's report with the report it fixes; `held` says whether the fix's prediction held.
     `since`: the reports published meanwhile (other fix cells of the same report change the kernel)."""
     fix = next((f for f in before.fixes if f.id == fix_id), None) if fix_id else None
@@ -424,10 +525,19 @@ def before_after(before: Report, after: Report, fix_id: str | None,
     changed = kernel_change(before, after, fix_id, since)
     if predicted is not None and band is not None and measured is not None and after.status == "ok" and not changed:
         held = abs(measured - predicted) <= band * max(predicted, 1)
-    return BeforeAfter(number=before.number, label=before.label, status=before.status,
-                       tf_peak_bytes=before.tf_peak_bytes, rss_peak_bytes=before.rss.peak_bytes, wall_s=before.wall_s,
-                       fix_id=fix_id, predicted_peak_bytes=predicted, error_band=band, held=held,
-                       kernel_changed=changed)
+    return BeforeAfter(
+        number=before.number,
+        label=before.label,
+        status=before.status,
+        tf_peak_bytes=before.tf_peak_bytes,
+        rss_peak_bytes=before.rss.peak_bytes,
+        wall_s=before.wall_s,
+        fix_id=fix_id,
+        predicted_peak_bytes=predicted,
+        error_band=band,
+        held=held,
+        kernel_changed=changed,
+    )
 
 
 def kernel_change(before: Report, after: Report, fix_id: str | None, since: Iterable[Report]) -> str | None:
@@ -437,13 +547,26 @@ def kernel_change(before: Report, after: Report, fix_id: str | None, since: Iter
     same report tried one after another break that: the earlier fix's models, weights and optimizer slots stay
     allocated (TensorFlow keeps them after the names are rebound), and a fix that recompiles an existing model
     leaves the next cell with slots already built. Judging the next prediction then compares unlike things."""
-    others = [r for r in since if r is not after and r.number > before.number and r.before is not None
-              and r.before.number == before.number and r.before.fix_id not in (None, fix_id)]
+    others = [
+        r
+        for r in since
+        if r is not after
+        and r.number > before.number
+        and r.before is not None
+        and r.before.number == before.number
+        and r.before.fix_id not in (None, fix_id)
+    ]
     if not others:
         return None
     ran = ", ".join(dict.fromkeys(f"{r.before.fix_id} (report {r.number})" for r in others if r.before is not None))
     old, new = before.main_device, after.main_device
-    moved = (f"; TensorFlow held {format_bytes(new.baseline_bytes)} at this cell's start against "
-             f"{format_bytes(old.baseline_bytes)} then" if old is not None and new is not None else "")
-    return (f"the kernel changed since report {before.number}: fix {ran} ran in between{moved}. The prediction "
-            "is for the kernel as it was; restart the kernel and run this fix cell alone to judge it.")
+    moved = (
+        f"; TensorFlow held {format_bytes(new.baseline_bytes)} at this cell's start against "
+        f"{format_bytes(old.baseline_bytes)} then"
+        if old is not None and new is not None
+        else ""
+    )
+    return (
+        f"the kernel changed since report {before.number}: fix {ran} ran in between{moved}. The prediction "
+        "is for the kernel as it was; restart the kernel and run this fix cell alone to judge it."
+    )

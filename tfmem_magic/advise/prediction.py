@@ -80,8 +80,20 @@ PROCESS_MARGIN = 0.40
 # when it holds this much more of them than the peak did (the GRU of tests/integration/test_largest_batch.py: 3.5x)
 MOMENT_RATIO = 1.2
 CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
-OPTIMIZER_SLOTS = {"sgd": 0, "sgd+momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "nadam": 2,
-                   "adamax": 2, "lion": 1, "adafactor": 1, "ftrl": 2, "lamb": 2}
+OPTIMIZER_SLOTS = {
+    "sgd": 0,
+    "sgd+momentum": 1,
+    "rmsprop": 1,
+    "adagrad": 1,
+    "adam": 2,
+    "adamw": 2,
+    "nadam": 2,
+    "adamax": 2,
+    "lion": 1,
+    "adafactor": 1,
+    "ftrl": 2,
+    "lamb": 2,
+}
 POLICIES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2, "bfloat16": 2, "float16": 2, "float64": 8}
 MAX_BATCH = 1 << 20
 
@@ -115,6 +127,7 @@ class WhatIf:
 
 # ---- the basis from a report ----------------------------------------------------------------------------------------
 
+
 def optimizer_key(name: str | None, momentum: bool = False) -> str | None:
     if not name:
         return None
@@ -141,10 +154,14 @@ def activation_bytes(model: ModelInfo) -> float:
 
 
 def current_knobs(model: ModelInfo) -> Knobs:
-    return Knobs(batch_size=model.batch_size or 1, policy=model.dtype_policy or "float32",
-                 optimizer=optimizer_key(model.optimizer, model.optimizer_slots == 1 and
-                                         (model.optimizer or "").lower() == "sgd"),
-                 replicas=max(1, model.replicas))
+    return Knobs(
+        batch_size=model.batch_size or 1,
+        policy=model.dtype_policy or "float32",
+        optimizer=optimizer_key(
+            model.optimizer, model.optimizer_slots == 1 and (model.optimizer or "").lower() == "sgd"
+        ),
+        replicas=max(1, model.replicas),
+    )
 
 
 def basis_of(report: Report) -> Basis:
@@ -162,12 +179,16 @@ def analytic_basis(report: Report) -> Basis:
     """Split the cell's measured peak into the model's parts; the slope comes from the layer outputs."""
     model = report.model
     if model is None or not model.layers:
-        raise TfmemUsageError("this report has no Keras model to predict from: the cell must train, evaluate, "
-                              "predict or call a Keras model (built from layers)")
+        raise TfmemUsageError(
+            "this report has no Keras model to predict from: the cell must train, evaluate, "
+            "predict or call a Keras model (built from layers)"
+        )
     if not model.batch_size:
-        raise TfmemUsageError(f"the cell's batch size could not be read from what it fed ({model.feed}): a "
-                              "prediction needs it. Batch the data with tf.data's .batch(N), pass batch_size=N, or "
-                              "give a PyDataset a batch_size attribute")
+        raise TfmemUsageError(
+            f"the cell's batch size could not be read from what it fed ({model.feed}): a "
+            "prediction needs it. Batch the data with tf.data's .batch(N), pass batch_size=N, or "
+            "give a PyDataset a batch_size attribute"
+        )
     knobs = current_knobs(model)
     training = model.training
     weights = model.new_weight_bytes
@@ -215,14 +236,28 @@ def analytic_basis(report: Report) -> Basis:
             activations, source = one_point, UPPER_BOUND_SOURCE
         other = round(anchor - static - (activations + input_per_sample) * per_replica)
         if traced is not None and training:  # the peak's slope below as bounded above
-            lines_below = _lines_below(report, fragmentation, input_per_sample,
-                                       activations if below is None else below)
+            lines_below = _lines_below(report, fragmentation, input_per_sample, activations if below is None else below)
     # a ratio the trace measured (not the typical one assumed without it, which the slopes above divided by)
     growth = GROWTH_FRAGMENTATION if fragmentation > GROWTH_FRAGMENTATION and _measured_fragmentation(report) else None
-    return Basis("analytic", weights, gradients, optimizer, input_copy, activations, input_per_sample, other,
-                 fragmentation, measured, knobs, slope_source=source, copy_missing=missing,
-                 growth_fragmentation=growth, activations_per_sample_below=below, moment_gap=gap,
-                 lines_below=lines_below)
+    return Basis(
+        "analytic",
+        weights,
+        gradients,
+        optimizer,
+        input_copy,
+        activations,
+        input_per_sample,
+        other,
+        fragmentation,
+        measured,
+        knobs,
+        slope_source=source,
+        copy_missing=missing,
+        growth_fragmentation=growth,
+        activations_per_sample_below=below,
+        moment_gap=gap,
+        lines_below=lines_below,
+    )
 
 
 def _lines_below(report: Report, fragmentation: float, input_per_sample: float, peak_slope: float) -> list[list[float]]:
@@ -270,8 +305,12 @@ def traced_per_sample(report: Report, at_peak: bool = True) -> float | None:
     the trace saw the cell's batch and its peak; None otherwise. `at_peak=False`: at the moment that held most of
     them, as traced."""
     trace, model = report.trace, report.model
-    if (trace is None or model is None or not trace.batch_bytes_at_peak
-            or trace.replica_batch_size != model.replica_batch):
+    if (
+        trace is None
+        or model is None
+        or not trace.batch_bytes_at_peak
+        or trace.replica_batch_size != model.replica_batch
+    ):
         return None
     if trace.budget_spent and not _trace_saw_peak(report):
         return None  # the budget ran out before the peak: the step that made it may not have been traced at all
@@ -343,11 +382,11 @@ def _measured_fragmentation(report: Report) -> bool:
 
 def _trace_saw_peak(report: Report) -> bool:
     trace, device = report.trace, report.main_device
-    return trace is not None and (trace.complete or device is None or
-                                  trace.peak_live_bytes >= 0.9 * device.peak_bytes)
+    return trace is not None and (trace.complete or device is None or trace.peak_live_bytes >= 0.9 * device.peak_bytes)
 
 
 # ---- prediction -----------------------------------------------------------------------------------------------------
+
 
 def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str, float]:
     """The requested-bytes parts of the peak at `knobs` (at the micro-batch `micro` instead of the knobs' own, when
@@ -361,8 +400,10 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
     if below is not None and basis.moment_gap and micro > now_micro:
         # two moments of the step: the peak's, growing by the slope below from the cell's peak, and the busiest
         # one's, growing faster from `moment_gap` lower; the step's peak is whichever is higher at this batch
-        per_batch = max(basis.activations_per_sample * now_micro + below * (micro - now_micro),
-                        basis.activations_per_sample * micro - basis.moment_gap)
+        per_batch = max(
+            basis.activations_per_sample * now_micro + below * (micro - now_micro),
+            basis.activations_per_sample * micro - basis.moment_gap,
+        )
     elif micro >= now_micro or (below is None and not basis.lines_below):
         per_batch = basis.activations_per_sample * micro
     else:  # below the cell's batch, the highest of the peak's line (a slope of its own there: a measured basis' is
@@ -387,9 +428,14 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
         # mixed precision keeps float32 variables and casts them to the compute dtype for each step
         weights += basis.weights * dtype_ratio if basis.weights else 0.0
     gradients = float(basis.gradients) * gradient_copies(knobs)
-    return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
-            "activations": activations, "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
-            "other": float(basis.other) + shortfall * scale}
+    return {
+        "weights": weights,
+        "gradients": gradients,
+        "optimizer": optimizer,
+        "activations": activations,
+        "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
+        "other": float(basis.other) + shortfall * scale,
+    }
 
 
 def _lines_at(basis: Basis, micro: float, now_micro: float) -> list[float]:
@@ -495,10 +541,12 @@ def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
     """How a saved trace's what-if is made, in words (the start of a sentence)."""
     device = report.main_device_name or "its device"
     kind = "a GPU trace" if device.startswith("GPU") else "a saved trace"
-    return (f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
-            f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
-            "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
-            "settings, anchored on the trace's peak")
+    return (
+        f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
+        f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
+        "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
+        "settings, anchored on the trace's peak"
+    )
 
 
 def trace_whatif_note(report: Report) -> str:
@@ -509,19 +557,31 @@ def trace_whatif_note(report: Report) -> str:
     asked = sorted(b for b in {max(1, batch // 2), 2 * batch, 4 * batch} - {batch} if b <= MAX_BATCH)
     at = ", ".join(f"batch {b}: {format_bytes(predict(report, batch_size=b).peak_bytes)}" for b in asked)
     now = predict(report)
-    budget = ("" if now.budget_bytes is None else
-              f"; the largest batch whose upper estimate fits the {format_bytes(now.budget_bytes)} left on "
-              f"{report.main_device_name}: {now.largest_batch if now.largest_batch else 'none'}")
-    return (f"{trace_replay_words(report, basis.replay)}. Over the trace's start, at ±{now.error_band:.0%}: "
-            f"{at}{budget}. tfmem_magic.predict(report, batch_size=N) asks for others.")
+    budget = (
+        ""
+        if now.budget_bytes is None
+        else f"; the largest batch whose upper estimate fits the {format_bytes(now.budget_bytes)} left on "
+        f"{report.main_device_name}: {now.largest_batch if now.largest_batch else 'none'}"
+    )
+    return (
+        f"{trace_replay_words(report, basis.replay)}. Over the trace's start, at ±{now.error_band:.0%}: "
+        f"{at}{budget}. tfmem_magic.predict(report, batch_size=N) asks for others."
+    )
 
 
 def replay_applies(basis: Basis, knobs: Knobs) -> bool:
     """The step replay predicts the batch knob: its self-check passed, the cell's peak anchors it, and the knobs keep
     what the probes ran with (precision, input size, one replica)."""
     curve, now = basis.replay, basis.knobs
-    return (curve is not None and curve.passed and bool(curve.peaks) and basis.measured_peak is not None
-            and knobs.policy == now.policy and knobs.input_scale == now.input_scale and knobs.replicas == now.replicas)
+    return (
+        curve is not None
+        and curve.passed
+        and bool(curve.peaks)
+        and basis.measured_peak is not None
+        and knobs.policy == now.policy
+        and knobs.input_scale == now.input_scale
+        and knobs.replicas == now.replicas
+    )
 
 
 def replay_change(curve: ReplayCurve, micro: float, now_micro: float) -> tuple[float, float]:
@@ -588,9 +648,11 @@ def fits_within(peak: float, budget: float, measured: float, band: float, proces
     return peak * (1 + judging_margin(peak, measured, band, process_margin)) <= budget
 
 
-def largest_batch(basis: Basis, knobs: Knobs, budget: int, band: float, process_margin: float = 0.0,
-                  measured: float = 0.0) -> int | None:
+def largest_batch(
+    basis: Basis, knobs: Knobs, budget: int, band: float, process_margin: float = 0.0, measured: float = 0.0
+) -> int | None:
     """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
+
     def fits(batch: int) -> bool:
         return fits_within(peak_at(basis, replace(knobs, batch_size=batch)), budget, measured, band, process_margin)
 
@@ -625,8 +687,7 @@ def preflight_budget(report: Report) -> int:
     growth. So the refusal and the what-if name one largest batch."""
     pre, start = report.preflight, refused_call_start(report)
     assert pre is not None and start is not None
-    return max(0, pre.threshold_bytes - pre.rss_bytes
-               + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + start[1])))
+    return max(0, pre.threshold_bytes - pre.rss_bytes + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + start[1])))
 
 
 def budget_at_start(report: Report) -> int | None:
@@ -694,9 +755,16 @@ def largest_fitting_batch(report: Report, budget: int | None = None, **knobs: An
     return min(batch, rows) if batch is not None and rows else batch
 
 
-def predict(report: Report, batch_size: int | None = None, policy: str | None = None, optimizer: str | None = None,
-            accumulation_steps: int = 1, input_scale: float = 1.0, replicas: int | None = None,
-            tf_budget: int | None = None) -> WhatIf:
+def predict(
+    report: Report,
+    batch_size: int | None = None,
+    policy: str | None = None,
+    optimizer: str | None = None,
+    accumulation_steps: int = 1,
+    input_scale: float = 1.0,
+    replicas: int | None = None,
+    tf_budget: int | None = None,
+) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
     `batch_size` is the batch the model learns from; with `accumulation_steps=k` each step runs batch_size / k
@@ -709,167 +777,257 @@ def predict(report: Report, batch_size: int | None = None, policy: str | None = 
     """
     basis = basis_of(report)
     now = basis.knobs
-    knobs = Knobs(batch_size=int(now.batch_size if batch_size is None else batch_size), policy=policy or now.policy,
-                  optimizer=optimizer_key(optimizer) or now.optimizer, accumulation_steps=int(accumulation_steps),
-                  input_scale=float(input_scale), replicas=int(now.replicas if replicas is None else replicas))
+    knobs = Knobs(
+        batch_size=int(now.batch_size if batch_size is None else batch_size),
+        policy=policy or now.policy,
+        optimizer=optimizer_key(optimizer) or now.optimizer,
+        accumulation_steps=int(accumulation_steps),
+        input_scale=float(input_scale),
+        replicas=int(now.replicas if replicas is None else replicas),
+    )
     _check(knobs)
     if from_trace(basis) and replace(knobs, batch_size=now.batch_size) != now:
-        raise TfmemUsageError("a saved trace predicts the batch only (it holds TensorFlow's allocations, not the "
-                              "model): give batch_size, and profile the model itself (%%tfmem) for precision, "
-                              "optimizer, accumulation, input size or replicas")
+        raise TfmemUsageError(
+            "a saved trace predicts the batch only (it holds TensorFlow's allocations, not the "
+            "model): give batch_size, and profile the model itself (%%tfmem) for precision, "
+            "optimizer, accumulation, input size or replicas"
+        )
     notes = []
     if knobs.replicas > 1:
-        notes.append(f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
-                     f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
-                     f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
-                     "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
-                     "prediction was 1% below to 30% above each worker's peak.")
+        notes.append(
+            f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
+            f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
+            f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
+            "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
+            "prediction was 1% below to 30% above each worker's peak."
+        )
     replayed = replay_applies(basis, knobs)
     curve = basis.replay
     own_step = own_step_replayed(basis)
     # no parts probes ran for the cell's own step, nor for a refused call's pre-flight: their parts are the analytic
-    name = ("replay" if replayed else "analytic" if own_step or anchored_on_preflight(basis)
-            else "measured" if basis.name in CALIBRATED else basis.name)
+    name = (
+        "replay"
+        if replayed
+        else "analytic"
+        if own_step or anchored_on_preflight(basis)
+        else "measured"
+        if basis.name in CALIBRATED
+        else basis.name
+    )
     band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
     micro = knobs.batch_size / knobs.split
     if replayed and from_trace(basis):
         assert curve is not None
-        notes.append(trace_replay_words(report, curve) + f", replayed at batch {micro:g}. The band is the analytic "
-                     "one: scaling by shape alone misses what carries the batch without a batch dimension "
-                     "(measured on CPU models: docs/bfc-replay.md).")
+        notes.append(
+            trace_replay_words(report, curve) + f", replayed at batch {micro:g}. The band is the analytic "
+            "one: scaling by shape alone misses what carries the batch without a batch dimension "
+            "(measured on CPU models: docs/bfc-replay.md)."
+        )
     elif replayed:
         assert curve is not None
         now_micro = now.batch_size / now.split
         low, high = replay_change(curve, micro, now_micro)
         spread = ""
         if high - low > 0.01 * max(1, basis.measured_peak or 0) and not anchored_on_preflight(basis):
-            spread = (f" The two probes ran the step's ops in different orders, which moves the change by "
-                      f"{format_bytes(round(high - low))}: the larger change is given.")
+            spread = (
+                f" The two probes ran the step's ops in different orders, which moves the change by "
+                f"{format_bytes(round(high - low))}: the larger change is given."
+            )
         saved = basis.calibration.get("step", "train_step")
         kind = "step" if "predict_step" in saved or "test_step" in saved else "training step"
         step = "the model's step" if not own_step else f"this model's own {kind} ({saved}, saved with its variables)"
         if own_step:
-            spread += (f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
-                       "only, up to 49% off where the real peak itself took two values (docs/bfc-replay.md).")
+            spread += (
+                f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
+                "only, up to 49% off where the real peak itself took two values (docs/bfc-replay.md)."
+            )
         if own_step and micro < now_micro and not anchored_on_preflight(basis):
-            spread += (" Below the cell's batch the larger of this and the parts model's prediction is given: the "
-                       "saved step's probes hold the optimizers' slots before their first step, the cell built them "
-                       "in it, and the replay alone fell 21% short there once.")
+            spread += (
+                " Below the cell's batch the larger of this and the parts model's prediction is given: the "
+                "saved step's probes hold the optimizers' slots before their first step, the cell built them "
+                "in it, and the replay alone fell 21% short there once."
+            )
         if anchored_on_preflight(basis):
-            anchor = (f"anchored on what the pre-flight predicted for the {now.batch_size} batch it refused (TF's "
-                      "allocator as the call began, plus the replayed step: nothing of the step ran to be "
-                      "measured)")
+            anchor = (
+                f"anchored on what the pre-flight predicted for the {now.batch_size} batch it refused (TF's "
+                "allocator as the call began, plus the replayed step: nothing of the step ran to be "
+                "measured)"
+            )
             if not own_step:
-                spread += (f" The band is ±{PREFLIGHT_BAND:.0%}: the whole peak is predicted, and the pre-flight's "
-                           "replay of TF's allocator was -1% to +34% off the step measured on six models "
-                           "(docs/preflight.md).")
+                spread += (
+                    f" The band is ±{PREFLIGHT_BAND:.0%}: the whole peak is predicted, and the pre-flight's "
+                    "replay of TF's allocator was -1% to +34% off the step measured on six models "
+                    "(docs/preflight.md)."
+                )
         else:
             anchor = "anchored on this cell's measured peak"
-        notes.append(f"Replayed: {step}, traced from a fresh allocator at batches {curve.probes[0]} and "
-                     f"{curve.probes[1]}, replayed at batch {micro:g} through a simulation of TensorFlow's BFC "
-                     f"allocator, and {anchor}.{spread}")
+        notes.append(
+            f"Replayed: {step}, traced from a fresh allocator at batches {curve.probes[0]} and "
+            f"{curve.probes[1]}, replayed at batch {micro:g} through a simulation of TensorFlow's BFC "
+            f"allocator, and {anchor}.{spread}"
+        )
         if micro > 2 * curve.batches[-1]:
             band = ANALYTIC_BAND
-            notes.append(f"The replay's curve ends at batch {curve.batches[-1]}: beyond it the peak is extended in a "
-                         "line, so the analytic error band applies.")
+            notes.append(
+                f"The replay's curve ends at batch {curve.batches[-1]}: beyond it the peak is extended in a "
+                "line, so the analytic error band applies."
+            )
     elif curve is not None and curve.passed and basis.measured_peak is not None:
-        notes.append("The step replay ran at the cell's precision and input size with one replica: for these "
-                     "settings " + ("the parts the cell's trace measured predict (the analytic basis)." if own_step
-                                    else "the model's parts predict (the analytic basis), from the pre-flight's "
-                                    "prediction at the cell's batch." if anchored_on_preflight(basis)
-                                    else "the probes' parts predict (the measured basis)."))
+        notes.append(
+            "The step replay ran at the cell's precision and input size with one replica: for these "
+            "settings "
+            + (
+                "the parts the cell's trace measured predict (the analytic basis)."
+                if own_step
+                else "the model's parts predict (the analytic basis), from the pre-flight's "
+                "prediction at the cell's batch."
+                if anchored_on_preflight(basis)
+                else "the probes' parts predict (the measured basis)."
+            )
+        )
     elif curve is not None and curve.why_not and name == "measured":
         notes.append(f"The step replay is not used: {curve.why_not}.")
     if name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
         band = ANALYTIC_BAND
-        notes.append("The probes ran at the cell's precision and input size: for another, the slope is scaled "
-                     "from the model, so the analytic error band applies.")
+        notes.append(
+            "The probes ran at the cell's precision and input size: for another, the slope is scaled "
+            "from the model, so the analytic error band applies."
+        )
     probed = basis.calibration.get("batches") or []
     if name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
         band = ANALYTIC_BAND  # a band is earned where the probes ran, not far outside it
-        notes.append(f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
-                     "extrapolated, so the analytic error band applies.")
+        notes.append(
+            f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
+            "extrapolated, so the analytic error band applies."
+        )
     elif name == "measured" and micro < now.batch_size:
         # measured on 14 models (benchmarks/predict_accuracy.py --zoo): above the cell's batch the measured basis is
         # within 10% on most points; below it, the cell's own run (its first step, whether fit's copy of the
         # arrays was still live at its peak) is most of a small batch's peak, and misses reached 30-60%
         band = ANALYTIC_BAND
-        notes.append("Below the cell's batch, most of the peak is what the cell's own run held apart from its "
-                     "batch, which varies from run to run: the prediction is the analytic one (what the cell's "
-                     "trace says leaves with the batch), with its error band.")
+        notes.append(
+            "Below the cell's batch, most of the peak is what the cell's own run held apart from its "
+            "batch, which varies from run to run: the prediction is the analytic one (what the cell's "
+            "trace says leaves with the batch), with its error band."
+        )
     if (not replayed or (own_step and micro < now.batch_size / now.split)) and another_moment_below(basis, knobs):
-        notes.append("At this batch another moment of the cell's step is the peak: one the trace saw holding fewer "
-                     "of the batch's tensors and more that do not shrink with it (a recurrent layer's backward pass "
-                     "holds gradients of its kernels' shape), so the peak falls less than the batch.")
+        notes.append(
+            "At this batch another moment of the cell's step is the peak: one the trace saw holding fewer "
+            "of the batch's tensors and more that do not shrink with it (a recurrent layer's backward pass "
+            "holds gradients of its kernels' shape), so the peak falls less than the batch."
+        )
     if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > now.batch_size:
-        notes.append("The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
-                     "batch: an upper bound (calibrate to measure it).")
+        notes.append(
+            "The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
+            "batch: an upper bound (calibrate to measure it)."
+        )
     if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
-        notes.append(f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
-                     "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
-                     "it).")
+        notes.append(
+            f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
+            "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
+            "it)."
+        )
     if basis.measured_peak is None and report.status in ("oom", "error", "interrupted"):
-        notes.append(f"The cell stopped early ({report.status}), so its peak is not the full step's: the prediction "
-                     "comes from the model (and the trace up to the stop), without a measured peak to anchor it.")
+        notes.append(
+            f"The cell stopped early ({report.status}), so its peak is not the full step's: the prediction "
+            "comes from the model (and the trace up to the stop), without a measured peak to anchor it."
+        )
     elif basis.measured_peak is None:
-        notes.append("TensorFlow's allocator was not measured in this cell: the prediction comes from the model "
-                     "alone, without the cell's peak to anchor it.")
+        notes.append(
+            "TensorFlow's allocator was not measured in this cell: the prediction comes from the model "
+            "alone, without the cell's peak to anchor it."
+        )
     if knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):
         notes.append("mixed_float16 runs 74-260x slower on CPU (TF 2.21): use mixed_bfloat16 there.")
     parts = parts_at(basis, knobs)
     peak = peak_at(basis, knobs)
     budget = budget_for_tf(report) if tf_budget is None else tf_budget
     pre = report.preflight
-    as_preflight = (tf_budget is None and pre is not None and anchored_on_preflight(basis) and not report.on_gpu
-                    and report.rss.peak_bytes > 0)
+    as_preflight = (
+        tf_budget is None
+        and pre is not None
+        and anchored_on_preflight(basis)
+        and not report.on_gpu
+        and report.rss.peak_bytes > 0
+    )
     if as_preflight:
         assert pre is not None
         budget = preflight_budget(report)
-        notes.append(f"Judged as the pre-flight judged the call: against the {format_bytes(pre.threshold_bytes)} "
-                     f"the guard allows, from the {format_bytes(pre.rss_bytes)} the process held as the call "
-                     "began, with what TensorFlow's allocator held then"
-                     + (f" and the {format_bytes(pre.reusable_bytes)} of regions it held beyond that (filled first, "
-                        "before the process grows; whether the step's tensors fit in them is not known: "
-                        "docs/preflight.md)" if pre.reusable_bytes >= 1 << 20 else "")
-                     + " taken as held already.")
+        notes.append(
+            f"Judged as the pre-flight judged the call: against the {format_bytes(pre.threshold_bytes)} "
+            f"the guard allows, from the {format_bytes(pre.rss_bytes)} the process held as the call "
+            "began, with what TensorFlow's allocator held then"
+            + (
+                f" and the {format_bytes(pre.reusable_bytes)} of regions it held beyond that (filled first, "
+                "before the process grows; whether the step's tensors fit in them is not known: "
+                "docs/preflight.md)"
+                if pre.reusable_bytes >= 1 << 20
+                else ""
+            )
+            + " taken as held already."
+        )
     outside = 0 if as_preflight else outside_tf_bytes(report)
     if tf_budget is None and budget is not None and outside >= 1 << 20:
-        runtime = (" (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
-                   if report.env.tensorflow_started_in_cell else "")
-        notes.append(f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
-                     f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
-                     "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
-                     "another batch takes them again, and a process limit counts them.")
+        runtime = (
+            " (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
+            if report.env.tensorflow_started_in_cell
+            else ""
+        )
+        notes.append(
+            f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
+            f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
+            "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
+            "another batch takes them again, and a process limit counts them."
+        )
     above = knobs.batch_size / knobs.split > now.batch_size / now.split
     held = min(report.rss.end_bytes - report.rss.baseline_bytes, report.tf_peak_bytes or 0)
     if budget is not None and not report.on_gpu and held >= 1 << 20 and above:
-        notes.append(f"From where the cell started (a fresh kernel, or this one before the cell): after it, this "
-                     f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
-                     "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
-                     "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit).")
+        notes.append(
+            f"From where the cell started (a fresh kernel, or this one before the cell): after it, this "
+            f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
+            "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
+            "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit)."
+        )
     # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
     # stopped before its peak) the process can grow by more than the allocator's bytes in use
     process = budget is not None and not report.on_gpu and report.rss.peak_bytes > 0 and not from_trace(basis)
     extra = PROCESS_MARGIN if process else 0.0
     # the peak the process was measured at: none where the cell stopped early, or its pre-flight refused the call
-    measured = (peak_at(basis, basis.knobs) if basis.measured_peak is not None and not anchored_on_preflight(basis)
-                else 0.0)
+    measured = (
+        peak_at(basis, basis.knobs) if basis.measured_peak is not None and not anchored_on_preflight(basis) else 0.0
+    )
     margin = judging_margin(peak, measured, band, extra)
     fits = None if budget is None else fits_within(peak, budget, measured, band, extra)
     biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured)
     if margin > band:
-        notes.append(f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
-                     "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
-                     "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
-                     + ("at its own peak only." if measured else "at no peak (its pre-flight refused the call)."
-                        if anchored_on_preflight(basis) else "at no peak (it stopped early)."))
+        notes.append(
+            f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
+            "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
+            "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
+            + (
+                "at its own peak only."
+                if measured
+                else "at no peak (its pre-flight refused the call)."
+                if anchored_on_preflight(basis)
+                else "at no peak (it stopped early)."
+            )
+        )
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
-    return WhatIf(peak_bytes=peak, basis=name, error_band=band,
-                  split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
-                  fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
-                  knobs=knobs, budget_bytes=budget,
-                  fits=fits, largest_batch=biggest, notes=notes, fit_margin=margin,
-                  process_margin=extra, measured_peak=measured)
+    return WhatIf(
+        peak_bytes=peak,
+        basis=name,
+        error_band=band,
+        split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
+        fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
+        knobs=knobs,
+        budget_bytes=budget,
+        fits=fits,
+        largest_batch=biggest,
+        notes=notes,
+        fit_margin=margin,
+        process_margin=extra,
+        measured_peak=measured,
+    )
 
 
 def _check(knobs: Knobs) -> None:
@@ -882,8 +1040,10 @@ def _check(knobs: Knobs) -> None:
     if knobs.accumulation_steps < 1 or knobs.accumulation_steps > knobs.batch_size:
         raise TfmemUsageError(f"accumulation_steps={knobs.accumulation_steps}: give 1 to the batch size")
     if knobs.replicas < 1 or knobs.split > knobs.batch_size:
-        raise TfmemUsageError(f"replicas={knobs.replicas}: give 1 to the batch size (with accumulation_steps="
-                              f"{knobs.accumulation_steps}, at most {knobs.batch_size // knobs.accumulation_steps})")
+        raise TfmemUsageError(
+            f"replicas={knobs.replicas}: give 1 to the batch size (with accumulation_steps="
+            f"{knobs.accumulation_steps}, at most {knobs.batch_size // knobs.accumulation_steps})"
+        )
     if not 0.05 <= knobs.input_scale <= 64:
         raise TfmemUsageError(f"input_scale={knobs.input_scale:g}: give a factor between 0.05 and 64")
 
@@ -899,6 +1059,10 @@ def summary(report: Report) -> Prediction | None:
     fixed = parts["weights"] + parts["gradients"] + parts["optimizer"] + basis.input_copy + max(0, basis.other)
     # per sample of the batch the model line names (the global one: a replica runs 1/replicas of it)
     per_sample = (basis.activations_per_sample + basis.input_per_sample) * growth_ratio(basis) / basis.knobs.split
-    return Prediction(basis=basis.name, static_bytes=round(fixed * basis.fragmentation),
-                      per_sample_bytes=round(per_sample), fragmentation_ratio=round(basis.fragmentation, 3),
-                      error_band=band)
+    return Prediction(
+        basis=basis.name,
+        static_bytes=round(fixed * basis.fragmentation),
+        per_sample_bytes=round(per_sample),
+        fragmentation_ratio=round(basis.fragmentation, 3),
+        error_band=band,
+    )

@@ -38,9 +38,18 @@ import psutil
 
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
-from tfmem_magic.advise.prediction import (GROWTH_FRAGMENTATION, OPTIMIZER_SLOTS, PROCESS_MARGIN, activation_bytes,
-                                          growth_ratio, larger_order_peak, parts_at, refused_call_start,
-                                          replay_moved, typeable_batch)
+from tfmem_magic.advise.prediction import (
+    GROWTH_FRAGMENTATION,
+    OPTIMIZER_SLOTS,
+    PROCESS_MARGIN,
+    activation_bytes,
+    growth_ratio,
+    larger_order_peak,
+    parts_at,
+    refused_call_start,
+    replay_moved,
+    typeable_batch,
+)
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
@@ -64,8 +73,14 @@ REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
 MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
 # the step each checked call runs: what is saved for the probes when a clone cannot run it
-STEP_OF_CALL = {"fit": "train_step", "evaluate": "test_step", "predict": "predict_step", "train_on_batch": "train_step",
-                "test_on_batch": "test_step", "predict_on_batch": "predict_step"}
+STEP_OF_CALL = {
+    "fit": "train_step",
+    "evaluate": "test_step",
+    "predict": "predict_step",
+    "train_on_batch": "train_step",
+    "test_on_batch": "test_step",
+    "predict_on_batch": "predict_step",
+}
 TRAINING_CALLS = ("fit", "train_on_batch")
 PROBE_FRACTION = 8  # the larger probe runs 1/PROBE_FRACTION of the batch, the smaller half of that
 
@@ -101,8 +116,17 @@ class Preflight:
         ran = self._let_run.get((id(model), call, _sample_shape(use)))
         return not (call.endswith("_on_batch") and ran is not None and ran[0]() is model and batch <= ran[1])
 
-    def __call__(self, model: Any, call: str, use: ModelUse, threshold: int, rss: int, source: str,
-                 tf_current: int = 0, tf_held: int = 0) -> None:
+    def __call__(
+        self,
+        model: Any,
+        call: str,
+        use: ModelUse,
+        threshold: int,
+        rss: int,
+        source: str,
+        tf_current: int = 0,
+        tf_held: int = 0,
+    ) -> None:
         batch = use.batch_size
         if not batch:
             self._note(f"The pre-flight skipped {call}(): the batch size is known only once it runs ({use.feed}).")
@@ -134,10 +158,12 @@ class Preflight:
         if info.verdict == "refused":
             raise PreflightRefused(refusal(info, source))
         if info.verdict == "uncertain":
-            self._note(f"Pre-flight of {call}() at batch {batch}: the predicted peak "
-                       f"({format_bytes(info.predicted_rss_bytes)} for the process) is within {band_words(info)} of "
-                       f"what {source} allows ({format_bytes(info.threshold_bytes)}): it ran, and the guard "
-                       "watched it.")
+            self._note(
+                f"Pre-flight of {call}() at batch {batch}: the predicted peak "
+                f"({format_bytes(info.predicted_rss_bytes)} for the process) is within {band_words(info)} of "
+                f"what {source} allows ({format_bytes(info.threshold_bytes)}): it ran, and the guard "
+                "watched it."
+            )
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
@@ -149,8 +175,9 @@ def _sample_shape(use: ModelUse) -> tuple[int | None, ...] | None:
     return tuple(use.input_shape[1:]) if use.input_shape else None
 
 
-def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0,
-          tf_held: int = 0) -> PreflightInfo:
+def check(
+    model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0, tf_held: int = 0
+) -> PreflightInfo:
     """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes or of the
     model's own saved step, else the probes' line), and say whether the process stays under `threshold` (bytes): a
     PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
@@ -161,11 +188,26 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
     generous = model_upper_bound(use, train, batch)
     if generous is not None and _growth(generous, slots + copies, tf_current, tf_held) + rss <= threshold:
         # the model's own parts, at several times what they usually are, fit: no need to spend seconds on probes
-        return PreflightInfo(call=call, batch_size=batch, step_bytes=generous, extra_bytes=slots + copies,
-                             rss_bytes=rss, threshold_bytes=threshold, band=BAND, verdict="fits", basis="model",
-                             predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)))
-    info = PreflightInfo(call=call, batch_size=batch, rss_bytes=rss, threshold_bytes=threshold, tf_bytes=tf_current,
-                         reusable_bytes=max(0, tf_held - tf_current))
+        return PreflightInfo(
+            call=call,
+            batch_size=batch,
+            step_bytes=generous,
+            extra_bytes=slots + copies,
+            rss_bytes=rss,
+            threshold_bytes=threshold,
+            band=BAND,
+            verdict="fits",
+            basis="model",
+            predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)),
+        )
+    info = PreflightInfo(
+        call=call,
+        batch_size=batch,
+        rss_bytes=rss,
+        threshold_bytes=threshold,
+        tf_bytes=tf_current,
+        reusable_bytes=max(0, tf_held - tf_current),
+    )
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
@@ -194,16 +236,18 @@ def check(model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_cur
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
-            raise TfmemUsageError(f"the model's own step, saved ({own}), ran in two probe processes, and its "
-                                  f"replay cannot be used: {exc}") from exc
+            raise TfmemUsageError(
+                f"the model's own step, saved ({own}), ran in two probe processes, and its replay cannot be used: {exc}"
+            ) from exc
         info.replay_note = str(exc)
     line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
     return _judge(info, line, tf_current, tf_held)
 
 
-def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
-                      ) -> tuple[ReplayedStep, list[int], int]:
+def own_replayed_step(
+    model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
+) -> tuple[ReplayedStep, list[int], int]:
     """replayed_step for a model that trains in a step of its own, or whose evaluate/predict step a clone cannot run
     (no config to clone it from): the call's step (`method`) is traced again and saved with its variables
     (step_export.py), and the probes run it. Before the call's first step, that trace builds what the
@@ -211,8 +255,9 @@ def own_replayed_step(model: Any, use: ModelUse, batch: int, generous: int | Non
     steps add, the probe batches, what the process grew by while the step was saved: after the call's `rss`)."""
     process = psutil.Process()
     before, rss = bytes_in_use() or 0, process.memory_info().rss
-    with step_export.saved_for_probes(lambda folder: step_export.export_step(model, use.structure, folder, method),
-                                      "tfmem-preflight-step-") as saved:
+    with step_export.saved_for_probes(
+        lambda folder: step_export.export_step(model, use.structure, folder, method), "tfmem-preflight-step-"
+    ) as saved:
         grown = max((bytes_in_use() or 0) - before, process.memory_info().rss - rss, 0)
         step_at, probes = replayed_step(model, use, method == "train_step", batch, generous, saved)
     return step_at, probes, grown
@@ -250,8 +295,14 @@ class NoReplay(Exception):
     is too small for probes below it): says why. The probes' line stands in."""
 
 
-def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: int | None = None,
-                  saved: step_export.SavedStep | None = None) -> tuple[ReplayedStep, list[int]]:
+def replayed_step(
+    model: Any,
+    use: ModelUse,
+    train: bool,
+    batch: int,
+    generous: int | None = None,
+    saved: step_export.SavedStep | None = None,
+) -> tuple[ReplayedStep, list[int]]:
     """The call's step at any batch, by the step replay (analyze/step_replay.py): a clone's allocation sequence,
     traced from a fresh allocator at two small odd batches (about 1/14 and 1/9 of the call's), replayed through
     the BFC simulator at batches up to the call's. What the probe process held that the kernel holds already (the
@@ -272,9 +323,17 @@ def replayed_step(model: Any, use: ModelUse, train: bool, batch: int, generous: 
     growth = calibrate.probes_grow_gpu()
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
-        paths = calibrate.replay_traces(model, list(probes), train, use.structure, folder,
-                                        pipeline=use.feed == "arrays", parallel=parallel, feed=use.feed or "",
-                                        saved=saved.folder if saved else None)
+        paths = calibrate.replay_traces(
+            model,
+            list(probes),
+            train,
+            use.structure,
+            folder,
+            pipeline=use.feed == "arrays",
+            parallel=parallel,
+            feed=use.feed or "",
+            saved=saved.folder if saved else None,
+        )
         try:
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             fed = step_replay.fed_bytes(paths[probes[0]])
@@ -321,8 +380,11 @@ class ReplayedStep:
                 results = self._check.peaks(n)
             except Exception as exc:  # a bug of ours must not reach the user's fit: the probes' line stands in
                 raise NoReplay(f"its replay at batch {n} failed ({type(exc).__name__}: {str(exc)[:200]})") from exc
-            self._peaks[n] = (int(results[0].peak_bytes_in_use), int(results[1].peak_bytes_in_use),
-                              max(int(r.peak_region_bytes) for r in results))
+            self._peaks[n] = (
+                int(results[0].peak_bytes_in_use),
+                int(results[1].peak_bytes_in_use),
+                max(int(r.peak_region_bytes) for r in results),
+            )
         return self._peaks[n]
 
     def curve(self, batch: int, budget_s: float = CURVE_BUDGET_S) -> ReplayCurve:
@@ -344,10 +406,16 @@ class ReplayedStep:
                 continue
         batches = sorted(self._peaks)
         curve: ReplayCurve = self._check.curve
-        return replace(curve, batches=batches, peaks=[self._peaks[b][0] for b in batches],
-                       second_peaks=[self._peaks[b][1] for b in batches],
-                       region_peaks=[self._peaks[b][2] for b in batches], passed=True, source=self._source,
-                       seconds=round(time.perf_counter() - self._check.started, 2))
+        return replace(
+            curve,
+            batches=batches,
+            peaks=[self._peaks[b][0] for b in batches],
+            second_peaks=[self._peaks[b][1] for b in batches],
+            region_peaks=[self._peaks[b][2] for b in batches],
+            passed=True,
+            source=self._source,
+            seconds=round(time.perf_counter() - self._check.started, 2),
+        )
 
 
 def refused_basis(report: Report, basis: Basis) -> Basis | None:
@@ -358,14 +426,30 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     they do on a calibrated basis. None where the pre-flight did not refuse on a replay, or its call is not the
     step the report's model describes (another batch, a strategy's replicas)."""
     info, start = report.preflight, refused_call_start(report)
-    if (info is None or start is None or info.replay is None or not info.replay.batches
-            or basis.measured_peak is not None or basis.knobs.split != 1 or basis.knobs.batch_size != info.batch_size):
+    if (
+        info is None
+        or start is None
+        or info.replay is None
+        or not info.replay.batches
+        or basis.measured_peak is not None
+        or basis.knobs.split != 1
+        or basis.knobs.batch_size != info.batch_size
+    ):
         return None
     anchor = start[1] + info.step_bytes + info.extra_bytes
-    replayed = replace(basis, name="replay", replay=info.replay, measured_peak=anchor, anchor="preflight", other=0,
-                       slope_source="the pre-flight's step replay", activations_per_sample_below=None, moment_gap=0,
-                       lines_below=[],
-                       calibration={"seconds": info.seconds, **({"step": info.own_step} if info.own_step else {})})
+    replayed = replace(
+        basis,
+        name="replay",
+        replay=info.replay,
+        measured_peak=anchor,
+        anchor="preflight",
+        other=0,
+        slope_source="the pre-flight's step replay",
+        activations_per_sample_below=None,
+        moment_gap=0,
+        lines_below=[],
+        calibration={"seconds": info.seconds, **({"step": info.own_step} if info.own_step else {})},
+    )
     # what grows with the batch is the replay's, not the layer outputs': the knobs the replay does not predict
     # (precision, input size) scale it, and the rest stays as `other` (requested bytes). Its slope is a line through
     # the replayed peaks from a quarter to twice the batch: BFC's staircase makes any two of them a poor guide (the
@@ -469,17 +553,21 @@ def _largest(fits: Any, batch: int) -> int | None:
 
 def refusal(info: PreflightInfo, source: str) -> str:
     """The message of a refused call: what was predicted against what is allowed, and what to do."""
-    fix = (f"Lower the batch size to {info.largest_batch} (the largest whose upper estimate fits), or run "
-           "%tfmem fix shrink-batch for a ready cell." if info.largest_batch else
-           "Not even batch 1 fits: free memory first (del large arrays, restart the kernel to give back a model's "
-           "memory), or raise the limit.")
-    return (f"tfmem's pre-flight stopped {info.call}() before its first step: at batch {info.batch_size} the process "
-            f"would reach ~{format_bytes(info.predicted_rss_bytes)} ({band_words(info)}: it holds "
-            f"{format_bytes(info.rss_bytes)} now, the step needs ~{format_bytes(info.step_bytes)}"
-            + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes
-               else "")
-            + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {fix} "
-            f"({how_predicted(info)}; --no-preflight skips it.)")
+    fix = (
+        f"Lower the batch size to {info.largest_batch} (the largest whose upper estimate fits), or run "
+        "%tfmem fix shrink-batch for a ready cell."
+        if info.largest_batch
+        else "Not even batch 1 fits: free memory first (del large arrays, restart the kernel to give back a model's "
+        "memory), or raise the limit."
+    )
+    return (
+        f"tfmem's pre-flight stopped {info.call}() before its first step: at batch {info.batch_size} the process "
+        f"would reach ~{format_bytes(info.predicted_rss_bytes)} ({band_words(info)}: it holds "
+        f"{format_bytes(info.rss_bytes)} now, the step needs ~{format_bytes(info.step_bytes)}"
+        + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes else "")
+        + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {fix} "
+        f"({how_predicted(info)}; --no-preflight skips it.)"
+    )
 
 
 def band_below(info: PreflightInfo) -> float:
@@ -511,7 +599,9 @@ def how_predicted(info: PreflightInfo) -> str:
         return "no probes needed: the model's own parts, taken several times over, fit"
     if info.basis == "replay":
         steps = f"the model's own step, saved ({info.own_step}), traced" if info.own_step else "a clone's steps traced"
-        return (f"{steps} at batches {batches} and replayed at batch {info.batch_size} through a "
-                f"simulation of TensorFlow's allocator, {info.seconds:.1f} s")
+        return (
+            f"{steps} at batches {batches} and replayed at batch {info.batch_size} through a "
+            f"simulation of TensorFlow's allocator, {info.seconds:.1f} s"
+        )
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
     return f"predicted from one step of a clone at batches {batches}, {info.seconds:.1f} s{why}"

@@ -44,9 +44,11 @@ def _offsets(source: str) -> list[int]:
 def find_batch_literals(source: str) -> tuple[list[BatchLiteral], list[str]]:
     """Integer literals that set a batch size, and the names of non-literal ones (`batch_size=BS`)."""
     try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
-                                    tokenize.DEDENT)]
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+        ]
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return [], []
     starts = _offsets(source)
@@ -61,8 +63,15 @@ def find_batch_literals(source: str) -> tuple[list[BatchLiteral], list[str]]:
                 continue
             else:
                 continue
-        elif (tok.string == "." and nxt.type == tokenize.NAME and nxt.string == "batch" and val.string == "("
-              and i + 3 < len(tokens) and tokens[i + 3].type == tokenize.NUMBER and tokens[i + 3].string.isdigit()):
+        elif (
+            tok.string == "."
+            and nxt.type == tokenize.NAME
+            and nxt.string == "batch"
+            and val.string == "("
+            and i + 3 < len(tokens)
+            and tokens[i + 3].type == tokenize.NUMBER
+            and tokens[i + 3].string.isdigit()
+        ):
             kind, name, val = "tf.data .batch()", ".batch", tokens[i + 3]
         else:
             continue
@@ -78,17 +87,29 @@ def rewrite_batch(source: str, measured: int | None, new: int) -> BatchRewrite:
     chosen = [f for f in found if measured is not None and f.value == measured] or (found if len(found) == 1 else [])
     if not chosen:
         if indirect:
-            return BatchRewrite(None, f"the batch size comes from `{indirect[0]}`, set outside this cell: set "
-                                      f"{indirect[0]} = {new} where it is defined", [])
+            return BatchRewrite(
+                None,
+                f"the batch size comes from `{indirect[0]}`, set outside this cell: set "
+                f"{indirect[0]} = {new} where it is defined",
+                [],
+            )
         if found:
             listed = ", ".join(f"{f.name}={f.value} (line {f.line})" for f in found)
-            return BatchRewrite(None, f"several batch sizes in this cell ({listed}) and none is the {measured} the "
-                                      f"cell ran with: set the training batch to {new} by hand", [])
-        return BatchRewrite(None, "the batch size is not written in this cell (no batch_size=N argument, .batch(N) "
-                                  f"call or BATCH_SIZE = N assignment): set it to {new} by hand", [])
+            return BatchRewrite(
+                None,
+                f"several batch sizes in this cell ({listed}) and none is the {measured} the "
+                f"cell ran with: set the training batch to {new} by hand",
+                [],
+            )
+        return BatchRewrite(
+            None,
+            "the batch size is not written in this cell (no batch_size=N argument, .batch(N) "
+            f"call or BATCH_SIZE = N assignment): set it to {new} by hand",
+            [],
+        )
     out, last = [], 0
     for f in sorted(chosen, key=lambda f: f.start):
-        out.append(source[last:f.start])
+        out.append(source[last : f.start])
         out.append(str(new))
         last = f.end
     out.append(source[last:])
@@ -105,8 +126,11 @@ def call_arguments(source: str, call: str) -> dict[str, str] | None:
         tree = ast.parse(plain)
     except SyntaxError:
         return None
-    calls = [node for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == call]
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == call
+    ]
     if not calls:
         return None
     first = min(calls, key=lambda node: (node.lineno, node.col_offset))

@@ -68,7 +68,7 @@ def not_rebuilt(model: Any, method: str = "train_step") -> str:
 
 
 def uncloneable(model: Any, method: str = "train_step") -> str | None:
-    """"TwoTowers.train_step, Keras' own: ..." when Keras cannot write the model's config (a subclassed model without
+    """ "TwoTowers.train_step, Keras' own: ..." when Keras cannot write the model's config (a subclassed model without
     get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model; `method`:
     the call's step) is sent instead. None when the config is written."""
     to_json = getattr(model, "to_json", None)
@@ -88,8 +88,10 @@ def data_signature(structure: dict[str, Any] | None) -> Any:
     if "args" in structure:  # a loop's step function (loop_step): its own arguments, in order
         return tuple(_specs(node) for node in structure["args"])
     if not complete(structure.get("x")):
-        raise TfmemUsageError("the cell's batches have no shape tfmem could read (a Python list of labels, a "
-                              "generator it did not see): the probes cannot make synthetic ones")
+        raise TfmemUsageError(
+            "the cell's batches have no shape tfmem could read (a Python list of labels, a "
+            "generator it did not see): the probes cannot make synthetic ones"
+        )
     y = _specs(structure["y"]) if complete(structure.get("y")) else None
     weights = _specs(structure["sample_weight"]) if y is not None and complete(structure.get("sample_weight")) else None
     return pack_batch(_specs(structure["x"]), y, weights)
@@ -141,10 +143,18 @@ def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
             held = {id(v) for v in concrete.variables}
             # the model's and more, and gradients taken (a test step that updates metrics holds more variables too);
             # of several, the one that holds the most: an optimizer's slots are one or two more per weight
-            if (wanted <= held and len(held) > len(wanted) and _takes_gradients(concrete)
-                    and (found is None or len(held) > found[0])):
-                found = (len(held), obj, getattr(obj, "__name__", "the step function"),
-                         concrete.structured_input_signature)
+            if (
+                wanted <= held
+                and len(held) > len(wanted)
+                and _takes_gradients(concrete)
+                and (found is None or len(held) > found[0])
+            ):
+                found = (
+                    len(held),
+                    obj,
+                    getattr(obj, "__name__", "the step function"),
+                    concrete.structured_input_signature,
+                )
     if found is None:
         return None
     _, function, name, (args, kwargs) = found
@@ -173,8 +183,7 @@ def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> S
     return _save(lambda data: function(*data), structure, folder, autograph=False)
 
 
-def export_step(model: Any, structure: dict[str, Any] | None, folder: str, method: str = "train_step"
-                ) -> SavedStep:
+def export_step(model: Any, structure: dict[str, Any] | None, folder: str, method: str = "train_step") -> SavedStep:
     """Save the model's `train_step` (or the call's `method`: `test_step` for evaluate, `predict_step` for predict)
     with every variable it touches as a SavedModel in `folder` (its `step` function takes one batch, shaped as
     `data_signature` says). Before the model's first step (the pre-flight) the
@@ -184,8 +193,10 @@ def export_step(model: Any, structure: dict[str, Any] | None, folder: str, metho
     from tfmem_magic.measure.kerases import flavour_of
 
     if _distributed(model):  # traced outside its strategy's run, the step would build slots outside its scope
-        raise TfmemUsageError("the model's variables belong to a tf.distribute strategy, and its own step cannot be "
-                              "traced again outside that strategy's run() for the probe processes")
+        raise TfmemUsageError(
+            "the model's variables belong to a tf.distribute strategy, and its own step cannot be "
+            "traced again outside that strategy's run() for the probe processes"
+        )
     legacy = flavour_of(model) == "tf_keras"
     # Keras 3 traces the step without AutoGraph (its trainers wrap it in `do_not_convert`), tf_keras with it; and
     # with XLA where the model compiles with it (Keras 3's "auto": on a GPU), as the cell's fit ran it
@@ -212,8 +223,9 @@ def _distributed(model: Any) -> bool:
     return False
 
 
-def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool,
-          jit_compile: bool | None = None) -> SavedStep:
+def _save(
+    function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool, jit_compile: bool | None = None
+) -> SavedStep:
     """`function` traced with one argument shaped as `structure` says (data_signature) and saved, with every
     variable it touches."""
     import tensorflow as tf
@@ -237,6 +249,8 @@ def _save(function: Any, structure: dict[str, Any] | None, folder: str, autograp
         raise
     except Exception as exc:
         why = " ".join(str(exc).split())[:240]
-        raise TfmemUsageError(f"the model's own step could not be traced again and saved for the probe "
-                              f"processes ({type(exc).__name__}: {why})") from exc
+        raise TfmemUsageError(
+            f"the model's own step could not be traced again and saved for the probe "
+            f"processes ({type(exc).__name__}: {why})"
+        ) from exc
     return SavedStep(folder, variable_bytes(holder.variables_read))

@@ -32,10 +32,33 @@ TOP_GROUPS = 25
 
 PHASES = ("forward", "backward", "optimizer", "input", "weights", "pre-existing", "untraced", "other")
 _SUFFIX = re.compile(r"_\d+$")
-_INPUT_OPS = {"MakeIterator", "IteratorGetNext", "OptionalHasValue", "OptionalGetValue", "optional",
-              "IteratorV2", "AnonymousIteratorV3", "GatherV2", "GatherV2_1", "TensorSliceDataset"}
-_OPTIMIZER_SCOPES = {"adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "ftrl", "lion",
-                     "lamb", "loss_scale_optimizer", "optimizer"}
+_INPUT_OPS = {
+    "MakeIterator",
+    "IteratorGetNext",
+    "OptionalHasValue",
+    "OptionalGetValue",
+    "optional",
+    "IteratorV2",
+    "AnonymousIteratorV3",
+    "GatherV2",
+    "GatherV2_1",
+    "TensorSliceDataset",
+}
+_OPTIMIZER_SCOPES = {
+    "adam",
+    "adamw",
+    "sgd",
+    "rmsprop",
+    "adagrad",
+    "adadelta",
+    "adamax",
+    "nadam",
+    "ftrl",
+    "lion",
+    "lamb",
+    "loss_scale_optimizer",
+    "optimizer",
+}
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
 XLA_OP = "XLA computation"
 INPUT_COPY_OP = "input copy (numpy → tensor)"  # fit's copy of the arrays: the data, not one batch of it
@@ -101,6 +124,7 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
 
 # ---- matching allocations and frees -----------------------------------------------------------------------------
 
+
 def match_frees(ev: MemoryEvents) -> tuple[np.ndarray, np.ndarray]:
     """For each event: index of the free that ends it (allocs; n if never freed in the trace), and whether a free
     ends an allocation made before the trace (pre-existing).
@@ -124,6 +148,7 @@ def match_frees(ev: MemoryEvents) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- attribution of every allocation ----------------------------------------------------------------------------
+
 
 def _innermost_spans(ev: MemoryEvents, spans: list[Span], prefix: str) -> np.ndarray:
     """Index into `spans` of the innermost span named `prefix...` that contains each event on its thread; -1 none."""
@@ -286,6 +311,7 @@ def xla_runs(spans: list[Span]) -> int:
 
 # ---- the summary --------------------------------------------------------------------------------------------
 
+
 def downsample(t: np.ndarray, y: np.ndarray, max_points: int = MAX_TIMELINE_POINTS) -> list[list[float]]:
     """At most max_points [t, y] pairs that keep each bucket's minimum and maximum (so the peak survives)."""
     n = len(t)
@@ -316,8 +342,9 @@ class LiveTensor(NamedTuple):
     requested: int  # bytes the op asked for
 
 
-def _groups(rows: Iterable[tuple[tuple[str | None, ...], int, int]], keys: tuple[str, ...], top: int
-            ) -> list[LiveGroup]:
+def _groups(
+    rows: Iterable[tuple[tuple[str | None, ...], int, int]], keys: tuple[str, ...], top: int
+) -> list[LiveGroup]:
     """(key, chunk, requested) rows summed per key; the `top` largest as LiveGroups with `keys` as field names."""
     totals: dict[tuple[str | None, ...], list[int]] = {}
     for key, chunk, requested in rows:
@@ -326,12 +353,15 @@ def _groups(rows: Iterable[tuple[tuple[str | None, ...], int, int]], keys: tuple
         acc[1] += requested
         acc[2] += 1
     ordered = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
-    return [LiveGroup(**dict(zip(keys, key, strict=True)), bytes=b, requested_bytes=r, count=c)
-            for key, (b, r, c) in ordered]
+    return [
+        LiveGroup(**dict(zip(keys, key, strict=True)), bytes=b, requested_bytes=r, count=c)
+        for key, (b, r, c) in ordered
+    ]
 
 
-def _drop_freed_in_gaps(live: np.ndarray, ev: MemoryEvents, t_s: np.ndarray, peak: int, preexisting: int,
-                        windows: list[tuple[float, float]]) -> None:
+def _drop_freed_in_gaps(
+    live: np.ndarray, ev: MemoryEvents, t_s: np.ndarray, peak: int, preexisting: int, windows: list[tuple[float, float]]
+) -> None:
     """Between two trace segments the frees are not recorded: an allocation made before a gap and freed in it looks
     live at a later peak. The allocator's own total at the peak (exact) says how much is too much; the excess is
     taken, in place, from what was allocated before the gap that precedes the peak, latest first (the temporaries of
@@ -360,8 +390,12 @@ def batch_dimension(shape: str | None, batch: int, step_dims: set[int] | frozens
     if str(batch) in dims[:2]:
         return True
     first = dims[0]
-    return (len(dims) == 2 and first.isdigit() and int(first) % batch == 0  # a matrix, as a Dense makes it
-            and int(first) // batch in step_dims)
+    return (
+        len(dims) == 2
+        and first.isdigit()
+        and int(first) % batch == 0  # a matrix, as a Dense makes it
+        and int(first) // batch in step_dims
+    )
 
 
 def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
@@ -371,8 +405,14 @@ def _batch_bytes(rows: list[LiveTensor], ctx: TraceContext) -> int | None:
     batch = ctx.batch_size
     if batch is None or batch < 3:
         return None
-    return sum(r.requested for r in rows if r.phase not in _NOT_BATCH_PHASES and r.op != INPUT_COPY_OP
-               and r.shape not in ctx.weight_shapes and batch_dimension(r.shape, batch, ctx.step_dims))
+    return sum(
+        r.requested
+        for r in rows
+        if r.phase not in _NOT_BATCH_PHASES
+        and r.op != INPUT_COPY_OP
+        and r.shape not in ctx.weight_shapes
+        and batch_dimension(r.shape, batch, ctx.step_dims)
+    )
 
 
 def _running(sizes: np.ndarray, counted: np.ndarray, freed_at: np.ndarray) -> np.ndarray:
@@ -397,10 +437,14 @@ def _batch_carrying(ev: MemoryEvents, att: Attributed, ctx: TraceContext) -> np.
     skip = [PHASES.index(p) for p in _NOT_BATCH_PHASES]
     copy = att.ops.index(INPUT_COPY_OP)
     shapes = np.unique(ev.shape[ev.is_alloc])
-    carrying_shapes = [k for k in shapes.tolist() if ev.string(k) not in ctx.weight_shapes
-                       and batch_dimension(ev.string(k), batch, ctx.step_dims)]
-    carrying: np.ndarray = (ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip)
-                            & (att.op != copy))
+    carrying_shapes = [
+        k
+        for k in shapes.tolist()
+        if ev.string(k) not in ctx.weight_shapes and batch_dimension(ev.string(k), batch, ctx.step_dims)
+    ]
+    carrying: np.ndarray = (
+        ev.is_alloc & np.isin(ev.shape, carrying_shapes) & ~np.isin(att.phase, skip) & (att.op != copy)
+    )
     return carrying
 
 
@@ -418,8 +462,9 @@ def _window_ends(t_s: np.ndarray, windows: list[tuple[float, float]]) -> np.ndar
     return np.maximum(found, np.arange(n, dtype=np.int64) + 1)
 
 
-def _segment_freed(ev: MemoryEvents, freed_at: np.ndarray, live_at_peak: np.ndarray,
-                   window_ends: np.ndarray) -> np.ndarray:
+def _segment_freed(
+    ev: MemoryEvents, freed_at: np.ndarray, live_at_peak: np.ndarray, window_ends: np.ndarray
+) -> np.ndarray:
     """When each allocation ended, a free lost in a pause taken as coming when its trace segment ended: an
     allocation with no free in the trace, or whose address was allocated again before any free (`match_frees`
     takes that allocation as its end), is live until the end of its segment, not to the end of the trace or to
@@ -437,8 +482,9 @@ ACCOUNTED = 0.05
 BELOW_RATIOS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
 
 
-def _accounted(ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndarray, preexisting: int,
-               peak: int) -> np.ndarray:
+def _accounted(
+    ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndarray, preexisting: int, peak: int
+) -> np.ndarray:
     """The events where the trace accounts for the allocator's total as well as it does at the peak: the bytes
     live there that are neither the trace's own allocations (ended as `freed_at` says) nor what was live before it
     (less the frees `preexisting_free` marks) differ from the peak's by at most ACCOUNTED of the cell's own bytes
@@ -451,8 +497,9 @@ def _accounted(ev: MemoryEvents, freed_at: np.ndarray, preexisting_free: np.ndar
     return accounted
 
 
-def _moments_below(running: np.ndarray, live: np.ndarray, peak: int, chunks: float,
-                   accounted: np.ndarray | None = None) -> list[list[int]]:
+def _moments_below(
+    running: np.ndarray, live: np.ndarray, peak: int, chunks: float, accounted: np.ndarray | None = None
+) -> list[list[int]]:
     """The moments of the step that would be its peak at a smaller batch, each as [requested bytes live in tensors
     with the batch dimension, allocator bytes in use]: at a fraction r of the batch a moment holds about
     live - (1 - r) x its batch bytes (in chunks), and the highest such moment is the peak there. A GRU's peak at
@@ -477,10 +524,16 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     """The trace part of a report: timeline, peak, and the live set at the peak broken down several ways."""
     ev = trace.events
     n = len(ev)
-    info = TraceInfo(events=n, allocator=ev.allocator,
-                     allocators=[AllocatorUse(a.name, a.device, a.events, a.peak_bytes, a.limit_bytes,
-                                              [] if i == 0 else a.timeline)  # the first is the main timeline
-                                 for i, a in enumerate(trace.allocators)])
+    info = TraceInfo(
+        events=n,
+        allocator=ev.allocator,
+        allocators=[
+            AllocatorUse(
+                a.name, a.device, a.events, a.peak_bytes, a.limit_bytes, [] if i == 0 else a.timeline
+            )  # the first is the main timeline
+            for i, a in enumerate(trace.allocators)
+        ],
+    )
     info.xla_runs = xla_runs(trace.spans)
     if n == 0:
         return info
@@ -509,20 +562,35 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
         # a free whose allocation the trace never saw is a pre-existing tensor's only in the first segment: later,
         # it is as likely a tensor allocated in the gap between two segments
         pre_frees &= t_s < ctx.windows[0][1]
-    freed_before_peak = int(ev.chunk[:peak + 1][pre_frees[:peak + 1]].sum())
+    freed_before_peak = int(ev.chunk[: peak + 1][pre_frees[: peak + 1]].sum())
     preexisting_at_peak = max(min(untracked_at_peak, info.preexisting_bytes - freed_before_peak), 0)
     untraced_at_peak = untracked_at_peak - preexisting_at_peak
 
     att = attribute_events(trace, ctx)
     copies = np.nonzero(own_alloc & (att.op == att.ops.index(INPUT_COPY_OP)))[0]
     info.input_copies = [
-        InputCopy(int(ev.chunk[i]), int(ev.requested[i]), round(float(t_s[i]), 6),
-                  round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None, bool(live_at_peak[i]),
-                  ctx.copy_roles.get(int(ev.requested[i]), "training"))
-        for i in copies]
-    rows = [LiveTensor(att.op_name(i), att.layer_name(i), att.phase_name(i),
-                       DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None, ev.string(int(ev.shape[i])),
-                       int(ev.chunk[i]), int(ev.requested[i])) for i in idx]
+        InputCopy(
+            int(ev.chunk[i]),
+            int(ev.requested[i]),
+            round(float(t_s[i]), 6),
+            round(float(t_s[freed_at[i]]), 6) if freed_at[i] < n else None,
+            bool(live_at_peak[i]),
+            ctx.copy_roles.get(int(ev.requested[i]), "training"),
+        )
+        for i in copies
+    ]
+    rows = [
+        LiveTensor(
+            att.op_name(i),
+            att.layer_name(i),
+            att.phase_name(i),
+            DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
+            ev.string(int(ev.shape[i])),
+            int(ev.chunk[i]),
+            int(ev.requested[i]),
+        )
+        for i in idx
+    ]
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
@@ -540,12 +608,20 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
             accounted = _accounted(ev, ended, pre_frees, info.preexisting_bytes, peak)
             info.moments_below = _moments_below(segments, ev.live, peak, max(1.0, chunks), accounted)
     # what the trace could not see, as rows of their own: live before it started, or allocated while it was paused
-    rows += [LiveTensor(op, None, phase, None, None, size, size) for op, phase, size in (
-        ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
-        ("(allocated while the trace was paused)", "untraced", untraced_at_peak)) if size > 0]
+    rows += [
+        LiveTensor(op, None, phase, None, None, size, size)
+        for op, phase, size in (
+            ("(allocated before the trace)", "pre-existing", preexisting_at_peak),
+            ("(allocated while the trace was paused)", "untraced", untraced_at_peak),
+        )
+        if size > 0
+    ]
     traced = [r for r in rows if r.phase not in ("pre-existing", "untraced")]
-    info.at_peak = _groups([((r.op, r.layer, r.phase, r.dtype, r.shape), r.chunk, r.requested) for r in rows],
-                           ("op", "layer", "phase", "dtype", "shape"), top)
+    info.at_peak = _groups(
+        [((r.op, r.layer, r.phase, r.dtype, r.shape), r.chunk, r.requested) for r in rows],
+        ("op", "layer", "phase", "dtype", "shape"),
+        top,
+    )
     info.by_layer = _groups([((r.layer or "(no layer)",), r.chunk, r.requested) for r in traced], ("layer",), top)
     info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
@@ -554,8 +630,16 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     return info
 
 
-def _held_at_end(info: TraceInfo, ev: MemoryEvents, att: Attributed, freed_at: np.ndarray, t_s: np.ndarray,
-                 ctx: TraceContext, top: int, preexisting_freed: int) -> None:
+def _held_at_end(
+    info: TraceInfo,
+    ev: MemoryEvents,
+    att: Attributed,
+    freed_at: np.ndarray,
+    t_s: np.ndarray,
+    ctx: TraceContext,
+    top: int,
+    preexisting_freed: int,
+) -> None:
     """The cell's own allocations that no free in the trace ended, grouped as the peak is: what the cell had live
     when the trace stopped (the weights it built, a model's slots, tensors a name keeps; a trace that covered only
     the first steps also ends with that step's temporaries). A free lost in a gap between trace segments is taken
@@ -567,7 +651,20 @@ def _held_at_end(info: TraceInfo, ev: MemoryEvents, att: Attributed, freed_at: n
     idx = np.nonzero(held)[0]
     info.held_at_end_bytes = int(ev.chunk[idx].sum())
     info.held_at_end = _groups(
-        [((att.op_name(i), att.layer_name(i), att.phase_name(i),
-           DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None, ev.string(int(ev.shape[i]))),
-          int(ev.chunk[i]), int(ev.requested[i])) for i in idx],
-        ("op", "layer", "phase", "dtype", "shape"), top)
+        [
+            (
+                (
+                    att.op_name(i),
+                    att.layer_name(i),
+                    att.phase_name(i),
+                    DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
+                    ev.string(int(ev.shape[i])),
+                ),
+                int(ev.chunk[i]),
+                int(ev.requested[i]),
+            )
+            for i in idx
+        ],
+        ("op", "layer", "phase", "dtype", "shape"),
+        top,
+    )

@@ -91,12 +91,15 @@ class BFCOutOfMemory(MemoryError):
     """The allocation BFC's AllocateRaw would fail (TensorFlow raises ResourceExhaustedError for it): no free chunk
     fits and the allocator cannot extend under its limit (even after garbage collection, when that is on)."""
 
-    def __init__(self, requested: int, rounded: int, bytes_in_use: int, region_bytes: int, limit: int,
-                 largest_free_chunk: int) -> None:
+    def __init__(
+        self, requested: int, rounded: int, bytes_in_use: int, region_bytes: int, limit: int, largest_free_chunk: int
+    ) -> None:
         self.requested, self.rounded, self.bytes_in_use = requested, rounded, bytes_in_use
         self.region_bytes, self.limit, self.largest_free_chunk = region_bytes, limit, largest_free_chunk
-        super().__init__(f"BFC out of memory allocating {requested} bytes (rounded to {rounded}): {bytes_in_use} in "
-                         f"use, {region_bytes} in regions of a {limit} limit, largest free chunk {largest_free_chunk}")
+        super().__init__(
+            f"BFC out of memory allocating {requested} bytes (rounded to {rounded}): {bytes_in_use} in "
+            f"use, {region_bytes} in regions of a {limit} limit, largest free chunk {largest_free_chunk}"
+        )
 
 
 @dataclass(eq=False)
@@ -136,9 +139,15 @@ class BFCSimulator:
     two equal-sized free chunks in different regions is taken.
     """
 
-    def __init__(self, memory_limit: int | None = None, allow_growth: bool = True,
-                 initial_region_bytes: int | None = None, garbage_collection: bool = False,
-                 fragmentation_fraction: float = 0.0, region_addresses: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        memory_limit: int | None = None,
+        allow_growth: bool = True,
+        initial_region_bytes: int | None = None,
+        garbage_collection: bool = False,
+        fragmentation_fraction: float = 0.0,
+        region_addresses: Sequence[int] = (),
+    ) -> None:
         self.memory_limit = UNLIMITED if memory_limit is None else int(memory_limit)
         self.allow_growth = allow_growth
         self.garbage_collection = garbage_collection
@@ -149,8 +158,11 @@ class BFCSimulator:
         else:
             self._curr_region_bytes = rounded_bytes(self.memory_limit)
         # the BFCAllocator constructor: a fraction of the limit when set, else 128 MiB
-        self.max_internal_fragmentation = (int(fragmentation_fraction * self.memory_limit)
-                                           if fragmentation_fraction > 0 else DEFAULT_MAX_INTERNAL_FRAGMENTATION)
+        self.max_internal_fragmentation = (
+            int(fragmentation_fraction * self.memory_limit)
+            if fragmentation_fraction > 0
+            else DEFAULT_MAX_INTERNAL_FRAGMENTATION
+        )
         # each bin: its free chunks' (size, ptr) keys, sorted as Bin::ChunkComparator sorts them
         self._bins: list[list[tuple[int, int]]] = [[] for _ in range(NUM_BINS)]
         self._free: dict[int, _Chunk] = {}  # ptr -> free chunk
@@ -187,8 +199,9 @@ class BFCSimulator:
         if chunk is None and self._release_free_regions(rounded) and self._extend(rounded):
             chunk = self._find_chunk(rounded)
         if chunk is None:
-            raise BFCOutOfMemory(nbytes, rounded, self.bytes_in_use, self.region_bytes, self.memory_limit,
-                                 self.largest_free_chunk)
+            raise BFCOutOfMemory(
+                nbytes, rounded, self.bytes_in_use, self.region_bytes, self.memory_limit, self.largest_free_chunk
+            )
         return self._finish(chunk, rounded, nbytes)
 
     def try_allocate(self, nbytes: int) -> int | None:
@@ -212,8 +225,14 @@ class BFCSimulator:
         then doubles): the regions an allocator already held before a replay began."""
         for _ in range(regions):
             if not self._extend(MIN_ALLOCATION_SIZE):
-                raise BFCOutOfMemory(MIN_ALLOCATION_SIZE, MIN_ALLOCATION_SIZE, self.bytes_in_use, self.region_bytes,
-                                     self.memory_limit, self.largest_free_chunk)
+                raise BFCOutOfMemory(
+                    MIN_ALLOCATION_SIZE,
+                    MIN_ALLOCATION_SIZE,
+                    self.bytes_in_use,
+                    self.region_bytes,
+                    self.memory_limit,
+                    self.largest_free_chunk,
+                )
 
     def chunk_size(self, handle: int) -> int:
         """`AllocatedSize`: the chunk's bytes (what bytes_in_use counts for this allocation)."""
@@ -404,6 +423,7 @@ class BFCSimulator:
 
 # ---- replay -------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class LiveAllocation:
     """An allocation live at the simulated peak."""
@@ -444,10 +464,17 @@ class ReplayResult:
 Event = tuple[Any, ...]  # (kind, key, requested_bytes) or (kind, key, requested_bytes, time)
 
 
-def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growth: bool = True,
-           initial_region_bytes: int | None = None, garbage_collection: bool = False,
-           fragmentation_fraction: float = 0.0, simulator: BFCSimulator | None = None,
-           live: dict[Any, int] | None = None, stop_at_oom: bool = True) -> ReplayResult:
+def replay(
+    events: Iterable[Event],
+    memory_limit: int | None = None,
+    allow_growth: bool = True,
+    initial_region_bytes: int | None = None,
+    garbage_collection: bool = False,
+    fragmentation_fraction: float = 0.0,
+    simulator: BFCSimulator | None = None,
+    live: dict[Any, int] | None = None,
+    stop_at_oom: bool = True,
+) -> ReplayResult:
     """Replay a time-ordered sequence of ('alloc' | 'free', key, requested bytes[, time]) through a BFC simulator
     (a fresh one with these settings, or `simulator`, e.g. one seeded with what was live before: `live` maps the
     keys of those seeded allocations to their handles, so that the sequence's frees of them free them).
@@ -456,8 +483,11 @@ def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growt
     (`unmatched_frees`) and skipped; an allocation at a key still live frees the old allocation first (a free the
     trace missed). The live set at the peak is recorded when the peak is first reached (the trace's own peak rule).
     """
-    sim = simulator if simulator is not None else BFCSimulator(memory_limit, allow_growth, initial_region_bytes,
-                                                               garbage_collection, fragmentation_fraction)
+    sim = (
+        simulator
+        if simulator is not None
+        else BFCSimulator(memory_limit, allow_growth, initial_region_bytes, garbage_collection, fragmentation_fraction)
+    )
     handles: dict[Any, tuple[int, int]] = {k: (h, -1) for k, h in (live or {}).items()}  # key -> (handle, index)
     seeded = {k: (sim._live[h].requested, sim._live[h].size) for k, (h, _) in handles.items()}
     events = events if isinstance(events, list) else list(events)  # read twice: the live set at the peak, below
@@ -512,13 +542,30 @@ def replay(events: Iterable[Event], memory_limit: int | None = None, allow_growt
     if peak_index is not None:  # rebuilt once here, not at every new peak (that was most of a replay's time)
         live_at_peak = _live_after(events, peak_index, seeded, chunks)
     live_at_peak.sort(key=lambda a: -a.chunk)
-    return ReplayResult(peak, peak_index, peak_time, sim.peak_region_bytes, live_at_peak, in_use, chunks, addresses,
-                        bases, sim.bytes_in_use, sim.region_bytes, largest_free_at_peak, oom_index, oom, unmatched,
-                        reallocated, sim)
+    return ReplayResult(
+        peak,
+        peak_index,
+        peak_time,
+        sim.peak_region_bytes,
+        live_at_peak,
+        in_use,
+        chunks,
+        addresses,
+        bases,
+        sim.bytes_in_use,
+        sim.region_bytes,
+        largest_free_at_peak,
+        oom_index,
+        oom,
+        unmatched,
+        reallocated,
+        sim,
+    )
 
 
-def _live_after(events: list[Event], last: int, seeded: dict[Any, tuple[int, int]], chunks: list[int]
-                ) -> list[LiveAllocation]:
+def _live_after(
+    events: list[Event], last: int, seeded: dict[Any, tuple[int, int]], chunks: list[int]
+) -> list[LiveAllocation]:
     """The allocations live after event `last`, by the replay's own rules (an allocation at a live key replaces it,
     a free of an unknown key is skipped): seeded ones first, each with its requested bytes and simulated chunk."""
     alive: dict[Any, tuple[int, int, int]] = {k: (requested, size, -1) for k, (requested, size) in seeded.items()}
@@ -531,6 +578,7 @@ def _live_after(events: list[Event], last: int, seeded: dict[Any, tuple[int, int
 
 
 # ---- the self-check against a trace ---------------------------------------------------------------------------------
+
 
 @dataclass
 class SelfCheck:
@@ -593,8 +641,13 @@ class PreparedTrace:
     region_addresses: list[int] = field(default_factory=list)  # TF's, learnt by the self-check
 
 
-def prepare(events: MemoryEvents, memory_limit: int | None = None, allow_growth: bool | None = None,
-            garbage_collection: bool | None = None, seed_layout: str | None = None) -> PreparedTrace:
+def prepare(
+    events: MemoryEvents,
+    memory_limit: int | None = None,
+    allow_growth: bool | None = None,
+    garbage_collection: bool | None = None,
+    seed_layout: str | None = None,
+) -> PreparedTrace:
     """The trace's columns as lists and its seed (see `self_check` for the settings' defaults and the layouts)."""
     n = len(events)
     if n == 0:
@@ -629,13 +682,31 @@ def prepare(events: MemoryEvents, memory_limit: int | None = None, allow_growth:
     if seed_layout not in ("addresses", "compact"):
         raise ValueError(f"seed_layout {seed_layout!r}: 'addresses' or 'compact'")
     first_traced = next((a for a, is_a in zip(addr, is_alloc, strict=True) if is_a and a >= 0), None)
-    return PreparedTrace(n, is_alloc, addr, events.requested.tolist(), chunk, live, events.t_ps.tolist(), start, pre,
-                         max(0, start - sum(pre.values())), first_traced, memory_limit, allow_growth,
-                         garbage_collection, seed_layout)
+    return PreparedTrace(
+        n,
+        is_alloc,
+        addr,
+        events.requested.tolist(),
+        chunk,
+        live,
+        events.t_ps.tolist(),
+        start,
+        pre,
+        max(0, start - sum(pre.values())),
+        first_traced,
+        memory_limit,
+        allow_growth,
+        garbage_collection,
+        seed_layout,
+    )
 
 
-def replay_prepared(trace: PreparedTrace, requested: Sequence[int] | None = None,
-                    region_addresses: Sequence[int] | None = None, memory_limit: int | None = None) -> ReplayResult:
+def replay_prepared(
+    trace: PreparedTrace,
+    requested: Sequence[int] | None = None,
+    region_addresses: Sequence[int] | None = None,
+    memory_limit: int | None = None,
+) -> ReplayResult:
     """Seed a simulator with what was live before the trace, then replay the trace's events, each allocation asking
     for `requested[i]` bytes (the trace's own requests by default: another batch's, for the step replay). The
     regions get `region_addresses` (default: the ones the self-check learnt), and the limit `memory_limit` (default:
@@ -665,14 +736,21 @@ def replay_prepared(trace: PreparedTrace, requested: Sequence[int] | None = None
     sim.reset_peak()
     sizes = trace.requested if requested is None else requested
     addr, is_alloc, t_ps = trace.addr, trace.is_alloc, trace.t_ps
-    seq = [("alloc" if is_alloc[i] else "free", addr[i] if addr[i] >= 0 else ("unknown", i), sizes[i], t_ps[i])
-           for i in range(trace.events)]
+    seq = [
+        ("alloc" if is_alloc[i] else "free", addr[i] if addr[i] >= 0 else ("unknown", i), sizes[i], t_ps[i])
+        for i in range(trace.events)
+    ]
     return replay(seq, simulator=sim, live=seeded)
 
 
-def self_check(events: MemoryEvents, memory_limit: int | None = None, allow_growth: bool | None = None,
-               garbage_collection: bool | None = None, tolerance: float = 0.01,
-               seed_layout: str | None = None) -> SelfCheck:
+def self_check(
+    events: MemoryEvents,
+    memory_limit: int | None = None,
+    allow_growth: bool | None = None,
+    garbage_collection: bool | None = None,
+    tolerance: float = 0.01,
+    seed_layout: str | None = None,
+) -> SelfCheck:
     """Replay one traced allocator's events (the columns `xplane.read_segments` returns, `Trace.events`) and compare
     the simulated bytes in use after every event and at the peak with what TensorFlow reported.
 
@@ -759,7 +837,7 @@ def _check_result(trace: PreparedTrace, result: ReplayResult, tolerance: float) 
     n, is_alloc, chunk, live = trace.events, trace.is_alloc, trace.chunk, trace.live
     memory_limit, allow_growth, pre, start = trace.memory_limit, trace.allow_growth, trace.pre, trace.start
     sim_live = result.bytes_in_use
-    errors = [s - t for s, t in zip(sim_live, live[:len(sim_live)], strict=True)]
+    errors = [s - t for s, t in zip(sim_live, live[: len(sim_live)], strict=True)]
     worst = max(range(len(errors)), key=lambda i: abs(errors[i])) if errors else 0
     traced_peak_index = max(range(n), key=lambda i: (live[i], -i))
     traced_peak = live[traced_peak_index]
@@ -781,14 +859,29 @@ def _check_result(trace: PreparedTrace, result: ReplayResult, tolerance: float) 
         notes.append(f"{result.unmatched_frees} frees had no known allocation")
     worst_error = abs(errors[worst]) if errors else 0
     return SelfCheck(
-        events=n, allocations=allocs, traced_peak=traced_peak, simulated_peak=result.peak_bytes_in_use,
-        peak_error=peak_error, traced_peak_index=traced_peak_index, simulated_peak_index=result.peak_index,
-        max_abs_error=worst_error, max_rel_error=worst_error / live[worst] if worst_error and live[worst] else 0.0,
+        events=n,
+        allocations=allocs,
+        traced_peak=traced_peak,
+        simulated_peak=result.peak_bytes_in_use,
+        peak_error=peak_error,
+        traced_peak_index=traced_peak_index,
+        simulated_peak_index=result.peak_index,
+        max_abs_error=worst_error,
+        max_rel_error=worst_error / live[worst] if worst_error and live[worst] else 0.0,
         events_exact=sum(e == 0 for e in errors),
         first_divergence=next((i for i, e in enumerate(errors) if e), result.oom_index),
-        chunks_exact=exact, chunks_larger_traced=larger_traced, chunks_larger_simulated=larger_sim,
-        placements_exact=placed, preexisting_bytes=start, preexisting_freed=len(pre), limit=memory_limit,
+        chunks_exact=exact,
+        chunks_larger_traced=larger_traced,
+        chunks_larger_simulated=larger_sim,
+        placements_exact=placed,
+        preexisting_bytes=start,
+        preexisting_freed=len(pre),
+        limit=memory_limit,
         allow_growth=allow_growth,
         simulated_region_peak=result.simulator.peak_region_bytes if result.simulator else 0,
-        passed=abs(peak_error) <= tolerance and result.oom_index is None, tolerance=tolerance, result=result,
-        note="; ".join(notes), prepared=trace)
+        passed=abs(peak_error) <= tolerance and result.oom_index is None,
+        tolerance=tolerance,
+        result=result,
+        note="; ".join(notes),
+        prepared=trace,
+    )

@@ -7,8 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from tfmem_magic.analyze import analysis, modelinfo
-from tfmem_magic.core.report import (DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo,
-                                     TraceInfo)
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, kerases, xplane
 from tfmem_magic.measure.measurement import Measured
@@ -30,8 +29,15 @@ def status_of(exc: BaseException | None) -> str:
 
 def measured_report(m: Measured, exc: BaseException | None, number: int) -> Report:
     """The figures every mode has: status, error, RSS, TF's allocator, environment, guard."""
-    report = Report(label=m.options.label, status=status_of(exc), mode=m.mode, wall_s=m.wall_s,
-                    started_at=m.started_at, notes=m.notes, number=number)
+    report = Report(
+        label=m.options.label,
+        status=status_of(exc),
+        mode=m.mode,
+        wall_s=m.wall_s,
+        started_at=m.started_at,
+        notes=m.notes,
+        number=number,
+    )
     if exc is not None:
         request = guard.parse_oom(str(exc)) if report.status == "oom" else None
         report.error = ErrorInfo(type(exc).__name__, str(exc), request)
@@ -63,8 +69,11 @@ def add_analysis(report: Report, m: Measured) -> Any:
     if instr is not None:
         uses = list(instr.models.values())
         use = modelinfo.main_use(uses, instr.applied)
-        report.model = (modelinfo.describe_model(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
-                        if use is not None else None)
+        report.model = (
+            modelinfo.describe_model(use, instr.new_variables, instr.built_optimizers, instr.applied, uses)
+            if use is not None
+            else None
+        )
         report.tf_function_traces = instr.function_traces()
         report.tf_function_signatures = instr.growing_signatures()
         report.notes.extend(instr.notes)
@@ -107,15 +116,20 @@ def xla_note(report: Report) -> str | None:
     xla_bytes = trace.xla_at_peak_bytes + (untagged if keras_jit and not trace.xla_runs else 0)
     who = f"{model.name}'s steps" if keras_jit and model is not None else "Code in this trace"
     runs = f" ({trace.xla_runs} XLA run{'s' if trace.xla_runs != 1 else ''} traced)" if trace.xla_runs else ""
-    switch = ("model.compile(..., jit_compile=False)" if keras_jit else
-              "jit_compile=False (tf.function(jit_compile=False), model.compile(..., jit_compile=False))")
+    switch = (
+        "model.compile(..., jit_compile=False)"
+        if keras_jit
+        else "jit_compile=False (tf.function(jit_compile=False), model.compile(..., jit_compile=False))"
+    )
     # HLO metadata names the Keras layers of each XLA op, but the buffers XLA allocates (one temporary block for many
     # ops' values, measured on TF 2.21) map to no single op: the bytes stay unattributed rather than guessed
-    return (f"{who} ran as XLA computations{runs}: jit_compile=True, or Keras 3's jit_compile=\"auto\", which turns "
-            "it on when a GPU is present. XLA allocates its buffers itself, without op or layer names, so "
-            f"{format_bytes(xla_bytes)} at the peak is in no layer (op '{analysis.XLA_OP}', phase 'other'). Run "
-            f"with {switch} for a per-layer breakdown; the peak itself differs without XLA, which fuses ops and "
-            "reuses buffers.")
+    return (
+        f'{who} ran as XLA computations{runs}: jit_compile=True, or Keras 3\'s jit_compile="auto", which turns '
+        "it on when a GPU is present. XLA allocates its buffers itself, without op or layer names, so "
+        f"{format_bytes(xla_bytes)} at the peak is in no layer (op '{analysis.XLA_OP}', phase 'other'). Run "
+        f"with {switch} for a per-layer breakdown; the peak itself differs without XLA, which fuses ops and "
+        "reuses buffers."
+    )
 
 
 def _guard_info(m: Measured, report: Report) -> GuardInfo | None:
@@ -136,8 +150,11 @@ def guard_layers(on_gpu: bool, allocator_capped: bool, batch_end_armed: bool) ->
     (TF_CPU_BFC_MEM_LIMIT_IN_MB) is the CPU allocator's only, and the batch-end check and the watchdog read the
     process's RSS, which is host memory; none of them watches the GPU's memory (TensorFlow's own OOM error does)."""
     host = " (host memory)" if on_gpu else ""
-    return ([("allocator (CPU only)" if on_gpu else "allocator")] if allocator_capped else []) + \
-        ([f"batch-end check{host}"] if batch_end_armed else []) + [f"watchdog{host}"]
+    return (
+        ([("allocator (CPU only)" if on_gpu else "allocator")] if allocator_capped else [])
+        + ([f"batch-end check{host}"] if batch_end_armed else [])
+        + [f"watchdog{host}"]
+    )
 
 
 def oom_tripped_by(request: dict[str, Any]) -> str:
@@ -153,19 +170,29 @@ def _env(m: Measured) -> EnvInfo:
     # a container limit is not the user's
     user_limit = m.limit if m.limit_source in ("--limit", "%tfmem limit") else None
     budget = environment.memory_budget(user_limit, rss_now=m.rss_baseline)
-    return EnvInfo(**environment.versions(), allocator=view.name, allocator_complete=view.complete,
-                   allocator_note=view.note, devices=environment.tf_devices(),
-                   ram_total_bytes=budget.ram_total_bytes, ram_available_bytes=budget.ram_available_bytes,
-                   cgroup_limit_bytes=budget.cgroup_limit_bytes, budget_bytes=budget.budget_bytes,
-                   budget_source=budget.budget_source,
-                   mixed_precision_policy=environment.mixed_precision_policy(),
-                   tensorflow_started_in_cell=not m.tf_running_at_start and environment.tensorflow_initialized())
+    return EnvInfo(
+        **environment.versions(),
+        allocator=view.name,
+        allocator_complete=view.complete,
+        allocator_note=view.note,
+        devices=environment.tf_devices(),
+        ram_total_bytes=budget.ram_total_bytes,
+        ram_available_bytes=budget.ram_available_bytes,
+        cgroup_limit_bytes=budget.cgroup_limit_bytes,
+        budget_bytes=budget.budget_bytes,
+        budget_source=budget.budget_source,
+        mixed_precision_policy=environment.mixed_precision_policy(),
+        tensorflow_started_in_cell=not m.tf_running_at_start and environment.tensorflow_initialized(),
+    )
 
 
 def gpu_limits(info: TraceInfo) -> dict[str, int]:
     """Each traced GPU's allocator limit: that GPU's budget (the CPU's is the host's, see EnvInfo.budget_bytes)."""
-    return {a.device: a.limit_bytes for a in info.allocators
-            if a.device is not None and a.device.startswith("GPU:") and a.limit_bytes}
+    return {
+        a.device: a.limit_bytes
+        for a in info.allocators
+        if a.device is not None and a.device.startswith("GPU:") and a.limit_bytes
+    }
 
 
 def step_dims(report: Report) -> set[int]:
@@ -185,10 +212,15 @@ def step_dims(report: Report) -> set[int]:
 def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
     instr, tracer = m.instrumentation, m.tracer
     assert instr is not None and tracer is not None
-    ctx = analysis.TraceContext(layer_names=set(instr.layer_names), input_array_bytes=set(instr.copy_roles),
-                                copy_roles=dict(instr.copy_roles), windows=list(tracer.windows),
-                                batch_size=report.model.replica_batch if report.model is not None else None,
-                                weight_shapes=modelinfo.weight_shapes(use), step_dims=step_dims(report))
+    ctx = analysis.TraceContext(
+        layer_names=set(instr.layer_names),
+        input_array_bytes=set(instr.copy_roles),
+        copy_roles=dict(instr.copy_roles),
+        windows=list(tracer.windows),
+        batch_size=report.model.replica_batch if report.model is not None else None,
+        weight_shapes=modelinfo.weight_shapes(use),
+        step_dims=step_dims(report),
+    )
     ctx.optimizer_scopes |= instr.optimizer_names
     info = analysis.summarize(xplane.read_segments(m.segments, report.main_device_name), ctx)
     report.env.device_limit_bytes.update(gpu_limits(info))
@@ -211,7 +243,11 @@ def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
             info.note = (info.note or "") + (
                 f" The cell's peak ({format_bytes(device.peak_bytes)}) came outside the traced window; the "
                 f"breakdown shows the largest traced moment ({format_bytes(info.peak_live_bytes)})."
-                + (" The trace's memory budget was spent first: the what-if then predicts from the cell's own "
-                   "peak (an upper bound)." if tracer.budget_spent else
-                   " Raise --trace-steps or --trace-seconds to trace more."))
+                + (
+                    " The trace's memory budget was spent first: the what-if then predicts from the cell's own "
+                    "peak (an upper bound)."
+                    if tracer.budget_spent
+                    else " Raise --trace-steps or --trace-seconds to trace more."
+                )
+            )
     return info

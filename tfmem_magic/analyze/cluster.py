@@ -76,7 +76,8 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
                 f"{row.worker}: a partial view: its CPU allocator ({env.allocator}) {env.allocator_misses}, so its "
                 "peak is a lower bound and comparisons with the other workers are unfair. Start it with "
                 "tfmem_magic.serve(PORT) (or tfmem_magic.prepare() where it saves its own reports) before "
-                "TensorFlow's first op: both switch to BFC.")
+                "TensorFlow's first op: both switch to BFC."
+            )
     if len(measured) >= 2:
         # by the peak (what runs out), which counts what a worker held before the capture too: the chief's
         # checkpoint buffers or a parameter server's variables are an imbalance as much as a larger batch shard
@@ -92,7 +93,8 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
                 f"held before; at its peak: {worst.dominant or 'see its report'}. A larger shard of the batch or "
                 "the chief's checkpoints and summaries make one worker heavier, and the job's batch must fit that "
                 "worker; a parameter server holds its share of the variables and their optimizer updates, which "
-                "the batch size does not change.")
+                "the batch size does not change."
+            )
     for row in measured:
         budget = row.report.device_budget if row.report is not None else None
         if budget is not None and (row.peak_bytes or 0) >= 0.9 * budget[1]:

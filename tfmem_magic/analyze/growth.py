@@ -12,9 +12,10 @@ GROWTH_MIN = 1 << 20  # ... each by at least this (and 0.5% of the peak): alloca
 def steady_growth(peaks: list[int | None]) -> list[int] | None:
     """The last GROWTH_EPOCHS + 1 epochs' peaks when each grew on the one before past allocator noise (something
     is kept from epoch to epoch); None otherwise."""
-    last = [p for p in peaks[-(GROWTH_EPOCHS + 1):] if p is not None]
-    if len(last) < GROWTH_EPOCHS + 1 or not all(b - a > max(GROWTH_MIN, 0.005 * b)
-                                                for a, b in itertools.pairwise(last)):
+    last = [p for p in peaks[-(GROWTH_EPOCHS + 1) :] if p is not None]
+    if len(last) < GROWTH_EPOCHS + 1 or not all(
+        b - a > max(GROWTH_MIN, 0.005 * b) for a, b in itertools.pairwise(last)
+    ):
         return None
     return last
 

@@ -12,8 +12,16 @@ from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 
-_CALL_RANK = {"fit": 0, "train_on_batch": 1, "optimizer.apply": 1, "evaluate": 2, "test_on_batch": 3, "predict": 4,
-              "predict_on_batch": 5, "__call__": 6}
+_CALL_RANK = {
+    "fit": 0,
+    "train_on_batch": 1,
+    "optimizer.apply": 1,
+    "evaluate": 2,
+    "test_on_batch": 3,
+    "predict": 4,
+    "predict_on_batch": 5,
+    "__call__": 6,
+}
 MAX_LAYERS = 400  # layers listed per model (nested models are listed by their own layers)
 
 
@@ -102,9 +110,14 @@ def _layer_info(layer: Any, fed: tuple[Any, Any] | None = None) -> LayerInfo:
         params = int(layer.count_params())
     except ValueError:  # not built
         params = 0
-    return LayerInfo(name=layer.name, type=type(layer).__name__, params=params,
-                     output_shape=_shape_text(shape), activation_bytes_per_sample=per_sample,
-                     kept_bytes_per_sample=_recurrent_kept_bytes(layer, fed[0] if fed is not None else None))
+    return LayerInfo(
+        name=layer.name,
+        type=type(layer).__name__,
+        params=params,
+        output_shape=_shape_text(shape),
+        activation_bytes_per_sample=per_sample,
+        kept_bytes_per_sample=_recurrent_kept_bytes(layer, fed[0] if fed is not None else None),
+    )
 
 
 def _is_model(layer: Any) -> bool:
@@ -249,8 +262,13 @@ def applied_optimizer(use: ModelUse, applied: Any) -> Any:
     return None
 
 
-def describe_model(use: ModelUse, new_variables: Any = (), built_optimizers: Any = (), applied: Any = (),
-             others: list[ModelUse] | None = None) -> ModelInfo | None:
+def describe_model(
+    use: ModelUse,
+    new_variables: Any = (),
+    built_optimizers: Any = (),
+    applied: Any = (),
+    others: list[ModelUse] | None = None,
+) -> ModelInfo | None:
     """ModelInfo for a model the cell used; None when it has been garbage-collected. `new_variables` and
     `built_optimizers` are what the cell created (their memory is the cell's); `applied` the optimizers a custom
     loop applied, with the ids of their variables; `others` the other models the cell used."""

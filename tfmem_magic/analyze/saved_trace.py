@@ -37,13 +37,15 @@ def xspace_files(path: str | Path) -> list[Path]:
         return [p]
     found = sorted(f for suffix in SUFFIXES for f in p.rglob(f"*{suffix}"))
     if not found:
-        raise TfmemUsageError(f"{p} holds no *.xplane.pb file (TensorBoard keeps them under "
-                              "LOGDIR/plugins/profile/<run>/)")
+        raise TfmemUsageError(
+            f"{p} holds no *.xplane.pb file (TensorBoard keeps them under LOGDIR/plugins/profile/<run>/)"
+        )
     return found
 
 
-def bare_report(path: str | Path, device: str | None = None, label: str | None = None,
-                batch_size: int | None = None) -> Report:
+def bare_report(
+    path: str | Path, device: str | None = None, label: str | None = None, batch_size: int | None = None
+) -> Report:
     """The report of one saved XSpace file (`.xplane.pb`, or gzipped). `device` picks the allocator ("GPU:1"); by
     default the busiest GPU's, else the CPU's. `batch_size`: the batch one step of that device ran (per replica),
     for the what-if from the trace (`trace_whatif`); by default read from the tensors' shapes."""
@@ -61,13 +63,17 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
     except Exception as exc:  # a file that is not an XSpace: the protobuf reader's own error says what is wrong
         raise TfmemUsageError(f"{p} is not a TensorFlow profiler trace (XSpace): {exc}") from exc
     if not len(trace.events) and trace.unreadable_planes:
-        raise TfmemUsageError(f"{p} was written in a format our own decoder does not read (an older TensorFlow "
-                              "stores its strings inline); reading it needs TensorFlow's protobuf classes: install "
-                              "tensorflow (or tensorflow-cpu) here, or read it where TensorFlow is installed")
+        raise TfmemUsageError(
+            f"{p} was written in a format our own decoder does not read (an older TensorFlow "
+            "stores its strings inline); reading it needs TensorFlow's protobuf classes: install "
+            "tensorflow (or tensorflow-cpu) here, or read it where TensorFlow is installed"
+        )
     if not len(trace.events):
-        raise TfmemUsageError(f"{p} has no memory events: record it with the TensorFlow profiler on a host with "
-                              "TensorFlow 2.x (tf.profiler.experimental.start or TensorBoard's capture), which "
-                              "records allocations by default")
+        raise TfmemUsageError(
+            f"{p} has no memory events: record it with the TensorFlow profiler on a host with "
+            "TensorFlow 2.x (tf.profiler.experimental.start or TensorBoard's capture), which "
+            "records allocations by default"
+        )
     if device is not None and (not trace.allocators or trace.allocators[0].device != device):
         named = ", ".join(sorted(a.device for a in trace.allocators if a.device)) or "none"
         raise TfmemUsageError(f"device={device!r}: the trace has no allocator for it (devices in it: {named})")
@@ -88,16 +94,26 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
         report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, end)}
     # a CPU process that did not switch to BFC before its first op traces only oneDNN's large allocations
     partial = main is not None and main.device == "CPU:0" and main.name in PARTIAL_CPU_ALLOCATORS
-    report.env = EnvInfo(allocator=info.allocator or "unknown", allocator_complete=not partial,
-                         devices=sorted({a.device for a in trace.allocators if a.device} | set(report.tf)),
-                         device_limit_bytes=gpu_limits(info))
-    report.notes.append(f"Built from a saved trace ({p.name}): TensorFlow's allocator events only; the process's "
-                        "memory (RSS) and the model were not recorded in it.")
+    report.env = EnvInfo(
+        allocator=info.allocator or "unknown",
+        allocator_complete=not partial,
+        devices=sorted({a.device for a in trace.allocators if a.device} | set(report.tf)),
+        device_limit_bytes=gpu_limits(info),
+    )
+    report.notes.append(
+        f"Built from a saved trace ({p.name}): TensorFlow's allocator events only; the process's "
+        "memory (RSS) and the model were not recorded in it."
+    )
     if main is not None and main.device is None:
-        what = ("the pinned host memory that copies to and from a GPU go through" if "host" in main.name.lower()
-                else "an allocator whose name ties it to no device")
-        report.notes.append(f"The trace's memory events are {main.name}'s only ({what}), listed as {HOST_DEVICE} "
-                            "(host memory). No GPU's own allocator (GPU_<n>_bfc) recorded events in it.")
+        what = (
+            "the pinned host memory that copies to and from a GPU go through"
+            if "host" in main.name.lower()
+            else "an allocator whose name ties it to no device"
+        )
+        report.notes.append(
+            f"The trace's memory events are {main.name}'s only ({what}), listed as {HOST_DEVICE} "
+            "(host memory). No GPU's own allocator (GPU_<n>_bfc) recorded events in it."
+        )
     xla = xla_note(report)
     if xla:
         report.notes.append(xla)
@@ -106,18 +122,26 @@ def bare_report(path: str | Path, device: str | None = None, label: str | None =
         report.notes.append(replay_check_note(check, trace.events))
         report.whatif_basis = trace_whatif(report, trace.events, check, batch_size)
     elif len(trace.events) > REPLAY_CHECK_MAX_EVENTS:
-        report.notes.append(f"No what-if from this trace: its {len(trace.events):,} memory events are more than "
-                            f"tfmem replays for a saved trace ({REPLAY_CHECK_MAX_EVENTS:,}, about 12 µs each, many "
-                            "times): record a few steps (tf.profiler.experimental.start / stop around them).")
+        report.notes.append(
+            f"No what-if from this trace: its {len(trace.events):,} memory events are more than "
+            f"tfmem replays for a saved trace ({REPLAY_CHECK_MAX_EVENTS:,}, about 12 µs each, many "
+            "times): record a few steps (tf.profiler.experimental.start / stop around them)."
+        )
     if len(info.allocators) > 1:
-        report.notes.append("Other allocators in the trace: " + "; ".join(
-            f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"
-            for a in info.allocators[1:]) + f". The breakdown is about {info.allocator}.")
+        report.notes.append(
+            "Other allocators in the trace: "
+            + "; ".join(
+                f"{a.name} ({a.device or 'pinned host memory'}): peak {format_bytes(a.peak_bytes)} in {a.events} events"
+                for a in info.allocators[1:]
+            )
+            + f". The breakdown is about {info.allocator}."
+        )
     return report
 
 
-def trace_whatif(report: Report, events: xplane.MemoryEvents, own: bfc.SelfCheck,
-                 batch_size: int | None = None) -> Basis | None:
+def trace_whatif(
+    report: Report, events: xplane.MemoryEvents, own: bfc.SelfCheck, batch_size: int | None = None
+) -> Basis | None:
     """The what-if basis of a saved trace: its own allocation sequence replayed at other batches
     (`step_replay.trace_curve`: the allocations whose shape carries the batch scaled), anchored on the trace's peak
     over what its allocator held at the start. The batch is `batch_size`, else the leading dimension that holds most
@@ -135,26 +159,42 @@ def trace_whatif(report: Report, events: xplane.MemoryEvents, own: bfc.SelfCheck
         report.notes.append("No what-if from this trace: none of its allocations has a shape to read a batch from.")
         return None
     if batch < 3:  # 1 and 2 lead many weights' shapes (1x1 kernels, biases): no telling the batch's tensors
-        report.notes.append(f"No what-if from this trace at batch {batch}: below 3, the batch cannot be told from "
-                            "the weights' dimensions in the tensors' shapes.")
+        report.notes.append(
+            f"No what-if from this trace at batch {batch}: below 3, the batch cannot be told from "
+            "the weights' dimensions in the tensors' shapes."
+        )
         return None
     curve = step_replay.trace_curve(events, batch, own)
     if not curve.passed:
         report.notes.append(f"No what-if from this trace at batch {batch}: {curve.why_not}.")
         return None
     if batch_size is None:
-        report.notes.append(f"The what-if reads this trace's batch as {batch}: the leading dimension of {share:.0%} "
-                            "of the bytes its shaped tensors requested (the batch one step of this device ran, per "
-                            "replica). If it is not, give it: analyze_xplane(path, batch_size=N), or tfmem show "
-                            "--batch-size N.")
+        report.notes.append(
+            f"The what-if reads this trace's batch as {batch}: the leading dimension of {share:.0%} "
+            "of the bytes its shaped tensors requested (the batch one step of this device ran, per "
+            "replica). If it is not, give it: analyze_xplane(path, batch_size=N), or tfmem show "
+            "--batch-size N."
+        )
     i = curve.batches.index(batch)
     after = next((j for j, b in enumerate(curve.batches) if b >= 2 * batch), len(curve.batches) - 1)
     slope = (curve.peaks[after] - curve.peaks[i]) / max(1, curve.batches[after] - batch)
     # the parts: what the batch adds per sample on the replay's curve, the rest of the peak fixed (the parts give the
     # summary's split and the anchor; the batch knob moves the peak by the replay's change)
-    return Basis(name="replay", weights=0, gradients=0, optimizer=0, input_copy=0, activations_per_sample=slope,
-                 input_per_sample=0.0, other=round(peak - slope * batch), fragmentation=1.0, measured_peak=peak,
-                 knobs=Knobs(batch_size=batch), slope_source="a saved trace's batch-shaped allocations", replay=curve)
+    return Basis(
+        name="replay",
+        weights=0,
+        gradients=0,
+        optimizer=0,
+        input_copy=0,
+        activations_per_sample=slope,
+        input_per_sample=0.0,
+        other=round(peak - slope * batch),
+        fragmentation=1.0,
+        measured_peak=peak,
+        knobs=Knobs(batch_size=batch),
+        slope_source="a saved trace's batch-shaped allocations",
+        replay=curve,
+    )
 
 
 # the self-check replays every event in Python, up to four times while it learns the regions' addresses (~12 µs per
@@ -167,11 +207,17 @@ def replay_check_note(check: bfc.SelfCheck, events: xplane.MemoryEvents) -> str:
     (analyze/bfc.py, `check`) gives back: the foundation of predictions from a trace at another batch
     (docs/bfc-replay.md)."""
     regions = "growing regions" if check.allow_growth else "one region of the whole limit"
-    what = (f"tfmem's simulation of TensorFlow's BFC allocator ({regions}), replaying this trace's {check.events} "
-            f"memory events of {events.allocator or 'its allocator'}")
+    what = (
+        f"tfmem's simulation of TensorFlow's BFC allocator ({regions}), replaying this trace's {check.events} "
+        f"memory events of {events.allocator or 'its allocator'}"
+    )
     if check.events_exact == check.events:
-        return (f"{what}, reproduces its bytes in use after every event, and its peak "
-                f"({format_bytes(check.traced_peak)}) exactly.")
-    return (f"{what}, differs from its bytes in use by up to {format_bytes(check.max_abs_error)} "
-            f"({check.events_exact} of {check.events} events exact; peak {check.peak_error:+.1%}): the trace began "
-            "with free chunks it never shows (docs/bfc-replay.md).")
+        return (
+            f"{what}, reproduces its bytes in use after every event, and its peak "
+            f"({format_bytes(check.traced_peak)}) exactly."
+        )
+    return (
+        f"{what}, differs from its bytes in use by up to {format_bytes(check.max_abs_error)} "
+        f"({check.events_exact} of {check.events} events exact; peak {check.peak_error:+.1%}): the trace began "
+        "with free chunks it never shows (docs/bfc-replay.md)."
+    )

@@ -68,8 +68,9 @@ def save_events(events: MemoryEvents, path: str | Path, fed_bytes: int = 0) -> N
     the probe's synthetic data made as tensors before its steps (`fed_bytes` reads it back)."""
     names = json.dumps({"strings": events.strings, "threads": events.threads, "allocator": events.allocator})
     limit = events.limit if events.limit is not None else np.zeros(len(events), np.int64)
-    np.savez_compressed(path, names=np.array(names), limit=limit, fed=np.int64(fed_bytes),
-                        **{k: getattr(events, k) for k in _COLUMNS})
+    np.savez_compressed(
+        path, names=np.array(names), limit=limit, fed=np.int64(fed_bytes), **{k: getattr(events, k) for k in _COLUMNS}
+    )
 
 
 def fed_bytes(path: str | Path) -> int:
@@ -82,8 +83,13 @@ def fed_bytes(path: str | Path) -> int:
 def load_events(path: str | Path) -> MemoryEvents:
     with np.load(path) as data:
         names = json.loads(str(data["names"]))
-        return MemoryEvents(**{k: data[k] for k in _COLUMNS}, strings=names["strings"], threads=names["threads"],
-                            allocator=names["allocator"], limit=data["limit"])
+        return MemoryEvents(
+            **{k: data[k] for k in _COLUMNS},
+            strings=names["strings"],
+            threads=names["threads"],
+            allocator=names["allocator"],
+            limit=data["limit"],
+        )
 
 
 def _masked(shape: str | None, batch: int) -> str | None:
@@ -155,8 +161,13 @@ class Lines:
         return sizes
 
 
-def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int,
-          keyed: dict[tuple[int, bool], Keys] | None = None) -> Lines:
+def align(
+    low: MemoryEvents,
+    high: MemoryEvents,
+    low_batch: int,
+    high_batch: int,
+    keyed: dict[tuple[int, bool], Keys] | None = None,
+) -> Lines:
     """Lines through the sizes of the allocations the two probes share: matched first by (op, dtype, shape with the
     batch masked) in order of occurrence, then what is left by (op, dtype, rank), where a pair is kept only when its
     two sizes are equal or grow roughly as the batch does (between halfway and 1.25x the batches' ratio). Matching
@@ -186,8 +197,9 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             if not n:
                 continue
             unshaped = masked and key[2] is None
-            left, right = _same_sizes_first(low, high, mine, theirs) if unshaped else (np.array(mine[:n]),
-                                                                                       np.array(theirs[:n]))
+            left, right = (
+                _same_sizes_first(low, high, mine, theirs) if unshaped else (np.array(mine[:n]), np.array(theirs[:n]))
+            )
             a = low.requested[left].astype(np.float64)
             b = high.requested[right].astype(np.float64)
             if not masked or unshaped:
@@ -205,12 +217,21 @@ def align(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int
             matched_high.update(right.tolist())
     for i in _batch_sized_unshaped(low, low_batch, matched_low):
         slope[i], intercept[i] = low.requested[i] / low_batch, 0.0
-    small = [i for i in np.nonzero(low.is_alloc & (low.requested < bfc.MIN_ALLOCATION_SIZE))[0].tolist()
-             if i not in matched_low and not low.string(int(low.op[i]))]
+    small = [
+        i
+        for i in np.nonzero(low.is_alloc & (low.requested < bfc.MIN_ALLOCATION_SIZE))[0].tolist()
+        if i not in matched_low and not low.string(int(low.op[i]))
+    ]
     unmatched = [i for i in np.nonzero(low.is_alloc)[0].tolist() if i not in matched_low]
-    return Lines(intercept, slope, len(matched_low), int(np.count_nonzero(low.is_alloc)), len(small),
-                 int(low.requested[low.is_alloc].sum()) - int(low.requested[small].sum()),
-                 int(low.requested[unmatched].sum()) - int(low.requested[small].sum()))
+    return Lines(
+        intercept,
+        slope,
+        len(matched_low),
+        int(np.count_nonzero(low.is_alloc)),
+        len(small),
+        int(low.requested[low.is_alloc].sum()) - int(low.requested[small].sum()),
+        int(low.requested[unmatched].sum()) - int(low.requested[small].sum()),
+    )
 
 
 def _batch_sized_unshaped(events: MemoryEvents, batch: int, matched: set[int]) -> list[int]:
@@ -219,13 +240,19 @@ def _batch_sized_unshaped(events: MemoryEvents, batch: int, matched: set[int]) -
     not. TensorFlow copies a NumPy array that is not aligned as it needs and wraps one that is: a CNN's probe at
     batch 37 had two copies of its [37,64,64,3] input (1,818,624 bytes, no shape in the trace), the one at 23 none,
     and replayed with them as fixed bytes its order fell 23% short at batch 256. They grow with the batch."""
-    return [i for i in np.nonzero(events.is_alloc)[0].tolist()
-            if i not in matched and not events.string(int(events.shape[i]))
-            and events.requested[i] >= UNSHAPED_BATCH_BYTES and events.requested[i] % batch == 0]
+    return [
+        i
+        for i in np.nonzero(events.is_alloc)[0].tolist()
+        if i not in matched
+        and not events.string(int(events.shape[i]))
+        and events.requested[i] >= UNSHAPED_BATCH_BYTES
+        and events.requested[i] % batch == 0
+    ]
 
 
-def _same_sizes_first(low: MemoryEvents, high: MemoryEvents, mine: list[int], theirs: list[int]
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def _same_sizes_first(
+    low: MemoryEvents, high: MemoryEvents, mine: list[int], theirs: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """Pairs of allocations with no shape (the trace names none for some buffers) under one key: the same sizes
     first, in order of occurrence, then what is left in order. Paired in order alone, a GRU's probes matched a 2 KB
     buffer with a 1.6 MB one that does not grow (one probe had one more of them before it): its replay grew 119 KB
@@ -261,8 +288,13 @@ class StepReplay:
         return bfc.replay_prepared(self.prepared, requested=self.lines.sizes(batch), memory_limit=UNLIMITED)
 
 
-def grid(cell_batch: int, probes: tuple[int, int], per_replay_s: float = 0.0, budget_s: float = REPLAY_BUDGET_S,
-         top: int | None = None) -> list[int]:
+def grid(
+    cell_batch: int,
+    probes: tuple[int, int],
+    per_replay_s: float = 0.0,
+    budget_s: float = REPLAY_BUDGET_S,
+    top: int | None = None,
+) -> list[int]:
     """The batches the curve is replayed at: the powers of two up to 64x the cell's batch (at least 4096), the
     cell's batch and the probes'; then, as far as `budget_s` allows at `per_replay_s` a replay (each batch is
     replayed in both orders), 1.5x the powers of two within 8x of the cell's batch, and 1.25x and 1.75x within 4x.
@@ -307,8 +339,9 @@ def aligned_enough(count: float, share_of_bytes: float) -> bool:
     return count >= MIN_ALIGNED or (count >= MIN_ALIGNED_FEW and share_of_bytes >= MIN_ALIGNED_BYTES)
 
 
-def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int,
-            gpu_growth: bool = True) -> CheckedReplays:
+def checked(
+    low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int, gpu_growth: bool = True
+) -> CheckedReplays:
     """The self-check of both probes' sequences and their alignment, before any prediction (see `curve`): each
     sequence must give back its own traced peak, and most allocations must find their match in the other's."""
     started = time.perf_counter()
@@ -321,10 +354,15 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
         assert own.prepared is not None
         replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs, keyed), own))
         if not own.passed:
-            where = (f" (first divergence at event {own.first_divergence} of {own.events})"
-                     if own.first_divergence is not None else "")
-            why.append(f"probe {b_mine}'s own sequence replayed to {own.peak_error:+.1%} of its traced peak{where}, "
-                       f"over the {OWN_TOLERANCE:.0%} the replay needs")
+            where = (
+                f" (first divergence at event {own.first_divergence} of {own.events})"
+                if own.first_divergence is not None
+                else ""
+            )
+            why.append(
+                f"probe {b_mine}'s own sequence replayed to {own.peak_error:+.1%} of its traced peak{where}, "
+                f"over the {OWN_TOLERANCE:.0%} the replay needs"
+            )
     first, second = replays
     # measured on a GradientTape loop's step fed by tf.data: 157 more 8-byte label rows at batch 37 than at 23
     # (90% matched by count, 98% without them)
@@ -333,22 +371,39 @@ def checked(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: i
     # a few more unmatched small tensors (a tape loop's step in one CI run: 94% by count) leave the bytes matched: the
     # replay's sizes are bytes
     if not aligned_enough(aligned, aligned_bytes):
-        why.append(f"only {aligned:.0%} of a probe's allocations ({aligned_bytes:.1%} of their bytes) found their "
-                   f"match in the other probe's trace (the replay needs {MIN_ALIGNED:.0%}, or {MIN_ALIGNED_FEW:.0%} "
-                   f"and {MIN_ALIGNED_BYTES:.0%} of the bytes): the two runs did not make the same tensors")
+        why.append(
+            f"only {aligned:.0%} of a probe's allocations ({aligned_bytes:.1%} of their bytes) found their "
+            f"match in the other probe's trace (the replay needs {MIN_ALIGNED:.0%}, or {MIN_ALIGNED_FEW:.0%} "
+            f"and {MIN_ALIGNED_BYTES:.0%} of the bytes): the two runs did not make the same tensors"
+        )
     # each sequence at the other probe's sizes against that probe's traced peak: how much the order alone moves it
-    cross: list[float] = [(r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
-             for r, other, b in ((first, second, high_batch), (second, first, low_batch))]
-    out = ReplayCurve(probes=[low_batch, high_batch], events=len(low), allocations=first.lines.allocations,
-                      aligned=first.lines.aligned, negligible=first.lines.negligible,
-                      own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
-                      cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
-                      traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)], why_not="; ".join(why))
+    cross: list[float] = [
+        (r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
+        for r, other, b in ((first, second, high_batch), (second, first, low_batch))
+    ]
+    out = ReplayCurve(
+        probes=[low_batch, high_batch],
+        events=len(low),
+        allocations=first.lines.allocations,
+        aligned=first.lines.aligned,
+        negligible=first.lines.negligible,
+        own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
+        cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
+        traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)],
+        why_not="; ".join(why),
+    )
     return CheckedReplays(replays, out, started)
 
 
-def curve(low: MemoryEvents, high: MemoryEvents, low_batch: int, high_batch: int, cell_batch: int,
-          batches: list[int] | None = None, gpu_growth: bool = True) -> ReplayCurve:
+def curve(
+    low: MemoryEvents,
+    high: MemoryEvents,
+    low_batch: int,
+    high_batch: int,
+    cell_batch: int,
+    batches: list[int] | None = None,
+    gpu_growth: bool = True,
+) -> ReplayCurve:
     """Replay both probes' sequences at every batch of the grid, after the self-check (`checked`). Two sequences,
     because the order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors
     meet at the peak (measured: a CNN's two probe orders replayed at one batch differed by 12-18%): the curve keeps
@@ -409,8 +464,9 @@ def trace_batch(events: MemoryEvents) -> tuple[int | None, float]:
 TRACE_REPLAY_BUDGET_S = 3.0
 
 
-def trace_curve(events: MemoryEvents, batch: int, own: bfc.SelfCheck | None = None,
-                batches: list[int] | None = None) -> ReplayCurve:
+def trace_curve(
+    events: MemoryEvents, batch: int, own: bfc.SelfCheck | None = None, batches: list[int] | None = None
+) -> ReplayCurve:
     """The replay curve of one saved trace (a GPU machine's, say) at its own `batch`: its own sequence, with its
     batch-shaped allocations scaled (`shape_lines`), replayed at a grid of batches through the simulator with the
     trace's own allocator settings (a GPU's: one region, no growth, garbage collection: `bfc.self_check`'s
@@ -422,13 +478,23 @@ def trace_curve(events: MemoryEvents, batch: int, own: bfc.SelfCheck | None = No
     own = bfc.self_check(events, tolerance=OWN_TOLERANCE) if own is None else own
     assert own.prepared is not None
     lines = shape_lines(events, batch)
-    out = ReplayCurve(probes=[batch], events=len(events), allocations=lines.allocations, aligned=lines.allocations,
-                      own_error=round(abs(own.peak_error), 5), cross_error=0.0, traced_peaks=[int(own.traced_peak)],
-                      source="trace", scaled=lines.aligned)
+    out = ReplayCurve(
+        probes=[batch],
+        events=len(events),
+        allocations=lines.allocations,
+        aligned=lines.allocations,
+        own_error=round(abs(own.peak_error), 5),
+        cross_error=0.0,
+        traced_peaks=[int(own.traced_peak)],
+        source="trace",
+        scaled=lines.aligned,
+    )
     if not own.passed:
         where = f" (first divergence at event {own.first_divergence})" if own.first_divergence is not None else ""
-        out.why_not = (f"the trace's own sequence replayed to {own.peak_error:+.1%} of its peak{where}, over the "
-                       f"{OWN_TOLERANCE:.0%} the replay needs")
+        out.why_not = (
+            f"the trace's own sequence replayed to {own.peak_error:+.1%} of its peak{where}, over the "
+            f"{OWN_TOLERANCE:.0%} the replay needs"
+        )
     elif not lines.aligned:
         out.why_not = f"no allocation of the trace has a shape that carries batch {batch}"
     else:
@@ -452,6 +518,7 @@ def odd_probes(cell_batch: int, avoid: set[int] | frozenset[int] = frozenset()) 
     """Two odd probe batches around the cell's (about 0.7x and 1.15x it, as 23 and 37 are for 32), none equal to a
     dimension in `avoid` (the model's weight shapes: a probe batch equal to a layer's width makes its tensors
     ambiguous), at least 3 and 5."""
+
     def odd_near(target: float, above: int = 0) -> int:
         n = max(3, above + 2, int(round(target)) | 1)
         while n in avoid or n <= above:

@@ -45,6 +45,6 @@ def clip_message(message: str, limit: int) -> str:
     head = line[:limit]
     ends = [m.end() for m in re.finditer(r"(?<!e\.g)(?<!i\.e)[.!?]\)?(?=\s)", head)]
     if ends and ends[-1] >= limit // 2:
-        return head[:ends[-1]]
+        return head[: ends[-1]]
     cut = head.rfind(" ")
-    return head[:cut if cut > 0 else limit].rstrip(",;:(") + "…"
+    return head[: cut if cut > 0 else limit].rstrip(",;:(") + "…"

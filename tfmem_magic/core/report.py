@@ -64,7 +64,7 @@ class EnvInfo:
 
     @property
     def keras_text(self) -> str:
-        """"3.15.1", "2.21.0 (tf_keras)" or "-"."""
+        """ "3.15.1", "2.21.0 (tf_keras)" or "-"."""
         if not self.keras:
             return "-"
         return f"{self.keras} (tf_keras)" if self.keras_package == "tf_keras" else self.keras
@@ -78,8 +78,7 @@ class EnvInfo:
     @property
     def allocator_misses(self) -> str:
         """What a partial allocator does not show, in words."""
-        return ("keeps no statistics at all" if self.allocator == "cpu"
-                else "tracks only allocations of 256 KiB or more")
+        return "keeps no statistics at all" if self.allocator == "cpu" else "tracks only allocations of 256 KiB or more"
 
 
 @dataclass
@@ -272,7 +271,7 @@ class ModelInfo:
 
     @property
     def optimizer_text(self) -> str:
-        """"Adam", "Adam ×2 (d_optimizer, g_optimizer)" when several train the model, or "none"."""
+        """ "Adam", "Adam ×2 (d_optimizer, g_optimizer)" when several train the model, or "none"."""
         if len(self.optimizers) > 1:
             labels = ", ".join(o.split(":", 1)[0] for o in self.optimizers)
             return f"{self.optimizer} ×{len(self.optimizers)} ({labels})"
@@ -287,8 +286,9 @@ class ModelInfo:
         """'256', or '256 (128 per replica of 2)' under a tf.distribute strategy; '?' when unknown."""
         if not self.batch_size:
             return "?"
-        return f"{self.batch_size}" + (f" ({self.replica_batch} per replica of {self.replicas})"
-                                       if self.replicas > 1 else "")
+        return f"{self.batch_size}" + (
+            f" ({self.replica_batch} per replica of {self.replicas})" if self.replicas > 1 else ""
+        )
 
     @property
     def replica_batch(self) -> int | None:

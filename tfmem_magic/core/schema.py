@@ -28,19 +28,27 @@ def report_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {}
     root = _object(Report, defs)
     root["properties"]["schema"] = {"const": SCHEMA}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": f"urn:{MIME_TYPE}",
-            "title": f"tfmem report ({SCHEMA})",
-            "description": "One measured cell (or block, or saved trace): what every surface of tfmem renders. "
-                           "Bytes are integers and times seconds; keys are added freely and never renamed without "
-                           "a new schema id (docs/design.md, 'Report contract').", **root,
-            "$defs": dict(sorted(defs.items()))}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"urn:{MIME_TYPE}",
+        "title": f"tfmem report ({SCHEMA})",
+        "description": "One measured cell (or block, or saved trace): what every surface of tfmem renders. "
+        "Bytes are integers and times seconds; keys are added freely and never renamed without "
+        "a new schema id (docs/design.md, 'Report contract').",
+        **root,
+        "$defs": dict(sorted(defs.items())),
+    }
 
 
 def _object(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     properties = {f.name: _type(hints[f.name], defs) for f in dataclasses.fields(cls)}
-    out: dict[str, Any] = {"type": "object", "properties": properties, "required": sorted(properties),
-                           "additionalProperties": False}
+    out: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": sorted(properties),
+        "additionalProperties": False,
+    }
     doc = (cls.__doc__ or "").strip()
     if doc and not doc.startswith(cls.__name__ + "("):  # a docstring of ours, not the dataclass's signature
         out = {"description": " ".join(doc.split()), **out}
@@ -52,8 +60,11 @@ def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin in (typing.Union, types.UnionType):
         options = [_type(a, defs) for a in typing.get_args(hint) if a is not type(None)]
         nullable = type(None) in typing.get_args(hint)
-        return {"anyOf": options + ([{"type": "null"}] if nullable else [])} if len(options) > 1 or nullable \
+        return (
+            {"anyOf": options + ([{"type": "null"}] if nullable else [])}
+            if len(options) > 1 or nullable
             else options[0]
+        )
     if origin is list:
         (item,) = typing.get_args(hint)
         return {"type": "array", "items": _type(item, defs)}

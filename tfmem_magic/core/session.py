@@ -64,7 +64,10 @@ class Session:
 
 
 # %tfmem calibrate's modes, and which profiled blocks each calibrates as they end (pipeline.Profiler._calibrate)
-CALIBRATE_MODES = {"auto": "a cell whose report names the largest batch that fits",
-                   "on": "every cell that runs a Keras model", "off": "none, until --calibrate or the Calibrate button"}
+CALIBRATE_MODES = {
+    "auto": "a cell whose report names the largest batch that fits",
+    "on": "every cell that runs a Keras model",
+    "off": "none, until --calibrate or the Calibrate button",
+}
 
 SESSION = Session()

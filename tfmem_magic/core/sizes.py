@@ -11,11 +11,20 @@ from tfmem_magic.core.errors import TfmemUsageError
 # SI suffixes are decimal and IEC suffixes binary, as their standards say. A bare letter ("2G", "512M") is binary,
 # as in docker, ulimit and free: that is what people mean when they size a container.
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 2**10, "kib": 2**10, "kb": 10**3,
-    "m": 2**20, "mib": 2**20, "mb": 10**6,
-    "g": 2**30, "gib": 2**30, "gb": 10**9,
-    "t": 2**40, "tib": 2**40, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
@@ -53,8 +62,19 @@ def format_bytes(n: float | int | None) -> str:
 def dtype_size(dtype: Any) -> int:
     """Bytes per element of a TensorFlow, Keras or numpy dtype (or its name); 4 when it is not one we know."""
     name = str(getattr(dtype, "name", dtype))
-    for key, size in (("float64", 8), ("int64", 8), ("complex128", 16), ("complex64", 8), ("float16", 2),
-                      ("bfloat16", 2), ("int16", 2), ("uint16", 2), ("int8", 1), ("uint8", 1), ("bool", 1)):
+    for key, size in (
+        ("float64", 8),
+        ("int64", 8),
+        ("complex128", 16),
+        ("complex64", 8),
+        ("float16", 2),
+        ("bfloat16", 2),
+        ("int16", 2),
+        ("uint16", 2),
+        ("int8", 1),
+        ("uint8", 1),
+        ("bool", 1),
+    ):
         if key in name:
             return size
     return 4

@@ -52,6 +52,7 @@ def _attr(module: str, *path: str) -> Callable[[], bool]:
 
 def _keras_attr(flavour: str, *path: str) -> Callable[[], bool]:
     """`path` on that Keras (KERAS3 or TF_KERAS), judged once it is imported (see Capability.needs)."""
+
     def probe() -> bool:
         keras = kerases.module(flavour)
         return keras is not None and _has_path(keras, path)
@@ -95,8 +96,9 @@ def _class_uses(cls: Any, *attributes: str, root: str | None = None) -> bool:
 def _dataset_batch_size() -> bool:
     from tensorflow.python.data.ops import batch_op
 
-    return _stores(batch_op._BatchDataset.__init__, "_batch_size") and \
-        _stores(batch_op._ParallelBatchDataset.__init__, "_batch_size")
+    return _stores(batch_op._BatchDataset.__init__, "_batch_size") and _stores(
+        batch_op._ParallelBatchDataset.__init__, "_batch_size"
+    )
 
 
 def _dataset_input() -> bool:
@@ -132,8 +134,9 @@ def _keras_compiled_metrics() -> bool:
 
 def _tf_keras_attention_shapes() -> bool:
     keras = kerases.module(kerases.TF_KERAS)
-    return keras is not None and _class_uses(keras.layers.MultiHeadAttention, "_query_shape", "_key_shape",
-                                             "_value_shape", root=kerases.TF_KERAS)
+    return keras is not None and _class_uses(
+        keras.layers.MultiHeadAttention, "_query_shape", "_key_shape", "_value_shape", root=kerases.TF_KERAS
+    )
 
 
 def _tf_keras_compiled_metrics() -> bool:
@@ -161,60 +164,122 @@ def _split(api: str) -> tuple[str, tuple[str, ...]]:
     return ".".join(parts[:-1]), (parts[-1],)
 
 
-_WALK = ("nested layers are found through the public `.layers` of nested models only: a layer that a custom layer "
-         "keeps inside itself is not known by name (the trace books its memory to the enclosing layer), and "
-         "calibration does not send its class to the probe process")
-_ATTENTION = ("the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
-              "activations: the analytic what-if of a Transformer reads low (the trace still measures them)")
-_METRICS = ("a metric class defined in the notebook is not sent to calibration's probe process: calibrating a "
-            "model compiled with one fails with a note (the analytic what-if is unaffected)")
+_WALK = (
+    "nested layers are found through the public `.layers` of nested models only: a layer that a custom layer "
+    "keeps inside itself is not known by name (the trace books its memory to the enclosing layer), and "
+    "calibration does not send its class to the probe process"
+)
+_ATTENTION = (
+    "the scores and projections inside MultiHeadAttention are not counted in the model's per-sample "
+    "activations: the analytic what-if of a Transformer reads low (the trace still measures them)"
+)
+_METRICS = (
+    "a metric class defined in the notebook is not sent to calibration's probe process: calibrating a "
+    "model compiled with one fails with a note (the analytic what-if is unaffected)"
+)
 
 CAPABILITIES = (
-    _tf("per-op trace", "tensorflow.python.profiler.internal._pywrap_profiler.ProfilerSession",
-        "cells are measured in quick mode: allocator statistics and RSS, no breakdown or timeline"),
-    _tf("your own profiler session", "tensorflow.python.profiler.profiler_v2._profiler",
+    _tf(
+        "per-op trace",
+        "tensorflow.python.profiler.internal._pywrap_profiler.ProfilerSession",
+        "cells are measured in quick mode: allocator statistics and RSS, no breakdown or timeline",
+    ),
+    _tf(
+        "your own profiler session",
+        "tensorflow.python.profiler.profiler_v2._profiler",
         "a tf.profiler session you started is not detected before ours starts (TensorFlow refuses the second one, "
-        "and the cell falls back to quick mode with a note)"),
-    _tf("layer and phase spans", "tensorflow.python.profiler.trace.Trace",
-        "the public tf.profiler.experimental.Trace is used instead (the same TraceMe annotations)"),
-    _tf("retracing count", "tensorflow.python.eager.polymorphic_function.tracing_compilation._create_concrete_function",
-        "tf.function retraces are not counted: the retracing finding is off"),
-    _tf("trace reader fallback", "tensorflow.tsl.profiler.protobuf.xplane_pb2.XPlane",
-        "traces our own decoder cannot read are skipped (the decoder reads TF 2.21's format without it)"),
-    Capability("gradient registry", "tensorflow.python.framework.ops._gradient_registry._registry",
-               "%tfmem free and tfmem_magic.free() cannot drop the traced gradients that pin a fitted model's "
-               "weights and slots: that memory stays held until the kernel restarts",
-               _attr("tensorflow.python.framework.ops", "_gradient_registry", "_registry")),
-    Capability("TensorFlow started?", "tensorflow.python.eager.context.context()._context_handle",
-               "whether TensorFlow has run its first op is read as 'not yet': allocator figures may be missing",
-               _context_handle),
-    Capability("batch of a tf.data pipeline", "tensorflow.python.data.ops.batch_op._BatchDataset._batch_size",
-               "a pipeline whose element_spec leaves the batch open (a final partial batch kept) gives no batch "
-               "size: the what-if and the batch fixes need one from elsewhere (fit's batch_size, a generator's "
-               "first batch)",
-               _dataset_batch_size),
-    Capability("steps of a tf.data pipeline", "tensorflow.python.data.ops.dataset_ops.UnaryDataset._input_dataset",
-               "a .batch() followed by other steps (map, prefetch, ...) is not found when the element_spec leaves "
-               "the batch open: such a pipeline gives no batch size, as above",
-               _dataset_input),
-    Capability("Keras model walk", "keras.Layer._flatten_layers", _WALK,
-               _keras_attr(kerases.KERAS3, "Layer", "_flatten_layers"), kerases.KERAS3),
-    Capability("attention's internal shapes", "keras.Layer._build_shapes_dict", _ATTENTION, _keras_build_shapes,
-               kerases.KERAS3),
-    Capability("custom loop's optimizer", "keras.optimizers.Optimizer._trainable_variables",
-               "an `optimizer.apply(grads)` that leaves out the variables (Keras then updates those it was built "
-               "with) is not tied to its model: the model is described without that optimizer and its slots "
-               "(`apply(grads, variables)` and `apply_gradients` are unaffected)",
-               _keras_optimizer_variables, kerases.KERAS3),
-    Capability("custom metrics in calibration", "keras.Model._compile_metrics._user_metrics", _METRICS,
-               _keras_compiled_metrics, kerases.KERAS3),
-    Capability("tf_keras model walk", "tf_keras.layers.Layer._flatten_layers", _WALK,
-               _keras_attr(kerases.TF_KERAS, "layers", "Layer", "_flatten_layers"), kerases.TF_KERAS),
-    Capability("tf_keras attention's internal shapes",
-               "tf_keras.layers.MultiHeadAttention._query_shape/_key_shape/_value_shape", _ATTENTION,
-               _tf_keras_attention_shapes, kerases.TF_KERAS),
-    Capability("tf_keras custom metrics in calibration", "tf_keras.Model.compiled_metrics._user_metrics", _METRICS,
-               _tf_keras_compiled_metrics, kerases.TF_KERAS),
+        "and the cell falls back to quick mode with a note)",
+    ),
+    _tf(
+        "layer and phase spans",
+        "tensorflow.python.profiler.trace.Trace",
+        "the public tf.profiler.experimental.Trace is used instead (the same TraceMe annotations)",
+    ),
+    _tf(
+        "retracing count",
+        "tensorflow.python.eager.polymorphic_function.tracing_compilation._create_concrete_function",
+        "tf.function retraces are not counted: the retracing finding is off",
+    ),
+    _tf(
+        "trace reader fallback",
+        "tensorflow.tsl.profiler.protobuf.xplane_pb2.XPlane",
+        "traces our own decoder cannot read are skipped (the decoder reads TF 2.21's format without it)",
+    ),
+    Capability(
+        "gradient registry",
+        "tensorflow.python.framework.ops._gradient_registry._registry",
+        "%tfmem free and tfmem_magic.free() cannot drop the traced gradients that pin a fitted model's "
+        "weights and slots: that memory stays held until the kernel restarts",
+        _attr("tensorflow.python.framework.ops", "_gradient_registry", "_registry"),
+    ),
+    Capability(
+        "TensorFlow started?",
+        "tensorflow.python.eager.context.context()._context_handle",
+        "whether TensorFlow has run its first op is read as 'not yet': allocator figures may be missing",
+        _context_handle,
+    ),
+    Capability(
+        "batch of a tf.data pipeline",
+        "tensorflow.python.data.ops.batch_op._BatchDataset._batch_size",
+        "a pipeline whose element_spec leaves the batch open (a final partial batch kept) gives no batch "
+        "size: the what-if and the batch fixes need one from elsewhere (fit's batch_size, a generator's "
+        "first batch)",
+        _dataset_batch_size,
+    ),
+    Capability(
+        "steps of a tf.data pipeline",
+        "tensorflow.python.data.ops.dataset_ops.UnaryDataset._input_dataset",
+        "a .batch() followed by other steps (map, prefetch, ...) is not found when the element_spec leaves "
+        "the batch open: such a pipeline gives no batch size, as above",
+        _dataset_input,
+    ),
+    Capability(
+        "Keras model walk",
+        "keras.Layer._flatten_layers",
+        _WALK,
+        _keras_attr(kerases.KERAS3, "Layer", "_flatten_layers"),
+        kerases.KERAS3,
+    ),
+    Capability(
+        "attention's internal shapes", "keras.Layer._build_shapes_dict", _ATTENTION, _keras_build_shapes, kerases.KERAS3
+    ),
+    Capability(
+        "custom loop's optimizer",
+        "keras.optimizers.Optimizer._trainable_variables",
+        "an `optimizer.apply(grads)` that leaves out the variables (Keras then updates those it was built "
+        "with) is not tied to its model: the model is described without that optimizer and its slots "
+        "(`apply(grads, variables)` and `apply_gradients` are unaffected)",
+        _keras_optimizer_variables,
+        kerases.KERAS3,
+    ),
+    Capability(
+        "custom metrics in calibration",
+        "keras.Model._compile_metrics._user_metrics",
+        _METRICS,
+        _keras_compiled_metrics,
+        kerases.KERAS3,
+    ),
+    Capability(
+        "tf_keras model walk",
+        "tf_keras.layers.Layer._flatten_layers",
+        _WALK,
+        _keras_attr(kerases.TF_KERAS, "layers", "Layer", "_flatten_layers"),
+        kerases.TF_KERAS,
+    ),
+    Capability(
+        "tf_keras attention's internal shapes",
+        "tf_keras.layers.MultiHeadAttention._query_shape/_key_shape/_value_shape",
+        _ATTENTION,
+        _tf_keras_attention_shapes,
+        kerases.TF_KERAS,
+    ),
+    Capability(
+        "tf_keras custom metrics in calibration",
+        "tf_keras.Model.compiled_metrics._user_metrics",
+        _METRICS,
+        _tf_keras_compiled_metrics,
+        kerases.TF_KERAS,
+    ),
 )
 
 _results: dict[str, bool] = {}  # name -> available, for every capability judged so far (kept: see the docstring)
@@ -280,8 +345,9 @@ def versions_text(needs: str | None = None) -> str:
     tf = sys.modules.get(TENSORFLOW)
     package = needs if needs in (kerases.KERAS3, kerases.TF_KERAS) else kerases.in_use()
     version = kerases.version(package)
-    return (f"TensorFlow {getattr(tf, '__version__', '?')}" +
-            (f", {'tf_keras' if package == kerases.TF_KERAS else 'Keras'} {version}" if version else ""))
+    return f"TensorFlow {getattr(tf, '__version__', '?')}" + (
+        f", {'tf_keras' if package == kerases.TF_KERAS else 'Keras'} {version}" if version else ""
+    )
 
 
 def unavailable_text(cap: Capability) -> str:
@@ -291,5 +357,6 @@ def unavailable_text(cap: Capability) -> str:
 
 def notes() -> list[str]:
     """One sentence per missing capability, for the report."""
-    return [f"On {versions_text(c.needs)}, {c.name} is unavailable ({c.api} is missing): {c.degraded}."
-            for c in missing()]
+    return [
+        f"On {versions_text(c.needs)}, {c.name} is unavailable ({c.api} is missing): {c.degraded}." for c in missing()
+    ]

@@ -144,7 +144,9 @@ def allocator_view() -> AllocatorView:
         tf.config.experimental.get_memory_info("CPU:0")
     except ValueError:
         return AllocatorView(
-            "cpu", False, False,
+            "cpu",
+            False,
+            False,
             "TensorFlow's plain CPU allocator keeps no statistics (oneDNN off or an older CPU, and BFC was not on "
             "before the first op): only process memory (RSS) is measured. Restart the kernel and run "
             "`%load_ext tfmem_magic` before any TensorFlow code to see every allocation.",
@@ -152,7 +154,9 @@ def allocator_view() -> AllocatorView:
     if os.environ.get(BFC_ENV) in ("1", "true", "True"):
         return AllocatorView(BFC_ALLOCATOR, True, True, None)
     return AllocatorView(
-        "mklcpu", False, True,
+        "mklcpu",
+        False,
+        True,
         "TensorFlow's oneDNN CPU allocator tracks only allocations of 256 KiB or more: biases, small batches and "
         "tf.data elements are invisible. Restart the kernel and run `%load_ext tfmem_magic` before any TensorFlow "
         "code (it turns on the BFC allocator, which sees every allocation).",
@@ -196,6 +200,7 @@ def mixed_precision_policy(package: str | None = None) -> str | None:
 
 # ---- budget ---------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Budget:
     ram_total_bytes: int
@@ -229,8 +234,9 @@ def _read_stat(path: Path, key: str) -> int:
     return 0
 
 
-def cgroup_memory(root: Path = Path("/sys/fs/cgroup"),
-                  proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[int, int] | None:
+def cgroup_memory(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> tuple[int, int] | None:
     """(limit, non-reclaimable usage) of this process's memory cgroup, v2 or v1; None without a real limit.
 
     Usage leaves out inactive page cache, which the kernel reclaims before it kills anyone (as `docker stats`).

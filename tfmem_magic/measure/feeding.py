@@ -258,10 +258,12 @@ def _describe_arrays(call: str, named: dict[str, Any], feed: Feed) -> None:
         feed.batch_size, feed.batch_source, feed.samples = rows, "the batch handed in", rows
     else:
         given = named.get("batch_size")
-        feed.batch_size, feed.batch_source = ((int(given), "batch_size argument") if given else
-                                              (KERAS_DEFAULT_BATCH, "Keras' default for arrays (32)"))
-    split = float(named.get("validation_split") or 0.0) if call == "fit" and named.get("validation_data") is None \
-        else 0.0
+        feed.batch_size, feed.batch_source = (
+            (int(given), "batch_size argument") if given else (KERAS_DEFAULT_BATCH, "Keras' default for arrays (32)")
+        )
+    split = (
+        float(named.get("validation_split") or 0.0) if call == "fit" and named.get("validation_data") is None else 0.0
+    )
     train_rows = rows
     if rows is not None and split > 0:
         train_rows = int(math.floor(rows * (1.0 - split)))
@@ -302,7 +304,6 @@ def _describe_validation(named: dict[str, Any], feed: Feed) -> None:
         for value in leaves(part):
             rows = rows if rows is not None else _rows(value)
             if _is_numpy(value):
-                feed.arrays.append(InputArray(id(value), int(value.nbytes), "validation " + role,
-                                              int(value.nbytes)))
+                feed.arrays.append(InputArray(id(value), int(value.nbytes), "validation " + role, int(value.nbytes)))
     feed.validation_samples = rows
     feed.validation = f"validation_data: {rows} rows" if rows is not None else "validation_data"

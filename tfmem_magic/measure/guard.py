@@ -66,21 +66,26 @@ def check_reachable(limit: int, where: str, margin: int = MARGIN) -> None:
         return
     room = max(256 * 2**20, rss // 4)  # for the cell's own work: its tensors, the framework's temporaries
     suggestion = -(-(rss + runtime + room) // (128 * 2**20)) * 128 * 2**20  # rounded up to 128 MiB
-    fix = (f"Give a limit with room for the cell's work, e.g. {where} {format_bytes(suggestion).replace(' ', '')}, "
-           "or free memory first.")
+    fix = (
+        f"Give a limit with room for the cell's work, e.g. {where} {format_bytes(suggestion).replace(' ', '')}, "
+        "or free memory first."
+    )
     if runtime and limit >= rss:
         raise TfmemUsageError(
             f"{where} {format_bytes(limit)} leaves no room for TensorFlow: the process holds {format_bytes(rss)} now, "
             f"and TensorFlow's runtime adds ~{format_bytes(runtime)} when it starts (its libraries, kernels and "
-            f"caches: measured on TF 2.21 CPU), so every cell would pass the limit before its own work. {fix}")
+            f"caches: measured on TF 2.21 CPU), so every cell would pass the limit before its own work. {fix}"
+        )
     if limit >= rss:
         raise TfmemUsageError(
             f"{where} {format_bytes(limit)} leaves less than {format_bytes(margin)} of room above what this process "
             f"already holds ({format_bytes(rss)}: Python, TensorFlow's runtime and your variables), so no batch size "
-            f"could meet it. {fix}")
+            f"could meet it. {fix}"
+        )
     raise TfmemUsageError(
         f"{where} {format_bytes(limit)} is below what this process already holds ({format_bytes(rss)}: Python, "
-        f"TensorFlow's runtime and your variables), so no batch size could meet it. {fix}")
+        f"TensorFlow's runtime and your variables), so no batch size could meet it. {fix}"
+    )
 
 
 def runtime_still_to_come() -> int:
@@ -104,32 +109,41 @@ def set_session_limit(limit: int, keep_onednn: bool = False) -> tuple[SessionLim
     rss = psutil.Process().memory_info().rss
     allocator_mb = None
     if environment.tensorflow_initialized():
-        how = ("TensorFlow is already running, so its allocator cannot be limited any more: the batch-end check "
-               "and the watchdog protect the cells. Restart the kernel and run %tfmem limit before any TensorFlow "
-               "code to also cap TensorFlow's allocator.")
+        how = (
+            "TensorFlow is already running, so its allocator cannot be limited any more: the batch-end check "
+            "and the watchdog protect the cells. Restart the kernel and run %tfmem limit before any TensorFlow "
+            "code to also cap TensorFlow's allocator."
+        )
     elif os.environ.get(environment.BFC_ENV) not in ("1", "true", "True"):
-        how = (f"TensorFlow's allocator limit needs the BFC allocator ({environment.BFC_ENV}=1), which is off: the "
-               "batch-end check and the watchdog protect the cells.")
+        how = (
+            f"TensorFlow's allocator limit needs the BFC allocator ({environment.BFC_ENV}=1), which is off: the "
+            "batch-end check and the watchdog protect the cells."
+        )
     else:
         runtime = RUNTIME_RSS_IMPORTED if environment.tensorflow_imported() else RUNTIME_RSS_NOT_IMPORTED
         allocator_mb = max(MIN_ALLOCATOR_MB, (limit - rss - runtime) // 2**20)
         os.environ[LIMIT_ENV] = str(allocator_mb)
-        how = (f"TensorFlow's allocator is capped at {format_bytes(allocator_mb * 2**20)} ({LIMIT_ENV}: the limit "
-               f"minus the {format_bytes(rss)} the process holds now and ~{format_bytes(runtime)} that TensorFlow's "
-               "runtime will add), and the batch-end check and the watchdog watch the process.")
+        how = (
+            f"TensorFlow's allocator is capped at {format_bytes(allocator_mb * 2**20)} ({LIMIT_ENV}: the limit "
+            f"minus the {format_bytes(rss)} the process holds now and ~{format_bytes(runtime)} that TensorFlow's "
+            "runtime will add), and the batch-end check and the watchdog watch the process."
+        )
         if keep_onednn and SESSION.onednn_off_by_us:  # an earlier %tfmem limit turned it off: give it back
             os.environ.pop(ONEDNN_ENV, None)
             SESSION.onednn_off_by_us = False
         if (ONEDNN_ENV in os.environ and not SESSION.onednn_off_by_us) or keep_onednn:
             if os.environ.get(ONEDNN_ENV, "1") != "0":
-                how += (" oneDNN stays on: an out-of-memory error inside fit() can then crash the kernel "
-                        "(TensorFlow 2.21).")
+                how += (
+                    " oneDNN stays on: an out-of-memory error inside fit() can then crash the kernel (TensorFlow 2.21)."
+                )
         else:
             os.environ[ONEDNN_ENV] = "0"
             SESSION.onednn_off_by_us = True
-            how += (f" oneDNN is turned off ({ONEDNN_ENV}=0): with it, TensorFlow 2.21 crashes the kernel on an "
-                    "out-of-memory error inside fit(). CPU training gets slower (a small CNN: 1.5x); "
-                    "%tfmem limit SIZE --keep-onednn keeps it.")
+            how += (
+                f" oneDNN is turned off ({ONEDNN_ENV}=0): with it, TensorFlow 2.21 crashes the kernel on an "
+                "out-of-memory error inside fit(). CPU training gets slower (a small CNN: 1.5x); "
+                "%tfmem limit SIZE --keep-onednn keeps it."
+            )
     SESSION.limit = SessionLimit(limit, "user", allocator_mb)
     return SESSION.limit, f"Memory limit {format_bytes(limit)} for every cell. {how}"
 
@@ -139,8 +153,10 @@ def clear_session_limit() -> str:
     armed = limit is not None and limit.allocator_mb is not None and environment.tensorflow_initialized()
     SESSION.limit = None
     if armed:
-        return ("Memory limit removed for the batch-end check and the watchdog. TensorFlow's allocator keeps the cap "
-                "(and oneDNN stays off) as read at its first op, until the kernel restarts.")
+        return (
+            "Memory limit removed for the batch-end check and the watchdog. TensorFlow's allocator keeps the cap "
+            "(and oneDNN stays off) as read at its first op, until the kernel restarts."
+        )
     # TensorFlow has not read them yet: take back every variable the limit set (the machine-sized BFC cap returns)
     default_cap = environment.allocator_setup().bfc_cap_mb_by_us
     if default_cap is not None:
@@ -185,9 +201,11 @@ class Guard:
 
     def message(self, rss: int, where: str) -> str:
         over = "passed its memory limit" if self.threshold == self.limit else "grew past its memory limit"
-        return (f"The process {over} ({format_bytes(rss)} against {format_bytes(self.limit)}, {self.source}) "
-                f"{where}; tfmem stopped the cell before the machine ran out. Your variables are intact: free "
-                "memory or lower the batch size and run again.")
+        return (
+            f"The process {over} ({format_bytes(rss)} against {format_bytes(self.limit)}, {self.source}) "
+            f"{where}; tfmem stopped the cell before the machine ran out. Your variables are intact: free "
+            "memory or lower the batch size and run again."
+        )
 
     def check(self, where: str) -> None:
         """The batch-end check (layer 2), in the cell's own thread."""
@@ -207,11 +225,20 @@ class Guard:
         for memory; a watchdog exception queued meanwhile lands while TF builds its own error, and pybind11 then
         reports both as a RuntimeError ("MISMATCH of original and normalized active exception types"). Give the
         user the guard's clean MemoryLimitExceeded instead of that."""
-        if not (isinstance(exc, RuntimeError) and self.tripped_by == "watchdog" and _TANGLED in str(exc)
-                and "MemoryLimitExceeded" in str(exc)):
+        if not (
+            isinstance(exc, RuntimeError)
+            and self.tripped_by == "watchdog"
+            and _TANGLED in str(exc)
+            and "MemoryLimitExceeded" in str(exc)
+        ):
             return exc
-        clean = MemoryLimitExceeded(self.message(self.tripped_rss, "while TensorFlow's allocator was refusing a "
-                                                 "request (it waits up to 10 s for memory before it gives up)"))
+        clean = MemoryLimitExceeded(
+            self.message(
+                self.tripped_rss,
+                "while TensorFlow's allocator was refusing a "
+                "request (it waits up to 10 s for memory before it gives up)",
+            )
+        )
         clean.__traceback__ = exc.__traceback__
         return clean
 
@@ -241,8 +268,21 @@ class Guard:
 _OOM = re.compile(r"OOM when allocating tensor with shape\s*\[([^\]]*)\] and type (\w+) on (\S+) by allocator (\S+)")
 _EAGER_OP = re.compile(r"\[Op:(\w+)\]")  # eager: "... [Op:Fill] name:"
 _GRAPH_OP = re.compile(r"\{\{node ([^}]+)\}\}")  # in fit / tf.function: "[[{{node StatefulPartitionedCall/...}}]]"
-_DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
-                "int16": 2, "uint16": 2, "bool": 1, "complex64": 8, "complex128": 16}
+_DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "half": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "int64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
 _DTYPE_NAMES = {"float": "float32", "double": "float64", "half": "float16"}
 
 

@@ -29,8 +29,26 @@ MAX_ITEMS = 2000  # items looked at per container (a list of a million floats is
 BUDGET_S = 0.25  # the whole walk, per cell
 MAX_PATHS = 6  # paths kept per holder, to a leaf each (`results[4096].model`)
 # names IPython keeps for itself (their outputs are reached through `Out`, which names them as people do)
-_SKIP = {"In", "_ih", "_oh", "_dh", "_i", "_ii", "_iii", "exit", "quit", "get_ipython", "__builtins__",
-         "__builtin__", "__name__", "__doc__", "__spec__", "__loader__", "__package__", "_sh"}
+_SKIP = {
+    "In",
+    "_ih",
+    "_oh",
+    "_dh",
+    "_i",
+    "_ii",
+    "_iii",
+    "exit",
+    "quit",
+    "get_ipython",
+    "__builtins__",
+    "__builtin__",
+    "__name__",
+    "__doc__",
+    "__spec__",
+    "__loader__",
+    "__package__",
+    "_sh",
+}
 _LAST_OUTPUTS = ("_", "__", "___")  # aliases of the newest outputs: looked at after every other name
 _ATOMS = {int, float, bool, str, bytes, complex, type(None)}  # they hold no TensorFlow memory: skipped at once
 
@@ -62,19 +80,25 @@ class _Kinds:
         self.models = tuple(m.Model for m in kerases_loaded)
         self.layers = tuple(getattr(m.layers, "Layer", type(None)) for m in kerases_loaded)
         self.optimizers = kerases.optimizer_classes()
-        self.callbacks = tuple(c for m in kerases_loaded
-                               if isinstance(c := getattr(getattr(m, "callbacks", None), "Callback", None), type))
+        self.callbacks = tuple(
+            c for m in kerases_loaded if isinstance(c := getattr(getattr(m, "callbacks", None), "Callback", None), type)
+        )
         tf = sys.modules.get("tensorflow")
         keras3 = kerases.module(kerases.KERAS3)
-        self.variables = tuple(c for c in (getattr(tf, "Variable", None), getattr(keras3, "Variable", None))
-                               if isinstance(c, type))
+        self.variables = tuple(
+            c for c in (getattr(tf, "Variable", None), getattr(keras3, "Variable", None)) if isinstance(c, type)
+        )
         self.tensors = tuple(c for c in (getattr(tf, "Tensor", None),) if isinstance(c, type))
 
     def leaf(self, obj: Any) -> Leaf | None:
         if self.models and isinstance(obj, self.models):
             optimizer = getattr(obj, "optimizer", None)
-            return Leaf("Keras model", str(getattr(obj, "name", "model")),
-                        _weights(obj) + (optimizer_variables(optimizer) if optimizer is not None else []), optimizer)
+            return Leaf(
+                "Keras model",
+                str(getattr(obj, "name", "model")),
+                _weights(obj) + (optimizer_variables(optimizer) if optimizer is not None else []),
+                optimizer,
+            )
         if self.layers and isinstance(obj, self.layers):
             return Leaf("Keras layer", str(getattr(obj, "name", "layer")), _weights(obj))
         if self.optimizers and isinstance(obj, self.optimizers):
@@ -116,8 +140,12 @@ def handle_id(variable: Any) -> int | None:
     return None if handle is None else id(handle)
 
 
-def walk(namespace: dict[str, Any] | None, is_new: Callable[[Any], bool] = lambda _: False,
-         changed: set[str] | frozenset[str] = frozenset(), budget_s: float = BUDGET_S) -> Walk:
+def walk(
+    namespace: dict[str, Any] | None,
+    is_new: Callable[[Any], bool] = lambda _: False,
+    changed: set[str] | frozenset[str] = frozenset(),
+    budget_s: float = BUDGET_S,
+) -> Walk:
     """Every name in `namespace` that reaches TensorFlow memory. What the cell made counts as the holder's
     `new_bytes`: a variable for which `is_new(variable)` holds, the variables of an optimizer for which it holds,
     and a tensor under a name in `changed` (the names the cell bound or rebound)."""
@@ -128,8 +156,11 @@ def walk(namespace: dict[str, Any] | None, is_new: Callable[[Any], bool] = lambd
     if not (kinds.variables or kinds.tensors or kinds.models):
         return out  # neither TensorFlow nor Keras is imported: nothing can hold their memory
     deadline = time.perf_counter() + budget_s
-    names = [n for n in list(namespace) if isinstance(n, str) and n not in _SKIP and n not in _LAST_OUTPUTS
-             and not _numbered(n)]
+    names = [
+        n
+        for n in list(namespace)
+        if isinstance(n, str) and n not in _SKIP and n not in _LAST_OUTPUTS and not _numbered(n)
+    ]
     names.sort(key=lambda n: (n == "Out", n.startswith("_"), n))
     owners: dict[int, list[str]] = {}  # id(variable or tensor) -> the names that reach it
     found: list[tuple[str, str, list[tuple[str, Leaf]]]] = []
@@ -167,8 +198,14 @@ def _numbered(name: str) -> bool:
     return name.startswith("_") and name.lstrip("_i").isdigit() and name not in _LAST_OUTPUTS
 
 
-def _holder(name: str, kind: str, reached: list[tuple[str, Leaf]], owners: dict[int, list[str]],
-            is_new: Callable[[Any], bool], rebound: bool) -> Holder:
+def _holder(
+    name: str,
+    kind: str,
+    reached: list[tuple[str, Leaf]],
+    owners: dict[int, list[str]],
+    is_new: Callable[[Any], bool],
+    rebound: bool,
+) -> Holder:
     """One Holder for `name`: each variable and tensor counted once, whatever path reached it. A tensor is the
     cell's when the cell bound or rebound the name (`rebound`), a variable when `is_new` says so."""
     unique: dict[int, Any] = {}
@@ -183,14 +220,18 @@ def _holder(name: str, kind: str, reached: list[tuple[str, Leaf]], owners: dict[
     values = list(unique.values())
     others = sorted({n for v in values for n in owners.get(id(v), []) if n != name})
     leaves = [leaf for _, leaf in reached]
-    return Holder(name=name, kind=kind, bytes=variable_bytes(values),
-                  new_bytes=variable_bytes(fresh.values()),
-                  models=[leaf.label for leaf in leaves if leaf.kind == "Keras model"],
-                  model_bytes=[variable_bytes(leaf.variables) for leaf in leaves if leaf.kind == "Keras model"],
-                  tensors=sum(1 for leaf in leaves if leaf.kind == "tensor"),
-                  variables=sum(len(leaf.variables) for leaf in leaves if leaf.kind in ("variable", "Keras layer",
-                                                                                          "optimizer")),
-                  paths=[path for path, _ in reached[:MAX_PATHS]], shared_with=others[:5])
+    return Holder(
+        name=name,
+        kind=kind,
+        bytes=variable_bytes(values),
+        new_bytes=variable_bytes(fresh.values()),
+        models=[leaf.label for leaf in leaves if leaf.kind == "Keras model"],
+        model_bytes=[variable_bytes(leaf.variables) for leaf in leaves if leaf.kind == "Keras model"],
+        tensors=sum(1 for leaf in leaves if leaf.kind == "tensor"),
+        variables=sum(len(leaf.variables) for leaf in leaves if leaf.kind in ("variable", "Keras layer", "optimizer")),
+        paths=[path for path, _ in reached[:MAX_PATHS]],
+        shared_with=others[:5],
+    )
 
 
 def _safe_new(is_new: Callable[[Any], bool], value: Any) -> bool:
@@ -229,8 +270,9 @@ def _leaves(root: Any, name: str, kinds: _Kinds, deadline: float) -> Iterator[tu
                 if leaf is not None:
                     yield path, leaf
                     continue
-                following.extend((path + step, child) for step, child in _children(obj, kinds)
-                                 if type(child) not in _ATOMS)
+                following.extend(
+                    (path + step, child) for step, child in _children(obj, kinds) if type(child) not in _ATOMS
+                )
             except Exception:
                 continue
             if time.perf_counter() > deadline:
@@ -271,8 +313,11 @@ def _children(obj: Any, kinds: _Kinds) -> list[tuple[str, Any]]:
     python_function = getattr(obj, "python_function", None)  # a tf.function: the Python function it wraps
     if isinstance(python_function, types.FunctionType) and type(obj).__module__.startswith("tensorflow"):
         return _children(python_function, kinds)
-    own = (type(obj).__module__ == "__main__" or isinstance(obj, types.SimpleNamespace)
-           or (bool(kinds.callbacks) and isinstance(obj, kinds.callbacks)))
+    own = (
+        type(obj).__module__ == "__main__"
+        or isinstance(obj, types.SimpleNamespace)
+        or (bool(kinds.callbacks) and isinstance(obj, kinds.callbacks))
+    )
     attrs = getattr(obj, "__dict__", None) if own else None
     if not isinstance(attrs, dict):
         return []

@@ -65,10 +65,18 @@ def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
     batch, source = feed.batch_size, feed.batch_source
     if batch is None and feed.kind == "generator" and use.batch_source == GENERATOR_BATCH:
         batch, source = use.batch_size, use.batch_source  # an earlier call's generator: this one batches alike
-    return ModelUse(model_ref=use.model_ref, calls=[call], batch_size=batch, batch_source=source,
-                    input_shape=feed.input_shape or use.input_shape, input_arrays=list(feed.arrays),
-                    samples=feed.samples, structure=feed.structure or use.structure, feed=feed.kind,
-                    validation=feed.validation)
+    return ModelUse(
+        model_ref=use.model_ref,
+        calls=[call],
+        batch_size=batch,
+        batch_source=source,
+        input_shape=feed.input_shape or use.input_shape,
+        input_arrays=list(feed.arrays),
+        samples=feed.samples,
+        structure=feed.structure or use.structure,
+        feed=feed.kind,
+        validation=feed.validation,
+    )
 
 
 class IdentitySet:
@@ -89,9 +97,16 @@ class IdentitySet:
 
 
 class Instrumentation:
-    def __init__(self, tracer: Tracer | None, trace_steps: int = 10, spans: bool = True, guard: Any = None,
-                 stops: StopLatch | None = None, preflight: Callable[[Any, str, ModelUse], None] | None = None,
-                 t0: float | None = None) -> None:
+    def __init__(
+        self,
+        tracer: Tracer | None,
+        trace_steps: int = 10,
+        spans: bool = True,
+        guard: Any = None,
+        stops: StopLatch | None = None,
+        preflight: Callable[[Any, str, ModelUse], None] | None = None,
+        t0: float | None = None,
+    ) -> None:
         self.tracer = tracer
         self.guard = guard
         self.stops = stops  # the cell's stop presses: a swallowed one is raised again at a batch end or a return
@@ -144,8 +159,11 @@ class Instrumentation:
         self._hide_from_keras_tracebacks(flavour)
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
-                self._patch(keras.Model, name, self._wrap_model_call(name, getattr(keras.Model, name),
-                                                                     _keras_own(keras.Model, name)))
+                self._patch(
+                    keras.Model,
+                    name,
+                    self._wrap_model_call(name, getattr(keras.Model, name), _keras_own(keras.Model, name)),
+                )
         layer = keras.layers.Layer
         self._patch(layer, "__call__", self._wrap_layer_call(layer.__call__, keras.Model))
         opt = keras.optimizers.Optimizer
@@ -170,8 +188,9 @@ class Instrumentation:
         traces, owners = self.traces, self._trace_owners
 
         @functools.wraps(original)
-        def counting(function_type: Any, type_context: Any, func_graph: Any, tracing_options: Any, *args: Any,
-                     **kwargs: Any) -> Any:
+        def counting(
+            function_type: Any, type_context: Any, func_graph: Any, tracing_options: Any, *args: Any, **kwargs: Any
+        ) -> Any:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             name = str(getattr(tracing_options, "name", "function"))
             # a function is its cache (an empty cache is falsy: test for None). The cache is held until the cell
@@ -325,8 +344,9 @@ class Instrumentation:
 
         return wrapper
 
-    def _wrap_model_call(self, call: str, original: Callable[..., Any], reference: Callable[..., Any] | None = None
-                         ) -> Callable[..., Any]:
+    def _wrap_model_call(
+        self, call: str, original: Callable[..., Any], reference: Callable[..., Any] | None = None
+    ) -> Callable[..., Any]:
         """The user's fit/evaluate/predict: recorded, and given our callbacks. Calls Keras makes inside one (fit's
         validation `evaluate`, a callback's `predict`, a nested fit) pass through untouched: they belong to the
         outer call, and Keras hands them its own CallbackList."""
@@ -348,8 +368,9 @@ class Instrumentation:
                 if instrumentation.preflight is not None:  # may refuse the call before its first step
                     instrumentation.preflight(model, call, _as_fed(instrumentation._use(model), call, feed))
                 if call in ("fit", "evaluate", "predict"):
-                    args, kwargs = instrumentation._with_callbacks(call, signature_of, args, kwargs,
-                                                                   kerases.flavour_of(model))
+                    args, kwargs = instrumentation._with_callbacks(
+                        call, signature_of, args, kwargs, kerases.flavour_of(model)
+                    )
                 record = instrumentation._call_started(model, call)
                 result = original(model, *args, **kwargs)
                 instrumentation._call_ended(record, result)
@@ -373,9 +394,13 @@ class Instrumentation:
         if call not in ("fit", "evaluate", "predict") or len(self.calls) >= MAX_CALL_RECORDS:
             return None
         try:  # a failure here costs tfmem the record, never the user's call
-            record = CallRecord(call, str(getattr(model, "name", "") or "") or None,
-                                round(time.perf_counter() - self.t0, 6), tf_before_bytes=bytes_in_use(),
-                                rss_before_bytes=process_rss())
+            record = CallRecord(
+                call,
+                str(getattr(model, "name", "") or "") or None,
+                round(time.perf_counter() - self.t0, 6),
+                tf_before_bytes=bytes_in_use(),
+                rss_before_bytes=process_rss(),
+            )
         except Exception:
             return None
         self.calls.append(record)
@@ -387,22 +412,29 @@ class Instrumentation:
         try:
             record.end_s = round(time.perf_counter() - self.t0, 6)
             record.tf_after_bytes, record.rss_after_bytes = bytes_in_use(), process_rss()
-            outputs = result if isinstance(result, (list, tuple)) else \
-                list(result.values()) if isinstance(result, dict) else [result]
+            outputs = (
+                result
+                if isinstance(result, (list, tuple))
+                else list(result.values())
+                if isinstance(result, dict)
+                else [result]
+            )
             record.output_bytes = sum(int(getattr(o, "nbytes", 0) or 0) for o in outputs[:64])
         except Exception:
             pass
 
-    def _with_callbacks(self, call: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                        flavour: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _with_callbacks(
+        self, call: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], flavour: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Append our callbacks (after the user's): the trace window, and the guard's batch-end check. Keras takes a
         list, a tuple, a single callback or None; a CallbackList the user built is left alone (its params are
         theirs), and so are callbacks given positionally."""
         if self.tracer is None and self.guard is None and self.stops is None:
             return args, kwargs
         checks = [c.check for c in (self.guard, self.stops) if c is not None]
-        ours = ([_callback_class("trace", flavour)(self.tracer, self.trace_steps)] if self.tracer is not None else []) \
-            + ([_callback_class("check", flavour)(checks, call)] if checks else [])
+        ours = (
+            [_callback_class("trace", flavour)(self.tracer, self.trace_steps)] if self.tracer is not None else []
+        ) + ([_callback_class("check", flavour)(checks, call)] if checks else [])
         position = _parameter_index(original, "callbacks")
         if position is not None and len(args) > position:
             return args, kwargs
@@ -412,8 +444,10 @@ class Instrumentation:
         elif isinstance(given, (list, tuple)):
             callbacks = [*given, *ours]
         elif type(given).__name__ == "CallbackList":
-            self.notes.append(f"{call}() was given a CallbackList: its trace window and batch-end check were not "
-                              "added (the trace and the watchdog still ran).")
+            self.notes.append(
+                f"{call}() was given a CallbackList: its trace window and batch-end check were not "
+                "added (the trace and the watchdog still ran)."
+            )
             return args, kwargs
         else:  # one callback object
             callbacks = [given, *ours]
@@ -429,8 +463,9 @@ class Instrumentation:
                 self.new_models += 1
         return use
 
-    def _record_call(self, model: Any, call: str, original: Callable[..., Any], args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], feeding.Feed]:
+    def _record_call(
+        self, model: Any, call: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], feeding.Feed]:
         """Record what the user's call was fed; returns the arguments to call with (the same objects, except a
         Python generator, which is passed through a generator that notes its first batch), and the call's feed."""
         use = self._use(model)
@@ -451,6 +486,7 @@ class Instrumentation:
             use.structure = feed.structure
         self._note_arrays(use, feed.arrays)
         if feed.kind == "generator":
+
             def first_batch(item: Any) -> None:
                 batch, structure, shape = feeding.batch_of(item)
                 if batch is not None:
@@ -458,8 +494,11 @@ class Instrumentation:
                 use.input_shape = shape or use.input_shape
                 if call == "fit" or use.structure is None:
                     use.structure = structure
-            return (*_replace_argument(original, args, kwargs, "x", feeding.spy_generator(named["x"], first_batch)),
-                    feed)
+
+            return (
+                *_replace_argument(original, args, kwargs, "x", feeding.spy_generator(named["x"], first_batch)),
+                feed,
+            )
         return args, kwargs, feed
 
     def _note_arrays(self, use: ModelUse, arrays: list[InputArray]) -> None:
@@ -498,8 +537,9 @@ class Instrumentation:
                 self.optimizer_names.add(name.lower())
 
 
-def _pairs_variables(args: tuple[Any, ...], kwargs: dict[str, Any]
-                     ) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
+def _pairs_variables(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
     """The variables of apply_gradients' (gradient, variable) pairs, and the arguments to call it with: the pairs
     as a list, since reading a `zip` would leave nothing for the optimizer."""
     if args:
@@ -527,11 +567,12 @@ def _parameter_index(function: Callable[..., Any], name: str) -> int | None:
     return names.index(name) if name in names else None
 
 
-def _replace_argument(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str,
-                      value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _replace_argument(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     position = _parameter_index(function, name)
     if position is not None and len(args) > position:
-        return args[:position] + (value,) + args[position + 1:], kwargs
+        return args[:position] + (value,) + args[position + 1 :], kwargs
     return args, {**kwargs, name: value}
 
 

@@ -104,7 +104,7 @@ class StopLatch:
 
     def exit_call(self, token: int) -> None:
         if token in self._calls:
-            del self._calls[self._calls.index(token):]
+            del self._calls[self._calls.index(token) :]
 
     def seen(self, exc: BaseException | None) -> None:
         """`exc` left a watched call or the cell: a KeyboardInterrupt did its work, nothing is pending any more."""
@@ -148,15 +148,21 @@ class StopLatch:
         """What the report says about the presses, if anything happened beyond a plain interrupt."""
         out = []
         for where in self.reraised:
-            out.append(f"Stop was pressed and the KeyboardInterrupt was swallowed by the code it landed in; tfmem "
-                       f"raised it again {where}, so the cell ends failed (docs/interrupts.md says where Keras and "
-                       "IPython lose a press).")
+            out.append(
+                f"Stop was pressed and the KeyboardInterrupt was swallowed by the code it landed in; tfmem "
+                f"raised it again {where}, so the cell ends failed (docs/interrupts.md says where Keras and "
+                "IPython lose a press)."
+            )
         for at in self.caught:
-            out.append(f"Stop was pressed at {at - self._t0:.1f} s and your code caught the KeyboardInterrupt and "
-                       "went on: tfmem did not stop the cell again.")
+            out.append(
+                f"Stop was pressed at {at - self._t0:.1f} s and your code caught the KeyboardInterrupt and "
+                "went on: tfmem did not stop the cell again."
+            )
         if self.absorbed:
-            out.append(f"{self.absorbed} more press(es) of stop arrived while the cell's traceback was shown; the "
-                       "cell had already stopped.")
+            out.append(
+                f"{self.absorbed} more press(es) of stop arrived while the cell's traceback was shown; the "
+                "cell had already stopped."
+            )
         return out
 
     def _note_caught(self) -> None:
@@ -168,8 +174,9 @@ class StopLatch:
         self._pending = None
         self.reraised.append(where)
         detail = f" ({how})" if how else ""
-        return KeyboardInterrupt(f"stop pressed at {pressed:.1f} s was swallowed{detail}; tfmem stopped the cell "
-                                 f"{where}")
+        return KeyboardInterrupt(
+            f"stop pressed at {pressed:.1f} s was swallowed{detail}; tfmem stopped the cell {where}"
+        )
 
 
 def _caught_in_user_code(exc: BaseException) -> bool:

@@ -38,8 +38,9 @@ def loaded() -> list[tuple[str, ModuleType]]:
 
 def optimizer_classes() -> tuple[type, ...]:
     """The optimizer base class of every Keras imported (`isinstance` against it tells any of their optimizers)."""
-    return tuple(c for _, mod in loaded()
-                 if isinstance(c := getattr(getattr(mod, "optimizers", None), "Optimizer", None), type))
+    return tuple(
+        c for _, mod in loaded() if isinstance(c := getattr(getattr(mod, "optimizers", None), "Optimizer", None), type)
+    )
 
 
 def flavour_of(obj: Any) -> str:

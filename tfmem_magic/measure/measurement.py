@@ -23,8 +23,17 @@ import psutil
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
-from tfmem_magic.measure import (capabilities, environment, guard, holders, kerases, release, remote, step_counters,
-                                 xplane)
+from tfmem_magic.measure import (
+    capabilities,
+    environment,
+    guard,
+    holders,
+    kerases,
+    release,
+    remote,
+    step_counters,
+    xplane,
+)
 from tfmem_magic.measure.instrument import Instrumentation
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
@@ -138,8 +147,13 @@ class Measurement:
             self._arm_tracer()
         on_tick = self.tracer.observe if self.tracer is not None else None
         on_rss = self.guard.observe if self.guard is not None else None
-        self.sampler = RssSampler(self.options.interval_ms / 1000, reset_hwm=not nested, on_tick=on_tick,
-                                  on_rss=on_rss, tf_device=main_tf_device())
+        self.sampler = RssSampler(
+            self.options.interval_ms / 1000,
+            reset_hwm=not nested,
+            on_tick=on_tick,
+            on_rss=on_rss,
+            tf_device=main_tf_device(),
+        )
         self._push("sampler", self.sampler.stop)
         self.sampler.start(self._t0)
         if not nested:
@@ -147,8 +161,14 @@ class Measurement:
             if latch.arm():
                 self.stops = latch
                 self._push("stop latch", latch.disarm)
-        self.instrumentation = Instrumentation(self.tracer, self.options.trace_steps, guard=self.guard,
-                                               stops=self.stops, preflight=self._preflight_check(), t0=self._t0)
+        self.instrumentation = Instrumentation(
+            self.tracer,
+            self.options.trace_steps,
+            guard=self.guard,
+            stops=self.stops,
+            preflight=self._preflight_check(),
+            t0=self._t0,
+        )
         self._push("Keras patches", self.instrumentation.uninstall)
         self.instrumentation.install()
         if self.instrumentation.preflight is not None:  # a loop of a traced tf.function calls no Python update
@@ -161,10 +181,15 @@ class Measurement:
             self.tracer.start()
         except Exception as exc:  # the profiler refused (another session), no temp folder could be made...
             served = remote.serving_port()
-            why = (f" This process serves captures on port {served} (tfmem_magic.serve): a capture from outside was "
-                   "probably tracing it; TensorFlow allows one profiler session per process." if served else "")
-            self.notes.append(f"The TensorFlow profiler could not start ({type(exc).__name__}: {exc}); "
-                              f"measured in quick mode.{why}")
+            why = (
+                f" This process serves captures on port {served} (tfmem_magic.serve): a capture from outside was "
+                "probably tracing it; TensorFlow allows one profiler session per process."
+                if served
+                else ""
+            )
+            self.notes.append(
+                f"The TensorFlow profiler could not start ({type(exc).__name__}: {exc}); measured in quick mode.{why}"
+            )
             if self.tracer is not None:
                 self._undo.pop()
                 _quietly(self.tracer.finish)
@@ -178,8 +203,12 @@ class Measurement:
         guard_ = self.guard
         if self._preflight is None or wanted is False:
             return None
-        if wanted is None and not (guard_ is not None and guard_.source in ("--limit", "%tfmem limit")
-                                   and self._tf_running_at_start and guard.allocator_limit_bytes() is None):
+        if wanted is None and not (
+            guard_ is not None
+            and guard_.source in ("--limit", "%tfmem limit")
+            and self._tf_running_at_start
+            and guard.allocator_limit_bytes() is None
+        ):
             return None
         hook = self._preflight
         wants = getattr(hook, "wants", None)  # asked first: a *_on_batch loop comes here at every step
@@ -224,8 +253,10 @@ class Measurement:
             return "quick"
         _import_keras()
         if user_profiler_running():
-            self.notes.append("A TensorFlow profiler session you started is running: measured in quick mode "
-                              "(TF allows one session at a time). Stop it with tf.profiler.experimental.stop().")
+            self.notes.append(
+                "A TensorFlow profiler session you started is running: measured in quick mode "
+                "(TF allows one session at a time). Stop it with tf.profiler.experimental.stop()."
+            )
             return "quick"
         return "trace"
 
@@ -263,15 +294,21 @@ class Measurement:
                     interrupted = True
                     if attempt == UNDO_ATTEMPTS:
                         abandoned = True
-                        self.notes.append(f"Interrupted {UNDO_ATTEMPTS} times while stopping the {what}: it may "
-                                          "still run; its figures are missing.")
+                        self.notes.append(
+                            f"Interrupted {UNDO_ATTEMPTS} times while stopping the {what}: it may "
+                            "still run; its figures are missing."
+                        )
                 except Exception as exc:  # e.g. the trace export on a full disk
-                    self.notes.append(f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
-                                      "are missing, the rest of the report stands.")
+                    self.notes.append(
+                        f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
+                        "are missing, the rest of the report stands."
+                    )
                     break
         if interrupted and not abandoned:
-            self.notes.append("Interrupted while tfmem stopped its instruments: they were stopped all the same, "
-                              "and nothing of tfmem was left running.")
+            self.notes.append(
+                "Interrupted while tfmem stopped its instruments: they were stopped all the same, "
+                "and nothing of tfmem was left running."
+            )
         return results
 
     def stop(self) -> Measured:
@@ -298,14 +335,30 @@ class Measurement:
             if moved:  # no update passed through Python: a tf.function traced before the cell ran them
                 instr.custom_loop = f"{moved} in a tf.function traced before the cell, by its step counter"
         return Measured(
-            options=self.options, mode=self.mode, notes=self.notes, started_at=self._wall0, wall_s=round(wall, 4),
-            rss_baseline=sampler.baseline if sampler else rss_end, rss_peak=rss_peak, rss_end=rss_end,
-            rss_peak_source=peak_source, rss_samples=sampler.samples if sampler else [],
-            tf_device=sampler.tf_device if sampler else None, tf_samples=sampler.tf_samples if sampler else [],
-            devices=results.get("allocator stats") or {}, peak_before=dict(self.allocator.peak_before),
-            limit=limit, limit_source=source, tf_running_at_start=self._tf_running_at_start, guard=self.guard,
-            instrumentation=self.instrumentation, tracer=self.tracer, segments=results.get("profiler") or [],
-            xspaces=self.tracer.xspaces if self.tracer is not None else [], held=held)
+            options=self.options,
+            mode=self.mode,
+            notes=self.notes,
+            started_at=self._wall0,
+            wall_s=round(wall, 4),
+            rss_baseline=sampler.baseline if sampler else rss_end,
+            rss_peak=rss_peak,
+            rss_end=rss_end,
+            rss_peak_source=peak_source,
+            rss_samples=sampler.samples if sampler else [],
+            tf_device=sampler.tf_device if sampler else None,
+            tf_samples=sampler.tf_samples if sampler else [],
+            devices=results.get("allocator stats") or {},
+            peak_before=dict(self.allocator.peak_before),
+            limit=limit,
+            limit_source=source,
+            tf_running_at_start=self._tf_running_at_start,
+            guard=self.guard,
+            instrumentation=self.instrumentation,
+            tracer=self.tracer,
+            segments=results.get("profiler") or [],
+            xspaces=self.tracer.xspaces if self.tracer is not None else [],
+            held=held,
+        )
 
     @staticmethod
     def _runtime_pinned_now() -> int:
@@ -349,15 +402,23 @@ class Measurement:
 
         try:
             found = holders.walk(self.options.namespace, made_here, self._changed_names())
-            pinned = (release.registry_pinned(found.handles) if capabilities.check().get("gradient registry")
-                      else release.Pinned(readable=False))
+            pinned = (
+                release.registry_pinned(found.handles)
+                if capabilities.check().get("gradient registry")
+                else release.Pinned(readable=False)
+            )
             pinned = self._collected_if_dropped(pinned, found.handles)
         except (Exception, KeyboardInterrupt) as exc:  # never cost the user's cell: the report says what is missing
             self.notes.append(f"Could not tell who holds TensorFlow's memory ({type(exc).__name__}: {exc}).")
             return None
         grown = max(0, pinned.bytes - (self._runtime_at_start or 0))
-        return HeldInfo(holders=found.holders, runtime_bytes=pinned.bytes, runtime_entries=pinned.entries,
-                        runtime_new_bytes=grown, complete=found.complete)
+        return HeldInfo(
+            holders=found.holders,
+            runtime_bytes=pinned.bytes,
+            runtime_entries=pinned.entries,
+            runtime_new_bytes=grown,
+            complete=found.complete,
+        )
 
 
 def _rss_now() -> tuple[int, int, str]:

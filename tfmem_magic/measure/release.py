@@ -57,30 +57,43 @@ class Released:
     def text(self) -> str:
         parts = [f"Dropped {', '.join(self.dropped)}." if self.dropped else ""]
         if self.freed is None:
-            parts.append("TensorFlow's allocator keeps no statistics here (TensorFlow has not run, or its CPU "
-                         "allocator is not BFC): what came back cannot be read.")
+            parts.append(
+                "TensorFlow's allocator keeps no statistics here (TensorFlow has not run, or its CPU "
+                "allocator is not BFC): what came back cannot be read."
+            )
         else:
-            parts.append(f"TensorFlow's allocator on {self.device}: {format_bytes(self.tf_before or 0)} in use before, "
-                         f"{format_bytes(self.tf_after or 0)} after ({format_bytes(max(self.freed, 0))} given back).")
+            parts.append(
+                f"TensorFlow's allocator on {self.device}: {format_bytes(self.tf_before or 0)} in use before, "
+                f"{format_bytes(self.tf_after or 0)} after ({format_bytes(max(self.freed, 0))} given back)."
+            )
         if self.purged:
-            parts.append(f"{self.purged} traced gradient function(s) TensorFlow kept for models that are gone were "
-                         "dropped (its gradient registry pins a fitted model's weights and slots: "
-                         "docs/held-memory.md).")
+            parts.append(
+                f"{self.purged} traced gradient function(s) TensorFlow kept for models that are gone were "
+                "dropped (its gradient registry pins a fitted model's weights and slots: "
+                "docs/held-memory.md)."
+            )
         if not self.registry_readable:
-            parts.append("TensorFlow's gradient registry (a private API) is not where tfmem expects it in this "
-                         "version: trained models' memory may stay held until the kernel restarts.")
+            parts.append(
+                "TensorFlow's gradient registry (a private API) is not where tfmem expects it in this "
+                "version: trained models' memory may stay held until the kernel restarts."
+            )
         if self.still_held:
             named = "; ".join(f"{h.name} ({h.kind}) {format_bytes(h.bytes)}" for h in self.still_held[:6])
             more = f" and {len(self.still_held) - 6} more" if len(self.still_held) > 6 else ""
             names = " ".join(h.name for h in self.still_held[:3] if h.name != "Out")
-            how = [f"%tfmem free {names} drops them (a list or dict you keep using: .clear() it instead)"] if names \
+            how = (
+                [f"%tfmem free {names} drops them (a list or dict you keep using: .clear() it instead)"]
+                if names
                 else []
+            )
             if any(h.name == "Out" for h in self.still_held):
                 how.append("%reset -f out empties IPython's output cache")
             parts.append(f"Still held by names in the notebook: {named}{more}. " + "; ".join(how) + ".")
-        parts.append(f"The process's RSS: {format_bytes(self.rss_before)} → {format_bytes(self.rss_after)}: the "
-                     "allocator keeps its regions and reuses them for the next tensors (a GPU's reservation stays "
-                     "too), so RSS does not shrink; what was given back is room for later cells.")
+        parts.append(
+            f"The process's RSS: {format_bytes(self.rss_before)} → {format_bytes(self.rss_after)}: the "
+            "allocator keeps its regions and reuses them for the next tensors (a GPU's reservation stays "
+            "too), so RSS does not shrink; what was given back is room for later cells."
+        )
         return " ".join(p for p in parts if p)
 
 
@@ -216,8 +229,11 @@ def _graphs_of(function: Any, depth: int = 0) -> list[Any]:
 
 def _captured_handles(graph: Any) -> list[Any]:
     try:
-        return [external for external, _ in graph.captures
-                if str(getattr(getattr(external, "dtype", None), "name", "")) == "resource"]
+        return [
+            external
+            for external, _ in graph.captures
+            if str(getattr(getattr(external, "dtype", None), "name", "")) == "resource"
+        ]
     except Exception:  # a graph whose captures cannot be read in this version
         return []
 
@@ -241,5 +257,3 @@ def _dtype_enum_size(enum: int) -> int:
         return int(tf_dtypes.as_dtype(enum).size)  # type: ignore[union-attr]
     except Exception:
         return 4
-
-

@@ -26,10 +26,12 @@ _serving: int | None = None
 
 
 ALLOW_ENV = "TFMEM_ALLOW_MWMS_CAPTURE"  # "1": serve on a non-chief MultiWorkerMirroredStrategy worker anyway
-MWMS_RISK = ("TensorFlow 2.21 can crash a MultiWorkerMirroredStrategy worker other than the chief when a capture of "
-             "it ends (its profiler frees memory it still writes to: TraceMeRecorder::Consume, measured 2 of 65 "
-             "captures; the chief and plain or parameter-server workers were never hit): see tfmem's "
-             "docs/capture-safety.md")
+MWMS_RISK = (
+    "TensorFlow 2.21 can crash a MultiWorkerMirroredStrategy worker other than the chief when a capture of "
+    "it ends (its profiler frees memory it still writes to: TraceMeRecorder::Consume, measured 2 of 65 "
+    "captures; the chief and plain or parameter-server workers were never hit): see tfmem's "
+    "docs/capture-safety.md"
+)
 
 
 def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | None:
@@ -46,23 +48,31 @@ def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | Non
         raise TfmemUsageError(f"serve(port={port}): give a TCP port, 1 to 65535 (6009 is usual)")
     role = mwms_non_chief()
     if role and not (allow_crash_risk or os.environ.get(ALLOW_ENV) == "1"):
-        warnings.warn(f"tfmem_magic.serve(): not serving traces on this {role}. {MWMS_RISK}. Capture the chief, or "
-                      f"save each worker's report (tfmem_magic.keras.MemoryMonitor / %tfmem cluster); "
-                      f"serve(port, allow_crash_risk=True) or {ALLOW_ENV}=1 serves anyway.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tfmem_magic.serve(): not serving traces on this {role}. {MWMS_RISK}. Capture the chief, or "
+            f"save each worker's report (tfmem_magic.keras.MemoryMonitor / %tfmem cluster); "
+            f"serve(port, allow_crash_risk=True) or {ALLOW_ENV}=1 serves anyway.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     if _serving is not None:
         if _serving != port:
-            raise TfmemUsageError(f"this process already serves its traces on port {_serving}; TensorFlow starts one "
-                                  "profiler server per process")
+            raise TfmemUsageError(
+                f"this process already serves its traces on port {_serving}; TensorFlow starts one "
+                "profiler server per process"
+            )
         return port
     setup = environment.prepare_allocator()
     import tensorflow as tf
 
     if setup.loaded_after_first_op and not environment.allocator_view().complete:
-        warnings.warn("tfmem_magic.serve() ran after TensorFlow's first op: the CPU allocator is not BFC, so a capture "
-                      "of this worker holds few or no memory events. Call it first thing in the script.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "tfmem_magic.serve() ran after TensorFlow's first op: the CPU allocator is not BFC, so a capture "
+            "of this worker holds few or no memory events. Call it first thing in the script.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     tf.profiler.experimental.server.start(int(port))
     _serving = int(port)
     return _serving
@@ -96,8 +106,10 @@ def parse_workers(text: str | list[str]) -> list[str]:
     """'host:port,host:port' (or a list) -> ['host:port', ...]; a clear error for anything else."""
     items = text if isinstance(text, list) else [w for w in re.split(r"[,\s]+", text) if w]
     if not items:
-        raise TfmemUsageError("name the workers to capture: HOST:PORT[,HOST:PORT...] (each started with "
-                              "tfmem_magic.serve(PORT) or `tfmem run --serve PORT train.py`)")
+        raise TfmemUsageError(
+            "name the workers to capture: HOST:PORT[,HOST:PORT...] (each started with "
+            "tfmem_magic.serve(PORT) or `tfmem run --serve PORT train.py`)"
+        )
     out = []
     for item in items:
         match = _ADDRESS.match(item.strip())
@@ -132,31 +144,40 @@ def trace_workers(workers: list[str], seconds: float, logdir: str | Path | None 
     def one(result: Captured) -> None:
         host, port = result.worker.rsplit(":", 1)
         if not _answers(host, int(port)):  # TF's client says "no trace event" for a refused connection too
-            result.error = ("unreachable: no profiler server answered there; start the worker with "
-                            "tfmem_magic.serve(PORT) or `tfmem run --serve PORT` (a MultiWorkerMirroredStrategy "
-                            "worker other than the chief does not serve unless asked to: a capture can crash it, "
-                            "docs/capture-safety.md)")
+            result.error = (
+                "unreachable: no profiler server answered there; start the worker with "
+                "tfmem_magic.serve(PORT) or `tfmem run --serve PORT` (a MultiWorkerMirroredStrategy "
+                "worker other than the chief does not serve unless asked to: a capture can crash it, "
+                "docs/capture-safety.md)"
+            )
             return
         folder = base / result.worker.replace(":", "_")
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            tf.profiler.experimental.client.trace(f"grpc://{result.worker}", str(folder), int(seconds * 1000),
-                                                  num_tracing_attempts=2)
+            tf.profiler.experimental.client.trace(
+                f"grpc://{result.worker}", str(folder), int(seconds * 1000), num_tracing_attempts=2
+            )
         except Exception as exc:  # unreachable, idle, refused: said per worker, the others still count
-            result.error = _why(exc) if _answers(host, int(port)) else (
-                "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 crashes "
-                "MultiWorkerMirroredStrategy workers other than the chief when a capture ends, now and then: "
-                "docs/capture-safety.md)")
+            result.error = (
+                _why(exc)
+                if _answers(host, int(port))
+                else (
+                    "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 crashes "
+                    "MultiWorkerMirroredStrategy workers other than the chief when a capture ends, now and then: "
+                    "docs/capture-safety.md)"
+                )
+            )
             return
         found = sorted(folder.glob("plugins/profile/*/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
         if found:
             result.path = found[-1]
         else:
-            result.error = (f"the worker answered but no trace appeared under {folder}: a worker on another machine "
-                            "writes it on its own disk, so give --logdir a folder both can reach")
+            result.error = (
+                f"the worker answered but no trace appeared under {folder}: a worker on another machine "
+                "writes it on its own disk, so give --logdir a folder both can reach"
+            )
 
-    threads = [threading.Thread(target=one, args=(r,), name=f"tfmem-capture-{r.worker}", daemon=True)
-               for r in results]
+    threads = [threading.Thread(target=one, args=(r,), name=f"tfmem-capture-{r.worker}", daemon=True) for r in results]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + seconds + 120  # the client retries an unreachable worker for a while
@@ -180,9 +201,11 @@ def _why(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     if "No trace event" in text or "no trace event" in text.lower():
         # TensorFlow's answer is the same for a worker that profiles itself (one profiler session per process)
-        return ("the worker recorded nothing while it was traced: it was idle (capture while it trains), or it is "
-                "profiling itself already (a %%tfmem trace, tfmem_magic.profile() or tf.profiler.experimental.start "
-                "in it: TensorFlow allows one profiler session per process, so capture outside those)")
+        return (
+            "the worker recorded nothing while it was traced: it was idle (capture while it trains), or it is "
+            "profiling itself already (a %%tfmem trace, tfmem_magic.profile() or tf.profiler.experimental.start "
+            "in it: TensorFlow allows one profiler session per process, so capture outside those)"
+        )
     if "UNAVAILABLE" in text.upper() or "failed to connect" in text.lower() or "Connection refused" in text:
         return "unreachable: no profiler server answered there (start it with tfmem_magic.serve(PORT))"
     return f"{type(exc).__name__}: {text[:200]}"

@@ -47,9 +47,14 @@ class RssSampler:
     tracer uses it to trace only while memory climbs.
     """
 
-    def __init__(self, interval_s: float = 0.02, reset_hwm: bool = True,
-                 on_tick: Callable[[float, int, int], None] | None = None,
-                 on_rss: Callable[[int], None] | None = None, tf_device: str | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = 0.02,
+        reset_hwm: bool = True,
+        on_tick: Callable[[float, int, int], None] | None = None,
+        on_rss: Callable[[int], None] | None = None,
+        tf_device: str | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -109,8 +114,10 @@ class RssSampler:
             callback(*args)
         except Exception as exc:
             name = getattr(callback, "__qualname__", repr(callback))
-            self.errors.append(f"The sampler's {name} callback failed ({type(exc).__name__}: {exc}) and was turned "
-                               "off for the rest of the cell; sampling went on.")
+            self.errors.append(
+                f"The sampler's {name} callback failed ({type(exc).__name__}: {exc}) and was turned "
+                "off for the rest of the cell; sampling went on."
+            )
             if callback == self._on_tick:
                 self._on_tick = None
             else:

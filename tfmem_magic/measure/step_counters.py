@@ -39,8 +39,11 @@ def _counter(value: Any) -> Any:
     tf_keras legacy optimizer makes its variable; a LossScaleOptimizer's is its inner optimizer's, which its
     `iterations` gives)."""
     try:
-        if not _of_keras(value) or vars(value).get("_iterations") is None or not (
-                hasattr(type(value), "apply") or hasattr(type(value), "apply_gradients")):
+        if (
+            not _of_keras(value)
+            or vars(value).get("_iterations") is None
+            or not (hasattr(type(value), "apply") or hasattr(type(value), "apply_gradients"))
+        ):
             return None
         return value.iterations
     except Exception:
@@ -64,8 +67,9 @@ def read(namespace: dict[str, Any] | None) -> list[Counter]:
         try:  # a proxy or lazy object may raise on any attribute: it is no optimizer of the user's loop
             candidates = [(name, value)]
             if _of_keras(value) and not isinstance(value, type):
-                candidates.append((f"{name}.optimizer", vars(value).get("optimizer") or getattr(value, "optimizer",
-                                                                                                None)))
+                candidates.append(
+                    (f"{name}.optimizer", vars(value).get("optimizer") or getattr(value, "optimizer", None))
+                )
             counters = [(label, c, _counter(c)) for label, c in candidates if c is not None]
         except Exception:
             continue

@@ -132,7 +132,7 @@ def remove_leftovers(directory: str | None = None) -> int:
     except OSError:
         return 0
     for path in candidates:
-        pid = path.name[len(TRACE_DIR_PREFIX):].split("-", 1)[0]
+        pid = path.name[len(TRACE_DIR_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
@@ -169,9 +169,21 @@ def _format_mib(n: int) -> str:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _heap_reader() -> Callable[[], int] | None:
@@ -199,12 +211,14 @@ def _heap_trimmer() -> Callable[[], None] | None:
 
     def trim() -> None:
         malloc_trim(0)
+
     return trim
 
 
 class Tracer:
-    def __init__(self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None,
-                 keep_xspaces: bool = False) -> None:
+    def __init__(
+        self, t0: float, max_seconds: float = 20.0, budget_bytes: int | None = None, keep_xspaces: bool = False
+    ) -> None:
         """`budget_bytes`: xplane bytes the trace may record (None: TRACE_BUDGET_BYTES; 0: no budget, for
         benchmarks of full traces). `max_seconds` <= 0: no time cap. `keep_xspaces`: keep every segment's exported
         XSpace as written (`xspaces`), for TensorBoard; it costs their size (the budget bounds it)."""
@@ -323,8 +337,10 @@ class Tracer:
                 self._plateau_hold()
 
     def _plateau_hold(self) -> None:
-        self.hold("plateau", f"traced while TensorFlow's memory climbed, paused while its peak stayed flat for "
-                             f"{PLATEAU_S:g} s")
+        self.hold(
+            "plateau",
+            f"traced while TensorFlow's memory climbed, paused while its peak stayed flat for {PLATEAU_S:g} s",
+        )
 
     def finish(self) -> list[tuple[bytes | xplane.Decoded, int]]:
         """Stop everything (watcher, segment), delete the temp folder; returns the segments."""
@@ -397,9 +413,11 @@ class Tracer:
             return
         if self.budget_bytes and self.budget_bytes - self.traced_bytes < MIN_SEGMENT_BYTES:
             self.budget_spent = True
-            self._close(f"the trace stopped after {_format_mib(self.traced_bytes)} of profiler events, to keep the "
-                        f"profiler's own memory small (TensorFlow holds over 20 bytes per byte of trace while it "
-                        f"records and exports)")
+            self._close(
+                f"the trace stopped after {_format_mib(self.traced_bytes)} of profiler events, to keep the "
+                f"profiler's own memory small (TensorFlow holds over 20 bytes per byte of trace while it "
+                f"records and exports)"
+            )
             return
         try:
             self._start_segment()

@@ -14,8 +14,14 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report, main_device_name
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import environment
-from tfmem_magic.measure.sampling import (fold_into_measuring, memory_info, process_rss, read_hwm, reset_hwm,
-                                          tf_device_names)
+from tfmem_magic.measure.sampling import (
+    fold_into_measuring,
+    memory_info,
+    process_rss,
+    read_hwm,
+    reset_hwm,
+    tf_device_names,
+)
 
 
 class Peaks(NamedTuple):
@@ -79,8 +85,9 @@ def stats_device(device: str | None, who: str = "MemoryMonitor") -> str | None:
     names = [d for d in tf_device_names() if memory_info(d) is not None]
     if device is not None:
         if device not in names:
-            raise TfmemUsageError(f"{who}(device={device!r}): TensorFlow keeps no memory statistics for that "
-                                  f"device here (devices with statistics: {', '.join(names) or 'none'})")
+            raise TfmemUsageError(
+                f"{who}(device={device!r}): TensorFlow keeps no memory statistics for that "
+                f"device here (devices with statistics: {', '.join(names) or 'none'})"
+            )
         return device
     return main_device_name(names)
-

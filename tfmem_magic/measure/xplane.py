@@ -47,23 +47,56 @@ CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder'
 # bytes_available (-1: unknown); strings are read as indices into the string table (-1 = absent). TensorFlow's BFC
 # allocator writes bytes_available as its limit minus bytes_reserved minus bytes in use (AddTraceMe in
 # xla/tsl/framework/bfc_allocator.cc): the three together are its limit, kept as one column.
-_INT_STATS = ("bytes_allocated", "requested_bytes", "allocation_bytes", "addr", "data_type", "bytes_available",
-              "bytes_reserved")
+_INT_STATS = (
+    "bytes_allocated",
+    "requested_bytes",
+    "allocation_bytes",
+    "addr",
+    "data_type",
+    "bytes_available",
+    "bytes_reserved",
+)
 _STR_STATS = ("tf_op", "region_type", "shape", "allocator_name")
 _ADDR = _INT_STATS.index("addr")
 _AVAILABLE, _RESERVED = _INT_STATS.index("bytes_available"), _INT_STATS.index("bytes_reserved")
 _UNKNOWN_WHEN_ABSENT = (_ADDR, _AVAILABLE)
 _REF_VALUE_TAG = 7 << 3  # XStat.ref_value (field 7, varint): how TF writes string stats, as ids into stat_metadata
 # A block of decoded memory events: one array per column, in this order and of these types (73 bytes per event)
-_FIELDS = (("t_ps", np.int64), ("is_alloc", np.bool_), ("thread", np.int32), ("live", np.int64),
-           ("requested", np.int64), ("chunk", np.int64), ("addr", np.int64), ("dtype", np.int32),
-           ("op", np.int32), ("region", np.int32), ("shape", np.int32), ("allocator", np.int32),
-           ("limit", np.int64))
+_FIELDS = (
+    ("t_ps", np.int64),
+    ("is_alloc", np.bool_),
+    ("thread", np.int32),
+    ("live", np.int64),
+    ("requested", np.int64),
+    ("chunk", np.int64),
+    ("addr", np.int64),
+    ("dtype", np.int32),
+    ("op", np.int32),
+    ("region", np.int32),
+    ("shape", np.int32),
+    ("allocator", np.int32),
+    ("limit", np.int64),
+)
 _COLUMN = {name: k for k, (name, _) in enumerate(_FIELDS)}
 DATA_TYPES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
-    9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128", 19: "float16", 20: "resource",
-    21: "variant", 22: "uint32", 23: "uint64",
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    7: "string",
+    8: "complex64",
+    9: "int64",
+    10: "bool",
+    14: "bfloat16",
+    17: "uint16",
+    18: "complex128",
+    19: "float16",
+    20: "resource",
+    21: "variant",
+    22: "uint32",
+    23: "uint64",
 }
 
 
@@ -145,8 +178,9 @@ def allocator_device(name: str) -> str | None:
     return "CPU:0" if "cpu" in lowered else None
 
 
-def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[str]
-               ) -> list[tuple[int, AllocatorSeries]]:
+def _summaries(
+    alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[str]
+) -> list[tuple[int, AllocatorSeries]]:
     """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, limit."""
     out = []
     for index in np.unique(alloc_col[alloc_col >= 0]):
@@ -157,9 +191,21 @@ def _summaries(alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[st
         first, last = mine[np.argmin(times)], mine[len(mine) - 1 - np.argmax(times[::-1])]  # ties: the last one
         change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
         name = strings[int(index)]
-        out.append((int(index), AllocatorSeries(name, allocator_device(name), len(mine), int(in_use.max()), limit,
-                                                int(c["live"][first]) - change, int(c["live"][last]),
-                                                _points(times, in_use))))
+        out.append(
+            (
+                int(index),
+                AllocatorSeries(
+                    name,
+                    allocator_device(name),
+                    len(mine),
+                    int(in_use.max()),
+                    limit,
+                    int(c["live"][first]) - change,
+                    int(c["live"][last]),
+                    _points(times, in_use),
+                ),
+            )
+        )
     return out
 
 
@@ -167,8 +213,11 @@ def _points(t_ps: np.ndarray, live: np.ndarray, most: int = 300) -> list[list[fl
     """An allocator's in-use bytes over time, at most `most` points, its peak among them (seconds on the trace's
     clock, as the main timeline's)."""
     order = np.argsort(t_ps, kind="stable")
-    picks = np.unique(np.concatenate([np.linspace(0, len(order) - 1, min(most, len(order))).astype(np.int64),
-                                      [int(np.argmax(live[order]))]]))
+    picks = np.unique(
+        np.concatenate(
+            [np.linspace(0, len(order) - 1, min(most, len(order))).astype(np.int64), [int(np.argmax(live[order]))]]
+        )
+    )
     return [[round(float(t_ps[order[i]]) / 1e12, 6), int(live[order[i]])] for i in picks]
 
 
@@ -204,22 +253,27 @@ class _Columns:
         return index
 
 
-def _block(t: np.ndarray, is_alloc: np.ndarray, thread: int | np.ndarray, ints: np.ndarray,
-           strs: np.ndarray) -> list[np.ndarray]:
+def _block(
+    t: np.ndarray, is_alloc: np.ndarray, thread: int | np.ndarray, ints: np.ndarray, strs: np.ndarray
+) -> list[np.ndarray]:
     """One block of memory events as contiguous columns of their own (copies, never views of a decoder's matrix,
     which would keep all of it alive). ints: _INT_STATS columns; strs: string indices, _STR_STATS columns."""
     n = len(t)
     available = ints[:, _AVAILABLE]
     limit = np.where(available >= 0, ints[:, 0] + available + ints[:, _RESERVED], 0)
-    return [np.array(t, dtype=np.int64), np.array(is_alloc, dtype=np.bool_),
-            np.broadcast_to(np.asarray(thread, dtype=np.int32), (n,)).copy(),
-            *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
-            np.array(ints[:, 4], dtype=np.int32),  # data type
-            *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS))),
-            limit.astype(np.int64, copy=False)]  # the allocator's limit as the event states it (0: not recorded)
+    return [
+        np.array(t, dtype=np.int64),
+        np.array(is_alloc, dtype=np.bool_),
+        np.broadcast_to(np.asarray(thread, dtype=np.int32), (n,)).copy(),
+        *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
+        np.array(ints[:, 4], dtype=np.int32),  # data type
+        *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS))),
+        limit.astype(np.int64, copy=False),
+    ]  # the allocator's limit as the event states it (0: not recorded)
 
 
 # ---- the wire format --------------------------------------------------------------------------------------------
+
 
 def _malformed(what: str) -> Exception:
     from google.protobuf.message import DecodeError
@@ -319,8 +373,13 @@ def _plane_parts(data: bytes, start: int, end: int) -> tuple[Any, list[tuple[int
     return meta, lines
 
 
-def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None,
-                spans: list[Span] | None = None, reference: bool = False) -> tuple[_Columns, list[Span]]:
+def read_xspace(
+    data: bytes,
+    offset_ps: int = 0,
+    columns: _Columns | None = None,
+    spans: list[Span] | None = None,
+    reference: bool = False,
+) -> tuple[_Columns, list[Span]]:
     """Parse one serialized XSpace, appending its host memory events to `columns` (times shifted by offset_ps).
 
     Each host plane is read by the vectorized decoder, or by the per-stat reference decoder (TF's own message
@@ -329,8 +388,9 @@ def read_xspace(data: bytes, offset_ps: int = 0, columns: _Columns | None = None
     spans = spans if spans is not None else []
     buf = np.frombuffer(data, dtype=np.uint8)  # a view: events are read in place
     try:
-        planes = [(start, end) for _, number, wire, start, end in _fields(data, 0, len(data))
-                  if number == 1 and wire == 2]
+        planes = [
+            (start, end) for _, number, wire, start, end in _fields(data, 0, len(data)) if number == 1 and wire == 2
+        ]
         parts = [_plane_parts(data, start, end) for start, end in planes]
     except IndexError:
         raise _malformed("truncated") from None
@@ -370,8 +430,7 @@ def _lazy_space_class() -> type:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
         F = descriptor_pb2.FieldDescriptorProto
-        proto = descriptor_pb2.FileDescriptorProto(name="tfmem_raw_xplane.proto", package="tfmem_raw",
-                                                   syntax="proto3")
+        proto = descriptor_pb2.FileDescriptorProto(name="tfmem_raw_xplane.proto", package="tfmem_raw", syntax="proto3")
         meta = proto.message_type.add(name="Meta")  # XEventMetadata and XStatMetadata share id=1 and name=2
         meta.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
         meta.field.add(name="name", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
@@ -382,13 +441,20 @@ def _lazy_space_class() -> type:
             entry = plane.nested_type.add(name=entry_name)
             entry.options.map_entry = True
             entry.field.add(name="key", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-            entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Meta",
-                            label=F.LABEL_OPTIONAL)
-            plane.field.add(name=name, number=number, type=F.TYPE_MESSAGE,
-                            type_name=f".tfmem_raw.Plane.{entry_name}", label=F.LABEL_REPEATED)
+            entry.field.add(
+                name="value", number=2, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Meta", label=F.LABEL_OPTIONAL
+            )
+            plane.field.add(
+                name=name,
+                number=number,
+                type=F.TYPE_MESSAGE,
+                type_name=f".tfmem_raw.Plane.{entry_name}",
+                label=F.LABEL_REPEATED,
+            )
         space = proto.message_type.add(name="Space")
-        space.field.add(name="planes", number=1, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Plane",
-                        label=F.LABEL_REPEATED)
+        space.field.add(
+            name="planes", number=1, type=F.TYPE_MESSAGE, type_name=".tfmem_raw.Plane", label=F.LABEL_REPEATED
+        )
         pool = descriptor_pool.DescriptorPool()
         pool.Add(proto)
         _lazy_plane = message_factory.GetMessageClass(pool.FindMessageTypeByName("tfmem_raw.Plane"))
@@ -404,8 +470,11 @@ def _lazy_plane_class() -> type:
 
 def is_xla_run(name: str) -> bool:
     """An event of an XLA computation's run (see XLA_SPAN), by its TraceMe name."""
-    return (name.startswith("CpuExecutable::Execute") or name.endswith(XLA_GPU_MODULE)
-            or name.rpartition(":")[2].strip() in _XLA_LAUNCH_OPS)
+    return (
+        name.startswith("CpuExecutable::Execute")
+        or name.endswith(XLA_GPU_MODULE)
+        or name.rpartition(":")[2].strip() in _XLA_LAUNCH_OPS
+    )
 
 
 def xla_function(module: str) -> str | None:
@@ -421,7 +490,7 @@ def _xla_modules(plane: Any) -> set[str]:
     ("<module>:XLA GPU module"); on a CPU, the values of the `hlo_module` stat XLA's ops carry (measured on TF 2.21:
     "a_inference_step_878__XlaMustCompile_true_config_proto_..."), which the plane declares as stat metadata names
     next to `hlo_module` itself. A run whose own event the trace lost (cut by a pause of the trace) is named here."""
-    modules = {m.name[:-len(XLA_GPU_MODULE)] for m in plane.event_metadata.values() if m.name.endswith(XLA_GPU_MODULE)}
+    modules = {m.name[: -len(XLA_GPU_MODULE)] for m in plane.event_metadata.values() if m.name.endswith(XLA_GPU_MODULE)}
     names = [m.name for m in plane.stat_metadata.values()]
     if "hlo_module" in names:
         modules.update(name for name in names if _HLO_MODULE.match(name))
@@ -438,13 +507,14 @@ def _event_ids(plane: Any) -> tuple[set[int], set[int], dict[int, str]]:
         elif meta.name == FREE:
             free_ids.add(k)
         elif meta.name.startswith(SPAN_PREFIX):
-            span_ids[k] = meta.name[len(SPAN_PREFIX):]
+            span_ids[k] = meta.name[len(SPAN_PREFIX) :]
         elif is_xla_run(meta.name):
             span_ids[k] = XLA_SPAN + meta.name
     return alloc_ids, free_ids, span_ids
 
 
 # ---- the reference decoder --------------------------------------------------------------------------------------
+
 
 def _read_plane_slow(plane: Any, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
     """Reference implementation, on TF's XPlane message: one protobuf stat at a time (~8 µs per memory event)."""
@@ -494,11 +564,19 @@ def _read_plane_slow(plane: Any, offset_ps: int, cols: _Columns, spans: list[Spa
             rows.append((base + event.offset_ps, is_alloc, thread, *row))
     if rows:
         matrix = np.array(rows, dtype=np.int64).reshape(len(rows), 3 + width)
-        cols.blocks.append(_block(matrix[:, 0], matrix[:, 1], matrix[:, 2], matrix[:, 3:3 + len(_INT_STATS)],
-                                  matrix[:, 3 + len(_INT_STATS):]))
+        cols.blocks.append(
+            _block(
+                matrix[:, 0],
+                matrix[:, 1],
+                matrix[:, 2],
+                matrix[:, 3 : 3 + len(_INT_STATS)],
+                matrix[:, 3 + len(_INT_STATS) :],
+            )
+        )
 
 
 # ---- the vectorized decoder -------------------------------------------------------------------------------------
+
 
 class _Unexpected(Exception):
     """The wire data is not shaped as the fast decoder expects: use the per-stat loop."""
@@ -522,8 +600,15 @@ def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value, length
 
 
-def _read_plane_fast(data: bytes, buf: np.ndarray, plane: Any, lines: list[tuple[int, int]], offset_ps: int,
-                     cols: _Columns, spans: list[Span]) -> None:
+def _read_plane_fast(
+    data: bytes,
+    buf: np.ndarray,
+    plane: Any,
+    lines: list[tuple[int, int]],
+    offset_ps: int,
+    cols: _Columns,
+    spans: list[Span],
+) -> None:
     """Decode the memory events (and our spans) of each line with numpy, CHUNK_EVENTS at a time, in place in `buf`
     (the blob's bytes; `plane`: its lean metadata, `lines`: the byte range of each line).
 
@@ -547,8 +632,8 @@ def _read_plane_fast(data: bytes, buf: np.ndarray, plane: Any, lines: list[tuple
         thread = cols.threads.setdefault(name, len(cols.threads))
         base = timestamp_ns * 1000 + offset_ps
         for lo in range(0, len(records), CHUNK_EVENTS):
-            size, length = _varint(buf, records[lo:lo + CHUNK_EVENTS] + 1)  # each record: tag 0x22, size, event
-            starts = records[lo:lo + CHUNK_EVENTS] + 1 + length
+            size, length = _varint(buf, records[lo : lo + CHUNK_EVENTS] + 1)  # each record: tag 0x22, size, event
+            starts = records[lo : lo + CHUNK_EVENTS] + 1 + length
             ends = starts + size.astype(np.int64)
             # every event starts with its metadata_id (field 1), left out when 0
             mids = np.zeros(len(starts), dtype=np.int64)
@@ -590,8 +675,9 @@ def _stat_tables(stat_names: dict[int, str], cols: _Columns) -> tuple[np.ndarray
     return column, ref_string
 
 
-def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _decode_events(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """XEvent fields of many events at once, one field per round: (offset_ps, duration_ps, stat columns)."""
     n = len(starts)
     width = len(_INT_STATS) + len(_STR_STATS)
@@ -625,15 +711,22 @@ def _decode_events(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, column
             body = pa[delimited] + 1 + ln
             step[delimited] = 1 + ln + size.astype(np.int64)
             is_stat = field[delimited] == 4
-            _decode_stats(buf, body[is_stat], body[is_stat] + size[is_stat].astype(np.int64),
-                          active[delimited[is_stat]], column, values)
+            _decode_stats(
+                buf,
+                body[is_stat],
+                body[is_stat] + size[is_stat].astype(np.int64),
+                active[delimited[is_stat]],
+                column,
+                values,
+            )
         p[active] = pa + step
         active = active[p[active] < ends[active]]
     return offsets, durations, values
 
 
-def _decode_stats(buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.ndarray, column: np.ndarray,
-                  values: np.ndarray) -> None:
+def _decode_stats(
+    buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.ndarray, column: np.ndarray, values: np.ndarray
+) -> None:
     """One XStat per row: metadata_id (field 1) then one value field. Keeps varint values of known stats."""
     if not len(start):
         return
@@ -665,6 +758,7 @@ def _decode_stats(buf: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.
 
 # ---- the trace --------------------------------------------------------------------------------------------------
 
+
 def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trace:
     """Columns → arrays sorted by time, restricted to one allocator: the one serving `device` (the report's main
     device), else the busiest GPU's, else the busiest (see `_choose`). Every allocator's summary is kept.
@@ -685,7 +779,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
         for block in blocks:
             part, block[k] = block[k], None
             assert part is not None  # each column is taken once
-            out[pos:pos + len(part)] = part
+            out[pos : pos + len(part)] = part
             pos += len(part)
         return out
 
@@ -714,8 +808,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
             columns[name] = take(name)[order]
     columns["dtype"] = columns["dtype"].astype(np.int64)
     events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
-    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators, cols.unreadable,
-                 sorted(cols.xla_modules))
+    return Trace(events, sorted(spans, key=lambda s: s.start_ps), allocators, cols.unreadable, sorted(cols.xla_modules))
 
 
 class Decoded:
@@ -749,8 +842,9 @@ def _merge(into: _Columns, other: _Columns) -> None:
     into.unreadable += other.unreadable
     into.xla_modules |= other.xla_modules
     strings = np.array([into.intern(text) for text in other.strings] + [-1], dtype=np.int32)
-    threads = np.array([into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1],
-                       dtype=np.int32)
+    threads = np.array(
+        [into.threads.setdefault(name, len(into.threads)) for name in other.threads] + [-1], dtype=np.int32
+    )
     renumber = []
     if not np.array_equal(threads[:-1], np.arange(len(other.threads))):
         renumber.append((_COLUMN["thread"], threads))

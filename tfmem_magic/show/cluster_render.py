@@ -20,10 +20,17 @@ def _cells(view: ClusterView) -> list[list[str]]:
             continue
         budget = report.device_budget
         trace = report.trace
-        rows.append([row.worker + (" (worst)" if row is worst and len(view.rows) > 1 else ""), row.device or "-",
-                     format_bytes(row.peak_bytes or 0), format_bytes(row.growth_bytes or 0),
-                     f"{trace.peak_time_s:.2f} s" if trace is not None and trace.events else "-",
-                     row.dominant or "-", format_bytes(budget[1]) if budget else "-"])
+        rows.append(
+            [
+                row.worker + (" (worst)" if row is worst and len(view.rows) > 1 else ""),
+                row.device or "-",
+                format_bytes(row.peak_bytes or 0),
+                format_bytes(row.growth_bytes or 0),
+                f"{trace.peak_time_s:.2f} s" if trace is not None and trace.events else "-",
+                row.dominant or "-",
+                format_bytes(budget[1]) if budget else "-",
+            ]
+        )
     return rows
 
 
@@ -38,9 +45,13 @@ def cluster_text(view: ClusterView) -> str:
 
 def cluster_html(view: ClusterView) -> str:
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{escape(c)}</th>" for c in _COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{escape(c)}</td>" for c in row) + "</tr>"
-                   for row in _cells(view))
+    body = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{escape(c)}</td>" for c in row) + "</tr>" for row in _cells(view)
+    )
     findings = "".join(f"<li>{escape(f)}</li>" for f in view.findings)
-    return (f"<div class='tfmem-cluster'><b>tfmem cluster</b> · {len(view.rows)} worker(s)"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            + (f"<ul>{findings}</ul>" if findings else "") + "</div>")
+    return (
+        f"<div class='tfmem-cluster'><b>tfmem cluster</b> · {len(view.rows)} worker(s)"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        + (f"<ul>{findings}</ul>" if findings else "")
+        + "</div>"
+    )

@@ -24,8 +24,14 @@ BUDGET_COLOR = "#d64545"
 # the trace's other allocators (a GPU trace's pinned host memory, the other GPUs), drawn thinner next to the main one
 ALLOCATOR_COLORS = ("#2ea67a", "#8e5bd8", "#c9a227", "#6d8fb3", "#9e9e9e")
 PHASE_COLORS = {
-    "forward": "#3d7be0", "backward": "#8e5bd8", "optimizer": "#e0833d", "input": "#2ea67a",
-    "weights": "#c9a227", "pre-existing": "#9e9e9e", "untraced": "#bdbdbd", "other": "#6d8fb3",
+    "forward": "#3d7be0",
+    "backward": "#8e5bd8",
+    "optimizer": "#e0833d",
+    "input": "#2ea67a",
+    "weights": "#c9a227",
+    "pre-existing": "#9e9e9e",
+    "untraced": "#bdbdbd",
+    "other": "#6d8fb3",
 }
 
 
@@ -134,25 +140,52 @@ def timeline_figure(report: Report) -> Figure | None:
         limit = report.device_budget  # (device, its allocator's limit): drawn when the series is that device's
         limit = limit if limit is not None and limit[0] == series_device else None
         t = [p[0] for p in tf_points]
-        scale, unit = _unit(max([p[1] for p in tf_points] + [p[1] for _, series in others for p in series]
-                                + ([limit[1]] if limit else [])))
+        scale, unit = _unit(
+            max(
+                [p[1] for p in tf_points]
+                + [p[1] for _, series in others for p in series]
+                + ([limit[1]] if limit else [])
+            )
+        )
         y = [p[1] / scale for p in tf_points]
         ax.fill_between(t, y, step="post", color=TF_COLOR, alpha=0.18, linewidth=0)
-        main_label = ((report.trace.allocator or report.main_device_name)
-                      if others and report.trace is not None else None)
+        main_label = (
+            (report.trace.allocator or report.main_device_name) if others and report.trace is not None else None
+        )
         ax.step(t, y, where="post", color=TF_COLOR, linewidth=1.3, label=main_label)
         for k, (name, series) in enumerate(others):
-            ax.step([p[0] for p in series], [p[1] / scale for p in series], where="post", linewidth=0.8,
-                    color=ALLOCATOR_COLORS[k % len(ALLOCATOR_COLORS)], label=name)
+            ax.step(
+                [p[0] for p in series],
+                [p[1] / scale for p in series],
+                where="post",
+                linewidth=0.8,
+                color=ALLOCATOR_COLORS[k % len(ALLOCATOR_COLORS)],
+                label=name,
+            )
         if limit:
-            ax.axhline(limit[1] / scale, color=BUDGET_COLOR, linestyle="--", linewidth=1,
-                       label=f"{limit[0]} limit {format_bytes(limit[1])}")
-        peak_t = report.trace.peak_time_s if report.trace is not None and report.trace.events else \
-            t[max(range(len(y)), key=y.__getitem__)]
+            ax.axhline(
+                limit[1] / scale,
+                color=BUDGET_COLOR,
+                linestyle="--",
+                linewidth=1,
+                label=f"{limit[0]} limit {format_bytes(limit[1])}",
+            )
+        peak_t = (
+            report.trace.peak_time_s
+            if report.trace is not None and report.trace.events
+            else t[max(range(len(y)), key=y.__getitem__)]
+        )
         peak_y = max(y)
         ax.plot([peak_t], [peak_y], marker="v", color=BUDGET_COLOR, markersize=7)
-        ax.annotate(f"peak {format_bytes(peak_y * scale)}", (peak_t, peak_y), textcoords="offset points",
-                    xytext=(6, -2), color=INK, fontsize=8, va="top")
+        ax.annotate(
+            f"peak {format_bytes(peak_y * scale)}",
+            (peak_t, peak_y),
+            textcoords="offset points",
+            xytext=(6, -2),
+            color=INK,
+            fontsize=8,
+            va="top",
+        )
         ax.set_ylabel(f"{tf_label}\n{unit}", color=INK, fontsize=8)
         ax.set_ylim(bottom=0)
         if _shade_untraced(ax, report) or others or limit:  # the legend of a CPU cell's trace stays where it was
@@ -167,12 +200,17 @@ def timeline_figure(report: Report) -> Figure | None:
         ax.plot(t, [p[1] / scale for p in rss_points], color=RSS_COLOR, linewidth=1.3)
         if show_budget:
             ax.axhline(budget / scale, color=BUDGET_COLOR, linestyle="--", linewidth=1)
-            ax.annotate(f"budget {format_bytes(budget)}", (t[0], budget / scale), textcoords="offset points",
-                        xytext=(2, 3), color=BUDGET_COLOR, fontsize=8)
+            ax.annotate(
+                f"budget {format_bytes(budget)}",
+                (t[0], budget / scale),
+                textcoords="offset points",
+                xytext=(2, 3),
+                color=BUDGET_COLOR,
+                fontsize=8,
+            )
         else:
             share = report.rss.peak_bytes / budget if budget else 0
-            ax.set_title(f"budget {format_bytes(budget)}: peak used {share:.0%}", color=INK, fontsize=8,
-                         loc="right")
+            ax.set_title(f"budget {format_bytes(budget)}: peak used {share:.0%}", color=INK, fontsize=8, loc="right")
         ax.set_ylabel(f"process RSS\n{unit}", color=INK, fontsize=8)
     ax.set_xlabel("seconds since the cell started", color=INK, fontsize=8)
     return fig
@@ -190,8 +228,15 @@ def breakdown_png(groups: Sequence[LiveGroup], key: str, limit: int = 12) -> byt
     fig, (ax,) = _figure(6.4, 0.32 * len(rows) + 0.6)
     bars = ax.barh([label[:38] for label in labels], [v / scale for v in values], color=colors, height=0.62)
     for bar, value in zip(bars, values, strict=True):
-        ax.annotate(format_bytes(value), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                    textcoords="offset points", xytext=(4, 0), va="center", color=INK, fontsize=8)
+        ax.annotate(
+            format_bytes(value),
+            (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+            textcoords="offset points",
+            xytext=(4, 0),
+            va="center",
+            color=INK,
+            fontsize=8,
+        )
     ax.set_xlabel(unit, color=INK, fontsize=8)
     ax.grid(True, axis="x", alpha=0.2, color=INK)
     ax.grid(False, axis="y")

@@ -29,8 +29,13 @@ def current_cell_id(shell: Any) -> str | None:
         return None
 
 
-def insert_cell(code: str, cell_id: str | None, placement: str, on_reply: Callable[[str, dict[str, Any]], None],
-                wait_s: float | None = None) -> bool:
+def insert_cell(
+    code: str,
+    cell_id: str | None,
+    placement: str,
+    on_reply: Callable[[str, dict[str, Any]], None],
+    wait_s: float | None = None,
+) -> bool:
     """Ask the front end to insert `code`; `on_reply("inserted", data)` on the extension's ack (also when it comes
     late), `on_reply("no-extension", {})` when the front end refused the comm, `on_reply("no-answer", {})` when
     nothing came back within `wait_s` (ANSWER_WAIT_S). False when there is no comm at all."""

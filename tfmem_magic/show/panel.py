@@ -52,11 +52,14 @@ def header_html(report: Report, view: ReportView | None = None) -> str:
     cards = "".join(
         f"<div class='tfmem-card'><div class='tfmem-label'>{escape(label)}</div>"
         f"<div class='tfmem-value'>{escape(value)}</div><div class='tfmem-detail'>{escape(detail)}</div></div>"
-        for label, value, detail in view.summary)
+        for label, value, detail in view.summary
+    )
     title = "tfmem" + (f" · {escape(report.label)}" if report.label else "")
-    return (f"<div class='tfmem-head'><div class='tfmem-title'>{title}</div>"
-            f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>"
-            f"<div class='tfmem-cards'>{cards}</div></div>")
+    return (
+        f"<div class='tfmem-head'><div class='tfmem-title'>{title}</div>"
+        f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>"
+        f"<div class='tfmem-cards'>{cards}</div></div>"
+    )
 
 
 def _empty(text: str) -> widgets.HTML:
@@ -67,8 +70,10 @@ def _why_no_trace(report: Report) -> str:
     if report.env.tensorflow is None:
         return "TensorFlow did not run in this cell: only process memory was measured (Timeline tab)."
     if report.mode == "quick":
-        return ("Quick mode records no trace, so nothing is broken down by op, layer or phase. Run the cell with "
-                "%%tfmem (trace is the default) to see what was live at the peak.")
+        return (
+            "Quick mode records no trace, so nothing is broken down by op, layer or phase. Run the cell with "
+            "%%tfmem (trace is the default) to see what was live at the peak."
+        )
     return "The trace recorded no TensorFlow allocation in this cell."
 
 
@@ -77,9 +82,12 @@ def _top_tensors(groups: list[LiveGroup]) -> str:
         f"<tr><td>{escape(g.op or '')}</td><td>{escape(g.layer or '')}</td><td>{escape(g.phase or '')}</td>"
         f"<td>{escape(g.dtype or '')}</td><td>{escape(g.shape or '')}</td>"
         f"<td class='num'>{escape(format_bytes(g.bytes))}</td><td class='num'>{g.count}</td></tr>"
-        for g in groups[:12])
-    return ("<table><tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
-            f"<th class='num'>bytes</th><th class='num'>n</th></tr>{rows}</table>")
+        for g in groups[:12]
+    )
+    return (
+        "<table><tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
+        f"<th class='num'>bytes</th><th class='num'>n</th></tr>{rows}</table>"
+    )
 
 
 def breakdown_tab(report: Report) -> widgets.Widget:
@@ -94,18 +102,25 @@ def breakdown_tab(report: Report) -> widgets.Widget:
             images[key] = figures.breakdown_png(groups[key], key)
         return images[key] or b""
 
-    chooser = widgets.ToggleButtons(options=[("by phase", "phase"), ("by layer", "layer"), ("by op", "op")],
-                                    value="phase", style={"button_width": "90px"})
+    chooser = widgets.ToggleButtons(
+        options=[("by phase", "phase"), ("by layer", "layer"), ("by op", "op")],
+        value="phase",
+        style={"button_width": "90px"},
+    )
     chart = widgets.Image(value=image_for("phase"), format="png", layout=widgets.Layout(max_width="640px"))
     chooser.observe(lambda change: setattr(chart, "value", image_for(change["new"])), names="value")
-    lines = [f"<b>{escape(format_bytes(trace.peak_live_bytes))}</b> live at t = {trace.peak_time_s:.3f} s "
-             f"({trace.events:,} memory events traced)"]
+    lines = [
+        f"<b>{escape(format_bytes(trace.peak_live_bytes))}</b> live at t = {trace.peak_time_s:.3f} s "
+        f"({trace.events:,} memory events traced)"
+    ]
     if trace.requested_at_peak_bytes:
         ratio = trace.allocated_at_peak_bytes / trace.requested_at_peak_bytes
         if ratio >= 1.1:
-            lines.append(f"The allocator handed out {escape(format_bytes(trace.allocated_at_peak_bytes))} for "
-                         f"{escape(format_bytes(trace.requested_at_peak_bytes))} requested (×{ratio:.2f}: "
-                         "rounding and fragmentation).")
+            lines.append(
+                f"The allocator handed out {escape(format_bytes(trace.allocated_at_peak_bytes))} for "
+                f"{escape(format_bytes(trace.requested_at_peak_bytes))} requested (×{ratio:.2f}: "
+                "rounding and fragmentation)."
+            )
     for note in trace_notes(trace):
         lines.append(f"<span class='tfmem-empty'>{escape(note)}</span>")
     info = widgets.HTML("<br>".join(lines))
@@ -116,8 +131,10 @@ def breakdown_tab(report: Report) -> widgets.Widget:
 def timeline_tab(report: Report, png: bytes | None = None) -> widgets.Widget:
     png = png if png is not None else figures.timeline_png(report)
     if not png:
-        return _empty(f"The cell ran {report.wall_s:.2f} s, too short for a timeline (fewer than "
-                      f"{figures.MIN_POINTS} samples); the peaks above are exact.")
+        return _empty(
+            f"The cell ran {report.wall_s:.2f} s, too short for a timeline (fewer than "
+            f"{figures.MIN_POINTS} samples); the peaks above are exact."
+        )
     return widgets.Image(value=png, format="png", layout=widgets.Layout(max_width="900px"))
 
 
@@ -128,7 +145,9 @@ def findings_tab(report: Report) -> widgets.Widget:
         return _empty("Nothing looked wrong: no finding fired for this cell.")
     items = "".join(
         f"<li><b class='tfmem-sev-{escape(f.severity)}'>{escape(f.title)}</b> [{escape(f.severity)}]<br>"
-        f"{escape(f.evidence)}</li>" for f in report.findings)
+        f"{escape(f.evidence)}</li>"
+        for f in report.findings
+    )
     return widgets.HTML(f"<ul>{items}</ul>")
 
 
@@ -141,64 +160,97 @@ def fixes_tab(report: Report, cell_id: str | None = None) -> widgets.Widget:
 def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> widgets.Widget:
     """One fix: what and why, the predicted peak, the code, and a button that inserts the code as a new cell."""
     fallback = f"%tfmem fix {index} --report {report.number}"
-    predicted = (f"<div>Predicted TF peak after it: <b>{escape(format_bytes(fix.predicted_peak_bytes))}</b></div>"
-                 if fix.predicted_peak_bytes is not None else "")
-    restart = ("<div class='tfmem-sev-warn'>Needs a kernel restart: goes at the top of the notebook.</div>"
-               if fix.needs_restart else "")
-    text = widgets.HTML(f"<b>{escape(fix.title)}</b> <code>{escape(fix.id)}</code><div>{escape(fix.why)}</div>"
-                        f"{predicted}{restart}<pre>{escape(fix.code)}</pre>")
+    predicted = (
+        f"<div>Predicted TF peak after it: <b>{escape(format_bytes(fix.predicted_peak_bytes))}</b></div>"
+        if fix.predicted_peak_bytes is not None
+        else ""
+    )
+    restart = (
+        "<div class='tfmem-sev-warn'>Needs a kernel restart: goes at the top of the notebook.</div>"
+        if fix.needs_restart
+        else ""
+    )
+    text = widgets.HTML(
+        f"<b>{escape(fix.title)}</b> <code>{escape(fix.id)}</code><div>{escape(fix.why)}</div>"
+        f"{predicted}{restart}<pre>{escape(fix.code)}</pre>"
+    )
     where = "at the top of the notebook" if fix.placement == "top" else "below this cell"
-    button = widgets.Button(description=f"Insert {where}", icon="plus", button_style="success",
-                            tooltip="Adds the code above as a new cell and selects it; it does not run it",
-                            layout=widgets.Layout(width="auto"))
+    button = widgets.Button(
+        description=f"Insert {where}",
+        icon="plus",
+        button_style="success",
+        tooltip="Adds the code above as a new cell and selects it; it does not run it",
+        layout=widgets.Layout(width="auto"),
+    )
     status = widgets.HTML()
 
     def replied(state: str, data: dict[str, Any]) -> None:
         if state == "inserted":
             status.value = f"<span class='tfmem-ok'>Inserted {escape(where)}: read it, then run it.</span>"
         elif state == "no-answer":  # VS Code, Colab, a headless kernel: the comm went nowhere
-            status.value = (f"<span class='tfmem-sev-warn'>The front end did not answer (no tfmem extension here?): "
-                            f"copy the code above, or run <code>{escape(fallback)}</code> to get it as the next "
-                            "cell.</span>")
+            status.value = (
+                f"<span class='tfmem-sev-warn'>The front end did not answer (no tfmem extension here?): "
+                f"copy the code above, or run <code>{escape(fallback)}</code> to get it as the next "
+                "cell.</span>"
+            )
             button.disabled = False
         else:
-            status.value = (f"<span class='tfmem-sev-warn'>This front end has no tfmem extension: copy the code "
-                            f"above, or run <code>{escape(fallback)}</code> to get it as the next cell.</span>")
+            status.value = (
+                f"<span class='tfmem-sev-warn'>This front end has no tfmem extension: copy the code "
+                f"above, or run <code>{escape(fallback)}</code> to get it as the next cell.</span>"
+            )
             button.disabled = False
 
     def clicked(_: Any) -> None:
         button.disabled = True
-        status.value = (f"Sent to the notebook… (nothing appears? run <code>{escape(fallback)}</code>, or copy "
-                        "the code above)")
+        status.value = (
+            f"Sent to the notebook… (nothing appears? run <code>{escape(fallback)}</code>, or copy the code above)"
+        )
         if not frontend.insert_cell(fix.code, cell_id, fix.placement, replied):
             replied("no-extension", {})
 
     button.on_click(clicked)
-    return widgets.VBox([text, widgets.HBox([button, status])],
-                        layout=widgets.Layout(border_bottom="1px solid rgba(128,128,128,.25)", padding="4px 0"))
+    return widgets.VBox(
+        [text, widgets.HBox([button, status])],
+        layout=widgets.Layout(border_bottom="1px solid rgba(128,128,128,.25)", padding="4px 0"),
+    )
 
 
 def held_tab(report: Report) -> widgets.Widget:
     """Who holds TensorFlow memory at the cell's end (the static twin's "Held after" section)."""
     html = held_html(report)
     if not html:
-        return _empty("Nothing measured is held: TensorFlow did not run in this process, or no name reaches its "
-                      "memory.")
+        return _empty(
+            "Nothing measured is held: TensorFlow did not run in this process, or no name reaches its memory."
+        )
     return widgets.HTML(html)
 
 
 def details_tab(report: Report, view: ReportView) -> widgets.Widget:
     env = report.env
-    rows = [("TensorFlow", env.tensorflow or "not imported"), ("Keras", env.keras_text),
-            ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
-            ("Devices", ", ".join(env.devices) or "-"),
-            *([(f"{report.device_budget[0]} budget", f"{format_bytes(report.device_budget[1])} (TensorFlow's "
-                                                      "allocator limit)")] if report.device_budget else []),
-            ("Host budget" if report.device_budget else "Budget", f"{format_bytes(env.budget_bytes)} "
-             f"({BUDGET_SOURCES.get(env.budget_source, env.budget_source)})"),
-            ("RAM", f"{format_bytes(env.ram_total_bytes)}, {format_bytes(env.ram_available_bytes)} available"),
-            ("Precision policy", env.mixed_precision_policy or "-"),
-            ("RSS peak from", "kernel high-water mark (exact)" if report.rss.peak_source == "hwm" else "samples")]
+    rows = [
+        ("TensorFlow", env.tensorflow or "not imported"),
+        ("Keras", env.keras_text),
+        ("Allocator", f"{env.allocator} ({'sees every allocation' if env.allocator_complete else 'partial'})"),
+        ("Devices", ", ".join(env.devices) or "-"),
+        *(
+            [
+                (
+                    f"{report.device_budget[0]} budget",
+                    f"{format_bytes(report.device_budget[1])} (TensorFlow's allocator limit)",
+                )
+            ]
+            if report.device_budget
+            else []
+        ),
+        (
+            "Host budget" if report.device_budget else "Budget",
+            f"{format_bytes(env.budget_bytes)} ({BUDGET_SOURCES.get(env.budget_source, env.budget_source)})",
+        ),
+        ("RAM", f"{format_bytes(env.ram_total_bytes)}, {format_bytes(env.ram_available_bytes)} available"),
+        ("Precision policy", env.mixed_precision_policy or "-"),
+        ("RSS peak from", "kernel high-water mark (exact)" if report.rss.peak_source == "hwm" else "samples"),
+    ]
     html = "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
     html += "</table>"
     m = report.model
@@ -207,21 +259,25 @@ def details_tab(report: Report, view: ReportView) -> widgets.Widget:
             f"<tr><td>{escape(layer.name)}</td><td>{escape(layer.type)}</td><td class='num'>{layer.params:,}</td>"
             f"<td>{escape(layer.output_shape or '')}</td>"
             f"<td class='num'>{escape(format_bytes(layer.activation_bytes_per_sample))}</td></tr>"
-            for layer in m.layers[:30])
-        html += (f"<p><b>Model {escape(m.name)}</b>: {m.params:,} parameters ({escape(format_bytes(m.param_bytes))}),"
-                 f" optimizer {escape(m.optimizer_text)} ({m.optimizer_slots} slot(s) per weight, "
-                 f"{escape(format_bytes(m.optimizer_bytes))}), batch {escape(m.batch_text)}, "
-                 f"input {escape(m.input_shape or '?')}</p><table><tr><th>layer</th><th>type</th>"
-                 "<th class='num'>params</th><th>output</th><th class='num'>activations / sample</th></tr>"
-                 f"{layer_rows}</table>")
+            for layer in m.layers[:30]
+        )
+        html += (
+            f"<p><b>Model {escape(m.name)}</b>: {m.params:,} parameters ({escape(format_bytes(m.param_bytes))}),"
+            f" optimizer {escape(m.optimizer_text)} ({m.optimizer_slots} slot(s) per weight, "
+            f"{escape(format_bytes(m.optimizer_bytes))}), batch {escape(m.batch_text)}, "
+            f"input {escape(m.input_shape or '?')}</p><table><tr><th>layer</th><th>type</th>"
+            "<th class='num'>params</th><th>output</th><th class='num'>activations / sample</th></tr>"
+            f"{layer_rows}</table>"
+        )
     notes = view.notes
     if notes:
         html += "<p>" + "<br>".join(escape(n) for n in notes) + "</p>"
     return widgets.HTML(html)
 
 
-def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | None = None,
-                view: ReportView | None = None) -> widgets.VBox:
+def build_panel(
+    report: Report, timeline: bytes | None = None, cell_id: str | None = None, view: ReportView | None = None
+) -> widgets.VBox:
     """Header (verdict and headline numbers) over tabs: breakdown, timeline, findings, what-if, fixes, details.
 
     `timeline` is the timeline PNG and `view` the report's view when the caller already made them for the static
@@ -232,8 +288,15 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
     tabs = widgets.Tab()
 
     def titles() -> tuple[str, ...]:
-        return ("Breakdown at peak", "Timeline", f"Findings ({len(report.findings)})", "What if",
-                f"Fixes ({len(report.fixes)})", "Held after", "Details")
+        return (
+            "Breakdown at peak",
+            "Timeline",
+            f"Findings ({len(report.findings)})",
+            "What if",
+            f"Fixes ({len(report.fixes)})",
+            "Held after",
+            "Details",
+        )
 
     def calibrated() -> None:  # the calibration wrote the fixes (and large-batch's advice) again on its basis
         children = list(tabs.children)
@@ -241,9 +304,15 @@ def build_panel(report: Report, timeline: bytes | None = None, cell_id: str | No
         tabs.children = tuple(children)
         tabs.titles = titles()
 
-    tabs.children = (breakdown_tab(report), timeline_tab(report, timeline), findings_tab(report),
-                     whatif_tab(report, view, on_calibrated=calibrated), fixes_tab(report, cell_id),
-                     held_tab(report), details_tab(report, view))
+    tabs.children = (
+        breakdown_tab(report),
+        timeline_tab(report, timeline),
+        findings_tab(report),
+        whatif_tab(report, view, on_calibrated=calibrated),
+        fixes_tab(report, cell_id),
+        held_tab(report),
+        details_tab(report, view),
+    )
     tabs.titles = titles()
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")
@@ -259,8 +328,9 @@ def cluster_panel(view: Any) -> widgets.VBox:
     table = widgets.HTML(PANEL_CSS + cluster_html(view))
     if not measured:
         return widgets.VBox([table])
-    choice = widgets.Dropdown(options=[(f"{row.worker} ({row.device})", i) for i, row in enumerate(measured)],
-                              value=0, description="Worker")
+    choice = widgets.Dropdown(
+        options=[(f"{row.worker} ({row.device})", i) for i, row in enumerate(measured)], value=0, description="Worker"
+    )
     shown = widgets.VBox([build_panel(measured[0].report, figures.timeline_png(measured[0].report))])
 
     def pick(change: dict[str, Any]) -> None:

@@ -30,9 +30,11 @@ from tfmem_magic.show.view import (
 def _tf_line(report: Report) -> str | None:
     parts = []
     for device, mem in report.tf.items():
-        parts.append(f"{device} peak {format_bytes(mem.peak_bytes)} = {format_bytes(mem.baseline_bytes)} before "
-                     f"+ {format_bytes(mem.peak_bytes - mem.baseline_bytes)} in the cell; "
-                     f"{format_bytes(mem.end_bytes)} held after")
+        parts.append(
+            f"{device} peak {format_bytes(mem.peak_bytes)} = {format_bytes(mem.baseline_bytes)} before "
+            f"+ {format_bytes(mem.peak_bytes - mem.baseline_bytes)} in the cell; "
+            f"{format_bytes(mem.end_bytes)} held after"
+        )
     return "; ".join(parts) or None
 
 
@@ -41,8 +43,9 @@ def _group_label(g: LiveGroup) -> str:
     return " · ".join(bits) or (g.phase or "?")
 
 
-def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None,
-                view: ReportView | None = None) -> str:
+def render_text(
+    report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None, view: ReportView | None = None
+) -> str:
     """The text report (`view`: computed once by a caller that renders several forms)."""
     r = report
     view = view or view_of(report, whatifs)
@@ -55,12 +58,16 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
     if device is not None:
         lines.append(f"Budget    {device[0]}: {format_bytes(device[1])} (TensorFlow's allocator limit there)")
     if r.rss.peak_bytes:  # a report built from a saved trace has no process memory
-        lines.append(f"RSS       peak {format_bytes(r.rss.peak_bytes)} (baseline {format_bytes(r.rss.baseline_bytes)}, "
-                     f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})")
+        lines.append(
+            f"RSS       peak {format_bytes(r.rss.peak_bytes)} (baseline {format_bytes(r.rss.baseline_bytes)}, "
+            f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)})"
+        )
     if r.env.budget_bytes:
         host = "host " if device else ""
-        lines.append(f"Budget    {host}{format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
-                     f"RAM {format_bytes(r.env.ram_total_bytes)}")
+        lines.append(
+            f"Budget    {host}{format_bytes(r.env.budget_bytes)} ({r.env.budget_source}); "
+            f"RAM {format_bytes(r.env.ram_total_bytes)}"
+        )
     if r.guard is not None:
         lines.append(f"Limit     {format_bytes(r.guard.limit_bytes)} {guard_detail(r)}")
     if r.error:
@@ -68,8 +75,10 @@ def render_text(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | N
         lines.append(f"Error     {r.error.type}" + (f": {message}" if message else ""))
     t = r.trace
     if t is not None and t.events:
-        lines.append(f"At peak   {format_bytes(t.peak_live_bytes)} live at t={t.peak_time_s:.3f} s: "
-                     + ", ".join(f"{g.phase} {format_bytes(g.bytes)}" for g in t.by_phase))
+        lines.append(
+            f"At peak   {format_bytes(t.peak_live_bytes)} live at t={t.peak_time_s:.3f} s: "
+            + ", ".join(f"{g.phase} {format_bytes(g.bytes)}" for g in t.by_phase)
+        )
         if t.by_layer:
             lines.append("Layers    " + ", ".join(f"{g.layer} {format_bytes(g.bytes)}" for g in t.by_layer[:6]))
         for g in t.at_peak[:5]:
@@ -118,8 +127,10 @@ def _rows(groups: list[LiveGroup], key: str, total: int, limit: int = 10) -> str
     for g in groups[:limit]:
         width = int(120 * g.bytes / total) if total > 0 else 0
         label = getattr(g, key) or "(none)"
-        out.append(f"<tr><td>{escape(str(label))}</td><td class='num'>{escape(format_bytes(g.bytes))}</td>"
-                   f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>")
+        out.append(
+            f"<tr><td>{escape(str(label))}</td><td class='num'>{escape(format_bytes(g.bytes))}</td>"
+            f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>"
+        )
     return "".join(out)
 
 
@@ -132,48 +143,71 @@ def png_img(png: bytes | None, alt: str) -> str:
     return f"<img alt='{escape(alt)}' style='max-width:100%' src='data:image/png;base64,{data}'>"
 
 
-def render_html(report: Report, timeline: bytes | None = None,
-                whatifs: list[tuple[str, prediction.WhatIf]] | None = None, view: ReportView | None = None) -> str:
+def render_html(
+    report: Report,
+    timeline: bytes | None = None,
+    whatifs: list[tuple[str, prediction.WhatIf]] | None = None,
+    view: ReportView | None = None,
+) -> str:
     """The static report; `timeline` is the timeline PNG if the caller already has it, `view` the report's view."""
     r = report
     view = view or view_of(report, whatifs)
     title = "tfmem report" + (f" · {escape(r.label)}" if r.label else "")
-    cells = [(escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
-             for label, value, detail in view.summary]
-    cells.append(("Allocator", f"{escape(r.env.allocator)} <span class='tfmem-muted'>"
-                  f"({'sees every allocation' if r.env.allocator_complete else 'partial view'}; "
-                  f"RAM {escape(format_bytes(r.env.ram_total_bytes))})</span>"))
+    cells = [
+        (escape(label), f"{escape(value)} <span class='tfmem-muted'>{escape(detail)}</span>")
+        for label, value, detail in view.summary
+    ]
+    cells.append(
+        (
+            "Allocator",
+            f"{escape(r.env.allocator)} <span class='tfmem-muted'>"
+            f"({'sees every allocation' if r.env.allocator_complete else 'partial view'}; "
+            f"RAM {escape(format_bytes(r.env.ram_total_bytes))})</span>",
+        )
+    )
     if r.model is not None:
         cells.append(("Model", escape(model_text(r))))
     if r.error:
         message = clip_message(" ".join(r.error.message.split()), 500)  # HTML folds the lines anyway
         cells.append(("Error", f"{escape(r.error.type)}: {escape(message)}"))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
-    parts = [f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
-             f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
-             f"<table class='tfmem-summary'>{summary}</table>", before_after_html(r)]
+    parts = [
+        f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
+        f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
+        f"<table class='tfmem-summary'>{summary}</table>",
+        before_after_html(r),
+    ]
     t = r.trace
     if t is not None and t.events:
         total = t.peak_live_bytes
         parts.append(f"<h4>{escape(peak_heading(t))}</h4>")
-        parts.append(f"<table class='tfmem-by-phase'><tr><th>phase</th><th class='num'>bytes</th><th></th></tr>"
-                     f"{_rows(t.by_phase, 'phase', total)}</table>")
+        parts.append(
+            f"<table class='tfmem-by-phase'><tr><th>phase</th><th class='num'>bytes</th><th></th></tr>"
+            f"{_rows(t.by_phase, 'phase', total)}</table>"
+        )
         if t.by_layer:
-            parts.append(f"<table class='tfmem-by-layer'><tr><th>layer</th><th class='num'>bytes</th><th></th></tr>"
-                         f"{_rows(t.by_layer, 'layer', total)}</table>")
+            parts.append(
+                f"<table class='tfmem-by-layer'><tr><th>layer</th><th class='num'>bytes</th><th></th></tr>"
+                f"{_rows(t.by_layer, 'layer', total)}</table>"
+            )
         top = "".join(
             f"<tr><td>{escape(g.op or '')}</td><td>{escape(g.layer or '')}</td><td>{escape(g.phase or '')}</td>"
             f"<td>{escape(g.dtype or '')}</td><td>{escape(g.shape or '')}</td>"
             f"<td class='num'>{escape(format_bytes(g.bytes))}</td><td class='num'>{g.count}</td></tr>"
-            for g in t.at_peak[:15])
-        parts.append("<details><summary>Largest tensors at the peak</summary><table class='tfmem-at-peak'>"
-                     "<tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
-                     f"<th class='num'>bytes</th><th class='num'>n</th></tr>{top}</table></details>")
+            for g in t.at_peak[:15]
+        )
+        parts.append(
+            "<details><summary>Largest tensors at the peak</summary><table class='tfmem-at-peak'>"
+            "<tr><th>op</th><th>layer</th><th>phase</th><th>dtype</th><th>shape</th>"
+            f"<th class='num'>bytes</th><th class='num'>n</th></tr>{top}</table></details>"
+        )
         if t.requested_at_peak_bytes:
             ratio = t.allocated_at_peak_bytes / t.requested_at_peak_bytes
-            parts.append(f"<div class='tfmem-muted'>Allocated {escape(format_bytes(t.allocated_at_peak_bytes))} for "
-                         f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
-                         f"rounding and fragmentation); {t.events:,} memory events traced.</div>")
+            parts.append(
+                f"<div class='tfmem-muted'>Allocated {escape(format_bytes(t.allocated_at_peak_bytes))} for "
+                f"{escape(format_bytes(t.requested_at_peak_bytes))} requested (×{ratio:.2f}: allocator "
+                f"rounding and fragmentation); {t.events:,} memory events traced.</div>"
+            )
     if timeline is None:
         from tfmem_magic.show.figures import timeline_png
 
@@ -181,20 +215,30 @@ def render_html(report: Report, timeline: bytes | None = None,
     parts.append(png_img(timeline, "memory timeline: TF live bytes and process RSS over the cell"))
     parts.append(held_html(r))
     if r.findings:
-        items = "".join(f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
-                        f"{escape(f.evidence)}</li>" for f in r.findings)
+        items = "".join(
+            f"<li><b>{escape(f.title)}</b> <span class='tfmem-muted'>[{escape(f.severity)}]</span><br>"
+            f"{escape(f.evidence)}</li>"
+            for f in r.findings
+        )
         parts.append(f"<h4>Findings</h4><ul class='tfmem-findings'>{items}</ul>")
     parts.append(whatif_html(r, view.whatifs))
     if r.fixes:
         items = "".join(
             f"<li><b>{escape(x.title)}</b> <code>{escape(x.id)}</code>: {escape(x.why)}"
-            + (f" <i>Predicted TF peak after it: {escape(format_bytes(x.predicted_peak_bytes))}.</i>"
-               if x.predicted_peak_bytes is not None else "")
+            + (
+                f" <i>Predicted TF peak after it: {escape(format_bytes(x.predicted_peak_bytes))}.</i>"
+                if x.predicted_peak_bytes is not None
+                else ""
+            )
             + (" <b>Needs a kernel restart (top of the notebook).</b>" if x.needs_restart else "")
-            + f"<pre>{escape(x.code)}</pre></li>" for x in r.fixes)
-        parts.append(f"<h4>Fixes</h4><div class='tfmem-muted'>In a live kernel each fix has an insert button; "
-                     f"here, copy the code, or run <code>%tfmem fix K --report {r.number}</code>.</div>"
-                     f"<ul class='tfmem-fixes'>{items}</ul>")
+            + f"<pre>{escape(x.code)}</pre></li>"
+            for x in r.fixes
+        )
+        parts.append(
+            f"<h4>Fixes</h4><div class='tfmem-muted'>In a live kernel each fix has an insert button; "
+            f"here, copy the code, or run <code>%tfmem fix K --report {r.number}</code>.</div>"
+            f"<ul class='tfmem-fixes'>{items}</ul>"
+        )
     notes = view.notes
     if notes:
         parts.append("<div class='tfmem-notes tfmem-muted'>" + "<br>".join(escape(n) for n in notes) + "</div>")
@@ -209,24 +253,39 @@ def held_html(report: Report) -> str:
         return ""
     parts = [f"<h4>Held after the cell</h4><div class='tfmem-held'>{escape(held.headline)}</div>"]
     if held.holders:
-        rows = "".join(f"<tr><td><code>{escape(name)}</code></td><td>{escape(kind)}</td><td>{escape(what)}</td>"
-                       f"<td class='num'>{escape(size)}</td></tr>" for name, kind, what, size in held.holders)
-        parts.append("<table class='tfmem-holders'><tr><th>held by</th><th>is</th><th>holds</th>"
-                     f"<th class='num'>bytes</th></tr>{rows}</table>")
+        rows = "".join(
+            f"<tr><td><code>{escape(name)}</code></td><td>{escape(kind)}</td><td>{escape(what)}</td>"
+            f"<td class='num'>{escape(size)}</td></tr>"
+            for name, kind, what, size in held.holders
+        )
+        parts.append(
+            "<table class='tfmem-holders'><tr><th>held by</th><th>is</th><th>holds</th>"
+            f"<th class='num'>bytes</th></tr>{rows}</table>"
+        )
     if held.left_by_cell:
-        rows = "".join(f"<tr><td>{escape(name)}</td><td>{escape(phase)}</td>"
-                       f"<td class='num'>{escape(format_bytes(b))}</td></tr>" for name, phase, b in held.left_by_cell)
-        parts.append("<details><summary>What the cell allocated that was still live when the trace stopped"
-                     "</summary>"
-                     "<table class='tfmem-left'><tr><th>layer or op</th><th>phase</th><th class='num'>bytes</th></tr>"
-                     f"{rows}</table></details>")
+        rows = "".join(
+            f"<tr><td>{escape(name)}</td><td>{escape(phase)}</td><td class='num'>{escape(format_bytes(b))}</td></tr>"
+            for name, phase, b in held.left_by_cell
+        )
+        parts.append(
+            "<details><summary>What the cell allocated that was still live when the trace stopped"
+            "</summary>"
+            "<table class='tfmem-left'><tr><th>layer or op</th><th>phase</th><th class='num'>bytes</th></tr>"
+            f"{rows}</table></details>"
+        )
     if held.hint:
         parts.append(f"<div class='tfmem-muted'>{escape(held.hint)}</div>")
     return "".join(parts)
 
 
-SPLIT_COLORS = {"weights": "#7e57c2", "gradients": "#ef6c00", "optimizer": "#c62828", "activations": "#5b8def",
-                "input": "#2e7d32", "other": "#9e9e9e"}
+SPLIT_COLORS = {
+    "weights": "#7e57c2",
+    "gradients": "#ef6c00",
+    "optimizer": "#c62828",
+    "activations": "#5b8def",
+    "input": "#2e7d32",
+    "other": "#9e9e9e",
+}
 
 
 def split_bar(w: prediction.WhatIf, scale: int) -> str:
@@ -235,12 +294,15 @@ def split_bar(w: prediction.WhatIf, scale: int) -> str:
     segs = "".join(
         f"<span title='{k}: {escape(format_bytes(round(v * w.peak_bytes / total)))}' style='display:inline-block;"
         f"height:10px;width:{100 * v * w.peak_bytes / total / max(scale, 1):.2f}%;background:{SPLIT_COLORS[k]}'>"
-        "</span>" for k, v in w.split.items() if v > 0)
+        "</span>"
+        for k, v in w.split.items()
+        if v > 0
+    )
     return f"<div style='width:100%;background:rgba(128,128,128,.12);line-height:0'>{segs}</div>"
 
 
 def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
-    """"fits" / "does NOT fit", and the margin where it is not the band shown beside the peak (a CPU's process
+    """ "fits" / "does NOT fit", and the margin where it is not the band shown beside the peak (a CPU's process
     budget judges a peak above the cell's with +40%: prediction.PROCESS_MARGIN)."""
     words = "fits" if w.fits else no
     return words + (f" at +{w.fit_margin:.0%}" if w.fit_margin > w.error_band else "")
@@ -248,8 +310,9 @@ def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
 
 def whatif_summary(w: prediction.WhatIf) -> str:
     """One sentence: the prediction, its band and basis, the budget and the largest batch."""
-    text = (f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, "
-            f"{knobs_text(w.knobs)})")
+    text = (
+        f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, {knobs_text(w.knobs)})"
+    )
     if w.budget_bytes is not None:
         text += f"; {format_bytes(w.budget_bytes)} available: " + fits_words(w)
         if w.largest_batch is not None and w.largest_batch >= prediction.MAX_BATCH:
@@ -270,20 +333,26 @@ def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None
     body = "".join(
         f"<tr><td>{escape(label)}</td><td class='num'>{escape(format_bytes(w.peak_bytes))}</td>"
         f"<td class='num'>±{w.error_band:.0%}</td><td>{'' if w.fits is None else fits_words(w, 'no')}</td>"
-        f"<td style='width:40%'>{split_bar(w, scale)}</td></tr>" for label, w in rows)
+        f"<td style='width:40%'>{split_bar(w, scale)}</td></tr>"
+        for label, w in rows
+    )
     legend = " ".join(f"<span style='color:{c}'>■</span> {k}" for k, c in SPLIT_COLORS.items())
-    return (f"<h4>What if</h4><div>{escape(whatif_summary(rows[0][1]))}</div>"
-            "<table class='tfmem-whatif'><tr><th>setting</th><th class='num'>TF peak</th><th class='num'>error</th>"
-            f"<th>fits</th><th>split (bar: the largest of these or the budget)</th></tr>{body}</table>"
-            f"<div class='tfmem-muted'>{legend}. {_whatif_how(report)}</div>")
+    return (
+        f"<h4>What if</h4><div>{escape(whatif_summary(rows[0][1]))}</div>"
+        "<table class='tfmem-whatif'><tr><th>setting</th><th class='num'>TF peak</th><th class='num'>error</th>"
+        f"<th>fits</th><th>split (bar: the largest of these or the budget)</th></tr>{body}</table>"
+        f"<div class='tfmem-muted'>{legend}. {_whatif_how(report)}</div>"
+    )
 
 
 def _whatif_how(report: Report) -> str:
     """Where else the what-if is asked: a saved trace's has the batch only."""
     if prediction.is_from_trace(report):
         return "Predicted from the trace's own allocations; from Python: tfmem_magic.predict(report, batch_size=...)."
-    return ("The live panel has sliders; from Python: "
-            "tfmem_magic.predict(report, batch_size=..., policy=..., optimizer=..., accumulation_steps=...).")
+    return (
+        "The live panel has sliders; from Python: "
+        "tfmem_magic.predict(report, batch_size=..., policy=..., optimizer=..., accumulation_steps=...)."
+    )
 
 
 def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
@@ -295,14 +364,27 @@ def before_after_rows(report: Report) -> list[tuple[str, str, str]]:
     def tf(value: int | None) -> str:
         return "n/a" if value is None else format_bytes(value)
 
-    rows = [("TF peak (in the cell)", tf(b.tf_peak_bytes), tf(after_tf)),
-            ("process RSS peak", format_bytes(b.rss_peak_bytes), format_bytes(report.rss.peak_bytes)),
-            ("time", f"{b.wall_s:.2f} s", f"{report.wall_s:.2f} s"), ("status", b.status, report.status)]
+    rows = [
+        ("TF peak (in the cell)", tf(b.tf_peak_bytes), tf(after_tf)),
+        ("process RSS peak", format_bytes(b.rss_peak_bytes), format_bytes(report.rss.peak_bytes)),
+        ("time", f"{b.wall_s:.2f} s", f"{report.wall_s:.2f} s"),
+        ("status", b.status, report.status),
+    ]
     if b.predicted_peak_bytes is not None:
-        verdict_text = (("held" if b.held else "missed") if b.held is not None else
-                        "not judged: the kernel changed" if b.kernel_changed else "not checked")
-        rows.append((f"prediction ±{(b.error_band or 0):.0%}", format_bytes(b.predicted_peak_bytes),
-                     f"{tf(after_tf)}: {verdict_text}"))
+        verdict_text = (
+            ("held" if b.held else "missed")
+            if b.held is not None
+            else "not judged: the kernel changed"
+            if b.kernel_changed
+            else "not checked"
+        )
+        rows.append(
+            (
+                f"prediction ±{(b.error_band or 0):.0%}",
+                format_bytes(b.predicted_peak_bytes),
+                f"{tf(after_tf)}: {verdict_text}",
+            )
+        )
     if b.kernel_changed:
         rows.append(("note", "", b.kernel_changed))
     return rows
@@ -313,10 +395,14 @@ def before_after_html(report: Report) -> str:
     if not rows or b is None:  # rows only with a before
         return ""
     title = f"Before → after{' (fix ' + escape(b.fix_id) + ')' if b.fix_id else ''}: report {b.number}"
-    body = "".join(f"<tr><th>{escape(k)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td></tr>"
-                   for k, x, y in rows)
-    return (f"<div class='tfmem-before-after'><b>{title}</b><table><tr><th></th><th class='num'>before</th>"
-            f"<th class='num'>after</th></tr>{body}</table></div>")
+    body = "".join(
+        f"<tr><th>{escape(k)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td></tr>"
+        for k, x, y in rows
+    )
+    return (
+        f"<div class='tfmem-before-after'><b>{title}</b><table><tr><th></th><th class='num'>before</th>"
+        f"<th class='num'>after</th></tr>{body}</table></div>"
+    )
 
 
 def model_text(report: Report) -> str:
@@ -324,8 +410,10 @@ def model_text(report: Report) -> str:
     m = report.model
     if m is None:
         return ""
-    return (f"{m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer {m.optimizer_text}, "
-            f"batch {m.batch_text}")
+    return (
+        f"{m.name}: {m.params:,} params ({format_bytes(m.param_bytes)}), optimizer {m.optimizer_text}, "
+        f"batch {m.batch_text}"
+    )
 
 
 def peak_heading(trace: TraceInfo) -> str:
@@ -338,17 +426,29 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
     labextension/schema/view.schema.json (the renderer's types are made from it; tests/unit/test_labextension.py
     checks this block against it): a new key goes there too."""
     r, t = report, report.trace
-    out: dict[str, Any] = {"verdict": view.verdict, "level": view.level, "main_device": main_device_name(r.tf),
-                           "summary": [list(item) for item in view.summary]}
+    out: dict[str, Any] = {
+        "verdict": view.verdict,
+        "level": view.level,
+        "main_device": main_device_name(r.tf),
+        "summary": [list(item) for item in view.summary],
+    }
     if r.model is not None:
         out["model"] = model_text(r)
     if r.before is not None:
         out["before_after"] = [list(row) for row in before_after_rows(r)]
     if t is not None and t.events:
         total = t.peak_live_bytes
-        rows = {key: [{"label": str(getattr(g, key) or "(none)"), "bytes": format_bytes(g.bytes),
-                       "share": g.bytes / total if total > 0 else 0.0} for g in groups[:10]]
-                for key, groups in (("phase", t.by_phase), ("layer", t.by_layer))}
+        rows = {
+            key: [
+                {
+                    "label": str(getattr(g, key) or "(none)"),
+                    "bytes": format_bytes(g.bytes),
+                    "share": g.bytes / total if total > 0 else 0.0,
+                }
+                for g in groups[:10]
+            ]
+            for key, groups in (("phase", t.by_phase), ("layer", t.by_layer))
+        }
         out["peak"] = {"heading": peak_heading(t), "by_phase": rows["phase"], "by_layer": rows["layer"]}
     out["timeline"] = timeline_series(r)
     held = held_view(r)
@@ -366,8 +466,12 @@ def timeline_series(report: Report) -> list[dict[str, Any]]:
     if t is not None and t.timeline:
         candidates.append(({"kind": "trace", "name": "TF live bytes (trace)"}, t.timeline))
     elif sampled is not None:
-        candidates.append(({"kind": "device", "device": sampled[0], "name": f"TF live bytes (sampled, {sampled[0]})"},
-                           sampled[1].samples))
+        candidates.append(
+            (
+                {"kind": "device", "device": sampled[0], "name": f"TF live bytes (sampled, {sampled[0]})"},
+                sampled[1].samples,
+            )
+        )
     candidates.append(({"kind": "rss", "name": "process RSS"}, report.rss.samples))
     drawn = [(about, points) for about, points in candidates if len(points) >= 2]
     seconds = max([p[0] for _, points in drawn for p in points], default=0.0)
@@ -375,8 +479,15 @@ def timeline_series(report: Report) -> list[dict[str, Any]]:
     for about, points in drawn:
         values = [p[1] for p in points]
         from_zero = about["kind"] != "rss"
-        out.append({**about, "from_zero": from_zero, "low": format_bytes(0 if from_zero else min(values)),
-                    "high": format_bytes(max(values)), "seconds": f"{seconds:.2f} s"})
+        out.append(
+            {
+                **about,
+                "from_zero": from_zero,
+                "low": format_bytes(0 if from_zero else min(values)),
+                "high": format_bytes(max(values)),
+                "seconds": f"{seconds:.2f} s",
+            }
+        )
     return out
 
 
@@ -385,11 +496,15 @@ def mime_bundle(report: Report, timeline: bytes | None = None, view: ReportView 
     view = view or view_of(report)  # a few predictions with a largest-batch search each: once for every form
     data = report.to_dict()
     data["view"] = lab_view(report, view)
-    return {"text/plain": render_text(report, view=view), "text/html": render_html(report, timeline, view=view),
-            MIME_TYPE: data}
+    return {
+        "text/plain": render_text(report, view=view),
+        "text/html": render_html(report, timeline, view=view),
+        MIME_TYPE: data,
+    }
 
 
 # ---- one-line summaries (watch mode) and comparisons ------------------------------------------------------------
+
 
 def left_text(delta: int) -> str:
     """What a cell left in TensorFlow's allocator: "left 2 MiB", or "freed 36 KiB" when it ended below its start."""
@@ -401,8 +516,10 @@ def watch_line(report: Report) -> str:
     parts = ["tfmem"]
     mem = report.main_device
     if mem is not None:
-        parts.append(f"TF peak +{format_bytes(mem.peak_bytes - mem.baseline_bytes)} "
-                     f"({left_text(mem.end_bytes - mem.baseline_bytes)})")
+        parts.append(
+            f"TF peak +{format_bytes(mem.peak_bytes - mem.baseline_bytes)} "
+            f"({left_text(mem.end_bytes - mem.baseline_bytes)})"
+        )
     grew = report.rss.peak_bytes - report.rss.baseline_bytes
     parts.append(f"RSS {format_bytes(report.rss.peak_bytes)} (+{format_bytes(grew)})")
     parts.append(f"{report.wall_s:.2f} s")
@@ -415,8 +532,10 @@ def watch_line(report: Report) -> str:
 def watch_html(report: Report) -> str:
     warn = [f for f in report.findings if f.severity != "info"]
     details = "".join(f"<div>{escape(f.title)}: {escape(f.evidence)}</div>" for f in warn)
-    return (f"<div class='tfmem-watch' style='font-size:11px;opacity:.7;font-family:monospace'>"
-            f"{escape(watch_line(report))}{details}</div>")
+    return (
+        f"<div class='tfmem-watch' style='font-size:11px;opacity:.7;font-family:monospace'>"
+        f"{escape(watch_line(report))}{details}</div>"
+    )
 
 
 def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
@@ -433,14 +552,16 @@ def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
     pa, pb = tf_peak(a), tf_peak(b)
     rows.append(("TF peak over baseline", format_bytes(pa), format_bytes(pb), delta(pa, pb)))
     growths: tuple[tuple[str, Callable[[Report], int]], ...] = (
-        ("RSS peak", lambda r: r.rss.peak_bytes), ("RSS growth", lambda r: r.rss.peak_bytes - r.rss.baseline_bytes))
+        ("RSS peak", lambda r: r.rss.peak_bytes),
+        ("RSS growth", lambda r: r.rss.peak_bytes - r.rss.baseline_bytes),
+    )
     for name, get in growths:
         rows.append((name, format_bytes(get(a)), format_bytes(get(b)), delta(get(a), get(b))))
-    rows.append(("time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s",
-                 delta(a.wall_s, b.wall_s, lambda v: f"{v:.2f} s")))
+    rows.append(("time", f"{a.wall_s:.2f} s", f"{b.wall_s:.2f} s", delta(a.wall_s, b.wall_s, lambda v: f"{v:.2f} s")))
     settings: tuple[tuple[str, Callable[[Report], object]], ...] = (
         ("batch", lambda r: r.model.batch_size if r.model else None),
-        ("precision policy", lambda r: r.env.mixed_precision_policy))
+        ("precision policy", lambda r: r.env.mixed_precision_policy),
+    )
     for r_name, pick in settings:
         if pick(a) is not None or pick(b) is not None:
             rows.append((r_name, str(pick(a)), str(pick(b)), ""))
@@ -458,14 +579,37 @@ def compare_text(a: Report, b: Report) -> str:
 
 
 def compare_html(a: Report, b: Report) -> str:
-    body = "".join(f"<tr><th>{escape(name)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td>"
-                   f"<td class='num'>{escape(d)}</td></tr>" for name, x, y, d in _compare_rows(a, b))
-    return (f"<div class='tfmem-report'><style>{_STYLE}</style><h4>tfmem: A vs B</h4><table>"
-            f"<tr><th></th><th class='num'>A</th><th class='num'>B</th><th class='num'>B - A</th></tr>{body}"
-            "</table></div>")
+    body = "".join(
+        f"<tr><th>{escape(name)}</th><td class='num'>{escape(x)}</td><td class='num'>{escape(y)}</td>"
+        f"<td class='num'>{escape(d)}</td></tr>"
+        for name, x, y, d in _compare_rows(a, b)
+    )
+    return (
+        f"<div class='tfmem-report'><style>{_STYLE}</style><h4>tfmem: A vs B</h4><table>"
+        f"<tr><th></th><th class='num'>A</th><th class='num'>B</th><th class='num'>B - A</th></tr>{body}"
+        "</table></div>"
+    )
 
 
 # the view's names that callers have always found here
-__all__ = ["BUDGET_SOURCES", "ReportView", "guard_detail", "mime_bundle", "render_html", "render_text",
-           "summary_items", "trace_notes", "verdict", "verdict_level", "view_of", "watch_html", "watch_line",
-           "compare_html", "compare_text", "whatif_html", "whatif_summary", "before_after_html", "left_text"]
+__all__ = [
+    "BUDGET_SOURCES",
+    "ReportView",
+    "guard_detail",
+    "mime_bundle",
+    "render_html",
+    "render_text",
+    "summary_items",
+    "trace_notes",
+    "verdict",
+    "verdict_level",
+    "view_of",
+    "watch_html",
+    "watch_line",
+    "compare_html",
+    "compare_text",
+    "whatif_html",
+    "whatif_summary",
+    "before_after_html",
+    "left_text",
+]

@@ -14,7 +14,9 @@ def save_report(report: Report, path: Path) -> Path:
         return saved
     from tfmem_magic.show.render import render_html  # the page's renderer, only when a page is asked for
 
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>tfmem report</title></head>"
-            f"<body>{render_html(report)}</body></html>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>tfmem report</title></head>"
+        f"<body>{render_html(report)}</body></html>"
+    )
     path.write_text(page)
     return path

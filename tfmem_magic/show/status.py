@@ -34,8 +34,10 @@ def status_text() -> str:
     session = guard.session_limit()
     if session is not None:
         cap = guard.allocator_limit_bytes() or (session.allocator_mb * 2**20 if session.allocator_mb else None)
-        lines.append(f"Limit        {format_bytes(session.bytes)} (%tfmem limit)"
-                     + (f"; TensorFlow's allocator capped at {format_bytes(cap)}" if cap else ""))
+        lines.append(
+            f"Limit        {format_bytes(session.bytes)} (%tfmem limit)"
+            + (f"; TensorFlow's allocator capped at {format_bytes(cap)}" if cap else "")
+        )
     if view.note:
         lines.append(f"Note         {view.note}")
     lines += capabilities_lines()
@@ -59,8 +61,10 @@ def capabilities_lines() -> list[str]:
     if not absent:
         lines = [f"Capabilities all {len(done)} available on {capabilities.versions_text()}: {names}"]
     else:
-        lines = [f"Capabilities {len(done) - len(absent)} of {len(done)} available on "
-                 f"{capabilities.versions_text()}: {names or 'none'}"]
+        lines = [
+            f"Capabilities {len(done) - len(absent)} of {len(done)} available on "
+            f"{capabilities.versions_text()}: {names or 'none'}"
+        ]
         lines += [f"Capability   {c.name}: {capabilities.unavailable_text(c)}: {c.degraded}" for c in absent]
     if waiting:
         needs = " or ".join(sorted({c.needs for c in waiting}))
@@ -70,17 +74,21 @@ def capabilities_lines() -> list[str]:
 
 def history_text(reports: Iterable[Report]) -> str:
     """One line per report: its number, label, status, TF peak over baseline and what is left, RSS, time, warnings."""
-    rows = [f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
-            f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"]
+    rows = [
+        f"{'#':>3}  {'label':<20} {'status':<11} {'mode':<5} {'run':>3} {'TF peak +':>10} {'TF left':>9} "
+        f"{'RSS peak':>10} {'RSS +':>9} {'time':>8}  findings"
+    ]
     for r in reports:
         mem = r.main_device
         tf_peak = format_bytes(r.tf_peak_bytes) if mem else "n/a"
         delta = mem.end_bytes - mem.baseline_bytes if mem else 0
         left = "n/a" if mem is None else format_bytes(delta) if delta >= 0 else "-" + format_bytes(-delta)
         warnings = " ".join(f.id for f in r.findings if f.severity != "info")
-        rows.append(f"{r.number:>3}  {(r.label or '-')[:20]:<20} {r.status:<11} {r.mode:<5} {r.run:>3} "
-                    f"{tf_peak:>10} {left:>9} {format_bytes(r.rss.peak_bytes):>10} "
-                    f"{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes):>9} {r.wall_s:>7.2f}s  {warnings}")
+        rows.append(
+            f"{r.number:>3}  {(r.label or '-')[:20]:<20} {r.status:<11} {r.mode:<5} {r.run:>3} "
+            f"{tf_peak:>10} {left:>9} {format_bytes(r.rss.peak_bytes):>10} "
+            f"{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes):>9} {r.wall_s:>7.2f}s  {warnings}"
+        )
     return "\n".join(rows) if len(rows) > 1 else "No cell has been profiled yet."
 
 
@@ -88,5 +96,7 @@ def fixes_text(report: Report) -> str:
     """`%tfmem fix` without a fix to put in: the report's fixes, numbered, or that it has none."""
     if not report.fixes:
         return f"Report {report.number} has no fix to suggest."
-    return "\n".join([f"{i}. [{f.id}] {f.title}: {f.why}" for i, f in enumerate(report.fixes, 1)]
-                     + [f"%tfmem fix K puts fix K into the next cell (report {report.number})."])
+    return "\n".join(
+        [f"{i}. [{f.id}] {f.title}: {f.why}" for i, f in enumerate(report.fixes, 1)]
+        + [f"%tfmem fix K puts fix K into the next cell (report {report.number})."]
+    )

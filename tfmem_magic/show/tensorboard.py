@@ -37,8 +37,10 @@ def require_tensorboard() -> None:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        raise TfmemUsageError("--tensorboard needs TensorBoard: pip install tensorboard xprof (xprof adds the "
-                              "Profile tab that opens the trace), or pip install 'tfmem_magic[tensorboard]'") from None
+        raise TfmemUsageError(
+            "--tensorboard needs TensorBoard: pip install tensorboard xprof (xprof adds the "
+            "Profile tab that opens the trace), or pip install 'tfmem_magic[tensorboard]'"
+        ) from None
 
 
 def run_name(report: Report, when: float | None = None) -> str:
@@ -46,8 +48,9 @@ def run_name(report: Report, when: float | None = None) -> str:
     return f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or report.started_at or time.time()))}"
 
 
-def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]] | None = None,
-          host: str | None = None) -> Written:
+def write(
+    report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]] | None = None, host: str | None = None
+) -> Written:
     """Write the report's timeline and text, and the trace's XSpaces (from `Profiler.xspaces`, or a saved trace's
     bytes) if there are any. `host` names the trace in the Profile tab (default: this machine's name).
 
@@ -89,12 +92,16 @@ def write(report: Report, logdir: str | Path, xspaces: list[tuple[bytes, float]]
     elif report.mode != "trace" or report.trace is None:
         out.note = "quick mode: no trace, so TensorBoard gets the scalars and the text report only"
     elif xspaces is None:
-        out.note = ("the trace's XSpace was not kept (a saved report holds the analysis, not the raw trace): "
-                    "measure with --tensorboard (in Python: profile(keep_xspaces=True), then "
-                    "to_tensorboard(p.report, LOGDIR, p.xspaces)) to have TensorBoard's Profile tab open it")
+        out.note = (
+            "the trace's XSpace was not kept (a saved report holds the analysis, not the raw trace): "
+            "measure with --tensorboard (in Python: profile(keep_xspaces=True), then "
+            "to_tensorboard(p.report, LOGDIR, p.xspaces)) to have TensorBoard's Profile tab open it"
+        )
     else:
-        out.note = ("no trace segment was kept: measure with --tensorboard (or profile(keep_xspaces=True)) to have "
-                    "TensorBoard's Profile tab open the trace")
+        out.note = (
+            "no trace segment was kept: measure with --tensorboard (or profile(keep_xspaces=True)) to have "
+            "TensorBoard's Profile tab open the trace"
+        )
     return out
 
 

@@ -19,7 +19,10 @@ def numbered_traceback(tb: types.TracebackType | None) -> types.TracebackType | 
     for entry in reversed(entries):
         line = entry.tb_lineno
         if not isinstance(line, int):  # the frame's current line, else the function's first line
-            line = entry.tb_frame.f_lineno if isinstance(entry.tb_frame.f_lineno, int) else \
-                entry.tb_frame.f_code.co_firstlineno
+            line = (
+                entry.tb_frame.f_lineno
+                if isinstance(entry.tb_frame.f_lineno, int)
+                else entry.tb_frame.f_code.co_firstlineno
+            )
         rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, line)
     return rebuilt

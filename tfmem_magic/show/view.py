@@ -36,14 +36,24 @@ def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None 
         except TfmemUsageError as exc:
             problem = str(exc)
     else:
-        problem = ("What-if needs a Keras model that the cell trained, evaluated or called; this cell used none.")
-    notes = report.notes + trace_notes(report.trace) + peak_counter_notes(report) + (
-        [report.env.allocator_note] if report.env.allocator_note else [])
-    return ReportView(report=report, verdict=verdict(report), level=verdict_level(report),
-                      summary=summary_items(report),
-                      whatifs=whatif_rows(report, base) if whatifs is None else whatifs,
-                      base=base, base_problem=problem, calibrated=prediction.is_calibrated(report),
-                      notes=notes)
+        problem = "What-if needs a Keras model that the cell trained, evaluated or called; this cell used none."
+    notes = (
+        report.notes
+        + trace_notes(report.trace)
+        + peak_counter_notes(report)
+        + ([report.env.allocator_note] if report.env.allocator_note else [])
+    )
+    return ReportView(
+        report=report,
+        verdict=verdict(report),
+        level=verdict_level(report),
+        summary=summary_items(report),
+        whatifs=whatif_rows(report, base) if whatifs is None else whatifs,
+        base=base,
+        base_problem=problem,
+        calibrated=prediction.is_calibrated(report),
+        notes=notes,
+    )
 
 
 def knobs_text(knobs: Knobs) -> str:
@@ -117,8 +127,10 @@ def verdict(report: Report) -> str:
         # quick mode on a GPU (or a trace whose GPU allocator wrote no limit): TensorFlow tells a GPU allocator's
         # limit only in the trace, and the host's RAM is not the GPU's budget, so the verdict says which memory
         error = "raised an error; " if host.startswith("raised an error; ") else ""
-        return (f"{error}process memory {host.removeprefix(error)}; {report.main_device_name}'s limit was not "
-                "recorded (a trace records it)")
+        return (
+            f"{error}process memory {host.removeprefix(error)}; {report.main_device_name}'s limit was not "
+            "recorded (a trace records it)"
+        )
     return host
 
 
@@ -163,24 +175,44 @@ def summary_items(report: Report) -> list[tuple[str, str, str]]:
     r = report
     items = []
     for device, mem in r.tf.items():
-        items.append((f"TF peak ({device})", format_bytes(mem.peak_bytes),
-                      f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
-                      f" in the cell; {format_bytes(mem.end_bytes)} held after"))
+        items.append(
+            (
+                f"TF peak ({device})",
+                format_bytes(mem.peak_bytes),
+                f"{format_bytes(mem.baseline_bytes)} before + {format_bytes(mem.peak_bytes - mem.baseline_bytes)}"
+                f" in the cell; {format_bytes(mem.end_bytes)} held after",
+            )
+        )
     if r.rss.peak_bytes:  # a report built from a saved trace has no process memory
-        items.append(("Process RSS peak", format_bytes(r.rss.peak_bytes),
-                      f"baseline {format_bytes(r.rss.baseline_bytes)}, "
-                      f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell"))
+        items.append(
+            (
+                "Process RSS peak",
+                format_bytes(r.rss.peak_bytes),
+                f"baseline {format_bytes(r.rss.baseline_bytes)}, "
+                f"+{format_bytes(r.rss.peak_bytes - r.rss.baseline_bytes)} in the cell",
+            )
+        )
     budget = r.device_budget
     if budget is not None:
         name, limit = budget
         spare = limit - r.tf[name].peak_bytes
-        items.append((f"{name} left" if spare >= 0 else f"Over {name}", format_bytes(abs(spare)),
-                      f"of {format_bytes(limit)} (TensorFlow's allocator limit on {name})"))
+        items.append(
+            (
+                f"{name} left" if spare >= 0 else f"Over {name}",
+                format_bytes(abs(spare)),
+                f"of {format_bytes(limit)} (TensorFlow's allocator limit on {name})",
+            )
+        )
     left = r.env.budget_bytes - r.rss.peak_bytes
     source = BUDGET_SOURCES.get(r.env.budget_source, r.env.budget_source)
     if r.env.budget_bytes:
-        items.append(("Budget left" if left >= 0 else "Over budget", format_bytes(abs(left)),
-                      f"of {format_bytes(r.env.budget_bytes)} ({source})"))
+        items.append(
+            (
+                "Budget left" if left >= 0 else "Over budget",
+                format_bytes(abs(left)),
+                f"of {format_bytes(r.env.budget_bytes)} ({source})",
+            )
+        )
     items.append(("Time", f"{r.wall_s:.2f} s", f"{r.status} · {r.mode} mode"))
     if r.guard is not None:
         items.append(("Memory limit", format_bytes(r.guard.limit_bytes), guard_detail(r)))
@@ -207,9 +239,11 @@ def trace_notes(trace: TraceInfo | None) -> list[str]:
         return []
     notes = [trace.note] if trace.note else []
     if trace.profiler_rss_bytes >= 2**20:
-        notes.append(f"tfmem's profiler recorded {format_bytes(trace.profiler_bytes)} of events, which costs up to "
-                     f"{format_bytes(trace.profiler_rss_bytes)} of process memory while it runs: counted as tfmem's, "
-                     "never as this cell's (--quick records none).")
+        notes.append(
+            f"tfmem's profiler recorded {format_bytes(trace.profiler_bytes)} of events, which costs up to "
+            f"{format_bytes(trace.profiler_rss_bytes)} of process memory while it runs: counted as tfmem's, "
+            "never as this cell's (--quick records none)."
+        )
     return notes
 
 
@@ -219,9 +253,11 @@ def peak_counter_notes(report: Report) -> list[str]:
     out = []
     for device, mem in report.tf.items():
         if mem.peak_before_bytes is not None and mem.peak_before_bytes > mem.peak_bytes:
-            out.append(f"TensorFlow's peak counter for {device} (tf.config.experimental.get_memory_info) read "
-                       f"{format_bytes(mem.peak_before_bytes)} before this cell; tfmem reset it to measure the cell, "
-                       f"so it now holds the cell's own peak ({format_bytes(mem.peak_bytes)}).")
+            out.append(
+                f"TensorFlow's peak counter for {device} (tf.config.experimental.get_memory_info) read "
+                f"{format_bytes(mem.peak_before_bytes)} before this cell; tfmem reset it to measure the cell, "
+                f"so it now holds the cell's own peak ({format_bytes(mem.peak_bytes)})."
+            )
     return out
 
 
@@ -246,8 +282,10 @@ def held_view(report: Report) -> HeldView | None:
     mem = report.main_device
     if held.left_bytes is not None and mem is not None:
         sign = "more" if held.left_bytes >= 0 else "less"
-        headline = (f"TensorFlow held {format_bytes(abs(held.left_bytes))} {sign} after the cell than before it "
-                    f"({format_bytes(mem.end_bytes)} in all on {report.main_device_name}).")
+        headline = (
+            f"TensorFlow held {format_bytes(abs(held.left_bytes))} {sign} after the cell than before it "
+            f"({format_bytes(mem.end_bytes)} in all on {report.main_device_name})."
+        )
     else:
         headline = "TensorFlow's allocator keeps no statistics here: the bytes below are the holders' own sizes."
     rows = []
@@ -261,14 +299,26 @@ def held_view(report: Report) -> HeldView | None:
         else:
             what = f"{h.variables} variable{'s' if h.variables > 1 else ''}"
         where = ", ".join(p for p in h.paths[:3] if p != h.name)
-        detail = "; ".join(x for x in (f"via {where}" if where else "",
-                                       f"{format_bytes(h.new_bytes)} made in this cell" if h.new_bytes else "",
-                                       f"also reached by {', '.join(h.shared_with[:3])}" if h.shared_with else "") if x)
+        detail = "; ".join(
+            x
+            for x in (
+                f"via {where}" if where else "",
+                f"{format_bytes(h.new_bytes)} made in this cell" if h.new_bytes else "",
+                f"also reached by {', '.join(h.shared_with[:3])}" if h.shared_with else "",
+            )
+            if x
+        )
         rows.append((h.name, h.kind, what + (f" ({detail})" if detail else ""), format_bytes(h.bytes)))
     if held.runtime_bytes >= HELD_ROW_MIN:
-        rows.append(("(TensorFlow's gradient registry)", "no name reaches it",
-                     f"weights and slots of models that are gone, kept by {held.runtime_entries} traced training "
-                     "step(s) (docs/held-memory.md)", format_bytes(held.runtime_bytes)))
+        rows.append(
+            (
+                "(TensorFlow's gradient registry)",
+                "no name reaches it",
+                f"weights and slots of models that are gone, kept by {held.runtime_entries} traced training "
+                "step(s) (docs/held-memory.md)",
+                format_bytes(held.runtime_bytes),
+            )
+        )
     left = []
     trace = report.trace
     if trace is not None:
@@ -279,9 +329,12 @@ def held_view(report: Report) -> HeldView | None:
         left = [(name, phase, b) for (name, phase), b in sorted(totals.items(), key=lambda kv: -kv[1])[:10]]
     hint = None
     if rows:
-        hint = ("%tfmem free NAME ... drops names and gives their memory back; %tfmem free alone gives back what no "
-                "name holds." if held.runtime_bytes >= HELD_ROW_MIN else
-                "%tfmem free NAME ... drops those names and says what TensorFlow gave back.")
+        hint = (
+            "%tfmem free NAME ... drops names and gives their memory back; %tfmem free alone gives back what no "
+            "name holds."
+            if held.runtime_bytes >= HELD_ROW_MIN
+            else "%tfmem free NAME ... drops those names and says what TensorFlow gave back."
+        )
     if not held.complete:
         headline += " The search of the notebook's names ran out of time: a holder may be missing."
     return HeldView(headline, rows, left, hint)
