@@ -9,6 +9,7 @@ session. No IPython in here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import replace
 from typing import Any, Iterator, Literal
@@ -16,11 +17,14 @@ from typing import Any, Iterator, Literal
 from tfmem_magic.advise import calibration, diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
 from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.options import MODES, Options
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure.measurement import Measured, Measurement
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "capture", "last_report", "profile"]  # + `history`
 
@@ -125,7 +129,8 @@ class Profiler:
                 "Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
                 "the memory figures above are complete."
             )
-        except Exception as err:  # our bug must never hide the user's result or exception
+        except Exception as err:  # noqa: BLE001 - our bug must never hide the user's result or exception
+            fallback(_log, "the cell's analysis failed: the report keeps its measured numbers", err)
             report.notes.append(
                 f"tfmem_magic could not analyse this cell ({type(err).__name__}: {err}); "
                 "the numbers above are still valid. Please report it."
@@ -229,7 +234,8 @@ class Profiler:
         except KeyboardInterrupt:  # stop pressed while the probes ran: the cell's own report is complete
             report.notes.append(f"Calibration ({asked}) was stopped: the what-if stays analytic.")
             return
-        except Exception as exc:  # our bug must not cost the cell its report
+        except Exception as exc:  # noqa: BLE001 - our bug must not cost the cell its report
+            fallback(_log, "calibration failed: the what-if stays analytic", exc)
             report.notes.append(
                 f"Calibration ({asked}) failed ({type(exc).__name__}: {str(exc)[:200]}); the "
                 "what-if stays analytic. Please report it."

@@ -34,3 +34,17 @@ def test_the_readme_marks_o_on_the_commands_that_return_an_object():
 def test_help_lists_every_command_with_its_usage():
     text = help_text()
     assert all(f"%tfmem {command.usage}" in text for command in COMMANDS.values())
+
+
+def readme_options() -> set[str]:
+    """Every option the README's "`%%tfmem` options" table names in its first column."""
+    section = README.read_text().split("### `%%tfmem` options", 1)[1]
+    table = section.split("\n\n", 2)[1]  # the first block after the heading
+    return {option for line in table.splitlines() for option in re.findall(r"`(--[\w-]+)", line.split(" | ")[0])}
+
+
+def test_the_readme_lists_exactly_the_options_of_the_parser():
+    from tfmem_magic.adapters.arguments import build_parser
+
+    parsed = {s for action in build_parser()._actions for s in action.option_strings if s.startswith("--")}
+    assert readme_options() == parsed - {"--help"}

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import argparse
 import keyword
+import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import parse_size
 from tfmem_magic.show.saving import save_report
+
+_log = logging.getLogger(__name__)
 
 SAVE_SUFFIXES = (".json", ".html", ".htm")
 
@@ -65,8 +69,8 @@ def build_parser(prog: str = "%%tfmem", notebook: bool = True) -> argparse.Argum
     _switch(
         parser,
         "calibrate",
-        "after the cell, replay its step in probe processes (9 s for a small CNN here, 40 s for a GRU, "
-        "minutes for a ResNet) so its what-if stands on the step replay (default: %%tfmem calibrate auto|on|off, "
+        "after the cell, replay its step in probe processes (seconds for a small model, minutes for a large "
+        "one) so its what-if stands on the step replay (default: %%tfmem calibrate auto|on|off, "
         "auto: when the report names the largest batch that fits)",
         "keep the analytic what-if even where %%tfmem calibrate would calibrate",
     )
@@ -198,6 +202,7 @@ def write_outputs(report: Report, args: CellArgs, xspaces: list[Any] | None = No
 
         try:
             said.append(summary_line(write(report, args.tensorboard, xspaces if xspaces is not None else [])))
-        except Exception as exc:  # the cell ran and its report stands: a logdir we cannot write only says so
+        except Exception as exc:  # noqa: BLE001 - the cell ran and its report stands: a logdir we cannot write only says so
+            fallback(_log, "the TensorBoard logdir could not be written", exc)
             said.append(f"TensorBoard: could not write to {args.tensorboard} ({type(exc).__name__}: {exc})")
     return said

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             script_globals = runpy.run_path(ns.script, run_name="__main__")  # noqa: F841
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except Exception:  # the script's own error: show its traceback, then the report, and fail like it would
+    except Exception:  # noqa: BLE001 - the script's own error: show its traceback, then the report, and fail like it would
         import traceback
 
         traceback.print_exc()

@@ -8,6 +8,7 @@ This module wires Keras' hooks to the peak windows of `measure/window.py`, which
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tfmem_magic.analyze.growth import GROWTH_EPOCHS, steady_growth
 from tfmem_magic.core.errors import MemoryGrowthWarning, TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report, file_stem
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, kerases
 from tfmem_magic.measure.window import PeakWindow, stats_device
 from tfmem_magic.show.saving import save_report
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tfmem_magic.pipeline import Profiler
@@ -241,7 +245,8 @@ class MemoryMonitorMixin:
             self._window.fold_current()
         try:
             profiler.start()
-        except Exception as exc:  # never break the user's fit for our trace
+        except Exception as exc:  # noqa: BLE001 - never break the user's fit for our trace
+            fallback(_log, "MemoryMonitor could not trace the first steps", exc)
             warnings.warn(
                 f"MemoryMonitor: the first steps could not be traced ({type(exc).__name__}: {exc}); the "
                 "per-epoch figures are measured as usual.",
@@ -263,7 +268,8 @@ class MemoryMonitorMixin:
             SESSION.abandoned.remove(self._abandon_trace)
         try:
             report = profiler.finish(None)
-        except Exception as exc:  # our failure must not break the user's fit
+        except Exception as exc:  # noqa: BLE001 - our failure must not break the user's fit
+            fallback(_log, "MemoryMonitor's traced report failed", exc)
             warnings.warn(
                 f"MemoryMonitor: the traced report of the first steps failed ({type(exc).__name__}: "
                 f"{exc}); the per-epoch figures are measured as usual.",

@@ -4,6 +4,7 @@ measuring and rendering live in the layers below; this module only connects them
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -16,6 +17,7 @@ from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_args, write_outputs
 from tfmem_magic.advise import fixes
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
@@ -25,9 +27,11 @@ from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
 from tfmem_magic.show.figures import timeline_png
 from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
-from tfmem_magic.show.status import fixes_text, history_text, status_text
+from tfmem_magic.show.status import fallbacks_text, fixes_text, history_text, status_text
 from tfmem_magic.show.tracebacks import numbered_traceback
 from tfmem_magic.show.view import view_of
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -81,7 +85,8 @@ class TfmemMagics(Magics):
             profiler.start()  # all or nothing: a failure leaves nothing of tfmem armed
         except TfmemUsageError as exc:  # e.g. a --limit the process already passes: the cell does not run
             raise UsageError(str(exc)) from None
-        except Exception as exc:  # our failure must not cost the user their cell: run it unmeasured
+        except Exception as exc:  # noqa: BLE001 - our failure must not cost the user their cell: run it unmeasured
+            fallback(_log, "measuring could not start: the cell runs unmeasured", exc)
             print(
                 f"tfmem could not start measuring ({type(exc).__name__}: {exc}); the cell runs unmeasured.",
                 file=sys.stderr,
@@ -157,7 +162,9 @@ class TfmemMagics(Magics):
         return result if wants_object else None  # without -o nothing is returned, so nothing shows twice
 
     def _status(self, words: list[str]) -> None:
-        print(status_text())
+        if words and words != ["--log"]:
+            raise TfmemUsageError(f"unknown {' '.join(words)}; usage: %tfmem {COMMANDS['status'].usage}")
+        print(fallbacks_text() if words else status_text())
 
     def _history(self, words: list[str]) -> list[Report]:
         print(history_text(SESSION.history))
@@ -292,7 +299,11 @@ class TfmemMagics(Magics):
 
 
 COMMANDS: dict[str, Command] = {
-    "status": Command("status", "what the extension sees: allocator, budget, TensorFlow state", TfmemMagics._status),
+    "status": Command(
+        "status [--log]",
+        "what the extension sees: allocator, budget, TensorFlow state, fallbacks taken (--log: the last ones)",
+        TfmemMagics._status,
+    ),
     "limit": Command(
         "limit SIZE [--keep-onednn] | limit off",
         "a memory limit for every cell (set before TensorFlow's first op, it also caps TensorFlow's allocator)",
@@ -446,7 +457,8 @@ class Watcher:
         profiler = pipeline.Profiler(replace(self.options, label=cell_label(raw), cell_key=key))
         try:
             profiler.start()
-        except Exception:  # never in the way of the user's cell: this one goes unwatched
+        except Exception as exc:  # noqa: BLE001 - never in the way of the user's cell: this one goes unwatched
+            fallback(_log, "watch mode could not start measuring a cell: it goes unwatched", exc)
             self._stack.append(None)
             return
         profiler.enter_user_code()

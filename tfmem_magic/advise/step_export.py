@@ -16,6 +16,7 @@ Tracing the step again costs the kernel a graph (no tensors: tracing runs no op)
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -25,8 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
+
+_log = logging.getLogger(__name__)
 
 # the Model methods whose override makes a model's training step its own
 _STEP_METHODS = ("train_step", "compute_loss")
@@ -137,7 +141,8 @@ def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
             continue  # Keras' own train function (an earlier fit) holds the same variables
         try:
             traced = obj._list_all_concrete_functions()  # private, no public listing (TF 2.12-2.21)
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - a private listing that may raise on any traced function
+            fallback(_log, "a tf.function's concrete functions could not be listed: skipped", exc)
             continue
         for concrete in traced:
             held = {id(v) for v in concrete.variables}
@@ -171,7 +176,8 @@ def _takes_gradients(concrete: Any) -> bool:
     applies them (tf_keras' fused `ResourceApply*` ops)."""
     try:
         operations = concrete.graph.get_operations()
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a traced function's graph may not be readable
+        fallback(_log, "a traced function's graph could not be read: taken as not training", exc)
         return False
     return any(op.name.startswith("gradient_tape") or op.type.startswith("ResourceApply") for op in operations)
 

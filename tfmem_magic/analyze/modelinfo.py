@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import LayerInfo, ModelInfo
 from tfmem_magic.core.sizes import dtype_size as _dtype_size
 from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
+
+_log = logging.getLogger(__name__)
 
 _CALL_RANK = {
     "fit": 0,
@@ -165,7 +169,8 @@ def _fed_shapes(model: Any, structure: dict[str, Any] | None) -> dict[int, tuple
         tensors = [keras.KerasTensor((1, *dims), dtype=dtype) for dims, dtype in fed]
         graph = keras.Model(inputs, ends)
         specs = graph.compute_output_spec(tensors[0] if len(tensors) == 1 else tensors)
-    except Exception:  # a layer whose compute_output_spec needs what a symbolic tensor does not have
+    except Exception as exc:  # noqa: BLE001 - a layer whose compute_output_spec needs what a symbolic tensor does not have
+        fallback(_log, "a layer's output spec could not be computed: its activations are unknown", exc)
         return {}
 
     def shape(spec: Any) -> Any:
@@ -333,7 +338,8 @@ def _replicas_of(model: Any) -> int:
     counts every worker's, so one worker's tensors carry the global batch / this."""
     try:
         n = int(getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1) or 1)
-    except Exception:  # a strategy not yet built, or a model without one
+    except Exception as exc:  # noqa: BLE001 - a strategy not yet built, or a model without one
+        fallback(_log, "the model's strategy could not be read: one replica assumed", exc)
         return 1
     return max(1, n)
 
@@ -379,7 +385,8 @@ def main_use(uses: list[ModelUse], applied: Any = ()) -> ModelUse | None:
         best = min((_CALL_RANK.get(c, 9) for c in calls), default=9)
         try:
             params = int(use.model_ref().count_params())
-        except Exception:  # not built
+        except Exception as exc:  # noqa: BLE001 - not built
+            fallback(_log, "a model's parameters could not be counted: taken as 0", exc)
             params = 0
         return best, -params
 

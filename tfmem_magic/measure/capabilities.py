@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.measure import kerases
+
+_log = logging.getLogger(__name__)
 
 TENSORFLOW = "tensorflow"
 
@@ -300,7 +304,8 @@ def check() -> dict[str, bool]:
             continue
         try:
             _results[cap.name] = bool(cap.probe())
-        except Exception:  # a probe that breaks is a capability we cannot rely on
+        except Exception as exc:  # noqa: BLE001 - a probe that breaks is a capability we cannot rely on
+            fallback(_log, "a capability's probe failed: the capability is off", exc)
             _results[cap.name] = False
     return dict(_results)
 

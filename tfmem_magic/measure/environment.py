@@ -6,6 +6,7 @@ loading the extension or profiling a cell that never touches TF costs nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -15,8 +16,11 @@ from typing import Any
 
 import psutil
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import kerases
+
+_log = logging.getLogger(__name__)
 
 BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 # The BFC allocator's cap. Unset, TensorFlow caps the CPU BFC allocator at 1 << 16 MB (64 GiB; process_state.cc,
@@ -194,7 +198,8 @@ def mixed_precision_policy(package: str | None = None) -> str | None:
         return None
     try:
         return str(keras.mixed_precision.global_policy().name)
-    except Exception:  # an old or partial keras: the policy is informative only
+    except Exception as exc:  # noqa: BLE001 - an old or partial keras: the policy is informative only
+        fallback(_log, "Keras' dtype policy could not be read", exc)
         return None
 
 

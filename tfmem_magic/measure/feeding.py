@@ -19,9 +19,14 @@ the analytic prior reads the sequence length a variable-length model was fed.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+from tfmem_magic.core.fallbacks import fallback
+
+_log = logging.getLogger(__name__)
 
 KERAS_DEFAULT_BATCH = 32
 # how a custom loop's batch is read: under a tf.distribute strategy it is one replica's share (see modelinfo)
@@ -198,7 +203,8 @@ def pydataset_first(dataset: Any) -> Any:
     batch's structure), or None when it will not give one without error."""
     try:
         return dataset[0]
-    except Exception:  # an empty PyDataset, or one that needs its epoch started
+    except Exception as exc:  # noqa: BLE001 - an empty PyDataset, or one that needs its epoch started
+        fallback(_log, "a PyDataset's first batch could not be read: its batch is unknown", exc)
         return None
 
 
@@ -211,7 +217,8 @@ def spy_generator(generator: Iterator[Any], on_first: Callable[[Any], None]) -> 
             first = False
             try:
                 on_first(item)
-            except Exception:  # describing the batch must never break the user's training
+            except Exception as exc:  # noqa: BLE001 - describing the batch must never break the user's training
+                fallback(_log, "a fed batch could not be described", exc)
                 pass
         yield item
 

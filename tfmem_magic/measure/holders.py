@@ -13,16 +13,20 @@ arguments). What it counts: Keras models and layers (their weights, and a model'
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import types
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Callable, Iterator
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Holder
 from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.measure import kerases
+
+_log = logging.getLogger(__name__)
 
 MAX_DEPTH = 4  # `results[4096].model` is depth 2; a History in a dict in a list in an object is 4
 MAX_ITEMS = 2000  # items looked at per container (a list of a million floats is not a holder)
@@ -117,7 +121,8 @@ class _Kinds:
 def _weights(layer: Any) -> list[Any]:
     try:
         return list(layer.weights)
-    except Exception:  # a layer that is not built, or whose weights raise
+    except Exception as exc:  # noqa: BLE001 - a layer that is not built, or whose weights raise
+        fallback(_log, "a layer's weights could not be read: skipped", exc)
         return []
 
 
@@ -126,7 +131,8 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     try:
         found = optimizer.variables
         return list(found() if callable(found) else found)  # tf_keras' legacy optimizers: a method
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - optimizers of any Keras may raise here
+        fallback(_log, "an optimizer's variables could not be read: none counted", exc)
         return []
 
 
@@ -135,7 +141,8 @@ def handle_id(variable: Any) -> int | None:
     inner = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable
     try:
         handle = getattr(inner, "handle", None)
-    except Exception:  # a variable of a graph (no eager handle)
+    except Exception as exc:  # noqa: BLE001 - a variable of a graph (no eager handle)
+        fallback(_log, "a variable's handle could not be read: not matched", exc)
         return None
     return None if handle is None else id(handle)
 
@@ -237,7 +244,8 @@ def _holder(
 def _safe_new(is_new: Callable[[Any], bool], value: Any) -> bool:
     try:
         return bool(is_new(value))
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a notebook object may raise on any attribute
+        fallback(_log, "whether a value is new could not be told: taken as old", exc)
         return False
 
 
@@ -273,7 +281,8 @@ def _leaves(root: Any, name: str, kinds: _Kinds, deadline: float) -> Iterator[tu
                 following.extend(
                     (path + step, child) for step, child in _children(obj, kinds) if type(child) not in _ATOMS
                 )
-            except Exception:
+            except Exception as exc:  # noqa: BLE001 - a notebook object whose attributes raise is skipped, not the walk
+                fallback(_log, "an object of the notebook's raised while walked: skipped", exc)
                 continue
             if time.perf_counter() > deadline:
                 return

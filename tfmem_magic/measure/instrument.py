@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import re
 import sys
@@ -22,6 +23,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import CallRecord
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import feeding, kerases
@@ -29,6 +31,8 @@ from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import bytes_in_use, process_rss
 from tfmem_magic.measure.tracer import Tracer
+
+_log = logging.getLogger(__name__)
 
 _MISSING = object()
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfmem_magic/
@@ -401,7 +405,8 @@ class Instrumentation:
                 tf_before_bytes=bytes_in_use(),
                 rss_before_bytes=process_rss(),
             )
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - a failure here costs tfmem the record, never the user's call
+            fallback(_log, "a Keras call could not be recorded", exc)
             return None
         self.calls.append(record)
         return record
@@ -420,7 +425,8 @@ class Instrumentation:
                 else [result]
             )
             record.output_bytes = sum(int(getattr(o, "nbytes", 0) or 0) for o in outputs[:64])
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - the record is ours; the user's call has returned already
+            fallback(_log, "a Keras call's end could not be recorded", exc)
             pass
 
     def _with_callbacks(
@@ -526,7 +532,8 @@ class Instrumentation:
         try:
             for layer in _all_layers(model):
                 self.layer_names.add(layer.name)
-        except Exception:  # a model mid-construction; names come from spans then
+        except Exception as exc:  # noqa: BLE001 - a model mid-construction; names come from spans then
+            fallback(_log, "a model's layer names could not be read: spans name them", exc)
             self.layer_names.add(model.name)
         # the model's optimizer, and those it keeps as attributes (a GAN's d_optimizer and g_optimizer): their scopes
         # name the optimizer phase in the trace

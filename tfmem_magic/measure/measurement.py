@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import psutil
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
@@ -39,6 +41,7 @@ from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
 
+_log = logging.getLogger(__name__)
 
 # runs of an undo step that Ctrl-C may cut short before tfmem gives up on it (steps are safe to run again; a user
 # pressing stop over and over is not kept waiting for ever)
@@ -179,7 +182,8 @@ class Measurement:
             self.tracer = Tracer(self._t0, self.options.trace_seconds, keep_xspaces=self.options.keep_xspaces)
             self._push("profiler", self.tracer.finish)
             self.tracer.start()
-        except Exception as exc:  # the profiler refused (another session), no temp folder could be made...
+        except Exception as exc:  # noqa: BLE001 - the profiler refused (another session), no temp folder could be made...
+            fallback(_log, "the trace could not start: the cell is measured in quick mode", exc)
             served = remote.serving_port()
             why = (
                 f" This process serves captures on port {served} (tfmem_magic.serve): a capture from outside was "
@@ -298,7 +302,8 @@ class Measurement:
                             f"Interrupted {UNDO_ATTEMPTS} times while stopping the {what}: it may "
                             "still run; its figures are missing."
                         )
-                except Exception as exc:  # e.g. the trace export on a full disk
+                except Exception as exc:  # noqa: BLE001 - e.g. the trace export on a full disk
+                    fallback(_log, "stopping an instrument failed: its figures are missing", exc)
                     self.notes.append(
                         f"Stopping the {what} failed ({type(exc).__name__}: {exc}); its figures "
                         "are missing, the rest of the report stands."
@@ -367,7 +372,8 @@ class Measurement:
             return 0
         try:
             return release.registry_pinned().bytes
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - the registry is private; its reading is optional
+            fallback(_log, "the gradient registry's bytes could not be read: taken as 0", exc)
             return 0
 
     def _changed_names(self) -> set[str]:
@@ -408,7 +414,8 @@ class Measurement:
                 else release.Pinned(readable=False)
             )
             pinned = self._collected_if_dropped(pinned, found.handles)
-        except (Exception, KeyboardInterrupt) as exc:  # never cost the user's cell: the report says what is missing
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - never cost the user's cell: the report says what is missing
+            fallback(_log, "the walk of who holds TensorFlow's memory failed", exc)
             self.notes.append(f"Could not tell who holds TensorFlow's memory ({type(exc).__name__}: {exc}).")
             return None
         grown = max(0, pinned.bytes - (self._runtime_at_start or 0))
@@ -435,7 +442,8 @@ def _end_abandoned() -> None:
 def _quietly(step: Callable[[], Any]) -> None:
     try:
         step()
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - an abandoned measurement's undo must not stop the others
+        fallback(_log, "an abandoned measurement could not be finished", exc)
         pass
 
 

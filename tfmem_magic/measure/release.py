@@ -21,15 +21,19 @@ No IPython here: the adapter drops the user's names and prints `Released.text()`
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Holder
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import capabilities, holders, kerases
 from tfmem_magic.measure.sampling import bytes_in_use, main_tf_device, process_rss
+
+_log = logging.getLogger(__name__)
 
 PREFIX = "CustomGradient-"
 STILL_HELD_MIN = 2**20  # a name that reaches this much is listed as still holding memory after free()
@@ -124,7 +128,8 @@ def free(namespace: dict[str, Any] | None = None, names: tuple[str, ...] | list[
     if namespace is not None and out.tf_after is not None:
         try:  # the memory is already given back: a failed walk costs only the list of what is still held
             out.still_held = [h for h in holders.walk(namespace).holders if h.bytes >= STILL_HELD_MIN]
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - the memory is given back already; the walk only lists holders
+            fallback(_log, "the walk of what still holds memory failed after %tfmem free", exc)
             out.still_held = []
     return out
 
@@ -205,7 +210,8 @@ def _live_handles(graph: Any) -> set[int] | None:
             continue
         try:
             alive.add(id(variable.handle))
-        except Exception:  # a variable of a strategy outside its replica context: count it alive, never freed
+        except Exception as exc:  # noqa: BLE001 - a variable of a strategy outside its replica context: count it alive, never freed
+            fallback(_log, "a graph's captured variables could not be read: counted alive", exc)
             alive.update(id(h) for h in _captured_handles(graph))
     return alive
 
@@ -234,7 +240,8 @@ def _captured_handles(graph: Any) -> list[Any]:
             for external, _ in graph.captures
             if str(getattr(getattr(external, "dtype", None), "name", "")) == "resource"
         ]
-    except Exception:  # a graph whose captures cannot be read in this version
+    except Exception as exc:  # noqa: BLE001 - a graph whose captures cannot be read in this version
+        fallback(_log, "a graph's captures could not be read", exc)
         return []
 
 
@@ -247,7 +254,8 @@ def _handle_bytes(handle: Any) -> int:
                 continue
             total += math.prod(d.size for d in item.shape.dim) * _dtype_enum_size(item.dtype)
         return total
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - handle data is private and version-dependent
+        fallback(_log, "a resource handle's size could not be read: taken as 0", exc)
         return 0
 
 
@@ -255,5 +263,6 @@ def _dtype_enum_size(enum: int) -> int:
     tf_dtypes = sys.modules.get("tensorflow.python.framework.dtypes")
     try:
         return int(tf_dtypes.as_dtype(enum).size)  # type: ignore[union-attr]
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a dtype enum from another TensorFlow version
+        fallback(_log, "a dtype's size could not be read: 4 bytes assumed", exc)
         return 4

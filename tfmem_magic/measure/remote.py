@@ -7,6 +7,7 @@ path; on one machine, any path)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -18,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.measure import environment
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6009
 _ADDRESS = re.compile(r"^(?:grpc://)?(?P<host>[^:/\s]+):(?P<port>\d{1,5})$")
@@ -157,7 +161,8 @@ def trace_workers(workers: list[str], seconds: float, logdir: str | Path | None 
             tf.profiler.experimental.client.trace(
                 f"grpc://{result.worker}", str(folder), int(seconds * 1000), num_tracing_attempts=2
             )
-        except Exception as exc:  # unreachable, idle, refused: said per worker, the others still count
+        except Exception as exc:  # noqa: BLE001 - unreachable, idle, refused: said per worker, the others still count
+            fallback(_log, "a worker could not be traced", exc)
             result.error = (
                 _why(exc)
                 if _answers(host, int(port))

@@ -3,6 +3,7 @@ stats."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -10,9 +11,12 @@ from typing import Callable
 
 import psutil
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import main_device_name
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.measure import environment
+
+_log = logging.getLogger(__name__)
 
 MAX_SAMPLES = 4000
 
@@ -112,7 +116,8 @@ class RssSampler:
         and that callback is dropped."""
         try:
             callback(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a callback's failure turns it off, never the sampler
+            fallback(_log, "a sampler callback failed and was turned off", exc)
             name = getattr(callback, "__qualname__", repr(callback))
             self.errors.append(
                 f"The sampler's {name} callback failed ({type(exc).__name__}: {exc}) and was turned "

@@ -12,9 +12,14 @@ and only in a cell the pre-flight is on for. A counter moved otherwise (a checkp
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Any
+
+from tfmem_magic.core.fallbacks import fallback
+
+_log = logging.getLogger(__name__)
 
 _SKIP = {"In", "Out", "_", "__", "___", "exit", "quit", "get_ipython"}
 
@@ -30,7 +35,8 @@ def _of_keras(value: Any) -> bool:
     """An object of a Keras 3 or tf_keras class, or of a class derived from one (a notebook's `class GAN(Model)`)."""
     try:
         return any((cls.__module__ or "").startswith(("keras", "tf_keras")) for cls in type(value).__mro__)
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a notebook object's class may raise on inspection
+        fallback(_log, "a value's class could not be inspected: not an optimizer", exc)
         return False
 
 
@@ -46,14 +52,16 @@ def _counter(value: Any) -> Any:
         ):
             return None
         return value.iterations
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - a notebook object may raise on any attribute
+        fallback(_log, "an optimizer's step counter could not be read", exc)
         return None
 
 
 def _steps(counter: Any) -> int | None:
     try:
         return int(counter.numpy())
-    except Exception:  # a graph's variable, a counter on a device that cannot be read now
+    except Exception as exc:  # noqa: BLE001 - a graph's variable, a counter on a device that cannot be read now
+        fallback(_log, "a step counter's value could not be read", exc)
         return None
 
 
@@ -71,7 +79,8 @@ def read(namespace: dict[str, Any] | None) -> list[Counter]:
                     (f"{name}.optimizer", vars(value).get("optimizer") or getattr(value, "optimizer", None))
                 )
             counters = [(label, c, _counter(c)) for label, c in candidates if c is not None]
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - a proxy or lazy object may raise on any attribute
+            fallback(_log, "a name's optimizer could not be read: skipped", exc)
             continue
         for label, optimizer, counter in counters:
             steps = None if counter is None or id(counter) in found else _steps(counter)

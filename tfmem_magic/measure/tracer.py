@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -41,7 +42,10 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.measure import environment, xplane
+
+_log = logging.getLogger(__name__)
 
 PS_PER_S = 10**12
 PLATEAU_S = 1.0
@@ -191,7 +195,8 @@ def _heap_reader() -> Callable[[], int] | None:
     mallinfo2, which sums every thread's arena. None where there is no such call (macOS, musl, old glibc)."""
     try:
         mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except Exception:  # OSError, AttributeError; TypeError on Windows (no handle for the process itself)
+    except Exception as exc:  # noqa: BLE001 - OSError, AttributeError; TypeError on Windows (no handle for the process itself)
+        fallback(_log, "glibc's mallinfo2 is not available: the heap is not read", exc)
         return None
     mallinfo2.restype = _Mallinfo2
     mallinfo2.argtypes = []
@@ -204,7 +209,8 @@ def _heap_trimmer() -> Callable[[], None] | None:
     as free chunks of per-thread arenas that the cell's later growth does not reuse. None without glibc."""
     try:
         malloc_trim = ctypes.CDLL(None).malloc_trim
-    except Exception:  # OSError, AttributeError; TypeError on Windows
+    except Exception as exc:  # noqa: BLE001 - OSError, AttributeError; TypeError on Windows
+        fallback(_log, "glibc's malloc_trim is not available: the heap is not trimmed", exc)
         return None
     malloc_trim.restype = ctypes.c_int
     malloc_trim.argtypes = [ctypes.c_size_t]
@@ -366,7 +372,8 @@ class Tracer:
                 if not self._watch_once():
                     return
                 self._decode_raw(DECODE_AT_BYTES)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the watcher thread must end the trace, never the process
+            fallback(_log, "the trace's watcher failed: the trace stopped", exc)
             with self._lock:
                 self._close(f"the trace stopped: its watcher failed ({type(exc).__name__}: {exc})")
                 if self._session is not None:
@@ -421,7 +428,8 @@ class Tracer:
             return
         try:
             self._start_segment()
-        except Exception:  # someone else's session took the profiler: stay paused
+        except Exception as exc:  # noqa: BLE001 - someone else's session took the profiler: stay paused
+            fallback(_log, "the profiler could not be restarted: the trace stays paused", exc)
             self.closed = True
 
     def _close(self, reason: str) -> None:
@@ -483,7 +491,8 @@ class Tracer:
                     self.xspaces.append((data, self._segment_start - self._t0))
                 self._raw.append((data, offset_ps))
                 self._raw_bytes += len(data)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the export closes the trace with its reason
+            fallback(_log, "a trace segment's export failed: the trace stopped", exc)
             self._close(f"the trace stopped: its export failed ({type(exc).__name__}: {exc})")
         finally:
             shutil.rmtree(self._dir / f"s{self._count}", ignore_errors=True)

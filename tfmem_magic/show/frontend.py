@@ -9,8 +9,13 @@ a plain console) or a front end that drops unknown comms answers nothing, so aft
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable
+
+from tfmem_magic.core.fallbacks import fallback
+
+_log = logging.getLogger(__name__)
 
 TARGET = "tfmem_insert"
 ANSWER_WAIT_S = 8.0  # JupyterLab acknowledges within a second; a front end that drops the comm never does
@@ -25,7 +30,8 @@ def current_cell_id(shell: Any) -> str | None:
     try:
         cell_id: str | None = kernel.get_parent("shell").get("metadata", {}).get("cellId")  # ipykernel: untyped
         return cell_id
-    except Exception:  # an older ipykernel
+    except Exception as exc:  # noqa: BLE001 - an older ipykernel
+        fallback(_log, "the cell id could not be read from the kernel", exc)
         return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tfmem_magic.core import fallbacks
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes
@@ -41,7 +42,31 @@ def status_text() -> str:
     if view.note:
         lines.append(f"Note         {view.note}")
     lines += capabilities_lines()
+    lines.append(fallbacks_line())
     return "\n".join(lines)
+
+
+def fallbacks_line() -> str:
+    """How many times tfmem degraded instead of failing in this kernel, where, and how to read them."""
+    counts = fallbacks.counts()
+    if not counts:
+        return "Fallbacks    none in this kernel"
+    where = ", ".join(f"{name.removeprefix('tfmem_magic.')} {n}" for name, n in list(counts.items())[:4])
+    more = ", ..." if len(counts) > 4 else ""
+    return (
+        f"Fallbacks    {sum(counts.values())} in this kernel ({where}{more}): %tfmem status --log lists the "
+        "last ones; the logger 'tfmem_magic' at DEBUG level shows them with their tracebacks"
+    )
+
+
+def fallbacks_text() -> str:
+    """The last fallbacks this kernel took, oldest first: where, what degraded, what was caught."""
+    kept = fallbacks.recent()
+    if not kept:
+        return "No fallback in this kernel: every measurement ran as designed."
+    rows = [f"The last {len(kept)} fallbacks (of {sum(fallbacks.counts().values())}), oldest first:"]
+    rows += [f"  {f.where.removeprefix('tfmem_magic.')}: {f.what}" + (f" ({f.error})" if f.error else "") for f in kept]
+    return "\n".join(rows)
 
 
 def keras_line(found: dict[str, Any]) -> str:
