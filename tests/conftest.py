@@ -66,6 +66,7 @@ def every_report_matches_the_shipped_schema(monkeypatch):
 
     monkeypatch.setattr(SESSION, "publish", checked)
     yield
+    _dump_reports(SESSION)
     assert not wrong, "reports that do not match report.schema.json:\n" + "\n".join(wrong[:10])
 
 
@@ -80,3 +81,20 @@ def _schema_validator():
 
         _VALIDATOR.append(Draft202012Validator(shipped_schema()))
     return _VALIDATOR[0]
+
+
+def _dump_reports(session) -> None:
+    """TFMEM_DUMP_REPORTS=DIR: every report in the session's history as the test left it (calibration and the
+    what-if change a report after it was published), one JSON file each, for recording the prediction zoo
+    (tests/unit/test_prediction_zoo.py)."""
+    folder = os.environ.get("TFMEM_DUMP_REPORTS")
+    if not folder:
+        return
+    import hashlib
+    import pathlib
+
+    for report in session.history:
+        text = report.to_json()
+        name = hashlib.sha1(text.encode()).hexdigest()[:16]
+        pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(folder) / f"{name}.json").write_text(text)
