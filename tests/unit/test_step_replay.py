@@ -478,3 +478,36 @@ def test_mixed_float16_probes_whose_loss_scale_skipped_an_apply_still_replay():
     # allocation keeps its size, so at most 1.1% of the bytes is scaled wrong, against the replay's -20% band
     assert step_replay.aligned_enough(0.93, 0.989)
     assert not step_replay.aligned_enough(0.93, 0.97) and not step_replay.aligned_enough(0.89, 0.999)
+
+
+def test_a_trace_s_batch_is_never_read_from_a_workspace_or_a_1d_buffer():
+    # a T4 CNN trace: the largest allocation is a cuDNN workspace, uint8[64552960], 1-D; its only dimension was read
+    # as the batch (31555584 on the other trace), and the what-if raised a usage error for a valid trace
+    from tfmem_magic.measure.xplane import MemoryEvents
+
+    rows = [  # (bytes, dtype enum, shape): float32 = 1, uint8 = 4
+        (64_552_960, 4, "[64552960]"),  # the workspace
+        (256 * 32 * 32 * 32 * 4, 1, "[256,32,32,32]"),  # a conv's output at batch 256
+        (256 * 10 * 4, 1, "[256,10]"),
+        (8_000_000, 1, "[2000000]"),  # a large 1-D float buffer: no batch either
+    ]
+    n = 2 * len(rows)
+    strings = [shape for _, _, shape in rows]
+    events = MemoryEvents(
+        t_ps=np.arange(n, dtype=np.int64),
+        is_alloc=np.tile([True, False], len(rows)),
+        live=np.zeros(n, np.int64),
+        requested=np.repeat(np.array([b for b, _, _ in rows], np.int64), 2),
+        chunk=np.repeat(np.array([b for b, _, _ in rows], np.int64), 2),
+        addr=np.repeat(np.arange(len(rows)) * 2**30, 2),
+        dtype=np.repeat(np.array([d for _, d, _ in rows], np.int64), 2),
+        op=np.full(n, -1, np.int32),
+        region=np.full(n, -1, np.int32),
+        shape=np.repeat(np.arange(len(rows), dtype=np.int32), 2),
+        thread=np.zeros(n, np.int32),
+        strings=strings,
+        threads=["main"],
+        allocator="GPU_0_bfc",
+    )
+    batch, share = step_replay.trace_batch(events)
+    assert batch == 256 and share == 1.0

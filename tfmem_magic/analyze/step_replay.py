@@ -444,15 +444,23 @@ def shape_lines(events: MemoryEvents, batch: int) -> Lines:
     return Lines(intercept, slope, scaled, int(np.count_nonzero(events.is_alloc)))
 
 
+BYTE_DTYPES = (4, 6)  # TF's DataType enum: DT_UINT8, DT_INT8 (scratch buffers: workspaces, raw bytes)
+
+
 def trace_batch(events: MemoryEvents) -> tuple[int | None, float]:
     """The batch a trace most likely ran at, read from its tensors' shapes: the leading dimension that holds the most
-    requested bytes among allocations with a shape, and its share of them. (None, 0.0) without shapes."""
+    requested bytes among allocations of rank 2 or more that are not byte buffers, and its share of them. A 1-D
+    tensor's only dimension is no batch: a bias, or a GPU's convolution workspace (uint8[64552960] on a T4 trace,
+    read as the batch, made the what-if refuse the trace: docs/gpu.md). (None, 0.0) without such shapes."""
     held: dict[int, int] = {}
     for i in np.nonzero(events.is_alloc)[0].tolist():
+        if int(events.dtype[i]) in BYTE_DTYPES:
+            continue
         shape = events.string(int(events.shape[i]))
         if shape and shape.startswith("[") and shape.strip("[]"):
-            first = shape.strip("[]").split(",")[0].strip()
-            if first.isdigit() and int(first) > 1:
+            dims = shape.strip("[]").split(",")
+            first = dims[0].strip()
+            if len(dims) >= 2 and first.isdigit() and int(first) > 1:
                 held[int(first)] = held.get(int(first), 0) + int(events.requested[i])
     if not held:
         return None, 0.0
