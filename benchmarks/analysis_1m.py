@@ -20,11 +20,8 @@ per million events on a 2-core machine; each measuring process a few seconds.
 
     python benchmarks/analysis_1m.py [--events 1000000] [--ops 3000] [--other 250000] [--segments 1] [--rounds 3]
 
-Target (issue: huge traces): parsing holds at most about 2x the trace's size. Measured on a 2-core machine (114 MiB
-of xplane, medians of 3 processes): the parse took 2.9-3.1 s and its RSS peaked at +536 MiB (4.7x the trace) when
-each blob was parsed by a lean message class holding one bytes object per event; walking the wire format in place,
-it takes 1.6-1.9 s and peaks at +136-151 MiB (1.2-1.3x), and the trace it returns holds 65 MiB (0.57x). The analysis
-takes 0.2 s and peaks at +91 MiB (0.8x); both together peak at +156 MiB (1.37x) over the blobs.
+Target: parsing holds at most about 2x the trace's size. docs/overhead.md ('Huge traces stay bounded') has the
+measurements.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capture a training job again and again, and count the workers the captures killed (issue 25).
+"""Capture a training job again and again, and count the workers the captures killed (docs/capture-safety.md).
 
     python benchmarks/capture_stress.py [--strategy mwms|plain|ps] [--captures 20] [--seconds 3] [--budget 900]
         [--host 2] [--python 1] [--device 1] [--default-options] [--analyze] [--gdb] [--hold-mib 256]

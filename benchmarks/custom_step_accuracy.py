@@ -9,7 +9,7 @@ The candidate is the cell's own trace replayed: the trace's allocation sequence 
 replays. The cell's trace starts from a warm allocator (the model was built in an earlier cell), so its own
 replay need not give back its peak to the byte: only the change is used, and both replays share the seed's error.
 
-The third column is what calibration does now for custom training: the cell's own step, saved with its variables
+The third column is what calibration does for custom training: the cell's own step, saved with its variables
 and run by the step replay's two probe processes (advise/step_export.py; `predict(..., calibrate=True)`).
 
     .venv/bin/python benchmarks/custom_step_accuracy.py [--programs gan,dcgan,distiller,tape] [--batch 32]

@@ -16,8 +16,8 @@ analysis alone on full traces (no step window, no memory budget).
 
     python benchmarks/overhead.py [--rounds 7] [--rss-rounds 2] [--quick-run] [--only rss,time,analysis]
 
-Targets (issue 2): quick <= 1.03x, trace <= 1.25x, analysis >= 300,000 memory events/s; trace adds < 100 MiB of RSS
-over quick (the LSTM added 783-888 MiB before the trace had a memory budget).
+Targets (docs/overhead.md): quick <= 1.03x, trace <= 1.25x, analysis >= 300,000 memory events/s; trace adds
+< 100 MiB of RSS over quick (without the trace's memory budget, the LSTM added 783-888 MiB).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the static bundle (HTML + text + report JSON) and every widget's state (JSON + b
 
     python benchmarks/panel.py [--steps 10000]
 
-Targets (issue 3): panel build < 0.5 s, everything sent < 1 MB.
+Targets (docs/panel.md): panel build < 0.5 s, everything sent < 1 MB.
 """
 
 from __future__ import annotations

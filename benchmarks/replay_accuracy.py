@@ -8,9 +8,9 @@ to it. The predictions are compared with the same process run for real at those 
 
 It prints, per model: the self-check (the replay at the cell's own batch against TensorFlow's bytes in use after
 every event), and per batch the real peak, the replayed one and the error, with each replay's time; with `--probes`,
-also the replay from per-allocation lines through two odd-batch probe traces (issue 29's basis, first cut). The trace is
-unbounded here (no segment budget, no plateau pause): what issue 29's probe process would record; docs/bfc-replay.md
-has the results and what the replay basis still needs.
+also the replay from per-allocation lines through two odd-batch probe traces (a first form of the replay basis). The
+trace is unbounded here (no segment budget, no plateau pause): what a probe process records; docs/bfc-replay.md has
+the results and what the replay basis still needs.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def replay_at(data: dict, anchor: int, batches: list[int]) -> tuple[object, dict
 
 
 def probe_lines(low: dict, high: dict, b_low: int, b_high: int) -> tuple[object, list[tuple[int, float]]]:
-    """Issue 29's replay basis, first cut: two probe traces at odd batches (no layer width collides with them),
+    """A first form of the replay basis: two probe traces at odd batches (no layer width collides with them),
     their allocations aligned by (op, dtype, rank) and occurrence, and a line per allocation (intercept + slope x
     batch) through the two sizes. Allocations that do not align keep probe one's size. Returns probe one's prepared
     replay and the (intercept, slope) of each of its events' requested bytes."""

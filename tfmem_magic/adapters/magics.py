@@ -233,8 +233,8 @@ class TfmemMagics(Magics):
         cost = (
             ""
             if SESSION.calibrate == "off"
-            else " (probe processes replay its step: 9 s for a small CNN here, "
-            "40 s for a GRU, minutes for a ResNet); --no-calibrate skips one cell"
+            else " (probe processes replay its step: seconds for a small model, minutes for a large one); "
+            "--no-calibrate skips one cell"
         )
         print(
             f"Calibration {SESSION.calibrate}: what-ifs calibrated as their cell ends: "

@@ -1,11 +1,11 @@
 """A simulator of TensorFlow's BFC allocator, and the replay of a traced allocation sequence through it.
 
-The first building block of the step replay basis (issue 29): to predict a step's peak at another batch, its
+The first building block of the step replay (docs/bfc-replay.md): to predict a step's peak at another batch, its
 allocation sequence is replayed through the allocator TensorFlow uses, so that BFC's rounding, best-fit choice, chunk
 splitting, coalescing and region growth are simulated instead of approximated by a fragmentation ratio.
 
 What is followed, from `xla/tsl/framework/bfc_allocator.{h,cc}` (TensorFlow's `tensorflow/core/common_runtime/
-bfc_allocator.cc` before the move to tsl, same algorithm since TF 2.4; read at TensorFlow's master, 2025):
+bfc_allocator.cc` before the move to tsl, same algorithm since TF 2.4; read at TensorFlow's master branch):
 - `RoundedBytes`: every request is rounded up to a multiple of kMinAllocationSize (256 bytes); a 0-byte request fails.
 - bins (`BinNumForSize`, `BinNumToSize`): kNumBins = 21 bins, bin b holds free chunks of [256 << b, 256 << (b+1))
   bytes, the last one everything from 256 MiB up; each bin is ordered by (chunk size, address).

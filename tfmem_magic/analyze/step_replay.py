@@ -49,8 +49,7 @@ MIN_ALIGNED = 0.95
 # ... or this share, where the unmatched hold under 2% of the bytes allocated: an unmatched allocation keeps its
 # probe's size, so at most its share of the bytes is scaled wrong, a tenth of the replay's band below (-20%). Under
 # mixed_float16 the loss-scale optimizer applies the gradients only in steps whose gradients stayed finite, so the
-# two probes' optimizer temporaries differ in count (ten pairs of a CNN's probes: 93-99.8% matched by count, 98.9-100%
-# by bytes; at 1% the pair at 93% / 98.9% was refused and the pre-flight fell back on the probes' line)
+# two probes' optimizer temporaries differ in count, by up to 7%, yet their bytes still match (docs/bfc-replay.md)
 MIN_ALIGNED_FEW = 0.90
 MIN_ALIGNED_BYTES = 0.98
 # an unmatched allocation with no shape, at least this large and a multiple of its probe's batch, grows with it
@@ -364,12 +363,11 @@ def checked(
                 f"over the {OWN_TOLERANCE:.0%} the replay needs"
             )
     first, second = replays
-    # measured on a GradientTape loop's step fed by tf.data: 157 more 8-byte label rows at batch 37 than at 23
-    # (90% matched by count, 98% without them)
+    # a GradientTape loop's step fed by tf.data makes more 8-byte label rows at one probe's batch than at the other's
+    # (docs/bfc-replay.md)
     shares = [r.lines.aligned_share() for r in replays]
     aligned, aligned_bytes = min(c for c, _ in shares), min(b for _, b in shares)
-    # a few more unmatched small tensors (a tape loop's step in one CI run: 94% by count) leave the bytes matched: the
-    # replay's sizes are bytes
+    # a few more unmatched small tensors (a tape loop's step) leave the bytes matched: the replay's sizes are bytes
     if not aligned_enough(aligned, aligned_bytes):
         why.append(
             f"only {aligned:.0%} of a probe's allocations ({aligned_bytes:.1%} of their bytes) found their "

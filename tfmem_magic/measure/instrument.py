@@ -64,8 +64,8 @@ GENERATOR_BATCH = "the generator's first batch"
 
 def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
     """The model's use as this one call was fed: what the pre-flight checks. The report keeps the cell's training
-    call's description (its batch, rows and copies), so a `predict(x, batch_size=2048)` after a `fit` at batch 32 in
-    one cell was checked at batch 32 and ran on to 2.1x the limit (December 2026)."""
+    call's description (its batch, rows and copies): checked against that, a `predict(x, batch_size=2048)` after a
+    `fit` at batch 32 in one cell would be checked at batch 32 (docs/preflight.md)."""
     batch, source = feed.batch_size, feed.batch_source
     if batch is None and feed.kind == "generator" and use.batch_source == GENERATOR_BATCH:
         batch, source = use.batch_size, use.batch_source  # an earlier call's generator: this one batches alike

@@ -58,8 +58,8 @@ MiB = 1024 * 1024
 # model's first steps (an LSTM over 120 time steps writes ~3.4 MB per step) in rotated segments. MLP and CNN cells
 # write a tenth of one segment in their 10 traced steps.
 TRACE_BUDGET_BYTES = 12 * MiB
-# the most one segment may record before it is exported (its transient cost): 3 MiB let an LSTM forecaster's trace
-# add 121 MiB of RSS over --quick, 2 MiB 101 (docs/overhead.md)
+# the most one segment may record before it is exported (its transient cost, ~22-27x its size): small enough to keep a
+# recurrent model's trace under the 100 MiB target, large enough not to restart for nothing (docs/overhead.md)
 SEGMENT_BYTES = 2 * MiB
 MIN_SEGMENT_BYTES = SEGMENT_BYTES // 4  # less budget than this left: stop rather than restart (a short
 # segment adds a gap, its export, to the trace more than it adds events)
@@ -69,19 +69,16 @@ STOP_AT = 0.8  # stop when the estimate reaches this share of what is left: the 
 # watcher takes the larger; without mallinfo2 (macOS, musl) RSS and the rate of the previous segments.
 HEAP_PER_TRACE_BYTE = 4
 RSS_PER_TRACE_BYTE = 12
-# a segment this large or larger is followed by glibc's malloc_trim (0.3-13 ms; it gave back 12-129 MiB each time on
-# the recurrent models): what the recorder and the export freed and the next segment does not reuse sits in
-# per-thread arenas that the cell's own growth does not reuse either. It runs under the lock, as the export does
-# (5-500 ms, far longer). Between segments it lowered the recurrent models' peak over --quick (GRU +126 -> +82
-# MiB, LSTM +108 -> +80; docs/overhead.md); after the last export it lets a traced cell leave ~10 MiB more RSS behind
-# than --quick, not 90-460 MiB more. Smaller segments free too little to be worth the call.
+# a segment this large or larger is followed by glibc's malloc_trim: what the recorder and the export freed and the
+# next segment does not reuse sits in per-thread arenas that the cell's own growth does not reuse either. It runs
+# under the lock, as the export does (which takes far longer). It lowers a traced cell's peak and what it leaves behind
+# (docs/overhead.md, Memory); smaller segments free too little to be worth the call.
 TRIM_AT_BYTES = 256 * 1024
 DECODE_AT_BYTES = 1 * MiB  # raw xplane held before it is decoded (small traces are decoded once, at the end)
 WATCH_S = 0.025  # the watcher's period (mallinfo2 takes 0.4-1.5 ms)
 # no segment is stopped for its size before this age: a young segment's growth is mostly the cell's own (a first op,
-# oneDNN's caches), and each needless restart leaves a gap whose frees the trace misses. It was 0.2 s, on the belief
-# that the recorder writes at most ~10 MB/s; on a faster CPU a GRU's steady steps write ~80 MB/s, so segments grew to
-# 18 MiB before the first look (+370 MiB over --quick). At 0.05 s the largest is 4-6 MiB (one step's C++ call).
+# oneDNN's caches), and each needless restart leaves a gap whose frees the trace misses. Short, because a recurrent
+# model's steps can write ~80 MB/s: a longer age lets a segment grow far past SEGMENT_BYTES (docs/overhead.md).
 MIN_SEGMENT_S = 0.05
 MAX_ROTATIONS = 200  # segments stopped by the budget's estimate and restarted, per cell (each costs
 # an export: ~1 ms when the growth that triggered it was the cell's own, not the recorder's)

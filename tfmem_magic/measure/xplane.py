@@ -2,16 +2,15 @@
 
 We parse the xplane ourselves instead of TF's `memory_profile` tool: that tool keeps only the peak step and lumps
 everything else together. The memory events of a line are decoded together with numpy, one protobuf field per
-round: a million memory events (114 MB of xplane) read in ~1.6 s on 2 cores (benchmarks/analysis_1m.py).
+round (a million memory events' time and memory: benchmarks/analysis_1m.py, docs/overhead.md).
 
 Memory. A blob is never parsed whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a lean
 class that kept each event as a bytes object, plus the joined copy we decoded, ~4): a Python walk over the wire
 format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
 from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (73 bytes each, in columns of the narrowest
 type), our spans and XLA's runs are kept, so that a tracer can decode each segment as soon as it is exported and
-drop its bytes (`Decoded`); `finish` joins and sorts the blocks one column at a time. On that million events,
-reading grows the RSS high-water mark by 1.2-1.3x the blob (was 4.7x; 0.7x of it allocated by us, the rest is
-malloc's fragmentation), and the trace it returns keeps 0.55x.
+drop its bytes (`Decoded`); `finish` joins and sorts the blocks one column at a time. Reading then grows the RSS
+high-water mark by about the blob's size, not a multiple of it (docs/overhead.md).
 
 A missing `addr` stat reads as -1 (unknown) in both decoders, and the analysis never pairs events on it; an event
 without `bytes_available` records no allocator limit (its `limit` column reads 0).
