@@ -305,6 +305,7 @@ export interface PreflightInfo {
   verdict: string;
   basis: string;
   replay_note: string;
+  fed_note: string;
   own_step: string;
   largest_batch: number | null;
   seconds: number;

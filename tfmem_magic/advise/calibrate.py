@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.measure import kerases
+from tfmem_magic.measure.fed_shapes import has_open_dims
+from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.tracer import remove_leftovers
 
@@ -295,10 +297,38 @@ def replay_traces(
     return {b: str(spec["replay"]) for b, spec in specs.items()}
 
 
+def lengths_known(model: Any, structure: dict[str, Any] | None) -> None:
+    """Raise TfmemUsageError where the batches to make have a dimension besides the batch whose size is not known
+    and the model's one input does not fix it (a padded or ragged pipeline's lengths): the probes would have to
+    invent it, and a length of 1 predicted a Transformer's step 48 times too small (docs/preflight.md, 'Open
+    dimensions'). The pre-flight reads such lengths from the pipeline first (measure/fed_shapes.py)."""
+    if not has_open_dims(structure):
+        return
+    assert structure is not None
+    try:
+        inputs = list(getattr(model, "inputs", None) or [])
+    except (AttributeError, ValueError):  # a subclassed model that was never called symbolically
+        inputs = []
+    pinned = [None if d is None else int(d) for d in list(inputs[0].shape)[1:]] if len(inputs) == 1 else None
+    x = structure_leaves(structure.get("x"))
+    x_fixed = (
+        len(x) == 1
+        and pinned is not None
+        and all(d is not None or (i < len(pinned) and pinned[i] is not None) for i, d in enumerate(x[0][0]))
+    )
+    if x_fixed and not any(has_open_dims(structure.get(k)) for k in ("y", "sample_weight")):
+        return
+    raise TfmemUsageError(
+        "the batches fed have a dimension besides the batch whose size varies (padded or ragged batches) and the "
+        "model does not fix it: the probes cannot make batches of the lengths the call feeds"
+    )
+
+
 def _spec(
     model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
 ) -> dict[str, Any]:
     """What the probe script needs: the model's config, how to compile and feed it, the notebook's classes."""
+    lengths_known(model, structure)
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
     try:
@@ -330,6 +360,7 @@ def _spec(
 
 def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dict[str, Any]:
     """What the probe script needs to run a saved step (step_export.py): the folder, how to feed it."""
+    lengths_known(model, structure)
     flavour = kerases.flavour_of(model)
     keras = kerases.import_flavour(flavour)
     try:  # the model's input dims, for what the cell's batches left open (a variable length), as a clone's probe

@@ -25,7 +25,9 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -52,11 +54,17 @@ from tfmem_magic.advise.prediction import (
 )
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
+from tfmem_magic.measure.fed_shapes import FedShapes, has_open_dims
+from tfmem_magic.measure.fed_shapes import scan as scan_fed_shapes
+from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.sampling import bytes_in_use
+
+_log = logging.getLogger(__name__)
 
 BAND = 0.50  # the probes' line's extrapolation error on what the process grows by: an MLP's -26.6% in one run, -47.0%
 # in another (docs/preflight.md). Only a fallback, where the replay cannot be used
@@ -137,7 +145,10 @@ class Preflight:
         started = time.perf_counter()
         try:
             info = check(model, call, use, threshold, rss, tf_current, tf_held)
-        except TfmemUsageError as exc:  # a model the probes cannot rebuild, no allocator stats, ...
+        except Exception as exc:  # noqa: BLE001 - the pre-flight must never fail the user's call
+            if not isinstance(exc, TfmemUsageError):  # our bug, or a model that raises where we look: say so
+                fallback(_log, f"the pre-flight of {call}() failed", exc)
+                exc = TfmemUsageError(f"it failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
             self._note(f"The pre-flight could not check {call}() at batch {batch}: {exc}")
             try:
                 self._unprobed[(id(model), call)] = weakref.ref(model)
@@ -162,7 +173,7 @@ class Preflight:
                 f"Pre-flight of {call}() at batch {batch}: the predicted peak "
                 f"({format_bytes(info.predicted_rss_bytes)} for the process) is within {band_words(info)} of "
                 f"what {source} allows ({format_bytes(info.threshold_bytes)}): it ran, and the guard "
-                "watched it."
+                "watched it." + (f" Its probes ran at {info.fed_note}." if info.fed_note else "")
             )
 
     def _note(self, text: str) -> None:
@@ -183,9 +194,11 @@ def check(
     PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
     batch = int(use.batch_size or 0)
     train = call in TRAINING_CALLS
+    use, fed = with_fed_shapes(use)
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
     slots = _slots_to_build(model) if train else 0
-    generous = model_upper_bound(use, train, batch)
+    # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
+    generous = None if fed is not None else model_upper_bound(use, train, batch)
     if generous is not None and _growth(generous, slots + copies, tf_current, tf_held) + rss <= threshold:
         # the model's own parts, at several times what they usually are, fit: no need to spend seconds on probes
         return PreflightInfo(
@@ -226,6 +239,7 @@ def check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.band_below, info.extra_bytes = "replay", REPLAY_BAND, REPLAY_BAND_BELOW, copies
         _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
+        _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
             if info.largest_batch:  # replayed itself, not between two batches: the what-if names it too
                 try:
@@ -242,7 +256,49 @@ def check(
         info.replay_note = str(exc)
     line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
-    return _judge(info, line, tf_current, tf_held)
+    return _lower_bound_only(_judge(info, line, tf_current, tf_held), fed)
+
+
+def with_fed_shapes(use: ModelUse) -> tuple[ModelUse, FedShapes | None]:
+    """The call's use with the input dimensions its spec leaves open (a padded or ragged pipeline's lengths) read
+    from the batches it will feed (measure/fed_shapes.py), and what was read; (use, None) where nothing was open.
+    Raises TfmemUsageError ("cannot tell": the call runs under the guard) where they cannot be read: probes fed a
+    length of 1 for a Transformer's padded sentences predicted a step 48 times too small."""
+    if not has_open_dims(use.structure):
+        return use, None
+    if use.dataset is None:
+        raise TfmemUsageError(
+            "its inputs have a dimension besides the batch whose size is not known before the call runs (padded or "
+            "ragged batches), and the pre-flight cannot read it from what was fed: it cannot tell what a step needs"
+        )
+    fed = scan_fed_shapes(use.dataset, use.structure)
+    if has_open_dims(fed.structure):
+        raise TfmemUsageError(
+            f"its inputs have a dimension besides the batch that varies, and {fed.batches} batches read did not "
+            "show its size: the pre-flight cannot tell what a step needs"
+        )
+    first = next(iter(structure_leaves(fed.structure.get("x"))), None) if isinstance(fed.structure, dict) else None
+    shape = (use.batch_size, *first[0]) if first is not None else use.input_shape
+    return replace(use, structure=fed.structure, input_shape=shape), fed
+
+
+def _lower_bound_only(info: PreflightInfo, fed: FedShapes | None) -> PreflightInfo:
+    """A verdict on lengths read from the first batches only (the scan stopped before the pipeline's end): a later
+    batch may be longer, so "fits" becomes "uncertain" (the call runs under the guard); a refusal stands."""
+    if fed is None:
+        return info
+    lengths = ", ".join(str(d) for d in fed.longest[:6])
+    if fed.exact:
+        read = "its one batch" if fed.batches == 1 else f"all {fed.batches} batches"
+        info.fed_note = f"the inputs' open dimensions read from {read}: the longest are {lengths}"
+        return info
+    info.fed_note = (
+        f"the inputs' open dimensions read from the first {fed.batches} batches (the longest: {lengths}); a later "
+        "batch may be longer"
+    )
+    if info.verdict == "fits":
+        info.verdict = "uncertain"
+    return info
 
 
 def own_replayed_step(
@@ -497,11 +553,20 @@ def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
     only a step far inside the limit is let through on it. None when the model cannot be described, or a layer's
     output is not known yet (a subclassed model before its first call: its parts would count nothing)."""
     info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
-    if info is None or not info.layers or any(layer.output_shape is None for layer in info.layers):
+    if info is None or not info.layers or any(_open_output(layer.output_shape) for layer in info.layers):
         return None
     per_sample = activation_bytes(info)
     gradients = info.trainable_bytes if train else 0
     return round(MODEL_MARGIN * (1.5 * per_sample * batch + gradients))
+
+
+def _open_output(shape: str | None) -> bool:
+    """A layer's output shape (modelinfo's text, "(None, 40, 64)") unknown, or with a dimension besides the batch
+    that is not known: its bytes per sample were counted as 0."""
+    tuples = re.findall(r"\(([^()]*)\)", shape or "")  # one per output: "[(None, 4), (None, 5)]" has two
+    if not tuples:
+        return True
+    return any(not d.strip().isdigit() for dims in tuples for d in dims.split(",")[1:] if d.strip())
 
 
 def line_through(peaks: dict[int, tuple[int, int]]) -> Any:
@@ -532,7 +597,10 @@ def _slots_to_build(model: Any) -> int:
     if optimizer is None:
         return 0
     slots = OPTIMIZER_SLOTS.get(type(optimizer).__name__.lower(), 2)
-    expected = slots * variable_bytes(getattr(model, "trainable_variables", []))
+    try:
+        expected = slots * variable_bytes(getattr(model, "trainable_variables", []))
+    except ValueError:  # a tf_keras model not built yet (a nested Sequential raises): it has no weights yet either
+        return 0
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 
@@ -595,13 +663,14 @@ def _extra_words(info: PreflightInfo) -> str:
 def how_predicted(info: PreflightInfo) -> str:
     """How a pre-flight came to its prediction, and what it cost, in words."""
     batches = " and ".join(map(str, info.probe_batches))
+    fed = f" ({info.fed_note})" if info.fed_note else ""
     if info.basis == "model":
         return "no probes needed: the model's own parts, taken several times over, fit"
     if info.basis == "replay":
         steps = f"the model's own step, saved ({info.own_step}), traced" if info.own_step else "a clone's steps traced"
         return (
-            f"{steps} at batches {batches} and replayed at batch {info.batch_size} through a "
+            f"{steps} at batches {batches}{fed} and replayed at batch {info.batch_size} through a "
             f"simulation of TensorFlow's allocator, {info.seconds:.1f} s"
         )
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
-    return f"predicted from one step of a clone at batches {batches}, {info.seconds:.1f} s{why}"
+    return f"predicted from one step of a clone at batches {batches}{fed}, {info.seconds:.1f} s{why}"

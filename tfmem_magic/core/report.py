@@ -212,6 +212,8 @@ class PreflightInfo:
     # probes were run)
     basis: str = "probes"
     replay_note: str = ""  # why the replay was not used, where the probes' line stood in
+    # how the inputs' open dimensions (a padded or ragged pipeline's lengths) were read for the probes: "" where none
+    fed_note: str = ""
     # the model's own step the probes ran, where a clone's fit would not train it ("GAN.train_step"); "": a clone's
     own_step: str = ""
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it

@@ -61,6 +61,9 @@ class Feed:
     structure: dict[str, Any] | None = None
     validation: str | None = None  # what the call validated on, in words
     validation_samples: int | None = None
+    # the tf.data pipeline itself, for the pre-flight to read the lengths its spec leaves open (measure/fed_shapes.py);
+    # held for the call only: the report never keeps it
+    dataset: Any = None
 
 
 def bind(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +233,7 @@ def describe_feed(call: str, named: dict[str, Any]) -> Feed:
     if x is None:
         return feed
     if is_dataset(x):
-        feed.kind = "dataset"
+        feed.kind, feed.dataset = "dataset", x
         feed.batch_size, feed.batch_source = dataset_batch(x)
         feed.structure = split_batch(getattr(x, "element_spec", None))
         first = next(leaves(getattr(x, "element_spec", None)), None)

@@ -53,6 +53,7 @@ class ModelUse:
     structure: dict[str, Any] | None = None  # what one training batch holds (feeding.spec_of): calibration's batches
     feed: str = "none"  # what the call was fed: "arrays", "dataset", "generator", ...
     validation: str | None = None  # what fit validated on, in words
+    dataset: Any = None  # the call's tf.data pipeline (only on a use made for one call: `_as_fed`)
 
     @property
     def training_arrays(self) -> list[InputArray]:
@@ -80,6 +81,7 @@ def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
         structure=feed.structure or use.structure,
         feed=feed.kind,
         validation=feed.validation,
+        dataset=feed.dataset,
     )
 
 
