@@ -18,7 +18,7 @@ error per point, the max/mean per basis, and a Markdown table (--table) for docs
 Columns: analytic (no extra run), measured (the probes' parts), replay (what `predict(..., calibrate=True)` gives:
 the step replay where its self-check passed, else the parts) and the replay's range (0 when the real median lies
 between the replay's two op orders).
-Targets (issue 29): the replay within 10% on 95% of points and never beyond 15%, below the cell's batch too.
+Targets: the replay within 10% on 95% of points and never beyond 15%, below the cell's batch too.
 """
 
 from __future__ import annotations
