@@ -445,11 +445,11 @@ def _custom_objects(model: Any, keras: Any) -> str | None:
         custom[getattr(kind, "__name__", str(kind))] = kind
         try:
             custom[keras.saving.get_registered_name(kind)] = kind
-        except Exception:  # not registered: its plain name is what the config names
+        except Exception:  # noqa: BLE001 - not registered (any Keras): its plain name is what the config names
             pass
     try:
         return base64.b64encode(cloudpickle.dumps(custom)).decode("ascii")
-    except Exception as exc:  # a class that holds a lock, a file, an open session...
+    except Exception as exc:  # noqa: BLE001 - a class that holds a lock, a file, an open session...
         names = ", ".join(sorted(k for k in custom if "." not in k and ">" not in k))
         raise TypeError(f"the notebook's classes ({names}) could not be sent to the probe process: {exc}") from exc
 
@@ -473,7 +473,7 @@ def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None)
         except NotImplementedError:
             culprit = type(layer).__name__
             break
-        except Exception:
+        except Exception:  # noqa: BLE001 - any layer's failing get_config is the culprit's sign: the next one
             continue
     culprit = culprit or type(model).__name__
     why = " ".join(str(exc).split())[:160]  # Keras' own message spans lines: one line here

@@ -40,18 +40,16 @@ import psutil
 
 from tfmem_magic.advise import calibrate, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
-from tfmem_magic.advise.prediction import (
+from tfmem_magic.advise.bands import (
     GROWTH_FRAGMENTATION,
-    OPTIMIZER_SLOTS,
-    PROCESS_MARGIN,
-    activation_bytes,
-    growth_ratio,
-    larger_order_peak,
-    parts_at,
-    refused_call_start,
-    replay_moved,
-    typeable_batch,
+    MODEL_MARGIN,
+    PREFLIGHT_GROWTH_HIGH,
+    PREFLIGHT_GROWTH_LOW,
+    PROBE_LINE_BAND,
 )
+from tfmem_magic.advise.bases import larger_order_peak, refused_call_start
+from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
+from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
@@ -66,20 +64,7 @@ from tfmem_magic.measure.sampling import bytes_in_use
 
 _log = logging.getLogger(__name__)
 
-BAND = 0.50  # the probes' line's extrapolation error on what the process grows by: an MLP's -26.6% in one run, -47.0%
-# in another (docs/preflight.md). Only a fallback, where the replay cannot be used
-# the step replay's, on what the process grows by. TF's allocator was within 10% of the replay on the other models of
-# two runs (an MLP's +25%, +34%: over, the safe side), but the process's memory outside it is not in the replay:
-# oneDNN's own buffers appear at a size threshold (the CNN of tests/integration/test_preflight.py grew 1.80 GB at
-# batch 560, as its allocator did, and 2.28 GB at 568, with 1.72-1.86 GB predicted for its allocator: a growth up to
-# 33% over the replay's; the batch a +30% band suggested, 552, went over the limit in two runs of about eight), and an
-# LSTM's process moved by 90 MiB between two runs of one call (docs/preflight.md). Over the process's growth it was by
-# at most 11% in one run, 21% in a second (the MLP; a DCGAN's process grew 25% more than predicted there): the low
-# end, which must pass the threshold for a refusal, stays at 20%
-REPLAY_BAND = PROCESS_MARGIN  # +40%: the what-if judges a CPU's process budget with it too
-REPLAY_BAND_BELOW = 0.20
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
-MODEL_MARGIN = 3.0  # how far inside the limit the model's own estimate must be to skip the probes
 # the step each checked call runs: what is saved for the probes when a clone cannot run it
 STEP_OF_CALL = {
     "fit": "train_step",
@@ -208,7 +193,7 @@ def check(
             extra_bytes=slots + copies,
             rss_bytes=rss,
             threshold_bytes=threshold,
-            band=BAND,
+            band=PROBE_LINE_BAND,
             verdict="fits",
             basis="model",
             predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)),
@@ -237,7 +222,8 @@ def check(
             info.own_step, copies = own, copies + built
         # the replay's peak has the slots the call builds: only the arrays' copy is added (and, for the model's own
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
-        info.basis, info.band, info.band_below, info.extra_bytes = "replay", REPLAY_BAND, REPLAY_BAND_BELOW, copies
+        info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
+        info.band_below = PREFLIGHT_GROWTH_LOW
         _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
         _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
@@ -255,7 +241,7 @@ def check(
             ) from exc
         info.replay_note = str(exc)
     line, info.probe_batches = probed_step(model, use, train, batch)
-    info.basis, info.band, info.extra_bytes = "probes", BAND, slots + copies
+    info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
     return _lower_bound_only(_judge(info, line, tf_current, tf_held), fed)
 
 
@@ -394,7 +380,7 @@ def replayed_step(
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             fed = step_replay.fed_bytes(paths[probes[0]])
             check = step_replay.checked(low, high, *probes, gpu_growth=growth)
-        except Exception as exc:  # an empty or unreadable trace: the two probe steps' line stands in
+        except Exception as exc:  # noqa: BLE001 - an empty or unreadable trace: the two probe steps' line stands in
             raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -434,7 +420,7 @@ class ReplayedStep:
         if n not in self._peaks:
             try:
                 results = self._check.peaks(n)
-            except Exception as exc:  # a bug of ours must not reach the user's fit: the probes' line stands in
+            except Exception as exc:  # noqa: BLE001 - a bug of ours must not reach the user's fit: the probes' line stands in
                 raise NoReplay(f"its replay at batch {n} failed ({type(exc).__name__}: {str(exc)[:200]})") from exc
             self._peaks[n] = (
                 int(results[0].peak_bytes_in_use),
@@ -528,7 +514,8 @@ def _on_gpu() -> bool:
     tf = sys.modules.get("tensorflow")
     try:
         return bool(tf is not None and tf.config.list_logical_devices("GPU"))
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - TensorFlow not started, or no device list: taken as no GPU
+        fallback(_log, "TensorFlow's GPUs could not be listed: taken as none", exc)
         return False
 
 
