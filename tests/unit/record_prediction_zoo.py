@@ -8,8 +8,8 @@ or a what-if basis, one per kind of cell (model, batch, basis, trace or not, pre
 optimizer), and adds the kinds of basis no such run leaves in this process: a measured basis (its replay failed, or
 none ran, or after an OOM), the model's own step replayed, a call the pre-flight refused (the recorded CNN replay of
 test_preflight_arithmetic.py, with a clone's probes and with the model's own step), a saved GPU trace
-(tests/data/gpu_multi_worker_bert.xplane.pb.gz), a GPU cell, an OOM, a cell without allocator statistics, replicas,
-and the analytic basis' other moments below the batch. Each report is stored gzipped under
+(tests/data/gpu_multi_worker_bert.xplane.pb.gz) and a CPU one, a GPU cell, an OOM, a cell without allocator
+statistics, replicas, and the step's other moments below the batch. Each report is stored gzipped under
 tests/data/prediction_zoo/, and what the advice makes of it (test_prediction_zoo.answers) in expected.json.gz.
 Recording replaces every file there."""
 
@@ -123,6 +123,17 @@ def calibrated(source: Report) -> dict[str, Report]:
         report.whatif_basis = basis
         report.prediction = prediction.summary(report)
         out[name] = report
+    moments = copy.deepcopy(out["own-step-train"])  # a recurrent model's own step: the trace's other moments
+    assert moments.whatif_basis is not None
+    slope = moments.whatif_basis.activations_per_sample
+    micro = moments.whatif_basis.knobs.batch_size / moments.whatif_basis.knobs.split
+    moments.whatif_basis.lines_below = [[0.25 * slope, 0.1 * slope * micro]]
+    out["own-step-moments-below"] = moments
+    trace = copy.deepcopy(source)  # a saved trace's basis on a CPU whose process was measured: no process margin
+    trace.model = None
+    trace.whatif_basis = replace(base, replay=replace(base.replay, source="trace", scaled=40))
+    trace.prediction = prediction.summary(trace)
+    out["from-trace-cpu"] = trace
     oom = copy.deepcopy(source)
     oom.status = "oom"
     oom.whatif_basis = replace(base, name="measured", replay=None, measured_peak=None)
@@ -146,6 +157,13 @@ def refused() -> dict[str, Report]:
     own.whatif_basis = preflight.refused_basis(own, prediction.analytic_basis(own))
     own.prediction = prediction.summary(own)
     out["preflight-refused-own-step"] = own
+    unmeasured = copy.deepcopy(report)  # the process was not measured: the report's budget, not the pre-flight's
+    unmeasured.rss = replace(unmeasured.rss, peak_bytes=0)
+    out["preflight-refused-no-rss"] = unmeasured
+    gpu = copy.deepcopy(report)  # on a GPU: its budget is the device's
+    gpu.tf = {"GPU:0": gpu.tf["CPU:0"]}
+    gpu.env.devices = ["GPU:0"]
+    out["preflight-refused-gpu"] = gpu
     return out
 
 
