@@ -196,7 +196,7 @@ import json, sys
 import tfmem_magic
 tfmem_magic.prepare()
 import numpy as np, keras, tensorflow as tf
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import bases, prediction
 N = {samples}
 {build}
 m.compile("adam", loss)
@@ -232,7 +232,7 @@ if mode == "anchor":
     out["parts"] = {{b: prediction.peak_at(parts, dataclasses.replace(basis.knobs, batch_size=b)) for b in batches}}
     curve = basis.replay
     # the replay with the smaller of its two op orders' changes (the prediction takes the larger)
-    spread = {{b: (lambda c: c[1] - c[0])(prediction.replay_change(curve, b, batch)) if curve and curve.passed else 0
+    spread = {{b: (lambda c: c[1] - c[0])(bases.replay_change(curve, b, batch)) if curve and curve.passed else 0
               for b in batches}}
     out["replay_low"] = {{b: out["calibrated"][b] - round(spread[b]) for b in batches}}
     out["probes"] = basis.calibration

@@ -11,7 +11,8 @@ the call (what the band widens), and the seconds each pre-flight took.
 
     .venv/bin/python benchmarks/preflight_accuracy.py [--models cnn,mlp,...]
 
-The bands the pre-flight uses (preflight.REPLAY_BAND, preflight.BAND) are set from these errors: docs/preflight.md.
+The bands the pre-flight uses (advise/bands.py: PREFLIGHT_GROWTH_HIGH, PREFLIGHT_GROWTH_LOW, PROBE_LINE_BAND) are set
+from these errors: docs/preflight.md.
 """
 
 from __future__ import annotations

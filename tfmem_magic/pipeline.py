@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any, Iterator, Literal
 
-from tfmem_magic.advise import calibration, diagnose, fixes, prediction, preflight
+from tfmem_magic.advise import bases, calibration, diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
 from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
@@ -217,7 +217,7 @@ class Profiler:
                 "step was not measured; the what-if stays analytic."
             )
             return
-        if prediction.anchored_on_preflight(report.whatif_basis):
+        if bases.anchored_on_preflight(report.whatif_basis):
             report.notes.append(
                 f"Calibration ({asked}) did not run: the what-if stands on the pre-flight's replay "
                 "of the call it refused already (nothing of the call ran to anchor probes on)."

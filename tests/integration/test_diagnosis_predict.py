@@ -12,7 +12,7 @@ import pytest
 from fresh import run_in_fresh_shell, run_python
 
 import tfmem_magic
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import bands, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 
 MiB = 2**20
@@ -96,18 +96,18 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
     guess = prediction.predict(rep, batch_size=128)
     measured = tfmem_magic.predict(rep, batch_size=128, calibrate=True)
     # the step replay (two fresh probe processes traced from their first allocation) predicts the batch knob
-    assert measured.basis == "replay" and measured.error_band == prediction.REPLAY_BAND, rep.whatif_basis.replay
+    assert measured.basis == "replay" and measured.error_band == bands.CLONE_REPLAY_BAND, rep.whatif_basis.replay
     curve = rep.whatif_basis.replay
     assert curve.passed and curve.own_error < 0.01 and curve.aligned >= 0.95 * curve.allocations
     assert any(n.startswith("Replayed:") for n in measured.notes)
-    assert guess.basis == "analytic" and guess.error_band == prediction.ANALYTIC_BAND
+    assert guess.basis == "analytic" and guess.error_band == bands.ANALYTIC_BAND
     assert guess.peak_bytes > same.peak_bytes and measured.peak_bytes > same.peak_bytes
     # knobs move the parts they should
     guess = prediction.predict(rep, batch_size=128)  # once calibrated, the report's predictions use the probes
     assert guess.basis == "replay" and guess.peak_bytes == measured.peak_bytes
     bf16 = prediction.predict(rep, batch_size=128, policy="mixed_bfloat16")
     assert bf16.split["activations"] == pytest.approx(guess.split["activations"] / 2, rel=0.01)
-    assert bf16.error_band == prediction.ANALYTIC_BAND and bf16.basis == "measured"  # the probes ran in float32
+    assert bf16.error_band == bands.ANALYTIC_BAND and bf16.basis == "measured"  # the probes ran in float32
     sgd = prediction.predict(rep, batch_size=128, optimizer="sgd")
     assert sgd.split["optimizer"] == 0 and sgd.peak_bytes < guess.peak_bytes
     acc = prediction.predict(rep, batch_size=128, accumulation_steps=4)
@@ -171,7 +171,7 @@ def test_large_batch_fires_when_activations_fill_the_budget(tf_shell):
     # judged with the replay's band at or below the cell's peak, with +40% above it (a CPU's process budget:
     # docs/what-if.md, "The budget is the process's")
     named = int(re.search(r"replay basis\) is (\d+)\.", finding.evidence).group(1))
-    margin = prediction.PROCESS_MARGIN if named > 512 else prediction.REPLAY_BAND
+    margin = bands.PROCESS_MARGIN if named > 512 else bands.CLONE_REPLAY_BAND
     assert f"{margin:.0%} margin, replay basis" in finding.evidence, finding.evidence
     # the fix written again on the replay (it is gone where the replay says batch 512 fits after all)
     assert all("replay basis" in f.why for f in rep.fixes if f.id == "shrink-batch"), [f.why for f in rep.fixes]
@@ -254,7 +254,7 @@ def test_calibrate_gives_the_report_the_step_replay_as_the_cell_ends(tf_shell):
     assert rep.whatif_basis.name == "replay" and rep.whatif_basis.replay.passed, rep.notes
     assert any(n.startswith("Calibrated as the cell ended (--calibrate") for n in rep.notes), rep.notes
     bigger = tfmem_magic.predict(rep, batch_size=128)
-    assert bigger.basis == "replay" and bigger.error_band == prediction.REPLAY_BAND
+    assert bigger.basis == "replay" and bigger.error_band == bands.CLONE_REPLAY_BAND
     assert rep.prediction is not None and rep.prediction.basis == "replay"
     # the session's setting calibrates every cell; --no-calibrate keeps one analytic; a cell without a model is
     # left alone

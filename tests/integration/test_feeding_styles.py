@@ -30,9 +30,9 @@ def check(r):
         calibrated = tfmem_magic.predict(r, batch_size=at, calibrate=True)
         out["measured"], out["basis"] = calibrated.peak_bytes, calibrated.basis
         curve, basis = r.whatif_basis.replay, r.whatif_basis
-        from tfmem_magic.advise import prediction
+        from tfmem_magic.advise import bases
         if calibrated.basis == "replay":  # the prediction takes the larger of the two op orders' changes
-            low, high = prediction.replay_change(curve, at, r.model.batch_size)
+            low, high = bases.replay_change(curve, at, r.model.batch_size)
             out["measured_low"] = calibrated.peak_bytes - round(high - low)
         out["replay"] = {"passed": curve.passed, "why_not": curve.why_not, "cross": curve.cross_error,
                          "source": curve.source,

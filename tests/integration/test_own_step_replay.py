@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from fresh import load_benchmark
 
-from tfmem_magic.advise.prediction import OWN_STEP_BAND
+from tfmem_magic.advise.bands import OWN_STEP_BAND
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from fresh import load_benchmark
 
-from tfmem_magic.advise.prediction import ANALYTIC_BAND
+from tfmem_magic.advise.bands import ANALYTIC_BAND
 
 pytestmark = pytest.mark.slow
 

@@ -390,7 +390,7 @@ def test_the_pipeline_calibrates_as_its_mode_says(monkeypatch):
 def test_the_budget_for_tensorflow_leaves_out_what_the_process_grew_by_besides_it():
     # a --limit counts the process: NumPy arrays, traced graphs and oneDNN's scratch (31-46 MiB on three fits here)
     # grow it besides TensorFlow's allocator, and a run at another batch needs them again
-    from tfmem_magic.advise import prediction
+    from tfmem_magic.advise import bands, prediction
 
     rep = report()  # RSS 400 -> 560 MiB, TF 0 -> 120 MiB: 40 MiB outside TF's allocator
     assert prediction.outside_tf_bytes(rep) == 40 * MiB
@@ -403,7 +403,7 @@ def test_the_budget_for_tensorflow_leaves_out_what_the_process_grew_by_besides_i
     above = prediction.predict(rep, batch_size=512, tf_budget=10 * 1024 * MiB)
     at_cell = prediction.predict(rep, tf_budget=10 * 1024 * MiB)
     below = prediction.predict(rep, batch_size=64, tf_budget=10 * 1024 * MiB)
-    assert above.peak_bytes > at_cell.peak_bytes and above.fit_margin == prediction.PROCESS_MARGIN
+    assert above.peak_bytes > at_cell.peak_bytes and above.fit_margin == bands.PROCESS_MARGIN
     assert any("judged with +40%" in n for n in above.notes)
     assert at_cell.fit_margin == below.fit_margin == at_cell.error_band
     assert not any("judged with" in n for n in below.notes)

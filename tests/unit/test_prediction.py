@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_fixes import report
 
-from tfmem_magic.advise import calibrate, calibration, prediction
+from tfmem_magic.advise import bands, calibrate, calibration, parts, prediction
 from tfmem_magic.show import view
 
 MiB = 2**20
@@ -165,7 +165,7 @@ def test_the_largest_batch_that_fits_is_a_typeable_one():
     r = report()
     basis = prediction.analytic_basis(r)
     for budget in (40, 90, 300, 1000):
-        fit = prediction.largest_batch(basis, basis.knobs, budget * 2**20, prediction.ANALYTIC_BAND)
+        fit = prediction.largest_batch(basis, basis.knobs, budget * 2**20, bands.ANALYTIC_BAND)
         if fit is not None and fit < prediction.MAX_BATCH:
             assert fit % (8 if fit >= 16 else 2 if fit >= 2 else 1) == 0, (budget, fit)
 
@@ -311,7 +311,7 @@ def test_what_a_larger_batch_adds_gets_the_chunks_large_tensors_get():
 
     rep = report(batch=32)
     quick = prediction.analytic_basis(rep)  # no trace: the typical ratio, assumed for everything
-    assert quick.fragmentation == prediction.TYPICAL_FRAGMENTATION and quick.growth_fragmentation is None
+    assert quick.fragmentation == bands.TYPICAL_FRAGMENTATION and quick.growth_fragmentation is None
     # the cell's trace saw its peak and measured 1.3x there (a chunk BFC did not split, small tensors)
     requested = round(rep.tf_peak_bytes / 1.3)
     rep.trace = TraceInfo(
@@ -322,19 +322,19 @@ def test_what_a_larger_batch_adds_gets_the_chunks_large_tensors_get():
     )
     basis = prediction.analytic_basis(rep)
     assert basis.fragmentation == pytest.approx(1.3, rel=1e-3)
-    assert basis.growth_fragmentation == prediction.GROWTH_FRAGMENTATION
+    assert basis.growth_fragmentation == bands.GROWTH_FRAGMENTATION
     same = prediction.predict(rep)
-    own = prediction.parts_at(basis, basis.knobs)
+    own = parts.parts_at(basis, basis.knobs)
     # the cell's own settings: its parts in its own chunks (its peak, plus fit's copy this trace did not see)
     assert same.peak_bytes == pytest.approx(sum(own.values()) * 1.3, rel=1e-3)
     assert same.peak_bytes == pytest.approx(rep.tf_peak_bytes + basis.copy_missing * 1.3, rel=1e-3)
-    added = prediction.parts_at(basis, replace(basis.knobs, batch_size=128))
+    added = parts.parts_at(basis, replace(basis.knobs, batch_size=128))
     grown = sum(added.values()) - sum(own.values())
     bigger = prediction.predict(rep, batch_size=128)
-    assert bigger.peak_bytes - same.peak_bytes == pytest.approx(grown * prediction.GROWTH_FRAGMENTATION, rel=1e-3)
+    assert bigger.peak_bytes - same.peak_bytes == pytest.approx(grown * bands.GROWTH_FRAGMENTATION, rel=1e-3)
     assert bigger.fragmentation_ratio < 1.3  # the ratio shown is the predicted peak's
     # a smaller batch frees tensors in the cell's own chunks
-    shrunk = sum(own.values()) - sum(prediction.parts_at(basis, replace(basis.knobs, batch_size=8)).values())
+    shrunk = sum(own.values()) - sum(parts.parts_at(basis, replace(basis.knobs, batch_size=8)).values())
     smaller = prediction.predict(rep, batch_size=8)
     assert same.peak_bytes - smaller.peak_bytes == pytest.approx(shrunk * 1.3, rel=1e-3)
     # a cell whose own ratio is already below it keeps its own for growth too
@@ -367,7 +367,7 @@ def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
     assert calm is not None and busy > calm and basis.moment_gap == pytest.approx(gap, abs=1)
 
     def activations(batch: int) -> float:
-        return prediction.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
+        return parts.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
 
     # just above the cell's batch the peak's own moment is still the higher one: it grows by its slope
     assert activations(40) - activations(32) == pytest.approx(8 * calm, rel=1e-6)
@@ -382,7 +382,7 @@ def test_the_busiest_moment_grows_from_its_own_total_not_from_the_peak():
     rep.trace.live_at_batch_most_bytes = None
     old = prediction.analytic_basis(rep)
     assert old.moment_gap == 0
-    assert prediction.parts_at(old, replace(old.knobs, batch_size=far))["activations"] == pytest.approx(busy * far)
+    assert parts.parts_at(old, replace(old.knobs, batch_size=far))["activations"] == pytest.approx(busy * far)
     assert prediction.peak_at(old, replace(old.knobs, batch_size=far)) > prediction.peak_at(
         basis, replace(basis.knobs, batch_size=far)
     )
@@ -416,7 +416,7 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     assert basis.lines_below == [[pytest.approx(5_000, abs=0.1), pytest.approx(gap, abs=1)]]
 
     def activations(batch: int) -> float:
-        return prediction.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
+        return parts.parts_at(basis, replace(basis.knobs, batch_size=batch))["activations"]
 
     # just below the cell's batch the peak's line is still the higher: it shrinks by its own slope
     assert activations(32) - activations(30) == pytest.approx(2 * slope, rel=1e-6)
@@ -429,7 +429,7 @@ def test_below_the_batch_another_moment_that_shrinks_less_can_be_the_peak():
     assert peaks == sorted(peaks)
     # the calibrated basis keeps the analytic lines below the batch (calibration.measured_basis copies the basis)
     measured = replace(basis, name="measured")
-    assert prediction.parts_at(measured, replace(basis.knobs, batch_size=8))["activations"] == activations(8)
+    assert parts.parts_at(measured, replace(basis.knobs, batch_size=8))["activations"] == activations(8)
     # ... and the prediction says so, there only
     assert any("another moment" in n for n in prediction.predict(rep, batch_size=8).notes)
     assert not any("another moment" in n for n in prediction.predict(rep, batch_size=30).notes)

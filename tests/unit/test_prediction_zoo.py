@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tfmem_magic.advise import calibration, diagnose_model, prediction, preflight
+from tfmem_magic.advise import bases, calibration, diagnose_model, prediction, preflight
 from tfmem_magic.core.report import Report
 from tfmem_magic.show import render, view
 
@@ -100,9 +100,9 @@ def answers(report: Report) -> dict[str, Any]:
     out["outside_tf_bytes"] = answer(prediction.outside_tf_bytes, report)
     out["grown_outside_tf"] = answer(prediction.grown_outside_tf, report)
     out["is_calibrated"] = answer(prediction.is_calibrated, report)
-    out["from_trace"] = answer(prediction.is_from_trace, report)
-    out["preflight_anchored"] = answer(prediction.is_preflight_anchored, report)
-    out["refused_call_start"] = answer(prediction.refused_call_start, report)
+    out["from_trace"] = answer(bases.from_trace, report.whatif_basis)
+    out["preflight_anchored"] = answer(bases.anchored_on_preflight, report.whatif_basis)
+    out["refused_call_start"] = answer(bases.refused_call_start, report)
     if report.model is None:
         out["trace_whatif_note"] = answer(prediction.trace_whatif_note, report)
     else:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_fixes import report as fixes_report
 
-from tfmem_magic.advise import diagnose_model, prediction, preflight
-from tfmem_magic.advise.preflight import BAND, NoReplay, line_through
+from tfmem_magic.advise import bands, diagnose_model, prediction, preflight
+from tfmem_magic.advise.preflight import NoReplay, line_through
 from tfmem_magic.analyze import step_replay
 from tfmem_magic.core.report import DeviceMemory, PreflightInfo, Report, RssInfo
 from tfmem_magic.core.sizes import format_bytes
@@ -27,7 +27,7 @@ def test_the_line_extrapolates_requested_bytes_in_large_tensors_chunks():
     # requested grows 10 MiB per 64 samples; at the larger probe the chunks were 1.4x (a region just doubled): a
     # batch 8x larger gets the chunks large tensors get, at most GROWTH_FRAGMENTATION
     at = line_through({64: (30 * MiB, 20 * MiB), 128: (42 * MiB, 30 * MiB)})
-    assert at(1024) == pytest.approx((30 * MiB + (1024 - 128) * (10 * MiB / 64)) * preflight.GROWTH_FRAGMENTATION)
+    assert at(1024) == pytest.approx((30 * MiB + (1024 - 128) * (10 * MiB / 64)) * bands.GROWTH_FRAGMENTATION)
     tight = line_through({64: (20 * MiB, 20 * MiB), 128: (30 * MiB, 30 * MiB)})  # 1.0x stays 1.0x
     assert tight(1024) == pytest.approx(30 * MiB + 896 * 10 * MiB / 64)
 
@@ -128,7 +128,7 @@ def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fit
     at, _ = preflight.replayed_step(_Model(), use, True, 320)
     threshold = round(100 * MiB + at(320) * 0.6)  # the call needs far more than is left
     info = preflight.check(_Model(), "fit", use, threshold, rss=100 * MiB)
-    assert info.basis == "replay" and info.band == preflight.REPLAY_BAND and info.verdict == "refused"
+    assert info.basis == "replay" and info.band == bands.PREFLIGHT_GROWTH_HIGH and info.verdict == "refused"
     assert info.step_bytes == round(at(320)) and info.probe_batches == [23, 37]
     largest = info.largest_batch
     assert largest is not None
@@ -147,7 +147,7 @@ def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypa
     step = at(320)
     # the growth's low end (-20%) passes the threshold: refused, although a symmetric band (-40%) would not
     refused = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 0.75), rss=100 * MiB)
-    assert refused.verdict == "refused" and refused.band_below == preflight.REPLAY_BAND_BELOW == 0.20
+    assert refused.verdict == "refused" and refused.band_below == bands.PREFLIGHT_GROWTH_LOW == 0.20
     # between the two ends: the call runs under the guard
     between = preflight.check(_Model(), "fit", use, round(100 * MiB + step * 1.1), rss=100 * MiB)
     assert between.verdict == "uncertain"
@@ -181,8 +181,8 @@ def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, 
     assert info.basis == "probes" and info.probe_batches == [64, 128]
     assert info.step_bytes == 1024 * MiB and info.predicted_rss_bytes == 1124 * MiB
     assert info.verdict == verdict
-    if verdict != "fits":  # the largest batch whose growth, 1 MiB per sample, fits with its band: room / (1 + BAND)
-        expected = int((threshold - 100 * MiB) / (1 + BAND) // MiB)
+    if verdict != "fits":  # the largest batch whose growth, 1 MiB per sample, fits with its band: room / (1 + band)
+        expected = int((threshold - 100 * MiB) / (1 + bands.PROBE_LINE_BAND) // MiB)
         assert info.largest_batch == preflight.typeable_batch(expected)
 
 
@@ -270,12 +270,12 @@ def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(mon
             40 * MiB + step + info.extra_bytes, abs=2
         )
     now = prediction.predict(rep)
-    assert now.basis == "replay" and now.error_band == prediction.PREFLIGHT_BAND
+    assert now.basis == "replay" and now.error_band == bands.PREFLIGHT_ANCHORED_BAND
     # judged as the pre-flight judged it (its threshold, TF's bytes and regions held already, +40% on the growth
     # only, the pre-flight's own 80 MiB not the user's): the refusal, the finding, the fix and the what-if name one
     assert now.largest_batch == info.largest_batch and prediction.outside_tf_bytes(rep) == 0
     # ... which holds while the what-if judges with the pre-flight's +40% (the larger of it and its band)
-    assert max(prediction.PREFLIGHT_BAND, prediction.OWN_STEP_BAND) <= preflight.REPLAY_BAND
+    assert max(bands.PREFLIGHT_ANCHORED_BAND, bands.OWN_STEP_BAND) <= bands.PREFLIGHT_GROWTH_HIGH
     bigger = prediction.typeable_batch(info.largest_batch + 8)
     assert prediction.predict(rep, batch_size=info.largest_batch).fits
     assert not prediction.predict(rep, batch_size=bigger).fits
@@ -285,7 +285,7 @@ def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(mon
     # (the layer outputs' slope had left most of it in `other`, which no knob scales: -20%; here +13%, from the
     # staircase high the replay has at 320 that the anchor keeps)
     doubled = prediction.predict(rep, input_scale=2)
-    assert doubled.basis == "analytic" and doubled.error_band == prediction.ANALYTIC_BAND
+    assert doubled.basis == "analytic" and doubled.error_band == bands.ANALYTIC_BAND
     assert doubled.peak_bytes == pytest.approx(prediction.predict(rep, batch_size=640).peak_bytes, rel=0.15)
     assert prediction.predict(rep, policy="mixed_bfloat16").peak_bytes < 0.7 * now.peak_bytes
     finding = diagnose_model.large_batch(rep)

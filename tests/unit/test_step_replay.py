@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_fixes import report
 
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import bands, prediction
 from tfmem_magic.analyze import bfc, step_replay
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
 
@@ -233,7 +233,7 @@ def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_b
     measured = rep.whatif_basis.measured_peak
     assert prediction.predict(rep).peak_bytes == measured  # its own settings: its measurement
     w = prediction.predict(rep, batch_size=8)
-    assert w.basis == "replay" and w.error_band == prediction.REPLAY_BAND
+    assert w.basis == "replay" and w.error_band == bands.CLONE_REPLAY_BAND
     assert w.peak_bytes == measured - 24 * MiB
     assert prediction.predict(rep, batch_size=64).peak_bytes == measured + 32 * MiB + 8 * MiB  # the staircase too
     assert prediction.predict(rep, batch_size=36).peak_bytes == measured + 4 * MiB  # interpolated
@@ -255,10 +255,10 @@ def test_the_cells_own_step_replayed_keeps_the_parts_floor_below_the_cells_batch
     assert parts > basis.measured_peak - 72 * MiB  # the replay's change (3 MiB x 24) goes below the parts' floor
     assert prediction.predict(rep, batch_size=8).peak_bytes == parts
     above = prediction.predict(rep, batch_size=64)
-    assert above.peak_bytes == basis.measured_peak + 96 * MiB and above.error_band == prediction.OWN_STEP_BAND
+    assert above.peak_bytes == basis.measured_peak + 96 * MiB and above.error_band == bands.OWN_STEP_BAND
     # another precision: no parts probes ran for a saved step, so the parts are the analytic ones, and so the band
     other = prediction.predict(rep, batch_size=64, policy="mixed_bfloat16")
-    assert other.basis == "analytic" and other.error_band == prediction.ANALYTIC_BAND
+    assert other.basis == "analytic" and other.error_band == bands.ANALYTIC_BAND
     assert any("the parts the cell's trace measured predict" in n for n in other.notes)
     rep.whatif_basis = replace(basis, calibration={"step": "GAN.train_step"})
     assert any("own training step (GAN.train_step" in n for n in prediction.predict(rep, batch_size=64).notes)

@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 
 from tfmem_magic.advise import calibrate, fixes, step_export
 from tfmem_magic.advise.diagnose_model import large_batch
-from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, from_trace, peak_at, summary
+from tfmem_magic.advise.bases import from_trace
+from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
@@ -63,7 +64,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     self-check passed (the basis is then named "replay"). The result is the report's basis from then on
     (`Report.whatif_basis`, saved with it), and its `prediction` block is redone on it."""
     stored = report.whatif_basis
-    if stored is not None and from_trace(stored):
+    if from_trace(stored):
         raise TfmemUsageError(
             "this report is a saved trace's: it has no model to calibrate, and its what-if is "
             "already the trace's own allocations replayed (predict without calibrate=True)"

@@ -7,15 +7,13 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 from __future__ import annotations
 
 from tfmem_magic.advise.fitting import fitting_batch
+from tfmem_magic.advise.bases import anchored_on_preflight, refused_call_start
+from tfmem_magic.advise.parts import growth_ratio, parts_at
 from tfmem_magic.advise.prediction import (
     analytic_basis,
     budget_at_start,
     budget_for_tf,
     grown_outside_tf,
-    growth_ratio,
-    is_preflight_anchored,
-    parts_at,
-    refused_call_start,
     replay_moved,
 )
 from tfmem_magic.core.errors import TfmemUsageError
@@ -45,7 +43,7 @@ def _peak(report: Report) -> int:
     """The cell's TF peak over its baseline; where its pre-flight refused a call (nothing of it ran), the step's
     peak the pre-flight predicted (the anchor of the report's what-if)."""
     stored = report.whatif_basis
-    if stored is not None and is_preflight_anchored(report):
+    if stored is not None and anchored_on_preflight(stored):
         return max(report.tf_peak_bytes or 0, stored.measured_peak or 0)
     return report.tf_peak_bytes or 0
 
@@ -66,7 +64,7 @@ def large_batch(report: Report) -> Finding | None:
     per_sample = basis.activations_per_sample * growth_ratio(basis)
     what = f"Activations for a batch of {model.batch_text} take"
     stored = report.whatif_basis
-    if stored is not None and is_preflight_anchored(report) and model.batch_size > 1:
+    if stored is not None and anchored_on_preflight(stored) and model.batch_size > 1:
         # a call the pre-flight refused: its replay says what the step holds, and what of it grows with the batch
         # (the replayed peak over batch 1's: the analytic parts are a model's estimate, the replay the step's)
         batch = model.batch_size
@@ -137,7 +135,11 @@ def optimizer_state(report: Report) -> Finding | None:
     peak = _peak(report) + (report.trace.preexisting_bytes if report.trace else 0)
     budget = budget_for_tf(report)
     large = slots >= OPTIMIZER_SHARE * peak if peak else False
-    used = "the step's predicted peak" if is_preflight_anchored(report) else "the memory the model used in this cell"
+    used = (
+        "the step's predicted peak"
+        if anchored_on_preflight(report.whatif_basis)
+        else "the memory the model used in this cell"
+    )
     if slots < MIN_OPTIMIZER or not (large or (budget and slots >= OPTIMIZER_SHARE * budget)):
         return None
     return Finding(

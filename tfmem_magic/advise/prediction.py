@@ -30,13 +30,15 @@ This module imports no TensorFlow or Keras; the probes run in another process (c
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tfmem_magic.advise.bands import GROWTH_FRAGMENTATION, MOMENT_RATIO, PROCESS_MARGIN, TYPICAL_FRAGMENTATION
+from tfmem_magic.advise.bases import Kind, Replayable, kind_of, refused_call_start, trace_replay_words
+from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, POLICIES, gradient_copies, growth_ratio, parts_at
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, ReplayCurve, Report
+from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, Report
 from tfmem_magic.core.sizes import format_bytes
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
@@ -45,56 +47,8 @@ from tfmem_magic.core.sizes import format_bytes
 TRAIN_ACTIVATION_FACTOR = 1.6
 # Inference frees each output once the next layer has it: the peak is about the largest neighbouring pair.
 INFER_ACTIVATION_FACTOR = 1.0
-TYPICAL_FRAGMENTATION = 1.3
-# What a larger batch adds gets closer-fitting chunks than the cell's mix (its small tensors and the chunks BFC did
-# not split for them): over their span (batch 8 to 128) the probes measured 1.03x-1.23x on the nine zoo models
-# whose probe traces saw every free, median 1.09 (benchmarks/predict_accuracy.py --zoo), while the cells' own
-# ratios were 1.01x-1.44x. The analytic basis uses it, when below the cell's measured ratio, for what a knob adds;
-# what a knob removes keeps the cell's ratio.
-GROWTH_FRAGMENTATION = 1.10
-ANALYTIC_BAND = 0.30
 UPPER_BOUND_SOURCE = "the cell's peak (the trace stopped before it: an upper bound)"
-MEASURED_BAND = 0.10
-# the step replay's band (analyze/step_replay.py), as measured on the zoo (benchmarks/predict_accuracy.py --zoo,
-# docs/what-if.md): in two runs, 69 and 67 of 70 points within 15% of the range of three fresh runs (63 and 60
-# within 10%), on both sides of the cell's batch
-REPLAY_BAND = 0.15
-# the band of the cell's own training step replayed (custom training: advise/step_export.py), as measured by
-# benchmarks/custom_step_accuracy.py on four programs (a GAN, keras-io's DCGAN at 32x32, a distiller, TensorFlow's
-# GradientTape quickstart) at half and twice the cell's batch: errors up to 49% (the DCGAN, whose real peak itself
-# took 77 or 100 MiB at one batch in two sets of fresh runs), most within 15%: not the clone replay's band, the
-# analytic one (docs/bfc-replay.md, "The cell's own step, saved")
-OWN_STEP_BAND = ANALYTIC_BAND
-# the band of a refused call's replay (advise/preflight.refused_basis): the whole peak is predicted, not a change from
-# a measured one. The pre-flight's replay of TF's allocator at the call's batch against the step measured, in two runs
-# of benchmarks/preflight_accuracy.py: -1.4% to +34.1% (an MLP over in both, +25.0% and +34.1%; docs/preflight.md)
-PREFLIGHT_BAND = 0.35
-# On a CPU the budget is the process's, and the process grows by more than TensorFlow's bytes in use at some batches:
-# oneDNN's own buffers appear at a size threshold, and the allocator's regions count as their pages are touched (a
-# CNN fit at batch 568 grew the process by 2.14 GiB where the allocator's peak in use was 1.74 GiB: +21% in two
-# runs; +7% at 512, -2% at 544). What the cell's process grew by at its own batch is measured (`outside_tf_bytes`);
-# a peak above the cell's is judged with this margin where the band is narrower: the replay's high end in the
-# pre-flight, which judges the same process (advise/preflight.py). docs/what-if.md, "The budget is the process's"
-PROCESS_MARGIN = 0.40
-# the trace's busiest moment (most bytes in tensors with the batch dimension) sets the slope above the cell's batch
-# when it holds this much more of them than the peak did (the GRU of tests/integration/test_largest_batch.py: 3.5x)
-MOMENT_RATIO = 1.2
 CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
-OPTIMIZER_SLOTS = {
-    "sgd": 0,
-    "sgd+momentum": 1,
-    "rmsprop": 1,
-    "adagrad": 1,
-    "adam": 2,
-    "adamw": 2,
-    "nadam": 2,
-    "adamax": 2,
-    "lion": 1,
-    "adafactor": 1,
-    "ftrl": 2,
-    "lamb": 2,
-}
-POLICIES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2, "bfloat16": 2, "float16": 2, "float64": 8}
 MAX_BATCH = 1 << 20
 
 
@@ -133,10 +87,6 @@ def optimizer_key(name: str | None, momentum: bool = False) -> str | None:
         return None
     key = name.lower()
     return "sgd+momentum" if key == "sgd" and momentum else key
-
-
-def _bytes_per_element(policy: str | None) -> int:
-    return POLICIES.get(policy or "float32", 4)
 
 
 def activation_bytes(model: ModelInfo) -> float:
@@ -388,165 +338,9 @@ def _trace_saw_peak(report: Report) -> bool:
 # ---- prediction -----------------------------------------------------------------------------------------------------
 
 
-def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str, float]:
-    """The requested-bytes parts of the peak at `knobs` (at the micro-batch `micro` instead of the knobs' own, when
-    given: the step replay's share of a prediction, see peak_at)."""
-    now = basis.knobs
-    micro = knobs.batch_size / knobs.split if micro is None else micro
-    dtype_ratio = _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy)
-    below = basis.activations_per_sample_below
-    now_micro = now.batch_size / now.split  # the cell's own step: one replica's share when it ran under a strategy
-    shortfall = 0.0
-    if below is not None and basis.moment_gap and micro > now_micro:
-        # two moments of the step: the peak's, growing by the slope below from the cell's peak, and the busiest
-        # one's, growing faster from `moment_gap` lower; the step's peak is whichever is higher at this batch
-        per_batch = max(
-            basis.activations_per_sample * now_micro + below * (micro - now_micro),
-            basis.activations_per_sample * micro - basis.moment_gap,
-        )
-    elif micro >= now_micro or (below is None and not basis.lines_below):
-        per_batch = basis.activations_per_sample * micro
-    else:  # below the cell's batch, the highest of the peak's line (a slope of its own there: a measured basis' is
-        # the analytic one; an analytic basis' its trace's peak's, where the busiest moment set the slope above)
-        # and the lines of the step's other moments (a recurrent model's backward loop: _lines_below)
-        per_batch = max(_lines_at(basis, micro, now_micro))
-        # a measured basis whose slope below (the cell's trace's) is steeper than its probes' above takes more out
-        # of the cell's peak than the activations it put in: the rest comes off "other", so that the total is the
-        # cell's peak less what leaves with the batch (clamped here, a GRU's batch 8 was predicted 0 bytes)
-        shortfall, per_batch = min(0.0, per_batch), max(0.0, per_batch)
-    scale = dtype_ratio * knobs.input_scale / now.input_scale
-    activations = per_batch * scale
-    batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
-    optimizer = float(basis.optimizer)
-    changed_optimizer = knobs.optimizer != now.optimizer or knobs.accumulation_steps != now.accumulation_steps
-    if basis.gradients and changed_optimizer:
-        # a new optimizer (or one with accumulation) is built in the re-run cell: its slots are the cell's memory
-        slots = OPTIMIZER_SLOTS.get(knobs.optimizer or "", 2)
-        optimizer = basis.gradients * (slots + (1 if knobs.accumulation_steps > 1 else 0))
-    weights = float(basis.weights)
-    if dtype_ratio < 1 and basis.gradients:
-        # mixed precision keeps float32 variables and casts them to the compute dtype for each step
-        weights += basis.weights * dtype_ratio if basis.weights else 0.0
-    gradients = float(basis.gradients) * gradient_copies(knobs)
-    return {
-        "weights": weights,
-        "gradients": gradients,
-        "optimizer": optimizer,
-        "activations": activations,
-        "input": basis.input_copy * knobs.input_scale / now.input_scale + batch_input,
-        "other": float(basis.other) + shortfall * scale,
-    }
-
-
-def _lines_at(basis: Basis, micro: float, now_micro: float) -> list[float]:
-    """Below the cell's batch: the batch-dependent bytes at `micro` on the peak's line, then on the line of each of
-    the step's other moments that shrink less (`Basis.lines_below`); the step's peak is on the highest."""
-    top = basis.activations_per_sample * now_micro
-    below = basis.activations_per_sample_below
-    peak_line = top - (basis.activations_per_sample if below is None else below) * (now_micro - micro)
-    return [peak_line] + [top - slope * (now_micro - micro) - gap for slope, gap in basis.lines_below]
-
-
-def another_moment_below(basis: Basis, knobs: Knobs) -> bool:
-    """At this smaller batch another moment of the step than the cell's peak is predicted to be the peak."""
-    now_micro, micro = basis.knobs.batch_size / basis.knobs.split, knobs.batch_size / knobs.split
-    if micro >= now_micro or not basis.lines_below:
-        return False
-    lines = _lines_at(basis, micro, now_micro)
-    return max(lines[1:]) > lines[0]
-
-
-def gradient_copies(knobs: Knobs) -> int:
-    """Sets of gradients a step holds: each replica holds all of the weights, gradients and slots, and the
-    all-reduce of the gradients needs buffers of their size, counted as one more copy (without it an MLP's workers,
-    whose memory is mostly gradients and slots, were under-predicted by 5-15%: benchmarks/replicas_check.py)."""
-    return 2 if knobs.replicas > 1 else 1
-
-
 def peak_at(basis: Basis, knobs: Knobs) -> int:
-    """The allocator's peak at `knobs`. Where the step replay applies (`replay_applies`), the cell's measured peak
-    moved by what the replay finds between the cell's batch and the asked one, plus what the other knobs change (an
-    optimizer's slots, accumulation's buffers: the parts below, at the cell's batch). Otherwise the parts: the
-    cell's in the cell's own chunks (so its settings give back its measurement), and what the knobs change in the
-    chunks the probes measured for such changes."""
-    if not replay_applies(basis, knobs):
-        return _parts_peak(basis, knobs)
-    assert basis.replay is not None
-    now_micro = basis.knobs.batch_size / basis.knobs.split
-    others = _parts_peak(basis, knobs, now_micro)
-    micro = knobs.batch_size / knobs.split
-    moved = replay_moved(basis, micro, now_micro)
-    replayed = max(0, round(others + moved))
-    if own_step_replayed(basis) and micro < now_micro and not anchored_on_preflight(basis):
-        # below the cell's batch, the cell's own step replayed fell 21% under the real peak where the parts model
-        # did not (a GAN and a distiller at half the batch, benchmarks/custom_step_accuracy.py): the saved step's
-        # probes restore the optimizers' slots before their first step, the cell built them in it. An
-        # under-prediction here is a shrink-batch that runs out of memory: the larger of the two
-        # (a refused call's anchor is the same probes' replay: no cell that built them in its step to differ from)
-        return max(replayed, _parts_peak(basis, knobs))
-    return replayed
-
-
-def own_step_replayed(basis: Basis) -> bool:
-    """The basis's replay ran the cell's own saved step (custom training: advise/step_export.py), not a clone's:
-    no parts probes ran, so its parts are the analytic ones."""
-    return basis.replay is not None and basis.replay.source == "step"
-
-
-def from_trace(basis: Basis) -> bool:
-    """The basis is a saved trace's own sequence replayed (analyze/saved_trace.trace_whatif), not the cell's model."""
-    return basis.replay is not None and basis.replay.source == "trace"
-
-
-def is_from_trace(report: Report) -> bool:
-    """The report's what-if stands on a saved trace's own sequence (no model: the batch is its only knob)."""
-    return report.whatif_basis is not None and from_trace(report.whatif_basis)
-
-
-def anchored_on_preflight(basis: Basis) -> bool:
-    """The basis' anchor is the pre-flight's prediction for a call it refused, not a measured peak."""
-    return basis.anchor == "preflight" and basis.measured_peak is not None
-
-
-def is_preflight_anchored(report: Report) -> bool:
-    """The report's what-if stands on the pre-flight's replay of a call it refused (advise/preflight.refused_basis)."""
-    return report.whatif_basis is not None and anchored_on_preflight(report.whatif_basis)
-
-
-def refused_call_start(report: Report) -> tuple[int, int] | None:
-    """Where a call the pre-flight refused on its replay began, over the cell's baseline: (what the process had grown
-    by, what TF's allocator had). Nothing of the call ran, so what the process grew by after it is the pre-flight's
-    own memory (its replay's arrays: 78 MiB for a GRU's), tfmem's, as the profiler's is. None for any other report
-    (and for one saved before a refusal kept its replay)."""
-    pre, device = report.preflight, report.main_device
-    if pre is None or pre.verdict != "refused" or pre.replay is None or device is None:
-        return None
-    return pre.rss_bytes - report.rss.baseline_bytes, max(0, pre.tf_bytes - device.baseline_bytes)
-
-
-def basis_band(basis: Basis) -> float:
-    """The error band a basis earned: the replay's on the zoo (two probes aligned; a refused call's, whose whole peak
-    is predicted, the pre-flight's), the measured basis', or the analytic one (also a saved trace's, whose
-    allocations are scaled by their shapes alone)."""
-    if from_trace(basis):
-        return ANALYTIC_BAND
-    if basis.name == "replay" and own_step_replayed(basis):
-        return OWN_STEP_BAND
-    if basis.name == "replay" and anchored_on_preflight(basis):
-        return PREFLIGHT_BAND
-    return {"replay": REPLAY_BAND, "measured": MEASURED_BAND}.get(basis.name, ANALYTIC_BAND)
-
-
-def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
-    """How a saved trace's what-if is made, in words (the start of a sentence)."""
-    device = report.main_device_name or "its device"
-    kind = "a GPU trace" if device.startswith("GPU") else "a saved trace"
-    return (
-        f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
-        f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
-        "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
-        "settings, anchored on the trace's peak"
-    )
+    """The allocator's peak at `knobs`, as the basis' kind predicts it (advise/bases.py)."""
+    return kind_of(basis).peak_at(knobs)
 
 
 def trace_whatif_note(report: Report) -> str:
@@ -569,72 +363,12 @@ def trace_whatif_note(report: Report) -> str:
     )
 
 
-def replay_applies(basis: Basis, knobs: Knobs) -> bool:
-    """The step replay predicts the batch knob: its self-check passed, the cell's peak anchors it, and the knobs keep
-    what the probes ran with (precision, input size, one replica)."""
-    curve, now = basis.replay, basis.knobs
-    return (
-        curve is not None
-        and curve.passed
-        and bool(curve.peaks)
-        and basis.measured_peak is not None
-        and knobs.policy == now.policy
-        and knobs.input_scale == now.input_scale
-        and knobs.replicas == now.replicas
-    )
-
-
-def replay_change(curve: ReplayCurve, micro: float, now_micro: float) -> tuple[float, float]:
-    """What the replay finds between the cell's step batch and `micro`, in each of the two probes' op orders: (the
-    smaller change, the larger). Each order is compared with itself: a spike one order has at the cell's batch
-    (MobileNetV2's orders differ by 19 MiB there) must not become a drop at every other batch."""
-    changes = sorted(replay_peak(curve, micro, order) - replay_peak(curve, now_micro, order) for order in (0, 1))
-    return changes[0], changes[1]
-
-
 def replay_moved(basis: Basis, micro: float, now_micro: float) -> float:
-    """What the basis' replay moves its anchor by, from the cell's step batch to `micro`. On a measured anchor, the
-    larger of the two op orders' changes (`replay_change`): the safe side both ways (a shrink that frees less, a
-    growth that adds more). On the pre-flight's (a refused call), whose anchor is the larger order's replayed
-    peak: the larger order's peak at `micro` less that, so that the what-if gives what the pre-flight judged at every
-    batch (each order from itself would add the orders' spread at the refused batch, 50 MB on a CNN at 1024, to
-    every other)."""
-    assert basis.replay is not None
-    if anchored_on_preflight(basis):
-        return larger_order_peak(basis.replay, micro) - larger_order_peak(basis.replay, now_micro)
-    return replay_change(basis.replay, micro, now_micro)[1]
-
-
-def larger_order_peak(curve: ReplayCurve, micro: float) -> float:
-    """The replayed peak at `micro` in whichever of the two probes' op orders holds more there."""
-    return max(replay_peak(curve, micro, order) for order in (0, 1))
-
-
-def replay_peak(curve: ReplayCurve, micro: float, order: int = 0) -> float:
-    """The replayed peak at a step's batch `micro` in probe one's op order (`order` 1: probe two's): interpolated
-    between the curve's batches, extended in a line past its ends."""
-    xs, ys = curve.batches, (curve.second_peaks if order and curve.second_peaks else curve.peaks)
-    if len(xs) == 1:
-        return float(ys[0])
-    k = min(max(bisect.bisect_left(xs, micro), 1), len(xs) - 1)  # the segment [k-1, k] holding micro (or the end)
-    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
-    return max(0.0, y0 + (y1 - y0) * (micro - x0) / (x1 - x0))
-
-
-def _parts_peak(basis: Basis, knobs: Knobs, micro: float | None = None) -> int:
-    total = sum(parts_at(basis, knobs, micro).values())
-    own = sum(parts_at(basis, basis.knobs).values())
-    # growth in the chunks large tensors get (measured: GROWTH_FRAGMENTATION, or the probes'); a shrink frees the
-    # cell's own (below the cell's batch the growth ratio over-predicted: benchmarks/predict_accuracy.py --zoo),
-    # except after an OOM, where the probes' line is all there is
-    shrink_own = basis.increment_fragmentation is None or basis.measured_peak is not None
-    ratio = growth_ratio(basis) if total > own or not shrink_own else basis.fragmentation
-    return max(0, round(own * basis.fragmentation + (total - own) * ratio))
-
-
-def growth_ratio(basis: Basis) -> float:
-    """Allocator chunk bytes per requested byte of what a larger batch adds."""
-    return basis.increment_fragmentation or basis.growth_fragmentation or basis.fragmentation
+    """What the basis' step replay moves its anchor by, from the cell's step batch to `micro` (`Replayable.moved`: a
+    measured anchor by the larger of the two op orders' changes, a refused call's by the larger order's peak)."""
+    kind = kind_of(basis)
+    assert isinstance(kind, Replayable)
+    return kind.moved(micro, now_micro)
 
 
 def judging_margin(peak: float, measured: float, band: float, process_margin: float = 0.0) -> float:
@@ -653,8 +387,10 @@ def largest_batch(
 ) -> int | None:
     """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
 
+    kind = kind_of(basis)
+
     def fits(batch: int) -> bool:
-        return fits_within(peak_at(basis, replace(knobs, batch_size=batch)), budget, measured, band, process_margin)
+        return fits_within(kind.peak_at(replace(knobs, batch_size=batch)), budget, measured, band, process_margin)
 
     step = knobs.split
     if not fits(step):
@@ -677,17 +413,6 @@ def typeable_batch(n: int, step: int = 1) -> int:
     unit = unit * step // math.gcd(unit, step)
     rounded = n // unit * unit
     return rounded if rounded >= step else max(step, n // step * step)
-
-
-def preflight_budget(report: Report) -> int:
-    """What the TF peak over the cell's baseline may reach, judged as the pre-flight judged the call it refused
-    (preflight._judge: the process as the call began, plus PROCESS_MARGIN on what it grows by, under the guard's
-    threshold): what TensorFlow's allocator held as the call began (the process holds it already) and the regions it
-    held beyond that (filled before the process grows) are taken back with the margin, which widens only the
-    growth. So the refusal and the what-if name one largest batch."""
-    pre, start = report.preflight, refused_call_start(report)
-    assert pre is not None and start is not None
-    return max(0, pre.threshold_bytes - pre.rss_bytes + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + start[1])))
 
 
 def budget_at_start(report: Report) -> int | None:
@@ -771,12 +496,54 @@ def predict(
     samples. With `replicas=n` (a data-parallel tf.distribute strategy over n GPUs or workers) it is the global
     batch, and the answer is one replica's peak: all the weights, gradients and slots, the activations of
     batch_size / n samples, and all-reduce buffers. The basis is the report's (`basis_of`: the measured one once
-    calibration.measured_basis ran, which `tfmem_magic.predict(..., calibrate=True)` does). `tf_budget` replaces
-    what the TF peak may reach (default: the report's budget less what was held at the cell's start,
-    `budget_for_tf`).
+    calibration.measured_basis ran, which `tfmem_magic.predict(..., calibrate=True)` does); its kind
+    (advise/bases.py) gives the peak, the band and its notes. `tf_budget` replaces what the TF peak may reach
+    (default: the report's budget less what was held at the cell's start, `budget_for_tf`).
     """
     basis = basis_of(report)
-    now = basis.knobs
+    kind = kind_of(basis)
+    knobs = _asked(basis.knobs, batch_size, policy, optimizer, accumulation_steps, input_scale, replicas)
+    kind.check(knobs)
+    notes = _replica_notes(knobs) + kind.notes(report, knobs) + _basis_notes(report, basis, knobs)
+    peak, band = kind.peak_at(knobs), kind.band(knobs)
+    budget, judged = _budget(report, kind, tf_budget)
+    notes += judged + _restart_notes(report, basis, knobs, budget)
+    # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
+    # stopped before its peak) the process can grow by more than the allocator's bytes in use
+    process = budget is not None and kind.process_budget and not report.on_gpu and report.rss.peak_bytes > 0
+    extra = PROCESS_MARGIN if process else 0.0
+    measured = kind.measured()  # the peak the process was measured at: none where the cell stopped early, or refused
+    margin = judging_margin(peak, measured, band, extra)
+    notes += _margin_notes(kind, margin, band, measured)
+    parts = parts_at(basis, knobs)
+    requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
+    return WhatIf(
+        peak_bytes=peak,
+        basis=kind.label(knobs),
+        error_band=band,
+        split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
+        fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
+        knobs=knobs,
+        budget_bytes=budget,
+        fits=None if budget is None else fits_within(peak, budget, measured, band, extra),
+        largest_batch=None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured),
+        notes=notes,
+        fit_margin=margin,
+        process_margin=extra,
+        measured_peak=measured,
+    )
+
+
+def _asked(
+    now: Knobs,
+    batch_size: int | None,
+    policy: str | None,
+    optimizer: str | None,
+    accumulation_steps: int,
+    input_scale: float,
+    replicas: int | None,
+) -> Knobs:
+    """The knobs `predict` was asked for, the cell's own where one is not given; checked."""
     knobs = Knobs(
         batch_size=int(now.batch_size if batch_size is None else batch_size),
         policy=policy or now.policy,
@@ -786,137 +553,27 @@ def predict(
         replicas=int(now.replicas if replicas is None else replicas),
     )
     _check(knobs)
-    if from_trace(basis) and replace(knobs, batch_size=now.batch_size) != now:
-        raise TfmemUsageError(
-            "a saved trace predicts the batch only (it holds TensorFlow's allocations, not the "
-            "model): give batch_size, and profile the model itself (%%tfmem) for precision, "
-            "optimizer, accumulation, input size or replicas"
-        )
+    return knobs
+
+
+def _replica_notes(knobs: Knobs) -> list[str]:
+    """What one replica of several holds."""
+    if knobs.replicas <= 1:
+        return []
+    return [
+        f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
+        f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
+        f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
+        "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
+        "prediction was 1% below to 30% above each worker's peak."
+    ]
+
+
+def _basis_notes(report: Report, basis: Basis, knobs: Knobs) -> list[str]:
+    """What any kind of basis notes: a slope that is an upper bound, fit's copy counted in, a cell with no peak to
+    anchor on, mixed_float16 on a CPU."""
     notes = []
-    if knobs.replicas > 1:
-        notes.append(
-            f"One replica of {knobs.replicas}: each holds the weights, the gradients and the optimizer's "
-            f"slots, and the activations of {knobs.batch_size / knobs.replicas:g} samples (the global batch "
-            f"{knobs.batch_size} shared), plus one more copy of the gradients for the all-reduce. "
-            "Checked against MultiWorkerMirroredStrategy workers on CPU (2 and 3, the same fit): the "
-            "prediction was 1% below to 30% above each worker's peak."
-        )
-    replayed = replay_applies(basis, knobs)
-    curve = basis.replay
-    own_step = own_step_replayed(basis)
-    # no parts probes ran for the cell's own step, nor for a refused call's pre-flight: their parts are the analytic
-    name = (
-        "replay"
-        if replayed
-        else "analytic"
-        if own_step or anchored_on_preflight(basis)
-        else "measured"
-        if basis.name in CALIBRATED
-        else basis.name
-    )
-    band = basis_band(basis) if replayed else MEASURED_BAND if name == "measured" else ANALYTIC_BAND
-    micro = knobs.batch_size / knobs.split
-    if replayed and from_trace(basis):
-        assert curve is not None
-        notes.append(
-            trace_replay_words(report, curve) + f", replayed at batch {micro:g}. The band is the analytic "
-            "one: scaling by shape alone misses what carries the batch without a batch dimension "
-            "(measured on CPU models: docs/bfc-replay.md)."
-        )
-    elif replayed:
-        assert curve is not None
-        now_micro = now.batch_size / now.split
-        low, high = replay_change(curve, micro, now_micro)
-        spread = ""
-        if high - low > 0.01 * max(1, basis.measured_peak or 0) and not anchored_on_preflight(basis):
-            spread = (
-                f" The two probes ran the step's ops in different orders, which moves the change by "
-                f"{format_bytes(round(high - low))}: the larger change is given."
-            )
-        saved = basis.calibration.get("step", "train_step")
-        kind = "step" if "predict_step" in saved or "test_step" in saved else "training step"
-        step = "the model's step" if not own_step else f"this model's own {kind} ({saved}, saved with its variables)"
-        if own_step:
-            spread += (
-                f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
-                "only, up to 49% off where the real peak itself took two values (docs/bfc-replay.md)."
-            )
-        if own_step and micro < now_micro and not anchored_on_preflight(basis):
-            spread += (
-                " Below the cell's batch the larger of this and the parts model's prediction is given: the "
-                "saved step's probes hold the optimizers' slots before their first step, the cell built them "
-                "in it, and the replay alone fell 21% short there once."
-            )
-        if anchored_on_preflight(basis):
-            anchor = (
-                f"anchored on what the pre-flight predicted for the {now.batch_size} batch it refused (TF's "
-                "allocator as the call began, plus the replayed step: nothing of the step ran to be "
-                "measured)"
-            )
-            if not own_step:
-                spread += (
-                    f" The band is ±{PREFLIGHT_BAND:.0%}: the whole peak is predicted, and the pre-flight's "
-                    "replay of TF's allocator was -1% to +34% off the step measured on six models "
-                    "(docs/preflight.md)."
-                )
-        else:
-            anchor = "anchored on this cell's measured peak"
-        notes.append(
-            f"Replayed: {step}, traced from a fresh allocator at batches {curve.probes[0]} and "
-            f"{curve.probes[1]}, replayed at batch {micro:g} through a simulation of TensorFlow's BFC "
-            f"allocator, and {anchor}.{spread}"
-        )
-        if micro > 2 * curve.batches[-1]:
-            band = ANALYTIC_BAND
-            notes.append(
-                f"The replay's curve ends at batch {curve.batches[-1]}: beyond it the peak is extended in a "
-                "line, so the analytic error band applies."
-            )
-    elif curve is not None and curve.passed and basis.measured_peak is not None:
-        notes.append(
-            "The step replay ran at the cell's precision and input size with one replica: for these "
-            "settings "
-            + (
-                "the parts the cell's trace measured predict (the analytic basis)."
-                if own_step
-                else "the model's parts predict (the analytic basis), from the pre-flight's "
-                "prediction at the cell's batch."
-                if anchored_on_preflight(basis)
-                else "the probes' parts predict (the measured basis)."
-            )
-        )
-    elif curve is not None and curve.why_not and name == "measured":
-        notes.append(f"The step replay is not used: {curve.why_not}.")
-    if name == "measured" and (knobs.policy != now.policy or knobs.input_scale != now.input_scale):
-        band = ANALYTIC_BAND
-        notes.append(
-            "The probes ran at the cell's precision and input size: for another, the slope is scaled "
-            "from the model, so the analytic error band applies."
-        )
-    probed = basis.calibration.get("batches") or []
-    if name == "measured" and probed and not (min(probed) / 2 <= micro <= 2 * max(probed)):
-        band = ANALYTIC_BAND  # a band is earned where the probes ran, not far outside it
-        notes.append(
-            f"The probes ran at batch {min(probed)}-{max(probed)}: a batch this far outside that range is "
-            "extrapolated, so the analytic error band applies."
-        )
-    elif name == "measured" and micro < now.batch_size:
-        # measured on 14 models (benchmarks/predict_accuracy.py --zoo): above the cell's batch the measured basis is
-        # within 10% on most points; below it, the cell's own run (its first step, whether fit's copy of the
-        # arrays was still live at its peak) is most of a small batch's peak, and misses reached 30-60%
-        band = ANALYTIC_BAND
-        notes.append(
-            "Below the cell's batch, most of the peak is what the cell's own run held apart from its "
-            "batch, which varies from run to run: the prediction is the analytic one (what the cell's "
-            "trace says leaves with the batch), with its error band."
-        )
-    if (not replayed or (own_step and micro < now.batch_size / now.split)) and another_moment_below(basis, knobs):
-        notes.append(
-            "At this batch another moment of the cell's step is the peak: one the trace saw holding fewer "
-            "of the batch's tensors and more that do not shrink with it (a recurrent layer's backward pass "
-            "holds gradients of its kernels' shape), so the peak falls less than the batch."
-        )
-    if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > now.batch_size:
+    if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > basis.knobs.batch_size:
         notes.append(
             "The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
             "batch: an upper bound (calibrate to measure it)."
@@ -939,95 +596,58 @@ def predict(
         )
     if knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):
         notes.append("mixed_float16 runs 74-260x slower on CPU (TF 2.21): use mixed_bfloat16 there.")
-    parts = parts_at(basis, knobs)
-    peak = peak_at(basis, knobs)
+    return notes
+
+
+def _budget(report: Report, kind: Kind, tf_budget: int | None) -> tuple[int | None, list[str]]:
+    """What the TF peak may reach, and the notes on how it was reckoned: `tf_budget` where given; else the kind's
+    own (`Kind.judged_budget`: a refused call's, as its pre-flight judged it), or the report's (`budget_for_tf`:
+    less what the cell's process grew by besides TensorFlow's allocator, which a run at another batch takes again)."""
+    own = kind.judged_budget(report) if tf_budget is None else None
+    if own is not None:
+        return own[0], [own[1]]
     budget = budget_for_tf(report) if tf_budget is None else tf_budget
-    pre = report.preflight
-    as_preflight = (
-        tf_budget is None
-        and pre is not None
-        and anchored_on_preflight(basis)
-        and not report.on_gpu
-        and report.rss.peak_bytes > 0
+    outside = outside_tf_bytes(report)
+    if tf_budget is not None or budget is None or outside < 1 << 20:
+        return budget, []
+    runtime = (
+        " (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
+        if report.env.tensorflow_started_in_cell
+        else ""
     )
-    if as_preflight:
-        assert pre is not None
-        budget = preflight_budget(report)
-        notes.append(
-            f"Judged as the pre-flight judged the call: against the {format_bytes(pre.threshold_bytes)} "
-            f"the guard allows, from the {format_bytes(pre.rss_bytes)} the process held as the call "
-            "began, with what TensorFlow's allocator held then"
-            + (
-                f" and the {format_bytes(pre.reusable_bytes)} of regions it held beyond that (filled first, "
-                "before the process grows; whether the step's tensors fit in them is not known: "
-                "docs/preflight.md)"
-                if pre.reusable_bytes >= 1 << 20
-                else ""
-            )
-            + " taken as held already."
-        )
-    outside = 0 if as_preflight else outside_tf_bytes(report)
-    if tf_budget is None and budget is not None and outside >= 1 << 20:
-        runtime = (
-            " (TensorFlow's runtime started in this cell: about 0.5 GiB of it the first time)"
-            if report.env.tensorflow_started_in_cell
-            else ""
-        )
-        notes.append(
-            f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
-            f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
-            "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
-            "another batch takes them again, and a process limit counts them."
-        )
+    return budget, [
+        f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
+        f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
+        "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
+        "another batch takes them again, and a process limit counts them."
+    ]
+
+
+def _restart_notes(report: Report, basis: Basis, knobs: Knobs, budget: int | None) -> list[str]:
+    """Above the cell's batch on a CPU: the prediction is from where the cell started, not this kernel as it is."""
+    now = basis.knobs
     above = knobs.batch_size / knobs.split > now.batch_size / now.split
     held = min(report.rss.end_bytes - report.rss.baseline_bytes, report.tf_peak_bytes or 0)
-    if budget is not None and not report.on_gpu and held >= 1 << 20 and above:
-        notes.append(
-            f"From where the cell started (a fresh kernel, or this one before the cell): after it, this "
-            f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
-            "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
-            "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit)."
-        )
-    # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
-    # stopped before its peak) the process can grow by more than the allocator's bytes in use
-    process = budget is not None and not report.on_gpu and report.rss.peak_bytes > 0 and not from_trace(basis)
-    extra = PROCESS_MARGIN if process else 0.0
-    # the peak the process was measured at: none where the cell stopped early, or its pre-flight refused the call
-    measured = (
-        peak_at(basis, basis.knobs) if basis.measured_peak is not None and not anchored_on_preflight(basis) else 0.0
-    )
-    margin = judging_margin(peak, measured, band, extra)
-    fits = None if budget is None else fits_within(peak, budget, measured, band, extra)
-    biggest = None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured)
-    if margin > band:
-        notes.append(
-            f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
-            "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
-            "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
-            + (
-                "at its own peak only."
-                if measured
-                else "at no peak (its pre-flight refused the call)."
-                if anchored_on_preflight(basis)
-                else "at no peak (it stopped early)."
-            )
-        )
-    requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
-    return WhatIf(
-        peak_bytes=peak,
-        basis=name,
-        error_band=band,
-        split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
-        fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
-        knobs=knobs,
-        budget_bytes=budget,
-        fits=fits,
-        largest_batch=biggest,
-        notes=notes,
-        fit_margin=margin,
-        process_margin=extra,
-        measured_peak=measured,
-    )
+    if budget is None or report.on_gpu or held < 1 << 20 or not above:
+        return []
+    return [
+        f"From where the cell started (a fresh kernel, or this one before the cell): after it, this "
+        f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
+        "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
+        "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit)."
+    ]
+
+
+def _margin_notes(kind: Kind, margin: float, band: float, measured: float) -> list[str]:
+    """Where the process margin, not the band, judges whether the peak fits."""
+    if margin <= band:
+        return []
+    return [
+        f"Whether this fits is judged with +{margin:.0%}, not ±{band:.0%}: on a CPU the budget is the "
+        "process's, which can grow by more than the allocator's bytes in use (oneDNN's buffers, the "
+        "regions' pages: +21% on a CNN at batch 568), and this cell measured the process "
+        + ("at its own peak only." if measured else kind.unmeasured)
+    ]
 
 
 def _check(knobs: Knobs) -> None:
@@ -1054,7 +674,7 @@ def summary(report: Report) -> Prediction | None:
         basis = basis_of(report)
     except TfmemUsageError:
         return None
-    band = basis_band(basis)
+    band = kind_of(basis).earned_band()
     parts = parts_at(basis, basis.knobs)  # with a replica's all-reduce copy of the gradients
     fixed = parts["weights"] + parts["gradients"] + parts["optimizer"] + basis.input_copy + max(0, basis.other)
     # per sample of the batch the model line names (the global one: a replica runs 1/replicas of it)

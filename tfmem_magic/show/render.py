@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any, Callable
 
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import bases, prediction
 from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, main_device_name
 from tfmem_magic.core.sizes import format_bytes
@@ -303,7 +303,7 @@ def split_bar(w: prediction.WhatIf, scale: int) -> str:
 
 def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
     """ "fits" / "does NOT fit", and the margin where it is not the band shown beside the peak (a CPU's process
-    budget judges a peak above the cell's with +40%: prediction.PROCESS_MARGIN)."""
+    budget judges a peak above the cell's with +40%: bands.PROCESS_MARGIN)."""
     words = "fits" if w.fits else no
     return words + (f" at +{w.fit_margin:.0%}" if w.fit_margin > w.error_band else "")
 
@@ -347,7 +347,7 @@ def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None
 
 def _whatif_how(report: Report) -> str:
     """Where else the what-if is asked: a saved trace's has the batch only."""
-    if prediction.is_from_trace(report):
+    if bases.from_trace(report.whatif_basis):
         return "Predicted from the trace's own allocations; from Python: tfmem_magic.predict(report, batch_size=...)."
     return (
         "The live panel has sliders; from Python: "

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfmem_magic.advise import prediction
+from tfmem_magic.advise import bases, parts, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Knobs, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
@@ -30,7 +30,7 @@ class ReportView:
 def view_of(report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None) -> ReportView:
     """The view of `report` (`whatifs`: rows the caller already has)."""
     base, problem = None, None
-    if report.prediction is not None and (report.model is not None or prediction.is_from_trace(report)):
+    if report.prediction is not None and (report.model is not None or bases.from_trace(report.whatif_basis)):
         try:
             base = prediction.predict(report)
         except TfmemUsageError as exc:
@@ -73,7 +73,7 @@ def knobs_text(knobs: Knobs) -> str:
 def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[tuple[str, prediction.WhatIf]]:
     """A few what-ifs worth showing without a kernel (static report): other batch sizes, precision, optimizer.
     `base`: the prediction at the cell's own settings, when the caller has it (each one searches the largest batch)."""
-    if report.prediction is None or (report.model is None and not prediction.is_from_trace(report)):
+    if report.prediction is None or (report.model is None and not bases.from_trace(report.whatif_basis)):
         return []
     if base is None:
         try:
@@ -100,7 +100,7 @@ def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[t
     if report.model.training and base.knobs.policy == "float32":
         policy = "mixed_float16" if gpu else "mixed_bfloat16"
         add(f"{policy} policy", policy=policy)
-    if report.model.training and prediction.OPTIMIZER_SLOTS.get(base.knobs.optimizer or "", 0) >= 2:
+    if report.model.training and parts.OPTIMIZER_SLOTS.get(base.knobs.optimizer or "", 0) >= 2:
         add("SGD with momentum", optimizer="sgd+momentum")
     return out
 

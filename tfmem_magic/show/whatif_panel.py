@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import ipywidgets as widgets
 
-from tfmem_magic.advise import calibration, prediction
+from tfmem_magic.advise import bases, calibration, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
@@ -44,7 +44,7 @@ def whatif_tab(
     knobs = base.knobs
     batch = knobs.batch_size
     fit = base.largest_batch or 0
-    refused = prediction.is_preflight_anchored(report)
+    refused = bases.anchored_on_preflight(report.whatif_basis)
     top = max(1024, 8 * batch, int(fit * 1.25) if fit <= 64 * batch else 0)  # the slider stays usable
     style = {"description_width": "130px"}
     wide = widgets.Layout(width="480px")
