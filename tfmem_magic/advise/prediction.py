@@ -25,6 +25,10 @@ The analytic slope is the layer outputs (plus the score tensors inside attention
 checked against the cell's own peak: where they over-explain it (fused or early-freed ops), the measured point wins.
 Measured errors: docs/what-if.md and benchmarks/predict_accuracy.py.
 
+Each kind of basis (these two, the step replays, a refused call's, a saved trace's) is a class in advise/bases.py:
+`predict` asks the report's basis' kind for the peak, its band and its notes, and adds what every basis shares (the
+budget, the process margin on a CPU). The parts' arithmetic is advise/parts.py, the bands advise/bands.py.
+
 This module imports no TensorFlow or Keras; the probes run in another process (calibrate.py).
 """
 
