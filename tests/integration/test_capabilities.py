@@ -259,7 +259,7 @@ else:
 if AFTER_IMPORT:
     exec(AFTER_IMPORT)
 from tfmem_magic.show.status import status_text
-from tfmem_magic.advise import calibrate
+from tfmem_magic.advise import probe_runs
 from tfmem_magic.measure import capabilities, environment, feeding, instrument, xplane
 
 
@@ -305,7 +305,7 @@ out = {"status": rep.status, "mode": rep.mode, "events": trace.events if trace e
        "attn_bytes": next(la.activation_bytes_per_sample for la in rep.model.layers if la.name == "attn"),
        "tf_figures": rep.main_device is not None, "running": environment.tensorflow_initialized(),
        "walk": sorted(la.name for la in instrument.all_layers(model)),
-       "own": sorted(c.__name__ for c in calibrate._own_classes(model)),
+       "own": sorted(c.__name__ for c in probe_runs._own_classes(model)),
        "dataset_batch": feeding.dataset_batch(ds)[0], "model_batch": rep.model.batch_size,
        "span_class": instrument._trace_class() is tf.profiler.experimental.Trace,
        "unreadable": sum(xplane.read_xspace(data, 0, reference=True)[0].unreadable for data, _ in p.xspaces),

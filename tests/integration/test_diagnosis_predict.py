@@ -223,7 +223,7 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
 
     import keras
 
-    from tfmem_magic.advise import calibrate
+    from tfmem_magic.advise import probe_runs
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     model.compile("adam", "mse")
@@ -232,7 +232,7 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     from tfmem_magic.measure.feeding import LEAF
 
     batch = {"x": {LEAF: [[8], "float32"]}, "y": {LEAF: [[4], "float32"]}}  # what a cell's batches held
-    peaks = calibrate.probe_peaks(model, [16, 64], True, batch, True, lambda text, done: heard.append((text, done)))
+    peaks = probe_runs.probe_peaks(model, [16, 64], True, batch, True, lambda text, done: heard.append((text, done)))
     assert [text for text, _ in heard] == [
         "starting TensorFlow",
         "building the clone",
@@ -241,9 +241,9 @@ def test_calibration_tells_each_stage_and_stops_at_its_time_limit(monkeypatch):
     ]
     assert [done for _, done in heard] == sorted(done for _, done in heard) and heard[-1][1] < 1
     assert set(peaks) == {16, 64} and peaks[64][1] > peaks[16][1] > 0
-    monkeypatch.setattr(calibrate, "TIMEOUT_S", 1)  # TensorFlow alone takes longer to start
+    monkeypatch.setattr(probe_runs, "TIMEOUT_S", 1)  # TensorFlow alone takes longer to start
     with pytest.raises(TfmemUsageError, match="took more than 1 s"):
-        calibrate.probe_peaks(model, [16, 64], True, batch, True)
+        probe_runs.probe_peaks(model, [16, 64], True, batch, True)
     assert threading.active_count() == threads  # the deadline's timer is gone, the probe process killed
 
 

@@ -565,18 +565,18 @@ def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_n
     when the kernel reserved the whole GPU, the probe's OOM becomes a message naming the memory-growth fix."""
     import keras
 
-    from tfmem_magic.advise import calibrate
+    from tfmem_magic.advise import probe_runs
 
-    monkeypatch.delenv(calibrate.GPU_GROWTH_ENV, raising=False)
-    assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "true"
-    monkeypatch.setenv(calibrate.GPU_GROWTH_ENV, "false")  # the user's choice is kept
-    assert calibrate.probe_environment()[calibrate.GPU_GROWTH_ENV] == "false"
+    monkeypatch.delenv(probe_runs.GPU_GROWTH_ENV, raising=False)
+    assert probe_runs.probe_environment()[probe_runs.GPU_GROWTH_ENV] == "true"
+    monkeypatch.setenv(probe_runs.GPU_GROWTH_ENV, "false")  # the user's choice is kept
+    assert probe_runs.probe_environment()[probe_runs.GPU_GROWTH_ENV] == "false"
     oom = (
         "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
         "shape[64,1024] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"
     )
-    monkeypatch.setattr(calibrate, "_run_probe", lambda payload, stage: (1, [], oom))
+    monkeypatch.setattr(probe_runs, "_run_probe", lambda payload, stage: (1, [], oom))
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     model.compile("sgd", "mse")
     with pytest.raises(TfmemUsageError, match="memory growth is off|unless memory growth is on"):
-        calibrate.probe_peaks(model, [8, 16], True, None)
+        probe_runs.probe_peaks(model, [8, 16], True, None)

@@ -152,17 +152,17 @@ def test_the_trace_window_covers_the_first_steps(shell):
 
 
 def test_the_what_if_answers_analytically_and_from_probes(shell, monkeypatch):
-    from tfmem_magic.advise import calibrate
+    from tfmem_magic.advise import probe_runs
 
     probe_lines: list[str] = []
 
-    def run_probe(payload, stage):  # calibrate's own probe process, its stdout kept for the clone's Keras
+    def run_probe(payload, stage):  # probe_runs' own probe process, its stdout kept for the clone's Keras
         returncode, lines, last_error = real_run_probe(payload, stage)
         probe_lines.extend(lines)
         return returncode, lines, last_error
 
-    real_run_probe = calibrate._run_probe
-    monkeypatch.setattr(calibrate, "_run_probe", run_probe)
+    real_run_probe = probe_runs._run_probe
+    monkeypatch.setattr(probe_runs, "_run_probe", run_probe)
     x, y = _data()
     shell.user_ns.update(model=_wide_model("whatif_mlp"), x=x, y=y)
     shell.run_cell("%%tfmem --as rep\nmodel.fit(x, y, batch_size=64, epochs=1, verbose=0)")
@@ -175,7 +175,7 @@ def test_the_what_if_answers_analytically_and_from_probes(shell, monkeypatch):
     curve = report.whatif_basis.replay
     assert measured.basis == ("replay" if curve.passed else "measured") and (curve.passed or curve.why_not), curve
     # each probe process (calibration's, then the step replay's two, or four when they ran twice) says which Keras
-    # built the clone: the model's own (calibrate refuses another)
+    # built the clone: the model's own (probe_runs refuses another)
     clones = [line.split(" ", 1)[1] for line in probe_lines if line.startswith("TFMEM-CLONE ")]
     assert len(clones) in (3, 5) and set(clones) == {report.model.keras_package} == {EXPECTED_KERAS}, probe_lines
     # the 512-batch step holds its activations (2 MiB per 1024 units and 512 rows, a few times over) and the

@@ -4,7 +4,7 @@ whose layer outputs have an unknown size."""
 
 import pytest
 
-from tfmem_magic.advise import calibrate, preflight
+from tfmem_magic.advise import preflight, probe_runs
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.measure import fed_shapes
 from tfmem_magic.measure.feeding import LEAF
@@ -68,8 +68,8 @@ class FixedLength:
 
 def test_the_probes_never_make_up_a_length():
     with pytest.raises(TfmemUsageError, match="padded or ragged"):
-        calibrate.lengths_known(NoInputs(), SPEC)
-    calibrate.lengths_known(FixedLength(), {"x": leaf(None), "y": leaf(10)})  # the model's input fixes it
+        probe_runs.lengths_known(NoInputs(), SPEC)
+    probe_runs.lengths_known(FixedLength(), {"x": leaf(None), "y": leaf(10)})  # the model's input fixes it
     with pytest.raises(TfmemUsageError, match="padded or ragged"):  # the targets' length is still open
-        calibrate.lengths_known(FixedLength(), {"x": leaf(None), "y": leaf(None)})
-    calibrate.lengths_known(NoInputs(), {"x": leaf(40), "y": leaf(40)})
+        probe_runs.lengths_known(FixedLength(), {"x": leaf(None), "y": leaf(None)})
+    probe_runs.lengths_known(NoInputs(), {"x": leaf(40), "y": leaf(40)})

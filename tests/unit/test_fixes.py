@@ -241,7 +241,7 @@ def _calibrating(rep: Report, context, monkeypatch):
     and the probe process that calibration runs replaced by what it would measure: twice the per-sample bytes the
     model's shapes gave (the probes are TensorFlow runs: tests/integration). Returns the model stand-in (the report
     holds it weakly)."""
-    from tfmem_magic.advise import calibrate, calibration, prediction
+    from tfmem_magic.advise import calibration, prediction, probe_runs
 
     class Model:
         pass
@@ -256,7 +256,7 @@ def _calibrating(rep: Report, context, monkeypatch):
         b: (round(1.1 * (20 * MiB + b * per_sample)), round(20 * MiB + b * per_sample))
         for b in calibration.probe_batches(rep, rep.whatif_basis)
     }
-    monkeypatch.setattr(calibrate, "probe_peaks", lambda *args, **kwargs: peaks)
+    monkeypatch.setattr(probe_runs, "probe_peaks", lambda *args, **kwargs: peaks)
     return model
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_fixes import report
 
-from tfmem_magic.advise import bands, calibrate, calibration, parts, prediction
+from tfmem_magic.advise import bands, calibration, parts, prediction, probe_runs
 from tfmem_magic.show import view
 
 MiB = 2**20
@@ -27,7 +27,7 @@ def calibrated(monkeypatch, peaks: dict[int, tuple[int, int]]):
     model = FakeModel()
     calibration.remember_model(rep, model)
     asked = []
-    monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: asked.append(batches) or peaks)
+    monkeypatch.setattr(probe_runs, "probe_peaks", lambda m, batches, *rest: asked.append(batches) or peaks)
     basis = calibration.measured_basis(rep, replay=False)  # the parts alone (test_step_replay.py: the replay)
     return rep, basis, asked, model
 
@@ -110,7 +110,7 @@ def test_after_an_oom_the_probes_line_is_used_both_ways_in_the_probes_chunks(mon
     model = FakeModel()  # referenced until the end: the report holds it weakly
     calibration.remember_model(rep, model)
     peaks = {b: (round(1.2 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (32, 64, 128)}
-    monkeypatch.setattr(calibrate, "probe_peaks", lambda m, batches, *rest: peaks)
+    monkeypatch.setattr(probe_runs, "probe_peaks", lambda m, batches, *rest: peaks)
     assert calibration.probe_batches(rep, prediction.analytic_basis(rep)) == [32, 64, 128]
     basis = calibration.measured_basis(rep, replay=False)  # the parts alone (test_step_replay.py: the replay)
     assert basis.measured_peak is None and basis.activations_per_sample_below is None
@@ -134,7 +134,7 @@ def test_the_4x_probe_needs_room_for_its_peak_and_its_synthetic_inputs():
     rep = report(batch=256)
     basis = prediction.analytic_basis(rep)
     peak_4x = prediction.peak_at(basis, replace(basis.knobs, batch_size=1024))
-    inputs = 2 * calibrate.PIPELINE_STEPS * 1024 * basis.input_per_sample  # 4 steps of 4x the batch, held twice
+    inputs = 2 * probe_runs.PIPELINE_STEPS * 1024 * basis.input_per_sample  # 4 steps of 4x the batch, held twice
     assert inputs > 0
     # room for the 4x probe's peak (with its margin) but not for its inputs as well: the probes stay at and below
     rep.env.budget_bytes = rep.rss.baseline_bytes + round((peak_4x * 1.5 + inputs / 2) / 0.8)

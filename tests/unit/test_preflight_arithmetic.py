@@ -60,7 +60,7 @@ def no_replay(monkeypatch):
 
 
 def recorded_traces(fed: int = 0):
-    """calibrate.replay_traces, answered with the recorded CNN traces (the probes a call at batch 320 asks for)."""
+    """probe_runs.replay_traces, answered with the recorded CNN traces (the probes a call at batch 320 asks for)."""
 
     def replay_traces(model, batches, train, structure, folder, **kwargs):
         assert batches == [23, 37] and kwargs["pipeline"]
@@ -78,7 +78,7 @@ def test_the_replay_predicts_what_the_calls_steps_add_to_what_the_kernel_holds(m
     """The probe process's sequence starts from its first allocation: the weights (and the slots, once the live
     optimizer has them) are held by the kernel already, and the probes' own synthetic data is no part of the call:
     both come off the replayed peak, the larger of the two probes' op orders."""
-    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces(fed=3 * MiB))
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces(fed=3 * MiB))
     model = _Model()
     model.weights = [_Variable(256, 1024)]  # 1 MiB
     use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
@@ -123,7 +123,7 @@ def test_a_batch_too_small_for_probes_below_it_is_left_to_the_probes_line():
 
 
 def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fits(monkeypatch):
-    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces())
     use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
     at, _ = preflight.replayed_step(_Model(), use, True, 320)
     threshold = round(100 * MiB + at(320) * 0.6)  # the call needs far more than is left
@@ -141,7 +141,7 @@ def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fit
 
 
 def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypatch):
-    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces())
     use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
     at, _ = preflight.replayed_step(_Model(), use, True, 320)
     step = at(320)
@@ -158,7 +158,7 @@ def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypa
 
 def test_where_the_replay_cannot_be_used_the_probes_line_stands_in_and_says_why(monkeypatch, no_replay):
     monkeypatch.setattr(
-        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+        preflight.probe_runs, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
     )
     info = preflight.check(_Model(), "fit", _use(1024), 600 * MiB, rss=100 * MiB)
     assert info.basis == "probes" and info.replay_note == "its self-check failed"
@@ -175,7 +175,7 @@ def _use(batch: int) -> ModelUse:
 def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, verdict):
     # a step that needs 1 MiB per sample (chunks 1.0x), no probes' floor: 1 GiB at batch 1024, 100 MiB held now
     monkeypatch.setattr(
-        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+        preflight.probe_runs, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
     )
     info = preflight.check(_Model(), "fit", _use(1024), threshold, rss=100 * MiB)
     assert info.basis == "probes" and info.probe_batches == [64, 128]
@@ -189,7 +189,7 @@ def test_the_verdict_uses_the_band_both_ways(monkeypatch, no_replay, threshold, 
 def test_the_allocators_free_regions_absorb_the_growth(monkeypatch, no_replay):
     """RSS never shrinks: regions TF already holds (an earlier, larger step) are reused before the process grows."""
     monkeypatch.setattr(
-        preflight.calibrate, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+        preflight.probe_runs, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
     )
     info = preflight.check(
         _Model(), "fit", _use(1024), 10_000 * MiB, rss=2000 * MiB, tf_current=100 * MiB, tf_held=900 * MiB
@@ -239,7 +239,7 @@ def _refused(monkeypatch) -> tuple[PreflightInfo, Report]:
     at the cell's start as the call began, and 30 MiB of regions beyond that; the process held 100 MiB then; the
     guard's threshold is not the limit (the cell's start plus its margin was higher); the pre-flight's own replay
     grew the process by 80 MiB after the call began."""
-    monkeypatch.setattr(preflight.calibrate, "replay_traces", recorded_traces())
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces())
     use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
     at, _ = preflight.replayed_step(_Model(), use, True, 320)
     threshold = round(100 * MiB + at(320) * 0.6)

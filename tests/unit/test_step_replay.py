@@ -1,5 +1,5 @@
 """The step replay (analyze/step_replay.py) on recorded probe traces (tests/data/replay: a CNN and an MLP, each traced
-from a fresh allocator at batches 23 and 37 by calibrate.replay_traces), and the what-if it feeds
+from a fresh allocator at batches 23 and 37 by probe_runs.replay_traces), and the what-if it feeds
 (advise/prediction.py). The probe processes themselves run for real in tests/integration/test_diagnosis_predict.py."""
 
 from __future__ import annotations
@@ -321,14 +321,14 @@ class _Model:
 def calibrated_with(monkeypatch, traces) -> Report:
     import shutil
 
-    from tfmem_magic.advise import calibrate, calibration
+    from tfmem_magic.advise import calibration, probe_runs
 
     rep = report(batch=32)
     rep.env.budget_bytes = 24 * 1024 * MiB
     model = _Model()
     calibration.remember_model(rep, model)
     peaks = {b: (round(1.1 * (10 * MiB + b * 0.2 * MiB)), round(10 * MiB + b * 0.2 * MiB)) for b in (8, 32, 128)}
-    monkeypatch.setattr(calibrate, "probe_peaks", lambda *args, **kwargs: peaks)
+    monkeypatch.setattr(probe_runs, "probe_peaks", lambda *args, **kwargs: peaks)
 
     tries = list(traces) if isinstance(traces, list) else [traces]
 
@@ -341,7 +341,7 @@ def calibrated_with(monkeypatch, traces) -> Report:
             shutil.copy(source, Path(folder) / f"replay-{b}.npz")
         return {b: str(Path(folder) / f"replay-{b}.npz") for b in batches}
 
-    monkeypatch.setattr(calibrate, "replay_traces", replay_traces)
+    monkeypatch.setattr(probe_runs, "replay_traces", replay_traces)
     calibration.measured_basis(rep)
     return rep
 

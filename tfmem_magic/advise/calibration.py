@@ -1,4 +1,4 @@
-"""Calibration: a clone of the cell's model trains at three batch sizes in a fresh process (calibrate.py runs the
+"""Calibration: a clone of the cell's model trains at three batch sizes in a fresh process (probe_runs.py runs the
 probes), and the slopes measured there replace the analytic basis' (advise/prediction.py). The measured basis is
 stored on the report, so a saved and reloaded report predicts what the live panel did."""
 
@@ -11,7 +11,7 @@ import weakref
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from tfmem_magic.advise import calibrate, fixes, step_export
+from tfmem_magic.advise import fixes, probe_runs, step_export
 from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.bases import from_trace
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary
@@ -48,7 +48,7 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
     the probe's synthetic inputs too: a few batches, held twice while they become tensors."""
     batch = basis.knobs.batch_size
     budget = budget_for_tf(report)
-    inputs = 2 * calibrate.PIPELINE_STEPS * 4 * batch * basis.input_per_sample
+    inputs = 2 * probe_runs.PIPELINE_STEPS * 4 * batch * basis.input_per_sample
     roomy = budget is None or peak_at(basis, replace(basis.knobs, batch_size=4 * batch)) * 1.5 + inputs < 0.8 * budget
     if report.status == "ok" and roomy:
         return sorted({max(1, batch // 4), batch, 4 * batch})
@@ -140,7 +140,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
     pipeline = report.model.fed_arrays if report.model else False
     share = 0.5 if replay else 1.0  # of the progress bar: the replay's probes take about as long
     try:
-        peaks = calibrate.probe_peaks(
+        peaks = probe_runs.probe_peaks(
             model,
             batches,
             training,
@@ -148,7 +148,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
             pipeline,
             None if progress is None else lambda text, done: progress(text, share * done),
         )
-    except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
+    except probe_runs.NotRebuildable:  # a config its class cannot be rebuilt from: the cell's step instead
         if not (replay and method is not None):
             raise
         return keras_step(step_export.not_rebuilt(model, method))
@@ -327,13 +327,13 @@ def replay_curve(
     saved: str | None = None,
 ) -> ReplayCurve:
     """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
-    cell's (calibrate.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
+    cell's (probe_runs.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
     their sequences are replayed at a grid of batches (step_replay.curve). A curve that could not be made says why
     (`why_not`); it is not used then. `saved`: the cell's own step (step_export.py) for the probes to run."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a calibration runs
 
     cell = basis.knobs.batch_size
-    probes = step_replay.odd_probes(cell, calibrate.weight_dims(model))
+    probes = step_replay.odd_probes(cell, probe_runs.weight_dims(model))
     if basis.measured_peak is None:
         return _unused(
             probes,
@@ -346,10 +346,10 @@ def replay_curve(
     try:
         parallel = not on_gpu and _room_for_two(basis, probes[1])  # a GPU's room is not the host's RAM
         rows = _affordable_rows(basis, samples) if pipeline else None
-        growth = calibrate.probes_grow_gpu()
+        growth = probe_runs.probes_grow_gpu()
         while True:
             tries += 1
-            paths = calibrate.replay_traces(
+            paths = probe_runs.replay_traces(
                 model, list(probes), train, structure, folder, pipeline, progress, parallel, feed, rows, saved
             )
             if progress:

@@ -12,7 +12,7 @@ only the parts it changes. Where the per-sample slope comes from is the *basis*:
 
 - "analytic": from the Keras model alone (sum of layer outputs per sample, times a training factor), no extra run;
   measured error within 30% (benchmarks/predict_accuracy.py);
-- "measured": `calibration.measured_basis()` trains a clone of the model (in a fresh process: calibrate.py) at a
+- "measured": `calibration.measured_basis()` trains a clone of the model (in a fresh process: probe_runs.py) at a
   quarter, once and four times the cell's batch, fed as the cell fed it (fit's input pipeline holds prefetched
   batches: +30% per sample on a CNN), and takes the slope of the requested bytes' peak above the cell's batch (below
   it, the analytic slope did better: see measured_basis). Requested bytes grow in a straight line with the batch; the
@@ -29,7 +29,7 @@ Each kind of basis (these two, the step replays, a refused call's, a saved trace
 `predict` asks the report's basis' kind for the peak, its band and its notes, and adds what every basis shares (the
 budget, the process margin on a CPU). The parts' arithmetic is advise/parts.py, the bands advise/bands.py.
 
-This module imports no TensorFlow or Keras; the probes run in another process (calibrate.py).
+This module imports no TensorFlow or Keras; the probes run in another process (probe_runs.py).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import psutil
 
-from tfmem_magic.advise import calibrate, step_export
+from tfmem_magic.advise import probe_runs, step_export
 from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.bands import (
     GROWTH_FRAGMENTATION,
@@ -215,7 +215,7 @@ def check(
         if own is None:
             try:
                 step_at, info.probe_batches = replayed_step(model, use, train, batch, generous)
-            except calibrate.NotRebuildable:  # a config its class cannot be rebuilt from: the model's own step
+            except probe_runs.NotRebuildable:  # a config its class cannot be rebuilt from: the model's own step
                 own = step_export.not_rebuilt(model, method)
         if own is not None:
             step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous, method)
@@ -356,16 +356,16 @@ def replayed_step(
     either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
-    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), calibrate.weight_dims(model))
+    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), probe_runs.weight_dims(model))
     if probes[1] >= batch:
         raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
     on_gpu = _on_gpu()
     one_probe = PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
     parallel = not on_gpu and 2 * one_probe < 0.5 * psutil.virtual_memory().available  # a GPU's room is not RAM
-    growth = calibrate.probes_grow_gpu()
+    growth = probe_runs.probes_grow_gpu()
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
-        paths = calibrate.replay_traces(
+        paths = probe_runs.replay_traces(
             model,
             list(probes),
             train,
@@ -529,7 +529,7 @@ def probed_step(model: Any, use: ModelUse, train: bool, batch: int) -> tuple[Cal
     batches = sorted({low, high})
     if len(batches) < 2:
         raise TfmemUsageError(f"batch {batch} is too small to extrapolate from (it is guarded as it runs)")
-    peaks = calibrate.probe_peaks(model, batches, train, use.structure, pipeline=use.feed == "arrays")
+    peaks = probe_runs.probe_peaks(model, batches, train, use.structure, pipeline=use.feed == "arrays")
     return line_through(peaks), batches
 
 

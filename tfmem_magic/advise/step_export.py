@@ -67,7 +67,7 @@ def sent_step(model: Any) -> str | None:
 
 def not_rebuilt(model: Any, method: str = "train_step") -> str:
     """The step sent where the model's config was written but its class could not be rebuilt from it in the probe
-    (calibrate.NotRebuildable): Keras' own, on this model (`method`: the call's step, e.g. predict_step)."""
+    (probe_runs.NotRebuildable): Keras' own, on this model (`method`: the call's step, e.g. predict_step)."""
     return f"{type(model).__name__}.{method}, Keras' own: its clone could not be rebuilt"
 
 

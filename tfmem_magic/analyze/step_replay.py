@@ -1,7 +1,7 @@
 """The step replay: a model's allocation sequence, traced from a fresh allocator at two probe batches, replayed at any
 batch through the BFC simulator (analyze/bfc.py).
 
-Each probe process (advise/calibrate.py) traces everything its allocator does from TensorFlow's first allocation
+Each probe process (advise/probe_runs.py) traces everything its allocator does from TensorFlow's first allocation
 for the model: the clone built, then its step run twice (the first traces the graph and makes the optimizer's slots,
 the second is a steady step). Such a trace replays to the byte (docs/bfc-replay.md), so the only thing a prediction
 at another batch has to get right is each allocation's size there:
@@ -406,7 +406,7 @@ def curve(
     because the order TensorFlow's executor runs a step's ops in differs from run to run, and with it which tensors
     meet at the peak (measured: a CNN's two probe orders replayed at one batch differed by 12-18%): the curve keeps
     both orders' peaks at each batch. A curve whose self-check failed has no peaks and says why (`why_not`): the
-    caller keeps the other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (calibrate's
+    caller keeps the other bases. `gpu_growth`: whether a GPU allocator's probes ran with memory growth (probe_runs'
     probe processes do, unless the user's TF_FORCE_GPU_ALLOW_GROWTH says otherwise); a CPU allocator always grows."""
     check = checked(low, high, low_batch, high_batch, gpu_growth)
     out = check.curve

@@ -170,7 +170,7 @@ def split_batch(item: Any) -> dict[str, Any]:
 def pack_batch(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
     """One batch as Keras hands it to `train_step` (its data_adapter_utils.pack_x_y_sample_weight): x alone, (x,)
     for a tuple of inputs, (x, y), (x, y, sample_weight). The saved step's signature and its probes' batches are
-    both packed here (advise/step_export.py, the probe script in advise/calibrate.py)."""
+    both packed here (advise/step_export.py, the probe script in advise/probe_runs.py)."""
     if y is None:
         return (x,) if isinstance(x, tuple) else x
     return (x, y) if sample_weight is None else (x, y, sample_weight)
