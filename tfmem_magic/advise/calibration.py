@@ -363,7 +363,7 @@ def replay_curve(
             first = out.why_not
     except TfmemUsageError as exc:
         out = _unused(probes, f"its probes failed: {exc}")
-    except Exception as exc:  # an empty or unreadable trace: the replay is an addition, the probes' parts stand
+    except Exception as exc:  # noqa: BLE001 - an empty or unreadable trace: the replay is an addition, the probes' parts stand
         out = _unused(probes, f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
