@@ -192,7 +192,7 @@ def scenario(name: str) -> dict:
                 else None,
                 ok=answer.basis in ("replay", "measured") and abs(answer.peak_bytes / measured - 1) <= 0.3,
             )
-        except Exception as exc:  # the check reports it: a crash of the probes must not take this process down
+        except Exception as exc:  # noqa: BLE001 - the check reports it: a crash of the probes must not take this process down
             out.update(error=f"{type(exc).__name__}: {exc}"[:300], ok=False)
     elif name == "trace":
         import glob

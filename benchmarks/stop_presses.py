@@ -12,6 +12,7 @@ until it ends (so one run never waits for the 1000-epoch fit). docs/interrupts.m
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
 import tempfile
 import time
@@ -41,7 +42,7 @@ def press(kernel: faults.Kernel, code: str, offset: float) -> dict:
             next_press = time.time() + GIVE_UP_S
         try:
             msg = kernel.kc.get_iopub_msg(timeout=0.02)
-        except Exception:  # queue.Empty: nothing yet
+        except queue.Empty:  # nothing yet
             continue
         if msg["parent_header"].get("msg_id") != msg_id:
             continue

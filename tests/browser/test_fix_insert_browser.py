@@ -42,7 +42,7 @@ def click_fix(page, cell_index: int, fix_id: str) -> None:
         page.wait_for_function(
             f"window.jupyterapp.shell.currentWidget.content.widgets.length === {count_before + 1}", timeout=30_000
         )
-    except Exception:
+    except Exception:  # noqa: BLE001 - a timeout of any kind: the fix's own words say why
         raise AssertionError(f"no cell inserted; the fix says: {fix.inner_text()[-400:]}") from None
     top = cell_sources(page)[0] != "%load_ext tfmem_magic" and fix_id == "cpu-memory-limit"
     # the acknowledgement reached the kernel; a cell inserted at the top moved the panel's cell down by one
