@@ -345,7 +345,8 @@ def build(
 
 
 def _status() -> dict[str, int]:
-    text = open("/proc/self/status").read()
+    with open("/proc/self/status") as f:
+        text = f.read()
     return {k: int(re.search(rf"{k}:\s+(\d+)", text).group(1)) * 1024 for k in ("VmRSS", "VmHWM")}
 
 

@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 from types import ModuleType
 
-
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

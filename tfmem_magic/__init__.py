@@ -32,8 +32,8 @@ from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
-from tfmem_magic.measure.remote import serve
 from tfmem_magic.measure.release import free
+from tfmem_magic.measure.remote import serve
 from tfmem_magic.pipeline import Options, Profiler, analyze_xplane, capture, last_report, profile
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from tfmem_magic.advise import bases, calibration, diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace

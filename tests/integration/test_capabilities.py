@@ -7,12 +7,11 @@ import sys
 import types
 
 import pytest
+from fresh import run_python
 
 import tfmem_magic
-from tfmem_magic.show.status import status_text
 from tfmem_magic.measure import capabilities
-
-from fresh import run_python
+from tfmem_magic.show.status import status_text
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from fresh import run_in_fresh_shell, run_python
 
 pytestmark = pytest.mark.slow

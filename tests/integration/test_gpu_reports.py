@@ -169,8 +169,8 @@ def test_the_public_gpu_trace_predicts_other_batches_from_its_own_replayed_seque
     scaled and replayed through the simulator with the GPU's settings give the peak at other batches, anchored on
     the trace's. Checked against bounds from the trace itself: doubling the batch adds at least what the
     batch-shaped tensors live at the peak hold, and at most every batch-shaped allocation's size."""
-    from tfmem_magic.analyze import analysis, bfc, step_replay
     from tfmem_magic.advise.bands import ANALYTIC_BAND
+    from tfmem_magic.analyze import analysis, bfc, step_replay
 
     report = tfmem_magic.analyze_xplane(PUBLIC)
     basis = report.whatif_basis

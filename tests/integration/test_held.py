@@ -8,7 +8,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from fresh import run_in_fresh_shell
 
 pytestmark = pytest.mark.slow

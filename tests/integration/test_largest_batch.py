@@ -25,7 +25,6 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from fresh import run_python
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from fresh import run_in_fresh_shell
 
 pytest.importorskip("tf_keras")

@@ -9,11 +9,10 @@ import time
 import types
 
 import pytest
+from test_fixes import report  # noqa: I001  (tests/unit is on sys.path for its own helpers)
 
 from tfmem_magic.core.report import Fix
 from tfmem_magic.show import frontend
-
-from test_fixes import report  # noqa: I001  (tests/unit is on sys.path for its own helpers)
 
 
 class SilentComm:

@@ -4,6 +4,7 @@ out-of-memory error the batch only ever shrinks. Hand-built reports: no GPU need
 from __future__ import annotations
 
 import pytest
+from test_fixes import ctx, report  # noqa: I001  (tests/unit is on sys.path for its own helpers)
 
 from tfmem_magic.advise import diagnose, fixes
 from tfmem_magic.advise.prediction import budget_for_tf
@@ -12,8 +13,6 @@ from tfmem_magic.core.report import DeviceMemory, main_device_name
 from tfmem_magic.measure.environment import local_device_name
 from tfmem_magic.measure.xplane import allocator_device
 from tfmem_magic.show.view import summary_items, verdict, verdict_level
-
-from test_fixes import ctx, report  # noqa: I001  (tests/unit is on sys.path for its own helpers)
 
 GiB, MiB = 2**30, 2**20
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
-from dataclasses import replace
 import runpy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tfmem_magic import pipeline

@@ -11,8 +11,9 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tfmem_magic.analyze.growth import GROWTH_EPOCHS, steady_growth
 from tfmem_magic.core.errors import MemoryGrowthWarning, TfmemUsageError

@@ -24,9 +24,10 @@ import hashlib
 import re
 import tempfile
 import unittest
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pytest
 

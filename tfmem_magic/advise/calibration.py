@@ -8,17 +8,18 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tfmem_magic.advise import fixes, probe_runs, step_export
-from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.bases import from_trace
+from tfmem_magic.advise.diagnose_model import large_batch
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.sizes import format_bytes
 
 
 def remember_model(

@@ -6,8 +6,8 @@ listed in RULES; the rules about the model, the batch and the data live in diagn
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, holder_words
 from tfmem_magic.advise.diagnose_model import MODEL_RULES

@@ -6,8 +6,8 @@ what-if split of `predict`) and says it in numbers. Thresholds are named so a re
 
 from __future__ import annotations
 
-from tfmem_magic.advise.fitting import fitting_batch
 from tfmem_magic.advise.bases import anchored_on_preflight, refused_call_start
+from tfmem_magic.advise.fitting import fitting_batch
 from tfmem_magic.advise.parts import growth_ratio, parts_at
 from tfmem_magic.advise.prediction import (
     analytic_basis,

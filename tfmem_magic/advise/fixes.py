@@ -9,12 +9,12 @@ stable (docs/design.md, 'Fix ids'). Nothing here runs code: it only writes it.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
+from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.fitting import fitting_batch
 from tfmem_magic.advise.prediction import budget_for_tf, predict
-from tfmem_magic.advise.diagnose_held import drop_lines
 from tfmem_magic.advise.rewrite import call_arguments, rewrite_batch
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import BeforeAfter, Fix, ModelInfo, Report

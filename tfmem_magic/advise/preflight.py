@@ -33,13 +33,13 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
 from tfmem_magic.advise import probe_runs, step_export
-from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.bands import (
     GROWTH_FRAGMENTATION,
     MODEL_MARGIN,
@@ -48,6 +48,7 @@ from tfmem_magic.advise.bands import (
     PROBE_LINE_BAND,
 )
 from tfmem_magic.advise.bases import larger_order_peak, refused_call_start
+from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.measure import kerases

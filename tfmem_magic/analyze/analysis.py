@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 

@@ -11,9 +11,10 @@ import json
 import re
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 SCHEMA = "tfmem.report/1"
 MIME_TYPE = "application/vnd.tfmem.report+json"

@@ -16,8 +16,9 @@ import inspect
 import logging
 import sys
 import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.measure import kerases

@@ -21,8 +21,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 

@@ -17,9 +17,10 @@ import logging
 import sys
 import time
 import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Holder

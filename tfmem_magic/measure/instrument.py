@@ -20,8 +20,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import CallRecord

@@ -31,7 +31,8 @@ import site
 import sysconfig
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # how long presses are absorbed while the cell's traceback is shown: long enough for a deep Keras traceback on a
 # busy machine (seconds), short enough that a formatter that hangs can still be stopped by pressing again

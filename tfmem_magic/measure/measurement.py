@@ -16,8 +16,9 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psutil
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import gc
 import io
-from typing import TYPE_CHECKING, Sequence, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 from tfmem_magic.core.report import LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes

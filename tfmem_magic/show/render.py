@@ -6,8 +6,9 @@ without a kernel. Every string that comes from the user's code (labels, op and l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
-from typing import Any, Callable
+from typing import Any
 
 from tfmem_magic.advise import bases, prediction
 from tfmem_magic.core.errors import clip_message
@@ -15,10 +16,10 @@ from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, mai
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
+    ReportView,
     guard_detail,
     held_view,
     knobs_text,
-    ReportView,
     summary_items,
     trace_notes,
     verdict,

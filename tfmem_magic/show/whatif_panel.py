@@ -3,8 +3,9 @@ and a button that calibrates the prediction with probe runs of a clone. Every nu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
-from typing import Any, Callable
+from typing import Any
 
 import ipywidgets as widgets
 
