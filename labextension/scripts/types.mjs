@@ -2,7 +2,7 @@
 //   ../tfmem_magic/report.schema.json  the report (made from the Python dataclasses by tfmem_magic.core.schema)
 //   schema/view.schema.json            the `view` block that tfmem_magic.show.render.mime_bundle adds to it
 // `npm run types` regenerates the file after either schema changed; `npm run types:check` (run by
-// tests/unit/test_labextension.py) fails while the file is stale.
+// tests/integration/test_labextension.py) fails while the file is stale.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,7 +20,8 @@ const OUT = join(root, 'src', 'report.ts');
 const HEADER = `/**
  * GENERATED FILE, do not edit: made by \`npm run types\` (scripts/types.mjs, json-schema-to-typescript) from
 ${SCHEMAS.map(s => ` *   ${relative(join(root, '..'), s.file)} (${s.what}: ${s.name})`).join('\n')}
- * After a schema changed, run \`cd labextension && npm run types\`: tests/unit/test_labextension.py fails until then.
+ * After a schema changed, run \`cd labextension && npm run types\`: tests/integration/test_labextension.py fails
+ * until then.
  */
 `;
 

@@ -2,7 +2,8 @@
  * GENERATED FILE, do not edit: made by `npm run types` (scripts/types.mjs, json-schema-to-typescript) from
  *   tfmem_magic/report.schema.json (the report: Report)
  *   labextension/schema/view.schema.json (the bundle's view block: ReportView)
- * After a schema changed, run `cd labextension && npm run types`: tests/unit/test_labextension.py fails until then.
+ * After a schema changed, run `cd labextension && npm run types`: tests/integration/test_labextension.py fails
+ * until then.
  */
 
 /**
@@ -387,7 +388,7 @@ export type BeforeAfterRow = [string, string, string];
 export type HolderRow = [string, string, string, string];
 
 /**
- * tfmem report view: The `view` block that tfmem_magic.show.render.mime_bundle adds to the report in the application/vnd.tfmem.report+json bundle (render.lab_view): what the JupyterLab renderer shows, worded and formatted by the Python views, so that the renderer formats no number itself. A bundle saved by an older tfmem_magic may lack any key but verdict and level. tests/unit/test_labextension.py checks Python's blocks against this schema; after changing it, run `npm run types`.
+ * tfmem report view: The `view` block that tfmem_magic.show.render.mime_bundle adds to the report in the application/vnd.tfmem.report+json bundle (render.lab_view): what the JupyterLab renderer shows, worded and formatted by the Python views, so that the renderer formats no number itself. A bundle saved by an older tfmem_magic may lack any key but verdict and level. tests/integration/test_labextension.py checks Python's blocks against this schema; after changing it, run `npm run types`.
  */
 export interface ReportView {
   /**

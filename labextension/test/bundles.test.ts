@@ -1,7 +1,8 @@
 /**
- * The renderer on MIME bundles that Python made (tfmem_magic.show.render.mime_bundle): tests/unit/test_labextension.py
- * writes them to a JSON file and runs this suite with TFMEM_BUNDLES naming it (skipped without). Every number the
- * view block words must be on the page, each timeline series must find its points, and nothing may read undefined.
+ * The renderer on MIME bundles that Python made (tfmem_magic.show.render.mime_bundle):
+ * tests/integration/test_labextension.py writes them to a JSON file and runs this suite with TFMEM_BUNDLES naming it
+ * (skipped without). Every number the view block words must be on the page, each timeline series must find its
+ * points, and nothing may read undefined.
  */
 import { readFileSync } from 'fs';
 

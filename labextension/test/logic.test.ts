@@ -8,7 +8,7 @@ import {
   timelineSvg
 } from '../src/logic';
 
-/** A partial report as a test writes it (tests/unit/test_labextension.py renders complete ones made by Python). */
+/** A partial report as a test writes it (tests/integration/test_labextension.py renders complete ones from Python). */
 const bundle = (data: object): ReportBundle => data as ReportBundle;
 
 describe('parseInsertRequest', () => {

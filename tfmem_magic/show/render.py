@@ -424,8 +424,8 @@ def peak_heading(trace: TraceInfo) -> str:
 def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
     """The bundle's `view` block: what the JupyterLab renderer (labextension/src/logic.ts) shows, as the Python views
     word and format it, so that the renderer formats no number itself and both say the same. Its JSON Schema is
-    labextension/schema/view.schema.json (the renderer's types are made from it; tests/unit/test_labextension.py
-    checks this block against it): a new key goes there too."""
+    labextension/schema/view.schema.json (the renderer's types are made from it;
+    tests/integration/test_labextension.py checks this block against it): a new key goes there too."""
     r, t = report, report.trace
     out: dict[str, Any] = {
         "verdict": view.verdict,
