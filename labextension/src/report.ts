@@ -307,6 +307,7 @@ export interface PreflightInfo {
   basis: string;
   replay_note: string;
   fed_note: string;
+  kept: boolean;
   own_step: string;
   largest_batch: number | null;
   seconds: number;

@@ -71,6 +71,7 @@ limit = psutil.Process().memory_info().rss + 400 * 2**20
 """
 REPORT = (
     f"print({MARK!r} + json.dumps({{'status': r.status, 'rss_peak': r.rss.peak_bytes, 'limit': limit, "
+    "'notes': r.notes, "
     "'preflight': r.preflight and __import__('dataclasses').asdict(r.preflight), "
     "'error': r.error and r.error.message}))"
 )
@@ -106,3 +107,10 @@ def test_padded_batches_are_probed_at_the_length_they_feed_and_refused(kernel):
     r = kernel.run(REPORT)["data"]
     assert cell["error"] is None, (cell["stdout"][-2000:], r["preflight"])
     assert r["status"] == "ok" and r["rss_peak"] <= r["limit"], r
+    # judged as the refusal judged it: from the replay it kept for this model and these inputs (no new probes), and
+    # accepted; what the process grew by since (the refused cell's report: a few MiB) may move the largest batch by
+    # one step of 8 at most. No calibration after it: the replay stands for it
+    again = r["preflight"]
+    assert again["kept"] and again["probe_batches"] == pre["probe_batches"], again
+    assert again["verdict"] in ("fits", "uncertain") and named - 8 <= again["largest_batch"] <= named, again
+    assert not any(n.startswith("Calibrated as the cell ended") for n in r["notes"]), r["notes"]

@@ -426,6 +426,13 @@ def auto_calibration(report: Report) -> tuple[bool, str] | None:
     )
     if report.status != "ok" or report.whatif_basis is None or not names_a_batch:
         return None
+    pre = report.preflight
+    if pre is not None and pre.basis == "replay" and pre.verdict in ("fits", "uncertain"):
+        # its pre-flight replayed this step already and judged the batch: new probes would judge it a second time
+        return False, (
+            "the pre-flight replayed this call's step already and judged its batch on that replay; --calibrate "
+            "runs the probes anyway"
+        )
     basis = report.whatif_basis
     one = peak_at(basis, basis.knobs) + PROBE_PROCESS_BYTES
     available = psutil.virtual_memory().available

@@ -25,6 +25,7 @@ threshold, with its basis' band (measured in docs/preflight.md) on what the proc
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -34,8 +35,8 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import psutil
 
@@ -55,6 +56,7 @@ from tfmem_magic.analyze.modelinfo import describe_model
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.measure.fed_shapes import FedShapes, has_open_dims
 from tfmem_magic.measure.fed_shapes import scan as scan_fed_shapes
@@ -182,6 +184,7 @@ def check(
     train = call in TRAINING_CALLS
     use, fed = with_fed_shapes(use)
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
+    arrays = copies
     slots = _slots_to_build(model) if train else 0
     # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
     generous = None if fed is not None else model_upper_bound(use, train, batch)
@@ -210,6 +213,15 @@ def check(
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
+    kept = kept_replay(model, call, use, batch)
+    if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
+        info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
+        info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
+        info.kept = True
+        _lower_bound_only(_judge(info, kept.step, tf_current, tf_held), fed)
+        if info.verdict == "refused":
+            info.replay = kept.curve
+        return info
     method = STEP_OF_CALL[call]
     own = step_export.sent_step(model) if train else step_export.uncloneable(model, method)
     try:
@@ -234,6 +246,8 @@ def check(
                 except NoReplay:  # the verdict stands; the curve interpolates there
                     pass
             info.replay = step_at.curve(batch)
+            _as_left(info, step_at, arrays, tf_held)
+            keep_replay(model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
@@ -288,6 +302,60 @@ def _lower_bound_only(info: PreflightInfo, fed: FedShapes | None) -> PreflightIn
     return info
 
 
+KEPT_GAP = 1.25  # a kept replay judges a batch it replayed, or one between two replayed batches this close
+
+
+@dataclass
+class KeptReplay:
+    """A refused call's step replay, kept for its model and inputs (SESSION.preflight_replays): the next call of
+    that model on the same inputs at a batch the replay covers is judged from it, without new probes, so the batch a
+    refusal names is judged as the refusal judged it (docs/preflight.md, 'The next call at the named batch')."""
+
+    model: Any  # a weak reference: a model that is gone forgets its replay
+    curve: ReplayCurve  # the batches replayed (probe one's and probe two's op orders)
+    fixed: int  # what the probe process held that the kernel holds already (off every replayed peak)
+    probes: list[int]
+    own_step: str
+
+    def covers(self, batch: int) -> bool:
+        xs = self.curve.batches
+        if batch in xs:
+            return True
+        below = [b for b in xs if b < batch]
+        above = [b for b in xs if b > batch]
+        return bool(below and above) and min(above) <= KEPT_GAP * max(below)
+
+    def step(self, b: float) -> float:
+        """The bytes the call's steps add at batch `b`: the larger op order's replayed peak (interpolated between
+        the batches replayed, in a line past them), less what the kernel holds already."""
+        return max(0.0, larger_order_peak(self.curve, b) - self.fixed)
+
+
+def _inputs_key(model: Any, call: str, use: ModelUse) -> tuple[Any, ...]:
+    """What a kept replay is valid for: the model, the step its call runs, and one batch's shapes and dtypes."""
+    shapes = json.dumps(use.structure, sort_keys=True, default=str)
+    return (id(model), STEP_OF_CALL[call], shapes, len(getattr(model, "trainable_weights", None) or ()))
+
+
+def keep_replay(model: Any, call: str, use: ModelUse, info: PreflightInfo, curve: ReplayCurve, fixed: int) -> None:
+    try:
+        ref = weakref.ref(model)
+    except TypeError:
+        return
+    kept = SESSION.preflight_replays
+    for key in [k for k, v in kept.items() if v.model() is None]:  # models that are gone
+        del kept[key]
+    kept[_inputs_key(model, call, use)] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step)
+
+
+def kept_replay(model: Any, call: str, use: ModelUse, batch: int) -> KeptReplay | None:
+    """The replay kept for this model and inputs, where it covers `batch`; None otherwise."""
+    kept = SESSION.preflight_replays.get(_inputs_key(model, call, use))
+    if kept is None or kept.model() is not model or not kept.covers(batch):
+        return None
+    return cast(KeptReplay, kept)
+
+
 def own_replayed_step(
     model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
 ) -> tuple[ReplayedStep, list[int], int]:
@@ -304,6 +372,23 @@ def own_replayed_step(
         grown = max((bytes_in_use() or 0) - before, process.memory_info().rss - rss, 0)
         step_at, probes = replayed_step(model, use, method == "train_step", batch, generous, saved)
     return step_at, probes, grown
+
+
+def _as_left(info: PreflightInfo, step_at: Callable[[float], float], arrays: int, tf_held: int) -> None:
+    """A refusal judged again from the process as the pre-flight leaves it: the largest batch it names is judged
+    where the next call will be, not where this one began. What the pre-flight did in the kernel (the model's own
+    step saved: its slots and graph; the replay's arrays, which the process keeps) is held by then: judged from
+    the call's start, a NER Transformer's refusal named 208 and the call at 208, judged from the kernel after the
+    refusal, 144 (docs/preflight.md, 'The next call at the named batch')."""
+    rss_now = psutil.Process().memory_info().rss
+    tf_now = bytes_in_use() or info.tf_bytes
+    if rss_now <= info.rss_bytes and tf_now <= info.tf_bytes:
+        return
+    info.rss_bytes, info.tf_bytes = max(info.rss_bytes, rss_now), max(info.tf_bytes, tf_now)
+    held = max(tf_held, info.tf_bytes)
+    info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
+    _judge(info, step_at, info.tf_bytes, held)
+    info.verdict = "refused"  # decided already: only the batch it names moves
 
 
 def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
@@ -656,9 +741,10 @@ def how_predicted(info: PreflightInfo) -> str:
         return "no probes needed: the model's own parts, taken several times over, fit"
     if info.basis == "replay":
         steps = f"the model's own step, saved ({info.own_step}), traced" if info.own_step else "a clone's steps traced"
+        again = " (the replay kept from this model's earlier refusal: no new probes)" if info.kept else ""
         return (
             f"{steps} at batches {batches}{fed} and replayed at batch {info.batch_size} through a "
-            f"simulation of TensorFlow's allocator, {info.seconds:.1f} s"
+            f"simulation of TensorFlow's allocator{again}, {info.seconds:.1f} s"
         )
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
     return f"predicted from one step of a clone at batches {batches}{fed}, {info.seconds:.1f} s{why}"

@@ -215,6 +215,7 @@ class PreflightInfo:
     replay_note: str = ""  # why the replay was not used, where the probes' line stood in
     # how the inputs' open dimensions (a padded or ragged pipeline's lengths) were read for the probes: "" where none
     fed_note: str = ""
+    kept: bool = False  # judged from the replay kept from an earlier refusal of this model and inputs (no probes)
     # the model's own step the probes ran, where a clone's fit would not train it ("GAN.train_step"); "": a clone's
     own_step: str = ""
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it

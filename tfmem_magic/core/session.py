@@ -44,6 +44,12 @@ class Session:
         # OOM in a traced step): the next measurement finishes them first, so no profiler session, sampler thread
         # or nesting slot of theirs outlives the error
         self.abandoned: list[Any] = []
+        # a refused call's step replay per model and inputs (advise.preflight.KeptReplay): the next call at a batch it
+        # covers is judged from it, without new probes
+        self.preflight_replays: dict[Any, Any] = {}
+        # device -> the highest TF allocator peak seen in this kernel (each cell resets TF's counter): the regions
+        # BFC holds still, which a step fills before the process grows (the pre-flight's `tf_held`)
+        self.tf_peak_most: dict[str, int] = {}
 
     def publish(self, report: Any) -> None:
         self.last = report

@@ -230,7 +230,12 @@ class Measurement:
             device = main_tf_device()
             info = memory_info(device) if device is not None else None
             current = info["current"] if info else 0
-            held = max(self.allocator.peak_before.get(device or "", 0), info["peak"] if info else 0, current)
+            held = max(
+                SESSION.tf_peak_most.get(device or "", 0),
+                self.allocator.peak_before.get(device or "", 0),
+                info["peak"] if info else 0,
+                current,
+            )
             hook(model, call, use, threshold, rss, source, current, held)
 
         return check

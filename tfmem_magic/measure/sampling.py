@@ -192,6 +192,8 @@ class AllocatorStats:
                 self.devices.append(device)
                 self.baseline[device] = info["current"]
                 self.peak_before[device] = info["peak"]
+                # BFC keeps its regions: the highest peak seen in this kernel is held still, whatever the resets
+                SESSION.tf_peak_most[device] = max(SESSION.tf_peak_most.get(device, 0), info["peak"])
                 fold_into_measuring(device, info["peak"])
                 tf.config.experimental.reset_memory_stats(device)
         SESSION.measuring.append(self)
