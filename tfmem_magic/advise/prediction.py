@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tfmem_magic.advise.bands import GROWTH_FRAGMENTATION, MOMENT_RATIO, PROCESS_MARGIN, TYPICAL_FRAGMENTATION
 from tfmem_magic.advise.bases import Kind, Replayable, kind_of, refused_call_start, trace_replay_words
@@ -44,6 +44,9 @@ from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, POLICIES, gradient_copies,
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, Report
 from tfmem_magic.core.sizes import format_bytes
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
+    from typing import Unpack
 
 # Training keeps each layer's output for the backward pass and makes a gradient of the same size while it runs
 # backward; measured on TF 2.21 CPU (docs/design.md, 'Batch scaling and the analytic prior') the step peak is ~1.6x
@@ -54,6 +57,17 @@ INFER_ACTIVATION_FACTOR = 1.0
 UPPER_BOUND_SOURCE = "the cell's peak (the trace stopped before it: an upper bound)"
 CALIBRATED = ("measured", "replay")  # the bases that stand on probe runs
 MAX_BATCH = 1 << 20
+
+
+class WhatIfKnobs(TypedDict, total=False):
+    """The knobs of `predict` that a caller passes on as `**knobs` (`largest_fitting_batch`, `largest_batch`)."""
+
+    batch_size: int | None
+    policy: str | None
+    optimizer: str | None
+    accumulation_steps: int
+    input_scale: float
+    replicas: int | None
 
 
 @dataclass
@@ -295,6 +309,10 @@ def _input_copy(report: Report) -> tuple[int, int]:
     trace = report.trace
     if trace is None or not trace.events or report.status != "ok":
         return model.copy_bytes, 0
+    if not any(c.role == "training" for c in trace.input_copies) and (report.tf_peak_bytes or 0) < model.copy_bytes:
+        # the trace saw no copy, and TF's whole peak is smaller than it: it never was in TF's allocator (host
+        # memory), and the cell's growth outside TF counts it already (budget_for_tf): counted once, there
+        return 0, 0
     seen = sum(c.requested_bytes for c in trace.input_copies if c.live_at_peak and c.role == "training")
     # a copy made while the trace was paused (a segment restarting as fit began: seen in CI) is live at the peak
     # but not seen as the copy: the untraced bytes at the peak hold it, and the peak already counts it
@@ -473,7 +491,7 @@ def tf_budget_within(report: Report, total: int) -> int:
     return max(0, total - report.rss.baseline_bytes - outside_tf_bytes(report))
 
 
-def largest_fitting_batch(report: Report, budget: int | None = None, **knobs: Any) -> int | None:
+def largest_fitting_batch(report: Report, budget: int | None = None, **knobs: Unpack[WhatIfKnobs]) -> int | None:
     """The largest batch (as people type it) whose upper estimate fits: `budget` is the memory the cell may use in
     all (the process's on a CPU, the GPU's for TensorFlow on a GPU; default: the report's own budget). The other
     knobs are `predict`'s. None when not even the smallest batch fits, or the report has no budget. A batch larger
