@@ -17,10 +17,10 @@ Importing this package imports neither IPython nor TensorFlow.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfmem_magic._version import __version__
-from tfmem_magic.advise.prediction import WhatIf
+from tfmem_magic.advise.prediction import WhatIf, WhatIfKnobs
 from tfmem_magic.core.errors import (
     MemoryGrowthWarning,
     MemoryLimitExceeded,
@@ -30,6 +30,7 @@ from tfmem_magic.core.errors import (
 )
 from tfmem_magic.core.report import MIME_TYPE, SCHEMA, Report
 from tfmem_magic.core.sizes import format_bytes, parse_size
+from tfmem_magic.core.types import IPythonShell
 from tfmem_magic.measure.environment import AllocatorSetup
 from tfmem_magic.measure.environment import prepare_allocator as prepare
 from tfmem_magic.measure.release import free
@@ -37,6 +38,9 @@ from tfmem_magic.measure.remote import serve
 from tfmem_magic.pipeline import Options, Profiler, analyze_xplane, capture, last_report, profile
 from tfmem_magic.show.render import mime_bundle, render_html, render_text
 from tfmem_magic.show.tensorboard import write as to_tensorboard
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
+    from typing import Unpack
 
 __all__ = [
     "__version__",
@@ -72,7 +76,9 @@ __all__ = [
 ]
 
 
-def largest_batch(report: Report, budget: int | str | None = None, calibrate: bool = False, **knobs: Any) -> int | None:
+def largest_batch(
+    report: Report, budget: int | str | None = None, calibrate: bool = False, **knobs: Unpack[WhatIfKnobs]
+) -> int | None:
     """The largest batch (as people type it: 152, not 159) whose predicted peak, upper end of its error band
     included, fits `budget`: the memory the cell may use in all, in bytes or as "16GB" / "1.5GiB" (the process's on
     a CPU, less what the cell grew by besides TensorFlow's allocator, a peak above the cell's judged with +40%; the
@@ -130,12 +136,12 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "tfmem_magic"}]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: IPythonShell) -> None:
     """`%load_ext tfmem_magic`: register the magics and switch TF's CPU allocator to BFC while still possible."""
     from tfmem_magic.adapters.magics import load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: IPythonShell) -> None:
     """Nothing stays installed between cells, so there is nothing to undo beyond what IPython does itself."""

@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Literal
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
 
 from tfmem_magic.advise import bases, calibration, diagnose, fixes, prediction, preflight
 from tfmem_magic.analyze import build, saved_trace
 from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
-from tfmem_magic.core.options import MODES, Options
+from tfmem_magic.core.options import MODES, Mode, Options, OptionValue
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.measurement import Measured, Measurement
+
+if TYPE_CHECKING:  # imported where a cluster is asked for
+    from tfmem_magic.analyze.cluster import ClusterView
 
 _log = logging.getLogger(__name__)
 
@@ -32,11 +39,10 @@ __all__ = ["MODES", "Options", "Profiler", "analyze_xplane", "capture", "last_re
 
 def last_report() -> Report | None:
     """The report of the most recent profiled cell or block, or None."""
-    last: Report | None = SESSION.last  # the session holds it untyped (the core's fields are loose)
-    return last
+    return SESSION.last
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> deque[Report]:
     if name == "history":  # the session's reports, oldest first (read-only view kept for %tfmem and tests)
         return SESSION.history
     raise AttributeError(name)
@@ -46,7 +52,7 @@ class Profiler:
     """One measurement. Use as a context manager, or call start(), then finish(exc) after the code (with
     `user_code()` around it for the guard's watchdog)."""
 
-    def __init__(self, options: Options | None = None, **kwargs: Any) -> None:
+    def __init__(self, options: Options | None = None, **kwargs: OptionValue) -> None:
         self.options = replace(options or Options(), **kwargs)
         self.report: Report | None = None
         # the trace's raw XSpaces, [(bytes, segment start in s)], when options.keep_xspaces (TensorBoard)
@@ -63,7 +69,9 @@ class Profiler:
         self.enter_user_code()  # the `with` body is the user's code
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         clean = self.untangle(exc)
         swallowed = self.swallowed_stop() if exc is None else None
         self.finish(exc or swallowed)
@@ -253,7 +261,7 @@ class Profiler:
         )
         report.notes.append(f"Calibrated as the cell ended ({asked}, {took:.0f} s): the what-if stands on {how}.")
 
-    def _fix_context(self, report: Report, use: Any) -> fixes.FixContext:
+    def _fix_context(self, report: Report, use: ModelUse | None) -> fixes.FixContext:
         """What the fix writer needs beyond the report: the cell's code and the user's names for model and data."""
         model_name, arrays = None, None
         ns = self.options.namespace
@@ -286,12 +294,14 @@ class Profiler:
         return previous
 
 
-def profile(label: str = "", mode: str = "trace", **kwargs: Any) -> Profiler:
+def profile(label: str = "", mode: Mode = "trace", **kwargs: OptionValue) -> Profiler:
     """Measure the memory of a `with` block: `with profile() as p: ...`, then `p.report`."""
     return Profiler(Options(mode=mode, label=label, **kwargs))
 
 
-def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) -> Any:
+def capture(
+    workers: str | list[str], seconds: float = 2.0, logdir: str | os.PathLike[str] | None = None
+) -> ClusterView:
     """Trace every worker of a training job (each started with `tfmem_magic.serve(PORT)`) for `seconds`, all at
     once, and return the cluster view: one report per worker, side by side (`tfmem_magic.analyze.cluster`)."""
     from tfmem_magic.analyze import cluster
@@ -316,7 +326,7 @@ def capture(workers: str | list[str], seconds: float = 2.0, logdir: Any = None) 
     return cluster.cluster_view(rows)
 
 
-def cluster_from(folder: Any) -> Any:
+def cluster_from(folder: str | os.PathLike[str]) -> ClusterView:
     """The cluster view of the reports and traces the workers saved in one folder (`%tfmem cluster DIR`); their
     traces get findings and fixes as `analyze_xplane` gives them."""
     from tfmem_magic.analyze import cluster
@@ -325,7 +335,7 @@ def cluster_from(folder: Any) -> Any:
 
 
 def analyze_xplane(
-    path: Any, device: str | None = None, label: str | None = None, batch_size: int | None = None
+    path: str | os.PathLike[str], device: str | None = None, label: str | None = None, batch_size: int | None = None
 ) -> Report:
     """The report of a trace recorded elsewhere (a `.xplane.pb`, e.g. from a GPU machine or TensorBoard's
     `plugins/profile/<run>/`), with its findings and fixes; `device` ("GPU:1") picks the allocator, by default the

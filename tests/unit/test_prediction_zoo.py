@@ -17,6 +17,7 @@ import pytest
 
 from tfmem_magic.advise import bases, calibration, diagnose_model, prediction, preflight
 from tfmem_magic.core.report import Report
+from tfmem_magic.core.types import ParsedJSON
 from tfmem_magic.show import render, view
 
 ZOO = Path(__file__).parents[1] / "data" / "prediction_zoo"
@@ -66,14 +67,14 @@ def knob_grid(report: Report) -> list[dict[str, Any]]:
     return grid
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> ParsedJSON:
     """A value as its JSON form reads back: dataclasses as dicts, tuples as lists."""
     if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
     return json.loads(json.dumps(value))
 
 
-def answer(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def answer(call: Callable[..., object], *args: object, **kwargs: object) -> ParsedJSON:
     """What a call gives, or what it raised (its type and message: a refused knob's message is part of the answer)."""
     try:
         return plain(call(*args, **kwargs))

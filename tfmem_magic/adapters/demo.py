@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tfmem_magic.pipeline import Profiler
 
 DEMO_SOURCE = """\
 import numpy as np, keras
@@ -26,7 +29,7 @@ def demo_source(batch: int = 128, epochs: int = 1) -> str:
     return DEMO_SOURCE.format(batch=batch, epochs=epochs)
 
 
-def run_demo(profiler: Any, batch: int = 128, epochs: int = 1) -> None:
+def run_demo(profiler: Profiler, batch: int = 128, epochs: int = 1) -> None:
     """Run the demo's source under `profiler` (a pipeline.Profiler, not yet started)."""
     code = compile(demo_source(batch, epochs), "<tfmem demo>", "exec")
     scope = {"__name__": "__tfmem_demo__"}  # outlives the block: --calibrate needs the model alive

@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -22,6 +23,7 @@ from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
+from tfmem_magic.core.types import IPythonShell
 from tfmem_magic.measure import capabilities, environment, guard, release
 from tfmem_magic.measure.cells import cell_key, cell_label, watched
 from tfmem_magic.measure.tracer import remove_leftovers
@@ -35,7 +37,7 @@ from tfmem_magic.show.view import view_of
 _log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
     from tfmem_magic.analyze.cluster import ClusterView
 
@@ -408,13 +410,18 @@ def resolve_report(ref: str, what: str, namespace: dict[str, Any]) -> Report:
     )
 
 
-def show_tracebacks_through(shell: Any, profiler: pipeline.Profiler, repair: bool) -> Callable[[], None]:
+def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, repair: bool) -> Callable[[], None]:
     """Route the shell's tracebacks through `profiler` while its cell runs, so that a second press of stop does not
     cut the display short. `repair` (the magic's cells) also shows the guard's own exception instead of pybind11's
     tangle, and gives every traceback entry a line number (see numbered_traceback). Returns what undoes it."""
+    show: Callable[..., None]  # IPython's showtraceback, called with the arguments IPython gave ours
     show, own = shell.showtraceback, vars(shell).get("showtraceback")
 
-    def showtraceback(exc_tuple: Any = None, *rest: Any, **kwargs: Any) -> Any:
+    def showtraceback(
+        exc_tuple: tuple[type[BaseException], BaseException, TracebackType | None] | None = None,
+        *rest: object,
+        **kwargs: object,
+    ) -> None:
         etype, value, tb = exc_tuple or sys.exc_info()
         clean, shown = (profiler.untangle(value), numbered_traceback(tb)) if repair else (value, tb)
         with profiler.showing_error(value):
@@ -427,7 +434,8 @@ def show_tracebacks_through(shell: Any, profiler: pipeline.Profiler, repair: boo
 
     def restore() -> None:
         if own is None:
-            vars(shell).pop("showtraceback", None)  # the class's own method again
+            # the class's own method again (vars() of the instance: mypy reads an Any alias's vars() as a class's)
+            vars(shell).pop("showtraceback", None)  # type: ignore[attr-defined]
         else:
             shell.showtraceback = own  # an earlier instance patch, put back
 
@@ -449,7 +457,7 @@ class Watcher:
         shell.events.register("pre_run_cell", self.pre)
         shell.events.register("post_run_cell", self.post)
 
-    def pre(self, info: Any) -> None:
+    def pre(self, info: ExecutionInfo) -> None:
         raw = getattr(info, "raw_cell", "") or ""
         if not watched(raw):
             self._stack.append(None)
@@ -465,7 +473,7 @@ class Watcher:
         profiler.enter_user_code()
         self._stack.append((profiler, show_tracebacks_through(self.shell, profiler, repair=False)))
 
-    def post(self, result: Any) -> None:
+    def post(self, result: ExecutionResult) -> None:
         entry = self._stack.pop() if self._stack else None  # an empty stack: the cell that turned watch mode on
         if entry is None:
             return

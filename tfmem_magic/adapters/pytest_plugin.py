@@ -24,7 +24,7 @@ import hashlib
 import re
 import tempfile
 import unittest
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +170,7 @@ class _Plugin:
                 self.prepare()  # the test modules imported TF, but it has usually not run an op yet
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Any:
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, None]:
         limit, no_leak = _limit_of(pyfuncitem), _no_leak_of(pyfuncitem)
         if not (limit or no_leak or self.measure_all):
             yield
@@ -189,7 +189,7 @@ class _Plugin:
             self.rows.append((props.get(TF_PEAK), props.get(RSS_PEAK, 0), report.nodeid))
             self.incomplete_allocator = self.incomplete_allocator or props.get(ALLOCATOR_NOTE)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         tr = terminalreporter
         if self.rows and self.measure_all and self.top > 0:
             self._write_table(tr)
@@ -198,7 +198,7 @@ class _Plugin:
         if self.incomplete_allocator:
             tr.write_line(f"note: {self.incomplete_allocator}")
 
-    def _write_table(self, tr: Any) -> None:
+    def _write_table(self, tr: pytest.TerminalReporter) -> None:
         n = min(self.top, len(self.rows))
         tr.write_sep("=", f"tfmem: the {n} test{'s' if n != 1 else ''} with the highest TensorFlow peak")
         tr.write_line(f"{'TF peak':>10}  {'RSS peak':>10}  test   (peaks over each test body's baseline)")
@@ -290,7 +290,7 @@ def _measured(
     func: Callable[..., Any], item: pytest.Function, state: _Plugin, limit: Limit | None, no_leak: NoLeak | None
 ) -> Callable[..., Any]:
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         from tfmem_magic.core.options import Options
         from tfmem_magic.pipeline import Profiler
 

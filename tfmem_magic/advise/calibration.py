@@ -20,10 +20,14 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.core.types import KerasModel
 
 
 def remember_model(
-    report: Report, model: Any, structure: dict[str, Any] | None = None, fix_context: fixes.FixContext | None = None
+    report: Report,
+    model: KerasModel,
+    structure: dict[str, Any] | None = None,
+    fix_context: fixes.FixContext | None = None,
 ) -> None:
     """Keep a weak link from a report to the live Keras model it measured (for calibrate), what one of its
     batches held (feeding.spec_of: the probes make synthetic batches like it), and what its fixes were written from
@@ -261,7 +265,7 @@ def _adopt(report: Report, basis: Basis, fix_context: fixes.FixContext | None) -
 def own_step_basis(
     report: Report,
     basis: Basis,
-    model: Any,
+    model: KerasModel,
     structure: dict[str, Any] | None,
     own: str,
     fix_context: fixes.FixContext | None,
@@ -316,7 +320,7 @@ def own_step_basis(
 
 
 def replay_curve(
-    model: Any,
+    model: KerasModel,
     basis: Basis,
     train: bool,
     structure: dict[str, Any] | None,

@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
@@ -58,12 +58,16 @@ from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
+from tfmem_magic.core.types import KerasModel
 from tfmem_magic.measure.fed_shapes import FedShapes, has_open_dims
 from tfmem_magic.measure.fed_shapes import scan as scan_fed_shapes
 from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.sampling import bytes_in_use
+
+if TYPE_CHECKING:  # NumPy and the simulator: imported only when a pre-flight probes
+    from tfmem_magic.analyze.step_replay import CheckedReplays
 
 _log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ class Preflight:
         self._let_run: dict[tuple[Any, ...], tuple[Any, int]] = {}
         self._unprobed: dict[tuple[int, str], Any] = {}  # (model, call) whose probes failed: its weak reference
 
-    def wants(self, model: Any, call: str, use: ModelUse) -> bool:
+    def wants(self, model: KerasModel, call: str, use: ModelUse) -> bool:
         """Whether this call is to be checked (asked before the process is measured for it: a *_on_batch loop calls
         this every step)."""
         batch = use.batch_size
@@ -114,7 +118,7 @@ class Preflight:
 
     def __call__(
         self,
-        model: Any,
+        model: KerasModel,
         call: str,
         use: ModelUse,
         threshold: int,
@@ -175,7 +179,7 @@ def _sample_shape(use: ModelUse) -> tuple[int | None, ...] | None:
 
 
 def check(
-    model: Any, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0, tf_held: int = 0
+    model: KerasModel, call: str, use: ModelUse, threshold: int, rss: int, tf_current: int = 0, tf_held: int = 0
 ) -> PreflightInfo:
     """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes or of the
     model's own saved step, else the probes' line), and say whether the process stays under `threshold` (bytes): a
@@ -311,7 +315,7 @@ class KeptReplay:
     that model on the same inputs at a batch the replay covers is judged from it, without new probes, so the batch a
     refusal names is judged as the refusal judged it (docs/preflight.md, 'The next call at the named batch')."""
 
-    model: Any  # a weak reference: a model that is gone forgets its replay
+    model: weakref.ref[KerasModel]  # a model that is gone forgets its replay
     curve: ReplayCurve  # the batches replayed (probe one's and probe two's op orders)
     fixed: int  # what the probe process held that the kernel holds already (off every replayed peak)
     probes: list[int]
@@ -331,13 +335,15 @@ class KeptReplay:
         return max(0.0, larger_order_peak(self.curve, b) - self.fixed)
 
 
-def _inputs_key(model: Any, call: str, use: ModelUse) -> tuple[Any, ...]:
+def _inputs_key(model: KerasModel, call: str, use: ModelUse) -> tuple[Any, ...]:
     """What a kept replay is valid for: the model, the step its call runs, and one batch's shapes and dtypes."""
     shapes = json.dumps(use.structure, sort_keys=True, default=str)
     return (id(model), STEP_OF_CALL[call], shapes, len(getattr(model, "trainable_weights", None) or ()))
 
 
-def keep_replay(model: Any, call: str, use: ModelUse, info: PreflightInfo, curve: ReplayCurve, fixed: int) -> None:
+def keep_replay(
+    model: KerasModel, call: str, use: ModelUse, info: PreflightInfo, curve: ReplayCurve, fixed: int
+) -> None:
     try:
         ref = weakref.ref(model)
     except TypeError:
@@ -348,7 +354,7 @@ def keep_replay(model: Any, call: str, use: ModelUse, info: PreflightInfo, curve
     kept[_inputs_key(model, call, use)] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step)
 
 
-def kept_replay(model: Any, call: str, use: ModelUse, batch: int) -> KeptReplay | None:
+def kept_replay(model: KerasModel, call: str, use: ModelUse, batch: int) -> KeptReplay | None:
     """The replay kept for this model and inputs, where it covers `batch`; None otherwise."""
     kept = SESSION.preflight_replays.get(_inputs_key(model, call, use))
     if kept is None or kept.model() is not model or not kept.covers(batch):
@@ -357,7 +363,7 @@ def kept_replay(model: Any, call: str, use: ModelUse, batch: int) -> KeptReplay 
 
 
 def own_replayed_step(
-    model: Any, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
+    model: KerasModel, use: ModelUse, batch: int, generous: int | None, method: str = "train_step"
 ) -> tuple[ReplayedStep, list[int], int]:
     """replayed_step for a model that trains in a step of its own, or whose evaluate/predict step a clone cannot run
     (no config to clone it from): the call's step (`method`) is traced again and saved with its variables
@@ -424,7 +430,7 @@ class NoReplay(Exception):
 
 
 def replayed_step(
-    model: Any,
+    model: KerasModel,
     use: ModelUse,
     train: bool,
     batch: int,
@@ -492,7 +498,7 @@ class ReplayedStep:
     replayed once, where asked (a long sequence, an LSTM's, takes ~0.3 s a replay); `curve` gives the batches
     replayed as the report's ReplayCurve."""
 
-    def __init__(self, check: Any, fixed: int, source: str) -> None:
+    def __init__(self, check: CheckedReplays, fixed: int, source: str) -> None:
         self._check = check  # step_replay.CheckedReplays whose self-check passed
         self.fixed = fixed  # what the probe process held that the kernel holds already, and the probes' own data
         self._source = source
@@ -605,7 +611,9 @@ def _on_gpu() -> bool:
         return False
 
 
-def probed_step(model: Any, use: ModelUse, train: bool, batch: int) -> tuple[Callable[[float], float], list[int]]:
+def probed_step(
+    model: KerasModel, use: ModelUse, train: bool, batch: int
+) -> tuple[Callable[[float], float], list[int]]:
     """The call's step at any batch from one step of a clone at 1/16 and 1/8 of the batch (`line_through`): what
     stands in where the replay cannot be used."""
     high = max(2, batch // PROBE_FRACTION)
@@ -642,7 +650,7 @@ def _open_output(shape: str | None) -> bool:
     return any(not d.strip().isdigit() for dims in tuples for d in dims.split(",")[1:] if d.strip())
 
 
-def line_through(peaks: dict[int, tuple[int, int]]) -> Any:
+def line_through(peaks: dict[int, tuple[int, int]]) -> Callable[[float], float]:
     """The step's allocator bytes at any batch, from probe peaks {batch: (allocator peak, requested peak)}: the
     requested bytes' line (they grow in a straight line with the batch), in chunks of at most GROWTH_FRAGMENTATION
     per requested byte. Small probes' own ratios are no guide to a batch 8x larger: BFC's regions double as it
@@ -662,7 +670,7 @@ def line_through(peaks: dict[int, tuple[int, int]]) -> Any:
     return at
 
 
-def _slots_to_build(model: Any) -> int:
+def _slots_to_build(model: KerasModel) -> int:
     """The optimizer's slot variables fit will make in its first step, when the optimizer has not made them yet
     (fewer variables than half its slots: an optimizer's own counters are a few scalars; tf_keras' legacy
     optimizers have no `built` and give their variables by a method)."""
@@ -677,7 +685,7 @@ def _slots_to_build(model: Any) -> int:
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 
-def _largest(fits: Any, batch: int) -> int | None:
+def _largest(fits: Callable[[int], bool], batch: int) -> int | None:
     """The largest batch below `batch` that `fits` (monotone), as people type it; None if not even 1 does."""
     if not fits(1):
         return None

@@ -21,9 +21,11 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.types import KerasModel, NotebookValue
 from tfmem_magic.measure import kerases
 from tfmem_magic.measure.fed_shapes import has_open_dims
 from tfmem_magic.measure.feeding import structure_leaves
@@ -221,7 +223,7 @@ print("TFMEM-PROBE " + json.dumps(peaks))
 
 
 def probe_peaks(
-    model: Any,
+    model: KerasModel,
     batches: list[int],
     train: bool,
     structure: dict[str, Any] | None,
@@ -249,7 +251,7 @@ def probe_peaks(
 
 
 def replay_traces(
-    model: Any,
+    model: KerasModel,
     batches: list[int],
     train: bool,
     structure: dict[str, Any] | None,
@@ -298,7 +300,7 @@ def replay_traces(
     return {b: str(spec["replay"]) for b, spec in specs.items()}
 
 
-def lengths_known(model: Any, structure: dict[str, Any] | None) -> None:
+def lengths_known(model: KerasModel, structure: dict[str, Any] | None) -> None:
     """Raise TfmemUsageError where the batches to make have a dimension besides the batch whose size is not known
     and the model's one input does not fix it (a padded or ragged pipeline's lengths): the probes would have to
     invent it, and a length of 1 predicted a Transformer's step 48 times too small (docs/preflight.md, 'Open
@@ -326,7 +328,7 @@ def lengths_known(model: Any, structure: dict[str, Any] | None) -> None:
 
 
 def _spec(
-    model: Any, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
+    model: KerasModel, batches: list[int], train: bool, structure: dict[str, Any] | None, pipeline: bool
 ) -> dict[str, Any]:
     """What the probe script needs: the model's config, how to compile and feed it, the notebook's classes."""
     lengths_known(model, structure)
@@ -359,7 +361,7 @@ def _spec(
     return spec
 
 
-def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dict[str, Any]:
+def _saved_spec(model: KerasModel, structure: dict[str, Any] | None, saved: str) -> dict[str, Any]:
     """What the probe script needs to run a saved step (step_export.py): the folder, how to feed it."""
     lengths_known(model, structure)
     flavour = kerases.flavour_of(model)
@@ -385,7 +387,7 @@ def _saved_spec(model: Any, structure: dict[str, Any] | None, saved: str) -> dic
 
 
 def _answer(
-    model: Any, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str], last_error: str
+    model: KerasModel, spec: dict[str, Any], prefix: str, returncode: int | None, lines: list[str], last_error: str
 ) -> str:
     """The probe's answer line (after `prefix`), or a TfmemUsageError that says why there is none."""
     if returncode is None:
@@ -408,10 +410,10 @@ def _answer(
     return line.split(" ", 1)[1]
 
 
-def _own_classes(model: Any) -> list[Any]:
+def _own_classes(model: KerasModel) -> list[Any]:
     """Classes of the model, its layers (nested too), loss, metrics and optimizer that are not Keras' or TF's own:
     the probe process must be given them (the notebook's `__main__` does not exist there)."""
-    objects: list[Any] = [model, getattr(model, "optimizer", None), getattr(model, "loss", None)]
+    objects: list[NotebookValue] = [model, getattr(model, "optimizer", None), getattr(model, "loss", None)]
     objects += all_layers(model, include_self=False)
     # the metrics compile() was given: Keras 3's _compile_metrics, tf_keras' compiled_metrics, each keeps them in
     # _user_metrics (private: see measure/capabilities.py; without them a notebook's metric class is not sent)
@@ -431,7 +433,7 @@ def _own_classes(model: Any) -> list[Any]:
 _LIBRARIES = {"keras", "tensorflow", "tf_keras", "builtins", "numpy"}
 
 
-def _custom_objects(model: Any, keras: Any) -> str | None:
+def _custom_objects(model: KerasModel, keras: ModuleType) -> str | None:
     """The model's own classes (and custom loss functions), pickled by value, base64: a custom_object_scope in the
     probe process. Registered names (`register_keras_serializable`) are sent too: Keras looks those up first."""
     classes = _own_classes(model)
@@ -465,7 +467,7 @@ class NotRebuildable(TfmemUsageError):
     """The clone could not be built from the model's config (calibration can send the cell's step instead)."""
 
 
-def _not_rebuildable(model: Any, exc: BaseException, culprit: str | None = None) -> str:
+def _not_rebuildable(model: KerasModel, exc: BaseException, culprit: str | None = None) -> str:
     """What to do when Keras cannot write the model's config (a subclassed Model or Layer without get_config), or
     (`culprit`: the class that could not be rebuilt) wrote one that its class cannot be rebuilt from."""
     for layer in [] if culprit else getattr(model, "layers", []) or []:
@@ -504,7 +506,7 @@ def probes_grow_gpu() -> bool:
     return probe_environment().get(GPU_GROWTH_ENV, "").lower() == "true"
 
 
-def weight_dims(model: Any) -> set[int]:
+def weight_dims(model: KerasModel) -> set[int]:
     """Every dimension of the model's weights: the step replay's probe batches avoid them (a probe batch equal to a
     layer's width makes its tensors ambiguous, step_replay.odd_probes)."""
     return {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}

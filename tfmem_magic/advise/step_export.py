@@ -28,6 +28,7 @@ from typing import Any
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.sizes import variable_bytes
+from tfmem_magic.core.types import KerasModel, ParsedJSON, TFFunction, TFTensor
 from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 
 _log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class SavedStep:
     variable_bytes: int
 
 
-def own_step(model: Any) -> str | None:
+def own_step(model: KerasModel) -> str | None:
     """'GAN.train_step' when the model's class overrides a method of Keras' training step (the first one found),
     None when the step is Keras' own (a clone of the model then trains as the cell did)."""
     for kind in type(model).__mro__:
@@ -58,20 +59,20 @@ def own_step(model: Any) -> str | None:
     return None
 
 
-def sent_step(model: Any) -> str | None:
+def sent_step(model: KerasModel) -> str | None:
     """What calibration and the pre-flight send to the probes instead of a clone's fit, named ('GAN.train_step'):
     a step the model's class overrides, or Keras' own step of a model Keras cannot write a config for. None: a
     clone trains as the cell did."""
     return own_step(model) or uncloneable(model)
 
 
-def not_rebuilt(model: Any, method: str = "train_step") -> str:
+def not_rebuilt(model: KerasModel, method: str = "train_step") -> str:
     """The step sent where the model's config was written but its class could not be rebuilt from it in the probe
     (probe_runs.NotRebuildable): Keras' own, on this model (`method`: the call's step, e.g. predict_step)."""
     return f"{type(model).__name__}.{method}, Keras' own: its clone could not be rebuilt"
 
 
-def uncloneable(model: Any, method: str = "train_step") -> str | None:
+def uncloneable(model: KerasModel, method: str = "train_step") -> str | None:
     """ "TwoTowers.train_step, Keras' own: ..." when Keras cannot write the model's config (a subclassed model without
     get_config): calibration's clone cannot be built, and the step the cell ran (Keras' own, on this model; `method`:
     the call's step) is sent instead. None when the config is written."""
@@ -85,7 +86,7 @@ def uncloneable(model: Any, method: str = "train_step") -> str | None:
     return None
 
 
-def data_signature(structure: dict[str, Any] | None) -> Any:
+def data_signature(structure: dict[str, Any] | None) -> TFTensor:
     """The `tf.TensorSpec`s of one batch as Keras hands it to `train_step` (x; (x,) for a list of inputs; (x, y);
     (x, y, sample_weight)), its batch dimension free. Lists become tuples, as tf.data yields them."""
     structure = structure or {}
@@ -101,7 +102,7 @@ def data_signature(structure: dict[str, Any] | None) -> Any:
     return pack_batch(_specs(structure["x"]), y, weights)
 
 
-def _specs(node: Any) -> Any:
+def _specs(node: ParsedJSON) -> TFTensor:
     """A structure's node (feeding.spec_of) as TensorSpecs with a free batch dimension."""
     import tensorflow as tf
 
@@ -116,7 +117,7 @@ def _specs(node: Any) -> Any:
     return tuple(_specs(v) for v in node)
 
 
-def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
+def loop_step(model: KerasModel) -> tuple[TFFunction, str, dict[str, Any]] | None:
     """The `tf.function` a GradientTape loop trained `model` in (TensorFlow's "quickstart for experts": a
     `@tf.function def train_step(images, labels)` of the notebook's): among the live tf.functions not of Keras' or
     TensorFlow's own, one traced with every trainable variable of the model and more (an optimizer's) that takes
@@ -171,7 +172,7 @@ def loop_step(model: Any) -> tuple[Any, str, dict[str, Any]] | None:
     return function, name, {"args": leaves}
 
 
-def _takes_gradients(concrete: Any) -> bool:
+def _takes_gradients(concrete: TFFunction) -> bool:
     """Whether a traced function computes gradients (a GradientTape's ops are named `gradient_tape/...`) or
     applies them (tf_keras' fused `ResourceApply*` ops)."""
     try:
@@ -182,14 +183,16 @@ def _takes_gradients(concrete: Any) -> bool:
     return any(op.name.startswith("gradient_tape") or op.type.startswith("ResourceApply") for op in operations)
 
 
-def export_loop_step(function: Any, structure: dict[str, Any], folder: str) -> SavedStep:
+def export_loop_step(function: TFFunction, structure: dict[str, Any], folder: str) -> SavedStep:
     """Save a loop's step (loop_step: the user's tf.function itself, called inside the saved one, so that its own
     AutoGraph and `jit_compile` settings hold) as export_step saves a Keras step: one argument, the tuple of the
     function's own."""
     return _save(lambda data: function(*data), structure, folder, autograph=False)
 
 
-def export_step(model: Any, structure: dict[str, Any] | None, folder: str, method: str = "train_step") -> SavedStep:
+def export_step(
+    model: KerasModel, structure: dict[str, Any] | None, folder: str, method: str = "train_step"
+) -> SavedStep:
     """Save the model's `train_step` (or the call's `method`: `test_step` for evaluate, `predict_step` for predict)
     with every variable it touches as a SavedModel in `folder` (its `step` function takes one batch, shaped as
     `data_signature` says). Before the model's first step (the pre-flight) the
@@ -220,7 +223,7 @@ def saved_for_probes(export: Callable[[str], SavedStep], prefix: str) -> Iterato
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _distributed(model: Any) -> bool:
+def _distributed(model: KerasModel) -> bool:
     """Whether the model's variables were made under a tf.distribute strategy (mirrored, one per replica)."""
     import tensorflow as tf
 
@@ -230,7 +233,11 @@ def _distributed(model: Any) -> bool:
 
 
 def _save(
-    function: Any, structure: dict[str, Any] | None, folder: str, autograph: bool, jit_compile: bool | None = None
+    function: Callable[..., TFTensor],
+    structure: dict[str, Any] | None,
+    folder: str,
+    autograph: bool,
+    jit_compile: bool | None = None,
 ) -> SavedStep:
     """`function` traced with one argument shaped as `structure` says (data_signature) and saved, with every
     variable it touches."""

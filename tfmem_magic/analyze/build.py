@@ -10,6 +10,7 @@ from tfmem_magic.analyze import analysis, modelinfo
 from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, kerases, xplane
+from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.measurement import Measured
 
 # process memory the profiler itself takes per xplane byte it records, at its high-water mark (recorder + export;
@@ -61,7 +62,7 @@ def _held(m: Measured, report: Report) -> HeldInfo | None:
     return replace(m.held, left_bytes=None if mem is None else mem.end_bytes - mem.baseline_bytes)
 
 
-def add_analysis(report: Report, m: Measured) -> Any:
+def add_analysis(report: Report, m: Measured) -> ModelUse | None:
     """The model the cell used, its tf.function traces, and the trace's breakdown; returns the model's use record
     (or None) for the advice that needs the live model."""
     instr = m.instrumentation
@@ -209,7 +210,7 @@ def step_dims(report: Report) -> set[int]:
     return dims
 
 
-def trace_info(m: Measured, report: Report, use: Any) -> TraceInfo:
+def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
     instr, tracer = m.instrumentation, m.tracer
     assert instr is not None and tracer is not None
     ctx = analysis.TraceContext(

@@ -4,6 +4,7 @@ are. Built from one report per worker (a capture's traces, or reports the worker
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
     return view
 
 
-def from_directory(folder: str | Path, read_trace: Callable[[Path], Report] | None = None) -> ClusterView:
+def from_directory(folder: str | os.PathLike[str], read_trace: Callable[[Path], Report] | None = None) -> ClusterView:
     """The cluster view of the reports the workers saved in one (shared) folder: `*.json` reports (one per worker,
     e.g. `tfmem run --save DIR/worker0.json`, MemoryMonitor(save=...)) and `*.xplane.pb` traces; the worker is the
     file's name. `read_trace` makes a trace's report (the pipeline's adds findings and fixes, which this layer

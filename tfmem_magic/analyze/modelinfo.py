@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Container, Iterable
 from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import LayerInfo, ModelInfo
 from tfmem_magic.core.sizes import dtype_size as _dtype_size
 from tfmem_magic.core.sizes import variable_bytes
+from tfmem_magic.core.types import KerasLayer, KerasModel, KerasOptimizer, TFTensor
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.holders import optimizer_variables
-from tfmem_magic.measure.instrument import ModelUse
+from tfmem_magic.measure.instrument import AppliedOptimizers, ModelUse
 
 _log = logging.getLogger(__name__)
 
@@ -29,7 +31,7 @@ _CALL_RANK = {
 MAX_LAYERS = 400  # layers listed per model (nested models are listed by their own layers)
 
 
-def _shape_text(shape: Any) -> str | None:
+def _shape_text(shape: TFTensor) -> str | None:
     if shape is None:
         return None
     try:
@@ -46,7 +48,7 @@ RECURRENT_KEPT_PER_STEP_UNIT = {"LSTM": 8.4, "GRU": 7.5, "SimpleRNN": 1.2}
 _RECURRENT_CELLS = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
 
 
-def _recurrent_kept_bytes(layer: Any, input_shape: Any = None) -> int:
+def _recurrent_kept_bytes(layer: KerasLayer, input_shape: TFTensor = None) -> int:
     """Per-sample bytes a recurrent layer keeps for its backward pass: every time step's gates and states.
     `input_shape`: the layer's input as the cell fed it, when the model leaves the sequence length open."""
     outer, directions = layer, 1
@@ -66,7 +68,7 @@ def _recurrent_kept_bytes(layer: Any, input_shape: Any = None) -> int:
     return int(RECURRENT_KEPT_PER_STEP_UNIT[kind] * steps * units * size * directions)
 
 
-def _internal_bytes(layer: Any) -> int:
+def _internal_bytes(layer: KerasLayer) -> int:
     """Per-sample bytes of tensors a layer makes inside itself that its output does not show. Attention: the
     projected query, key and value, and the heads x query x key scores with their softmax."""
     if type(layer).__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
@@ -86,16 +88,16 @@ def _internal_bytes(layer: Any) -> int:
     return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
 
 
-def _attention_shapes(layer: Any) -> dict[str, Any]:
+def _attention_shapes(layer: KerasLayer) -> dict[str, TFTensor]:
     """The shapes an attention layer was built with: Keras 3 keeps its build() arguments (`_build_shapes_dict`),
     tf_keras its own `_query_shape`, `_key_shape` and `_value_shape`."""
-    shapes: dict[str, Any] | None = getattr(layer, "_build_shapes_dict", None)
+    shapes: dict[str, TFTensor] | None = getattr(layer, "_build_shapes_dict", None)
     if shapes:
         return shapes
     return {"query_shape": layer._query_shape, "key_shape": layer._key_shape, "value_shape": layer._value_shape}
 
 
-def _layer_info(layer: Any, fed: tuple[Any, Any] | None = None) -> LayerInfo:
+def _layer_info(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None = None) -> LayerInfo:
     """`fed`: the layer's input and output shapes as the cell's batches made them (see _fed_shapes), when the model
     left a dimension open."""
     try:
@@ -124,18 +126,18 @@ def _layer_info(layer: Any, fed: tuple[Any, Any] | None = None) -> LayerInfo:
     )
 
 
-def _is_model(layer: Any) -> bool:
+def _is_model(layer: KerasLayer) -> bool:
     return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(layer).__mro__)
 
 
-def _open(shape: Any) -> bool:
+def _open(shape: TFTensor) -> bool:
     try:
         return any(d is None for d in list(shape)[1:])
     except TypeError:
         return False
 
 
-def _fed_shapes(model: Any, structure: dict[str, Any] | None) -> dict[int, tuple[Any, Any]]:
+def _fed_shapes(model: KerasModel, structure: dict[str, Any] | None) -> dict[int, tuple[TFTensor, TFTensor]]:
     """Layer id -> (input shape, output shape) as the cell's batches made them, for a model that leaves dimensions
     open (`Input((None,))`: a text model takes any sequence length). Keras' symbolic pass of the model's graph with
     the fed per-sample shapes (batch 1) fills them in: an Embedding's (None, None, 64) becomes (1, 80, 64) when the
@@ -173,13 +175,13 @@ def _fed_shapes(model: Any, structure: dict[str, Any] | None) -> dict[int, tuple
         fallback(_log, "a layer's output spec could not be computed: its activations are unknown", exc)
         return {}
 
-    def shape(spec: Any) -> Any:
+    def shape(spec: TFTensor) -> tuple[TFTensor, ...] | None:
         return tuple(spec.shape) if hasattr(spec, "shape") else None  # a layer with several inputs: not needed
 
     return {id(layer): (shape(specs[2 * i]), shape(specs[2 * i + 1])) for i, layer in enumerate(kept)}
 
 
-def _layers(model: Any, structure: dict[str, Any] | None = None) -> list[LayerInfo]:
+def _layers(model: KerasModel, structure: dict[str, Any] | None = None) -> list[LayerInfo]:
     """The model's layers. A model used as a layer (an encoder in a VAE, the base of transfer learning, an
     augmentation Sequential) counts the outputs of all its own layers: its output alone is only the last of them.
     `structure`: what the cell's batches held (feeding.spec_of), for the dimensions the model leaves open."""
@@ -196,7 +198,7 @@ def _layers(model: Any, structure: dict[str, Any] | None = None) -> list[LayerIn
     return out
 
 
-def _nested_layers(layer: Any, depth: int = 0) -> list[LayerInfo]:
+def _nested_layers(layer: KerasLayer, depth: int = 0) -> list[LayerInfo]:
     inner = getattr(layer, "layers", None) if _is_model(layer) and depth < 4 else None
     if not inner:
         return []
@@ -219,7 +221,9 @@ def weight_shapes(use: ModelUse | None) -> set[str]:
     return out
 
 
-def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tuple[str, Any]]:
+def training_optimizers(
+    model: KerasModel, use: ModelUse, applied: AppliedOptimizers = ()
+) -> list[tuple[str, KerasOptimizer]]:
     """(label, optimizer) of each optimizer that really updates the model's weights. Those the cell saw apply
     gradients to them come first and alone: a custom loop's (a plain SGD, slots or not), a custom `train_step`'s (a
     GAN's `d_optimizer` and `g_optimizer`, recorded when fit traces the step). Else the optimizers the model keeps
@@ -231,15 +235,15 @@ def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tu
         mine = set()
     own = getattr(model, "optimizer", None)
     classes = kerases.optimizer_classes()
-    kept: list[tuple[str, Any]] = [("optimizer", own)] if own is not None else []
+    kept: list[tuple[str, KerasOptimizer]] = [("optimizer", own)] if own is not None else []
     for name, value in list(vars(model).items()) if classes else []:
         if isinstance(value, classes) and all(o is not value for _, o in kept):
             kept.append((name.lstrip("_"), value))
 
-    def label(optimizer: Any) -> str:
+    def label(optimizer: KerasOptimizer) -> str:
         return next((name for name, o in kept if o is optimizer), "optimizer.apply")
 
-    here: list[tuple[str, Any]] = []
+    here: list[tuple[str, KerasOptimizer]] = []
     for ref, ids in applied:
         optimizer = ref()
         if optimizer is not None and mine and ids & mine and all(o is not optimizer for _, o in here):
@@ -250,12 +254,12 @@ def training_optimizers(model: Any, use: ModelUse, applied: Any = ()) -> list[tu
     return with_slots or kept[:1]
 
 
-def _slot_variables(optimizer: Any) -> list[Any]:
+def _slot_variables(optimizer: KerasOptimizer) -> list[TFTensor]:
     """The optimizer's variables that are not scalars (its slots; its step counter and learning rate are)."""
     return [v for v in optimizer_variables(optimizer) if len(getattr(v, "shape", ())) > 0]
 
 
-def applied_optimizer(use: ModelUse, applied: Any) -> Any:
+def applied_optimizer(use: ModelUse, applied: AppliedOptimizers) -> KerasOptimizer | None:
     """The optimizer a custom loop applied to this model's trainable weights, if any."""
     try:
         mine = {id(v) for v in getattr(use.model_ref(), "trainable_weights", [])}
@@ -269,9 +273,9 @@ def applied_optimizer(use: ModelUse, applied: Any) -> Any:
 
 def describe_model(
     use: ModelUse,
-    new_variables: Any = (),
-    built_optimizers: Any = (),
-    applied: Any = (),
+    new_variables: Container[object] = (),
+    built_optimizers: Container[object] = (),
+    applied: AppliedOptimizers = (),
     others: list[ModelUse] | None = None,
 ) -> ModelInfo | None:
     """ModelInfo for a model the cell used; None when it has been garbage-collected. `new_variables` and
@@ -333,7 +337,7 @@ def describe_model(
     )
 
 
-def _replicas_of(model: Any) -> int:
+def _replicas_of(model: KerasModel) -> int:
     """How many replicas the model's tf.distribute strategy runs in sync (1 without one): MultiWorkerMirrored
     counts every worker's, so one worker's tensors carry the global batch / this."""
     try:
@@ -344,13 +348,13 @@ def _replicas_of(model: Any) -> int:
     return max(1, n)
 
 
-def _optimizers_name(optimizers: list[Any]) -> str | None:
+def _optimizers_name(optimizers: list[KerasOptimizer]) -> str | None:
     """The class of the optimizer(s) that train the model: "Adam", or "Adam + SGD" when they differ."""
     names = list(dict.fromkeys(n for n in map(_optimizer_name, optimizers) if n))
     return " + ".join(names) or None
 
 
-def _optimizer_name(optimizer: Any) -> str | None:
+def _optimizer_name(optimizer: KerasOptimizer) -> str | None:
     """The class name of the optimizer that keeps the slots: mixed_float16's LossScaleOptimizer (Keras 3) or
     LossScaleOptimizerV3 (tf_keras) wraps the one the user chose and adds only a scale and a counter."""
     if optimizer is None:
@@ -359,7 +363,7 @@ def _optimizer_name(optimizer: Any) -> str | None:
     return type(inner if inner is not None else optimizer).__name__
 
 
-def _param_count(variables: Any) -> int:
+def _param_count(variables: Iterable[TFTensor]) -> int:
     return sum(int(math.prod(int(d) for d in w.shape)) for w in variables)
 
 
@@ -373,7 +377,7 @@ def _in_words(use: ModelUse) -> str:
     return f"{getattr(model, 'name', '?')} ({params:,} parameters; {calls})"
 
 
-def main_use(uses: list[ModelUse], applied: Any = ()) -> ModelUse | None:
+def main_use(uses: list[ModelUse], applied: AppliedOptimizers = ()) -> ModelUse | None:
     """The model use the cell was about: the model that trained (fit, or a custom loop's optimizer), else evaluated,
     predicted or was called; among equals, the one with the most parameters (a GAN's larger network)."""
     alive = [u for u in uses if u.model_ref() is not None]

@@ -8,6 +8,7 @@ was never in this process). Its device is the allocator's (`GPU_4_bfc` -> GPU:4)
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 from tfmem_magic.analyze import analysis, bfc
@@ -44,7 +45,7 @@ def xspace_files(path: str | Path) -> list[Path]:
 
 
 def bare_report(
-    path: str | Path, device: str | None = None, label: str | None = None, batch_size: int | None = None
+    path: str | os.PathLike[str], device: str | None = None, label: str | None = None, batch_size: int | None = None
 ) -> Report:
     """The report of one saved XSpace file (`.xplane.pb`, or gzipped). `device` picks the allocator ("GPU:1"); by
     default the busiest GPU's, else the CPU's. `batch_size`: the batch one step of that device ran (per replica),

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from tfmem_magic.core.errors import TfmemUsageError
 
-MODES = ("trace", "quick")
+# what a measurement records: profiler events (breakdown and timeline), or the allocator's stats and RSS only
+Mode: TypeAlias = Literal["trace", "quick"]
+# the value of one of Options' fields, given by name (`profile(limit_bytes=...)`, `Profiler(**kwargs)`): the fields
+# differ in type, and Options.__post_init__ checks them at run time
+OptionValue: TypeAlias = Any
+
+MODES: tuple[Mode, ...] = ("trace", "quick")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tfmem_magic.core.types import ParsedJSON
+
 SCHEMA = "tfmem.report/1"
 MIME_TYPE = "application/vnd.tfmem.report+json"
 
@@ -649,7 +651,7 @@ def _build(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**kwargs)
 
 
-def _convert(hint: Any, value: Any) -> Any:
+def _convert(hint: object, value: ParsedJSON) -> object:
     if value is None:
         return None
     origin = typing.get_origin(hint)

@@ -55,7 +55,7 @@ def _object(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _type(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
+def _type(hint: object, defs: dict[str, Any]) -> dict[str, Any]:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [_type(a, defs) for a in typing.get_args(hint) if a is not type(None)]

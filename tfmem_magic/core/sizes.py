@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.types import TFTensor
 
 # SI suffixes are decimal and IEC suffixes binary, as their standards say. A bare letter ("2G", "512M") is binary,
 # as in docker, ulimit and free: that is what people mean when they size a container.
@@ -60,7 +61,7 @@ def format_bytes(n: float | int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def dtype_size(dtype: Any) -> int:
+def dtype_size(dtype: TFTensor | str) -> int:
     """Bytes per element of a TensorFlow, Keras or numpy dtype (or its name); 4 when it is not one we know."""
     name = str(getattr(dtype, "name", dtype))
     for key, size in (

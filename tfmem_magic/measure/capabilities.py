@@ -18,7 +18,6 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.measure import kerases
@@ -73,14 +72,14 @@ def _code_names(code: types.CodeType) -> Iterator[str]:
             yield from _code_names(const)
 
 
-def _stores(function: Any, attribute: str) -> bool:
+def _stores(function: Callable[..., object], attribute: str) -> bool:
     """The function's code uses `self.<attribute>` (read from its bytecode's names: nothing is called, no op
     runs); for attributes that exist only on instances."""
     code = getattr(inspect.unwrap(function), "__code__", None)
     return code is not None and attribute in set(_code_names(code))
 
 
-def _class_uses(cls: Any, *attributes: str, root: str | None = None) -> bool:
+def _class_uses(cls: type, *attributes: str, root: str | None = None) -> bool:
     """Every attribute is used by the code of a function of `cls` or a class it derives from (only classes of the
     package `root`, when given: a TensorFlow base class's own `_trainable_variables` is not Keras')."""
     names: set[str] = set()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from tfmem_magic.core.types import Dataset, ParsedJSON
 from tfmem_magic.measure.feeding import LEAF, split_batch
 
 SCAN_SECONDS = 2.0  # a pipeline that reads files can be slow: the scan stops here, with a lower bound
@@ -24,13 +24,13 @@ SCAN_BATCHES = 512
 class FedShapes:
     """The structure (feeding.spec_of's form) with its open dimensions filled, and how far that can be trusted."""
 
-    structure: Any
+    structure: ParsedJSON
     batches: int  # batches read
     exact: bool  # the scan reached the pipeline's end: the dimensions are the longest it feeds
     longest: list[int]  # the filled dimensions, in the order of the structure's leaves
 
 
-def has_open_dims(node: Any) -> bool:
+def has_open_dims(node: ParsedJSON) -> bool:
     """Whether a structure (spec_of's form) has a dimension besides the batch that is not known (None)."""
     if isinstance(node, dict) and LEAF in node:
         return any(d is None for d in node[LEAF][0])
@@ -38,7 +38,7 @@ def has_open_dims(node: Any) -> bool:
     return any(has_open_dims(v) for v in values)
 
 
-def widest(a: Any, b: Any) -> Any:
+def widest(a: ParsedJSON, b: ParsedJSON) -> ParsedJSON:
     """Two structures of one pipeline (spec_of's form), dimension by dimension the larger (None where either lacks
     it): the shape that holds both batches."""
     if a is None or b is None:
@@ -56,7 +56,7 @@ def widest(a: Any, b: Any) -> Any:
     return a
 
 
-def filled(spec: Any, seen: Any) -> Any:
+def filled(spec: ParsedJSON, seen: ParsedJSON) -> ParsedJSON:
     """`spec` with its open dimensions taken from `seen` (the widest batch read); known ones stay as they are."""
     if isinstance(spec, dict) and LEAF in spec:
         dims, dtype = spec[LEAF]
@@ -70,19 +70,21 @@ def filled(spec: Any, seen: Any) -> Any:
     return spec
 
 
-def _leaf_dims(node: Any) -> list[int]:
+def _leaf_dims(node: ParsedJSON) -> list[int]:
     if isinstance(node, dict) and LEAF in node:
         return [int(d) for d in node[LEAF][0] if d is not None]
     values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
     return [d for v in values for d in _leaf_dims(v)]
 
 
-def scan(dataset: Any, structure: Any, seconds: float = SCAN_SECONDS, limit: int = SCAN_BATCHES) -> FedShapes:
+def scan(
+    dataset: Dataset, structure: ParsedJSON, seconds: float = SCAN_SECONDS, limit: int = SCAN_BATCHES
+) -> FedShapes:
     """Read the pipeline's batches (at most `limit`, for at most `seconds`) and fill `structure`'s open dimensions
     with the largest each took. The pipeline is iterated anew, as fit will iterate it again: a dataset is a
     description, each iteration starts from its beginning."""
     started = time.perf_counter()
-    seen: Any = None
+    seen: ParsedJSON = None
     count, exact = 0, False
     iterator = iter(dataset)
     while True:

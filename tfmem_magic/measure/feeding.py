@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
+from tfmem_magic.core.types import Dataset, JSONValue, NotebookValue, ParsedJSON, TFTensor
 
 _log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def bind(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     return named
 
 
-def leaves(value: Any, depth: int = 0) -> Iterator[Any]:
+def leaves(value: NotebookValue, depth: int = 0) -> Iterator[NotebookValue]:
     """The leaves of a nested structure of dicts, lists and tuples (Keras accepts all three for inputs)."""
     if depth > 8:
         return
@@ -96,11 +97,11 @@ def leaves(value: Any, depth: int = 0) -> Iterator[Any]:
         yield value
 
 
-def _is_numpy(value: Any) -> bool:
+def _is_numpy(value: NotebookValue) -> bool:
     return type(value).__module__ == "numpy" and hasattr(value, "nbytes") and hasattr(value, "shape")
 
 
-def _dims(shape: Any) -> tuple[int | None, ...] | None:
+def _dims(shape: TFTensor) -> tuple[int | None, ...] | None:
     if shape is None:
         return None
     try:
@@ -109,20 +110,20 @@ def _dims(shape: Any) -> tuple[int | None, ...] | None:
         return None
 
 
-def _rows(value: Any) -> int | None:
+def _rows(value: NotebookValue) -> int | None:
     dims = _dims(getattr(value, "shape", None))
     return dims[0] if dims else None
 
 
-def is_dataset(value: Any) -> bool:
+def is_dataset(value: NotebookValue) -> bool:
     return hasattr(value, "element_spec") and hasattr(value, "_variant_tensor")
 
 
-def is_pydataset(value: Any) -> bool:
+def is_pydataset(value: NotebookValue) -> bool:
     return any(c.__name__ in ("PyDataset", "Sequence") and "keras" in c.__module__ for c in type(value).__mro__)
 
 
-def dataset_batch(dataset: Any) -> tuple[int | None, str | None]:
+def dataset_batch(dataset: Dataset) -> tuple[int | None, str | None]:
     """A tf.data pipeline's batch size: the element_spec's leading dimension, else the nearest `.batch()` upstream."""
     first = next(leaves(getattr(dataset, "element_spec", None)), None)
     dims = _dims(getattr(first, "shape", None))
@@ -145,7 +146,7 @@ def dataset_batch(dataset: Any) -> tuple[int | None, str | None]:
 LEAF = "__tfmem_leaf__"  # marks a leaf in a structure: {LEAF: [per-sample dims (None when unknown), dtype]}
 
 
-def spec_of(value: Any, depth: int = 0) -> Any:
+def spec_of(value: NotebookValue, depth: int = 0) -> JSONValue:
     """Per-sample shapes and dtypes of a nested structure of arrays, tensors or TensorSpecs, JSON-ready: dicts and
     lists as the user nested them, each leaf as {LEAF: [dims without the batch, dtype name]}; None where a leaf has
     no shape (a Python list, a scalar) or the nesting is deeper than Keras goes."""
@@ -162,13 +163,13 @@ def spec_of(value: Any, depth: int = 0) -> Any:
     return {LEAF: [list(dims[1:]), str(getattr(dtype, "name", dtype))]}
 
 
-def split_batch(item: Any) -> dict[str, Any]:
+def split_batch(item: NotebookValue) -> dict[str, JSONValue]:
     """One batch as Keras unpacks it, (x,), (x, y) or (x, y, sample_weight), as a structure (see spec_of)."""
     parts = item if isinstance(item, tuple) else (item,)
     return {role: spec_of(part) for role, part in zip(_ROLES, parts[:3], strict=False)}
 
 
-def pack_batch(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
+def pack_batch(x: TFTensor, y: TFTensor = None, sample_weight: TFTensor = None) -> TFTensor:
     """One batch as Keras hands it to `train_step` (its data_adapter_utils.pack_x_y_sample_weight): x alone, (x,)
     for a tuple of inputs, (x, y), (x, y, sample_weight). The saved step's signature and its probes' batches are
     both packed here (advise/step_export.py, the probe script in advise/probe_runs.py)."""
@@ -177,7 +178,7 @@ def pack_batch(x: Any, y: Any = None, sample_weight: Any = None) -> Any:
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
-def structure_leaves(node: Any) -> list[tuple[list[int | None], str]]:
+def structure_leaves(node: ParsedJSON) -> list[tuple[list[int | None], str]]:
     """The (per-sample dims, dtype) leaves of a structure, in order."""
     if isinstance(node, dict) and LEAF in node:
         return [tuple(node[LEAF])]
@@ -185,7 +186,7 @@ def structure_leaves(node: Any) -> list[tuple[list[int | None], str]]:
     return [leaf for value in values for leaf in structure_leaves(value)]
 
 
-def complete(node: Any) -> bool:
+def complete(node: ParsedJSON) -> bool:
     """Whether every leaf of a structure has a shape (a Python list of labels has none): the probes can make it."""
     if node is None:
         return False
@@ -195,14 +196,14 @@ def complete(node: Any) -> bool:
     return bool(values) and all(complete(v) for v in values)
 
 
-def batch_of(item: Any) -> tuple[int | None, dict[str, Any], tuple[int | None, ...] | None]:
+def batch_of(item: NotebookValue) -> tuple[int | None, dict[str, JSONValue], tuple[int | None, ...] | None]:
     """Batch size, structure (see split_batch) and first input's shape of one batch as a generator yields it."""
     parts = item if isinstance(item, tuple) else (item,)
     first = next(leaves(parts[0]), None)
     return _rows(first), split_batch(item), _dims(getattr(first, "shape", None))
 
 
-def pydataset_first(dataset: Any) -> Any:
+def pydataset_first(dataset: Dataset) -> NotebookValue:
     """A PyDataset's first batch (its `__getitem__(0)`: Keras asks for it too, before the first epoch, to learn the
     batch's structure), or None when it will not give one without error."""
     try:
@@ -212,7 +213,9 @@ def pydataset_first(dataset: Any) -> Any:
         return None
 
 
-def spy_generator(generator: Iterator[Any], on_first: Callable[[Any], None]) -> Iterator[Any]:
+def spy_generator(
+    generator: Iterator[NotebookValue], on_first: Callable[[NotebookValue], None]
+) -> Iterator[NotebookValue]:
     """Yields what `generator` yields, telling `on_first` about the first batch (a generator cannot be peeked
     without consuming it, and Keras takes it only once)."""
     first = True

@@ -20,11 +20,11 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Holder
 from tfmem_magic.core.sizes import variable_bytes
+from tfmem_magic.core.types import KerasLayer, KerasOptimizer, NotebookValue, TFTensor
 from tfmem_magic.measure import kerases
 
 _log = logging.getLogger(__name__)
@@ -64,8 +64,8 @@ class Leaf:
 
     kind: str  # "Keras model", "Keras layer", "optimizer", "variable", "tensor"
     label: str  # the model's name, or the tensor's shape
-    variables: list[Any] = field(default_factory=list)  # what it owns (a tensor is its own)
-    optimizer: Any = None  # a model's optimizer, or the optimizer itself: its variables are new when it is
+    variables: list[TFTensor] = field(default_factory=list)  # what it owns (a tensor is its own)
+    optimizer: KerasOptimizer = None  # a model's optimizer, or the optimizer itself: its variables are new when it is
 
 
 @dataclass
@@ -95,7 +95,7 @@ class _Kinds:
         )
         self.tensors = tuple(c for c in (getattr(tf, "Tensor", None),) if isinstance(c, type))
 
-    def leaf(self, obj: Any) -> Leaf | None:
+    def leaf(self, obj: NotebookValue) -> Leaf | None:
         if self.models and isinstance(obj, self.models):
             optimizer = getattr(obj, "optimizer", None)
             return Leaf(
@@ -111,7 +111,7 @@ class _Kinds:
         if self.variables and isinstance(obj, self.variables):
             return Leaf("variable", str(getattr(obj, "name", "variable")), [obj])
         if self.tensors and isinstance(obj, self.tensors) and hasattr(obj, "numpy"):  # eager, not symbolic
-            tensor: Any = obj
+            tensor: TFTensor = obj
             dtype = str(getattr(tensor.dtype, "name", tensor.dtype))
             if dtype in ("resource", "variant", "string"):
                 return None
@@ -119,7 +119,7 @@ class _Kinds:
         return None
 
 
-def _weights(layer: Any) -> list[Any]:
+def _weights(layer: KerasLayer) -> list[TFTensor]:
     try:
         return list(layer.weights)
     except Exception as exc:  # noqa: BLE001 - a layer that is not built, or whose weights raise
@@ -127,7 +127,7 @@ def _weights(layer: Any) -> list[Any]:
         return []
 
 
-def optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: KerasOptimizer) -> list[TFTensor]:
     """All of an optimizer's variables (tf_keras' legacy optimizers give them by a method); [] when unreadable."""
     try:
         found = optimizer.variables
@@ -137,7 +137,7 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
         return []
 
 
-def handle_id(variable: Any) -> int | None:
+def handle_id(variable: TFTensor) -> int | None:
     """id() of the eager resource handle behind a tf.Variable or Keras 3 variable (what a traced graph captures)."""
     inner = getattr(variable, "_value", variable)  # Keras 3 wraps a tf.Variable
     try:
@@ -149,8 +149,8 @@ def handle_id(variable: Any) -> int | None:
 
 
 def walk(
-    namespace: dict[str, Any] | None,
-    is_new: Callable[[Any], bool] = lambda _: False,
+    namespace: dict[str, NotebookValue] | None,
+    is_new: Callable[[NotebookValue], bool] = lambda _: False,
     changed: set[str] | frozenset[str] = frozenset(),
     budget_s: float = BUDGET_S,
 ) -> Walk:
@@ -211,13 +211,13 @@ def _holder(
     kind: str,
     reached: list[tuple[str, Leaf]],
     owners: dict[int, list[str]],
-    is_new: Callable[[Any], bool],
+    is_new: Callable[[NotebookValue], bool],
     rebound: bool,
 ) -> Holder:
     """One Holder for `name`: each variable and tensor counted once, whatever path reached it. A tensor is the
     cell's when the cell bound or rebound the name (`rebound`), a variable when `is_new` says so."""
-    unique: dict[int, Any] = {}
-    fresh: dict[int, Any] = {}
+    unique: dict[int, NotebookValue] = {}
+    fresh: dict[int, NotebookValue] = {}
     for _, leaf in reached:
         built_here = leaf.optimizer is not None and _safe_new(is_new, leaf.optimizer)
         slots = {id(v) for v in optimizer_variables(leaf.optimizer)} if built_here else set()
@@ -242,7 +242,7 @@ def _holder(
     )
 
 
-def _safe_new(is_new: Callable[[Any], bool], value: Any) -> bool:
+def _safe_new(is_new: Callable[[NotebookValue], bool], value: NotebookValue) -> bool:
     try:
         return bool(is_new(value))
     except Exception as exc:  # noqa: BLE001 - a notebook object may raise on any attribute
@@ -250,7 +250,7 @@ def _safe_new(is_new: Callable[[Any], bool], value: Any) -> bool:
         return False
 
 
-def _kind_of(value: Any, kinds: _Kinds) -> str:
+def _kind_of(value: NotebookValue, kinds: _Kinds) -> str:
     """What the name is, in the words a person uses."""
     leaf = kinds.leaf(value)
     if leaf is not None:
@@ -264,12 +264,12 @@ def _kind_of(value: Any, kinds: _Kinds) -> str:
     return type(value).__name__
 
 
-def _leaves(root: Any, name: str, kinds: _Kinds, deadline: float) -> Iterator[tuple[str, Leaf]]:
+def _leaves(root: NotebookValue, name: str, kinds: _Kinds, deadline: float) -> Iterator[tuple[str, Leaf]]:
     """(path, leaf) under `root`, breadth first (the shortest path to each), each object visited once."""
-    level: list[tuple[str, Any]] = [(name, root)]
+    level: list[tuple[str, NotebookValue]] = [(name, root)]
     visited: set[int] = set()
     for _depth in range(MAX_DEPTH + 1):
-        following: list[tuple[str, Any]] = []
+        following: list[tuple[str, NotebookValue]] = []
         for path, obj in level:
             if type(obj) in _ATOMS or id(obj) in visited:
                 continue
@@ -292,14 +292,14 @@ def _leaves(root: Any, name: str, kinds: _Kinds, deadline: float) -> Iterator[tu
         level = following
 
 
-def _key_text(key: Any) -> str:
+def _key_text(key: object) -> str:
     if isinstance(key, str) and len(key) > 40:
         key = key[:37]  # a dict keyed by whole documents: never repr() the whole key
     text = repr(key) if isinstance(key, (str, int, float, tuple)) else "…"
     return text if len(text) <= 40 else text[:37] + "…"
 
 
-def _children(obj: Any, kinds: _Kinds) -> list[tuple[str, Any]]:
+def _children(obj: NotebookValue, kinds: _Kinds) -> list[tuple[str, NotebookValue]]:
     """(path step, child) of what the walk goes into from `obj` (see the module's docstring for which objects)."""
     if isinstance(obj, (type, types.ModuleType)):
         return []

@@ -20,15 +20,18 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal, TypeAlias
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import CallRecord
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.types import KerasLayer, KerasModel, KerasOptimizer, NotebookValue, TFFunction, TFGraph
 from tfmem_magic.measure import feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
+from tfmem_magic.measure.guard import Guard
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import bytes_in_use, process_rss
 from tfmem_magic.measure.tracer import Tracer
@@ -62,6 +65,8 @@ class ModelUse:
 
 
 GENERATOR_BATCH = "the generator's first batch"
+# the optimizers a cell saw apply gradients, each with the ids of the variables it updated (Instrumentation.applied)
+AppliedOptimizers: TypeAlias = Sequence[tuple[weakref.ref[KerasOptimizer], set[int]]]
 
 
 def _as_fed(use: ModelUse, call: str, feed: feeding.Feed) -> ModelUse:
@@ -92,13 +97,13 @@ class IdentitySet:
     def __init__(self) -> None:
         self._refs: dict[int, weakref.ref[Any]] = {}
 
-    def add(self, obj: Any) -> None:
+    def add(self, obj: object) -> None:
         try:
             self._refs[id(obj)] = weakref.ref(obj)
         except TypeError:  # not weak-referenceable: then it counts as made before the cell
             pass
 
-    def __contains__(self, obj: Any) -> bool:
+    def __contains__(self, obj: object) -> bool:
         ref = self._refs.get(id(obj))
         return ref is not None and ref() is obj
 
@@ -109,9 +114,9 @@ class Instrumentation:
         tracer: Tracer | None,
         trace_steps: int = 10,
         spans: bool = True,
-        guard: Any = None,
+        guard: Guard | None = None,
         stops: StopLatch | None = None,
-        preflight: Callable[[Any, str, ModelUse], None] | None = None,
+        preflight: Callable[[KerasModel, str, ModelUse], None] | None = None,
         t0: float | None = None,
     ) -> None:
         self.tracer = tracer
@@ -135,7 +140,7 @@ class Instrumentation:
         self._calls = threading.local()  # the watched call running on this thread (Keras nests its own calls)
         self.notes: list[str] = []  # what the instrumentation could not do, for the report
         # optimizers applied in custom loops, their variables
-        self.applied: list[tuple[weakref.ref[Any], set[int]]] = []
+        self.applied: list[tuple[weakref.ref[KerasOptimizer], set[int]]] = []
         # the optimizer update a custom loop called ("Adam.apply()"; once per trace in a tf.function), whose steps no
         # pre-flight checks; "" when none was seen
         self.custom_loop = ""
@@ -162,7 +167,7 @@ class Instrumentation:
             self._patch(tape, "gradient", self._wrap_span(tape.gradient, lambda s, *a, **k: "phase/backward"))
         return True
 
-    def _install_keras(self, flavour: str, keras: Any) -> None:
+    def _install_keras(self, flavour: str, keras: ModuleType) -> None:
         self._hide_from_keras_tracebacks(flavour)
         for name in _WATCHED_CALLS:
             if hasattr(keras.Model, name):
@@ -196,8 +201,13 @@ class Instrumentation:
 
         @functools.wraps(original)
         def counting(
-            function_type: Any, type_context: Any, func_graph: Any, tracing_options: Any, *args: Any, **kwargs: Any
-        ) -> Any:
+            function_type: TFFunction,
+            type_context: TFFunction,
+            func_graph: TFGraph,
+            tracing_options: TFFunction,
+            *args: object,
+            **kwargs: object,
+        ) -> TFFunction:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             name = str(getattr(tracing_options, "name", "function"))
             # a function is its cache (an empty cache is falsy: test for None). The cache is held until the cell
@@ -239,7 +249,7 @@ class Instrumentation:
         if isinstance(paths, tuple) and _PACKAGE_DIR not in paths:
             self._patch(utils, "_EXCLUDED_PATHS", (*paths, _PACKAGE_DIR))
 
-    def _patch(self, owner: Any, name: str, replacement: object) -> None:
+    def _patch(self, owner: object, name: str, replacement: object) -> None:
         self._patches.append((owner, name, owner.__dict__.get(name, _MISSING), replacement))
         setattr(owner, name, replacement)
 
@@ -265,7 +275,7 @@ class Instrumentation:
         return out
 
     # ---- wrappers ---------------------------------------------------------------------------------------------
-    def _outer_call(self) -> tuple[Any, str] | None:
+    def _outer_call(self) -> tuple[KerasModel, str] | None:
         """The watched call (model, name) running on this thread, if any."""
         return getattr(self._calls, "current", None)
 
@@ -275,7 +285,7 @@ class Instrumentation:
         trace_cls = _trace_class() if self.spans else None
 
         @functools.wraps(original)
-        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(this: KerasLayer, *args: NotebookValue, **kwargs: NotebookValue) -> NotebookValue:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -293,7 +303,7 @@ class Instrumentation:
         into = self.new_variables if result else self.built_optimizers
 
         @functools.wraps(original)
-        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(this: KerasLayer | KerasOptimizer, *args: NotebookValue, **kwargs: NotebookValue) -> NotebookValue:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             out = original(this, *args, **kwargs)
             into.add(out if result else this)
@@ -308,7 +318,7 @@ class Instrumentation:
         instrumentation = self
 
         @functools.wraps(original)
-        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(this: KerasOptimizer, *args: NotebookValue, **kwargs: NotebookValue) -> NotebookValue:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -342,7 +352,7 @@ class Instrumentation:
         instrumentation = self
 
         @functools.wraps(original)
-        def wrapper(this: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(this: NotebookValue, *args: NotebookValue, **kwargs: NotebookValue) -> NotebookValue:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active:
                 return original(this, *args, **kwargs)
@@ -363,7 +373,7 @@ class Instrumentation:
         signature_of = reference or original
 
         @functools.wraps(original)
-        def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrapper(model: KerasModel, *args: NotebookValue, **kwargs: NotebookValue) -> NotebookValue:
             __tracebackhide__ = True  # noqa: F841 (IPython leaves tfmem's wrapper out of the user's traceback)
             if not instrumentation.active or instrumentation._outer_call() is not None:
                 return original(model, *args, **kwargs)  # uninstalled, or nested in a watched call
@@ -395,7 +405,7 @@ class Instrumentation:
 
         return wrapper
 
-    def _call_started(self, model: Any, call: str) -> CallRecord | None:
+    def _call_started(self, model: KerasModel, call: str) -> CallRecord | None:
         """A record of the call with what TensorFlow and the process held at its start (fit/evaluate/predict only:
         the per-call growth a loop of them leaves is what the leak rules read)."""
         if call not in ("fit", "evaluate", "predict") or len(self.calls) >= MAX_CALL_RECORDS:
@@ -414,7 +424,7 @@ class Instrumentation:
         self.calls.append(record)
         return record
 
-    def _call_ended(self, record: CallRecord | None, result: Any) -> None:
+    def _call_ended(self, record: CallRecord | None, result: NotebookValue) -> None:
         if record is None:
             return
         try:
@@ -462,7 +472,7 @@ class Instrumentation:
             callbacks = [given, *ours]
         return args, {**kwargs, "callbacks": callbacks}
 
-    def _use(self, model: Any) -> ModelUse:
+    def _use(self, model: KerasModel) -> ModelUse:
         use = self.models.get(id(model))
         if use is None or use.model_ref() is not model:
             use = self.models[id(model)] = ModelUse(weakref.ref(model))
@@ -473,8 +483,13 @@ class Instrumentation:
         return use
 
     def _record_call(
-        self, model: Any, call: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any], feeding.Feed]:
+        self,
+        model: KerasModel,
+        call: str,
+        original: Callable[..., Any],
+        args: tuple[NotebookValue, ...],
+        kwargs: dict[str, NotebookValue],
+    ) -> tuple[tuple[NotebookValue, ...], dict[str, NotebookValue], feeding.Feed]:
         """Record what the user's call was fed; returns the arguments to call with (the same objects, except a
         Python generator, which is passed through a generator that notes its first batch), and the call's feed."""
         use = self._use(model)
@@ -496,7 +511,7 @@ class Instrumentation:
         self._note_arrays(use, feed.arrays)
         if feed.kind == "generator":
 
-            def first_batch(item: Any) -> None:
+            def first_batch(item: NotebookValue) -> None:
                 batch, structure, shape = feeding.batch_of(item)
                 if batch is not None:
                     use.batch_size, use.batch_source = batch, GENERATOR_BATCH
@@ -516,7 +531,9 @@ class Instrumentation:
                 use.input_arrays.append(array)
             self.copy_roles.setdefault(array.copy_bytes, "validation" if array.validation else "training")
 
-    def _record_direct_call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _record_direct_call(
+        self, model: KerasModel, args: tuple[NotebookValue, ...], kwargs: dict[str, NotebookValue]
+    ) -> None:
         """A model called like a function (custom training loops, inference): the batch is the largest seen (the
         last batch of an epoch is often a partial one)."""
         use = self._use(model)
@@ -531,7 +548,7 @@ class Instrumentation:
             use.batch_size, use.input_shape = dims[0], dims
             use.batch_source = feeding.DIRECT_CALL_BATCH
 
-    def _learn_names(self, model: Any) -> None:
+    def _learn_names(self, model: KerasModel) -> None:
         try:
             for layer in _all_layers(model):
                 self.layer_names.add(layer.name)
@@ -578,8 +595,12 @@ def _parameter_index(function: Callable[..., Any], name: str) -> int | None:
 
 
 def _replace_argument(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    function: Callable[..., Any],
+    args: tuple[NotebookValue, ...],
+    kwargs: dict[str, NotebookValue],
+    name: str,
+    value: NotebookValue,
+) -> tuple[tuple[NotebookValue, ...], dict[str, NotebookValue]]:
     position = _parameter_index(function, name)
     if position is not None and len(args) > position:
         return args[:position] + (value,) + args[position + 1 :], kwargs
@@ -665,7 +686,7 @@ _CALLBACK_MAKERS = {"trace": _make_trace_window_class, "check": _make_batch_end_
 _callback_classes: dict[tuple[str, str], type] = {}
 
 
-def _callback_class(kind: str, flavour: str) -> type:
+def _callback_class(kind: Literal["trace", "check"], flavour: str) -> type:
     """Our callback class ("trace": the first steps' window, "check": the batch-end checks) for the Keras the model
     was made with (tf_keras' CallbackList calls methods a Keras 3 Callback lacks). Made on first use and kept."""
     key = (kind, flavour)
@@ -675,11 +696,11 @@ def _callback_class(kind: str, flavour: str) -> type:
     return _callback_classes[key]
 
 
-def _all_layers(model: Any) -> list[Any]:
+def _all_layers(model: KerasModel) -> list[KerasLayer]:
     return all_layers(model, include_self=True)
 
 
-def all_layers(model: Any, include_self: bool = True) -> list[Any]:
+def all_layers(model: KerasLayer, include_self: bool = True) -> list[KerasLayer]:
     """The model (with `include_self`) and every layer inside it, nested ones too: Keras' own walk
     (`_flatten_layers`, private: see capabilities.py), else the public `.layers` of the model and of the models
     nested in it (a layer that a custom layer keeps inside itself is then missed)."""

@@ -32,6 +32,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 # how long presses are absorbed while the cell's traceback is shown: long enough for a deep Keras traceback on a
@@ -83,7 +84,7 @@ class StopLatch:
         return self._armed
 
     # ---- the press --------------------------------------------------------------------------------------------
-    def _on_press(self, signum: int, frame: Any) -> None:
+    def _on_press(self, signum: int, frame: FrameType | None) -> None:
         now = time.perf_counter()
         if now < self._absorb_until:
             self.absorbed += 1  # the cell already failed and its traceback is being shown: let it finish

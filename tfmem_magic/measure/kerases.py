@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType
-from typing import Any
 
 KERAS3, TF_KERAS = "keras", "tf_keras"
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
@@ -43,7 +42,7 @@ def optimizer_classes() -> tuple[type, ...]:
     )
 
 
-def flavour_of(obj: Any) -> str:
+def flavour_of(obj: object) -> str:
     """KERAS3 or TF_KERAS: which Keras defined the object's class (a model, a layer, an optimizer)."""
     for klass in type(obj).__mro__:
         root = (getattr(klass, "__module__", "") or "").split(".")[0]

@@ -26,6 +26,7 @@ from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.options import Options
 from tfmem_magic.core.report import HeldInfo
 from tfmem_magic.core.session import SESSION
+from tfmem_magic.core.types import KerasModel
 from tfmem_magic.measure import (
     capabilities,
     environment,
@@ -37,7 +38,7 @@ from tfmem_magic.measure import (
     step_counters,
     xplane,
 )
-from tfmem_magic.measure.instrument import Instrumentation
+from tfmem_magic.measure.instrument import Instrumentation, ModelUse
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
 from tfmem_magic.measure.tracer import Tracer, user_profiler_running
@@ -200,7 +201,7 @@ class Measurement:
                 _quietly(self.tracer.finish)
             self.tracer, self.mode = None, "quick"
 
-    def _preflight_check(self) -> Callable[[Any, str, Any], None] | None:
+    def _preflight_check(self) -> Callable[[KerasModel, str, ModelUse], None] | None:
         """The pre-flight for this cell's calls, or None: asked for (--preflight), or on by default when the user set
         a limit and TensorFlow's allocator is not capped (TensorFlow was running before the limit: nothing else
         stops one step that outgrows the limit, as one step is one C++ call)."""
@@ -218,7 +219,7 @@ class Measurement:
         hook = self._preflight
         wants = getattr(hook, "wants", None)  # asked first: a *_on_batch loop comes here at every step
 
-        def check(model: Any, call: str, use: Any) -> None:
+        def check(model: KerasModel, call: str, use: ModelUse) -> None:
             if wants is not None and not wants(model, call, use):
                 return
             rss = psutil.Process().memory_info().rss
@@ -409,7 +410,7 @@ class Measurement:
             return None
         instr = self.instrumentation
 
-        def made_here(obj: Any) -> bool:  # a variable or an optimizer the cell created
+        def made_here(obj: object) -> bool:  # a variable or an optimizer the cell created
             return instr is not None and (obj in instr.new_variables or obj in instr.built_optimizers)
 
         try:

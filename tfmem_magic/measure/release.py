@@ -25,11 +25,11 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Holder
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.core.types import NotebookValue, TFGraph, TFTensor
 from tfmem_magic.measure import capabilities, holders, kerases
 from tfmem_magic.measure.sampling import bytes_in_use, main_tf_device, process_rss
 
@@ -101,7 +101,7 @@ class Released:
         return " ".join(p for p in parts if p)
 
 
-def free(namespace: dict[str, Any] | None = None, names: tuple[str, ...] | list[str] = ()) -> Released:
+def free(namespace: dict[str, NotebookValue] | None = None, names: tuple[str, ...] | list[str] = ()) -> Released:
     """Drop `names` from `namespace`, clear every imported Keras' session, drop the gradient functions TensorFlow
     keeps for traced train functions, collect, and say what TensorFlow's allocator gave back. A name that is not
     there is a KeyError before anything is dropped."""
@@ -171,7 +171,7 @@ def registry_pinned(reachable_handles: set[int] | frozenset[int] = frozenset()) 
     registry = getattr(getattr(ops, "_gradient_registry", None), "_registry", None)
     if not isinstance(registry, dict):
         return Pinned(readable=ops is None)
-    graphs: dict[int, Any] = {}
+    graphs: dict[int, TFGraph] = {}
     holding: dict[int, set[int]] = {}  # id(graph) -> registry entries (by index) that reach it
     for index, (name, entry) in enumerate(list(registry.items())):
         if not (isinstance(name, str) and name.startswith(PREFIX) and isinstance(entry, dict)):
@@ -197,7 +197,7 @@ def registry_pinned(reachable_handles: set[int] | frozenset[int] = frozenset()) 
     return Pinned(bytes=sum(sizes.values()), entries=entries, unnamed_bytes=sum(unnamed.values()))
 
 
-def _live_handles(graph: Any) -> set[int] | None:
+def _live_handles(graph: TFGraph) -> set[int] | None:
     """ids of the resource handles of the graph's variables that are still alive; None when the graph keeps no weak
     references to its variables."""
     refs = getattr(graph, "_weak_variables", None)
@@ -216,7 +216,7 @@ def _live_handles(graph: Any) -> set[int] | None:
     return alive
 
 
-def _graphs_of(function: Any, depth: int = 0) -> list[Any]:
+def _graphs_of(function: object, depth: int = 0) -> list[TFGraph]:
     """The traced graphs a gradient function's closures reach (tensors' `.graph`, when it has `captures`)."""
     found = []
     for cell in getattr(function, "__closure__", None) or ():
@@ -233,7 +233,7 @@ def _graphs_of(function: Any, depth: int = 0) -> list[Any]:
     return found
 
 
-def _captured_handles(graph: Any) -> list[Any]:
+def _captured_handles(graph: TFGraph) -> list[TFTensor]:
     try:
         return [
             external
@@ -245,7 +245,7 @@ def _captured_handles(graph: Any) -> list[Any]:
         return []
 
 
-def _handle_bytes(handle: Any) -> int:
+def _handle_bytes(handle: TFTensor) -> int:
     """Bytes of the variable behind an eager resource handle, from its handle data (0 when unknown)."""
     try:
         total = 0

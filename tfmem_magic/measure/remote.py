@@ -134,7 +134,7 @@ class Captured:
     error: str | None = None
 
 
-def trace_workers(workers: list[str], seconds: float, logdir: str | Path | None = None) -> list[Captured]:
+def trace_workers(workers: list[str], seconds: float, logdir: str | os.PathLike[str] | None = None) -> list[Captured]:
     """Trace every worker for `seconds`, all at once (one client call per worker, started together, so that one
     unreachable worker fails alone), and return where each worker wrote its trace. The traces land under
     `logdir/<host>_<port>/plugins/profile/<run>/` (a temporary folder by default: fine on one machine)."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
+from tfmem_magic.core.types import KerasOptimizer, NotebookValue, TFTensor
 
 _log = logging.getLogger(__name__)
 
@@ -26,12 +26,12 @@ _SKIP = {"In", "Out", "_", "__", "___", "exit", "quit", "get_ipython"}
 
 @dataclass
 class Counter:
-    optimizer: weakref.ref[Any]
+    optimizer: weakref.ref[KerasOptimizer]
     name: str  # how the user reaches it: "opt", "model.optimizer"
     steps: int
 
 
-def _of_keras(value: Any) -> bool:
+def _of_keras(value: NotebookValue) -> bool:
     """An object of a Keras 3 or tf_keras class, or of a class derived from one (a notebook's `class GAN(Model)`)."""
     try:
         return any((cls.__module__ or "").startswith(("keras", "tf_keras")) for cls in type(value).__mro__)
@@ -40,7 +40,7 @@ def _of_keras(value: Any) -> bool:
         return False
 
 
-def _counter(value: Any) -> Any:
+def _counter(value: NotebookValue) -> TFTensor | None:
     """The optimizer's step counter variable, or None: only one that exists already (reading `iterations` of a
     tf_keras legacy optimizer makes its variable; a LossScaleOptimizer's is its inner optimizer's, which its
     `iterations` gives)."""
@@ -57,7 +57,7 @@ def _counter(value: Any) -> Any:
         return None
 
 
-def _steps(counter: Any) -> int | None:
+def _steps(counter: TFTensor) -> int | None:
     try:
         return int(counter.numpy())
     except Exception as exc:  # noqa: BLE001 - a graph's variable, a counter on a device that cannot be read now
@@ -65,7 +65,7 @@ def _steps(counter: Any) -> int | None:
         return None
 
 
-def read(namespace: dict[str, Any] | None) -> list[Counter]:
+def read(namespace: dict[str, NotebookValue] | None) -> list[Counter]:
     """The step counters of the optimizers the namespace names, directly or as a Keras model's `.optimizer` (each
     counter once: a LossScaleOptimizer and its inner optimizer share one)."""
     found: dict[int, Counter] = {}

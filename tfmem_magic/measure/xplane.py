@@ -23,9 +23,10 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from tfmem_magic.core.types import ProtoMessage
 
 ALLOC, FREE = "MemoryAllocation", "MemoryDeallocation"
 _INT64_MASK = 2**63 - 1
@@ -358,7 +359,7 @@ def _walk_line(data: bytes, pos: int, end: int) -> tuple[str, int, np.ndarray]:
     return name, timestamp_ns, np.frombuffer(records, dtype=np.int64)
 
 
-def _plane_parts(data: bytes, start: int, end: int) -> tuple[Any, list[tuple[int, int]]]:
+def _plane_parts(data: bytes, start: int, end: int) -> tuple[ProtoMessage, list[tuple[int, int]]]:
     """A serialized XPlane → its name and metadata (a lean message parsed from those fields alone: the lines are
     never copied) and the byte range of each of its lines."""
     meta_parts: list[bytes] = []
@@ -485,7 +486,7 @@ def xla_function(module: str) -> str | None:
     return "_" + match.group(1) if match else None
 
 
-def _xla_modules(plane: Any) -> set[str]:
+def _xla_modules(plane: ProtoMessage) -> set[str]:
     """Names of the HLO modules that ran in a host plane, from its metadata alone: a GPU executable's run event
     ("<module>:XLA GPU module"); on a CPU, the values of the `hlo_module` stat XLA's ops carry (measured on TF 2.21:
     "a_inference_step_878__XlaMustCompile_true_config_proto_..."), which the plane declares as stat metadata names
@@ -497,7 +498,7 @@ def _xla_modules(plane: Any) -> set[str]:
     return modules
 
 
-def _event_ids(plane: Any) -> tuple[set[int], set[int], dict[int, str]]:
+def _event_ids(plane: ProtoMessage) -> tuple[set[int], set[int], dict[int, str]]:
     """Event metadata ids of allocations, frees, and the spans we keep (id -> span name): ours without their prefix,
     XLA's runs as XLA_SPAN + their name. One look at each name of the plane's metadata, none at its events."""
     alloc_ids, free_ids, span_ids = set(), set(), {}
@@ -516,7 +517,7 @@ def _event_ids(plane: Any) -> tuple[set[int], set[int], dict[int, str]]:
 # ---- the reference decoder --------------------------------------------------------------------------------------
 
 
-def _read_plane_slow(plane: Any, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
+def _read_plane_slow(plane: ProtoMessage, offset_ps: int, cols: _Columns, spans: list[Span]) -> None:
     """Reference implementation, on TF's XPlane message: one protobuf stat at a time (~8 µs per memory event)."""
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     int_col = {k: _INT_STATS.index(n) for k, n in stat_names.items() if n in _INT_STATS}
@@ -603,7 +604,7 @@ def _varint(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _read_plane_fast(
     data: bytes,
     buf: np.ndarray,
-    plane: Any,
+    plane: ProtoMessage,
     lines: list[tuple[int, int]],
     offset_ps: int,
     cols: _Columns,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfmem_magic.core.fallbacks import fallback
+from tfmem_magic.core.types import IPythonShell
 
 _log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ TARGET = "tfmem_insert"
 ANSWER_WAIT_S = 8.0  # JupyterLab acknowledges within a second; a front end that drops the comm never does
 
 
-def current_cell_id(shell: Any) -> str | None:
+def current_cell_id(shell: IPythonShell) -> str | None:
     """The id of the cell being executed, which JupyterLab sends in each execute request's metadata. Read it when
     the panel is displayed: a button click's message (comm_msg) carries no cell id."""
     kernel = getattr(shell, "kernel", None)

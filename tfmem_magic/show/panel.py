@@ -9,7 +9,7 @@ notebooks, nbconvert and GitHub show the twin.
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -19,6 +19,9 @@ from tfmem_magic.show import figures, frontend
 from tfmem_magic.show.render import before_after_html, held_html
 from tfmem_magic.show.view import BUDGET_SOURCES, ReportView, trace_notes, view_of
 from tfmem_magic.show.whatif_panel import whatif_tab
+
+if TYPE_CHECKING:
+    from tfmem_magic.analyze.cluster import ClusterView
 
 BREAKDOWN_KEYS = ("phase", "layer", "op")
 
@@ -201,7 +204,7 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
             )
             button.disabled = False
 
-    def clicked(_: Any) -> None:
+    def clicked(_: object) -> None:  # the button
         button.disabled = True
         status.value = (
             f"Sent to the notebook… (nothing appears? run <code>{escape(fallback)}</code>, or copy the code above)"
@@ -319,7 +322,7 @@ def build_panel(
     return panel
 
 
-def cluster_panel(view: Any) -> widgets.VBox:
+def cluster_panel(view: ClusterView) -> widgets.VBox:
     """The workers side by side (the static table), and below it one worker's full panel, chosen in a selector
     (the worst worker first)."""
     from tfmem_magic.show.cluster_render import cluster_html
@@ -331,7 +334,8 @@ def cluster_panel(view: Any) -> widgets.VBox:
     choice = widgets.Dropdown(
         options=[(f"{row.worker} ({row.device})", i) for i, row in enumerate(measured)], value=0, description="Worker"
     )
-    shown = widgets.VBox([build_panel(measured[0].report, figures.timeline_png(measured[0].report))])
+    # a measured row has its report (ClusterView.measured), which WorkerRow's type cannot say
+    shown = widgets.VBox([build_panel(measured[0].report, figures.timeline_png(measured[0].report))])  # type: ignore[arg-type]
 
     def pick(change: dict[str, Any]) -> None:
         report = measured[change["new"]].report

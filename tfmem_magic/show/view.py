@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from tfmem_magic.advise import bases, parts, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Knobs, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
+    from typing import Unpack
+
+# the verdict's colour (ReportView.level, the CSS class tfmem-<level>)
+VerdictLevel: TypeAlias = Literal["ok", "warn", "bad"]
 
 
 @dataclass
@@ -85,7 +91,8 @@ def whatif_rows(report: Report, base: prediction.WhatIf | None = None) -> list[t
     refused = pre is not None and pre.verdict == "refused" and pre.batch_size == batch
     out = [(f"as asked (batch {batch}, refused)" if refused else f"as run (batch {batch})", base)]
 
-    def add(label: str, **knobs: Any) -> None:  # one the knobs do not allow (a batch below the replicas): left out
+    # one the knobs do not allow (a batch below the replicas): left out
+    def add(label: str, **knobs: Unpack[prediction.WhatIfKnobs]) -> None:
         try:
             out.append((label, prediction.predict(report, **knobs)))
         except TfmemUsageError:
@@ -158,7 +165,7 @@ def _device_verdict(report: Report, name: str, limit: int) -> str:
     return f"{prefix}fits {name} with {format_bytes(limit - peak)} to spare"
 
 
-def verdict_level(report: Report) -> str:
+def verdict_level(report: Report) -> VerdictLevel:
     """The verdict's colour: "bad" (out of memory, over the budget), "warn" (findings, errors), "ok"."""
     device = report.device_budget
     if device is not None and report.tf[device[0]].peak_bytes > device[1]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from html import escape
-from typing import Any
 
 import ipywidgets as widgets
 
@@ -100,7 +99,7 @@ def whatif_tab(
     )
     progress = widgets.IntProgress(value=0, min=0, max=100, layout=widgets.Layout(width="200px", visibility="hidden"))
 
-    def show(_: Any = None) -> None:
+    def show(_: object = None) -> None:  # a slider's change, or None
         try:
             w = prediction.predict(
                 report,
@@ -116,7 +115,7 @@ def whatif_tab(
             return
         result.value = whatif_result_html(w, base, "as asked" if refused else "as run")
 
-    def calibrate(_: Any) -> None:
+    def calibrate(_: object) -> None:  # the button
         calibrate_w.disabled = True
         progress.layout.visibility = "visible"
 
