@@ -119,7 +119,8 @@ def answers(report: Report) -> dict[str, Any]:
 
 
 def expected() -> dict[str, dict[str, Any]]:
-    return json.loads(gzip.decompress(EXPECTED.read_bytes()))
+    zoo: dict[str, dict[str, Any]] = json.loads(gzip.decompress(EXPECTED.read_bytes()))  # report -> asked -> answer
+    return zoo
 
 
 @pytest.fixture(scope="module")
