@@ -220,7 +220,7 @@ class Profiler:
                 "which its probe processes would be counted in; the what-if stays analytic."
             )
             return
-        if report.status not in ("ok", "oom"):
+        if report.status not in ("ok", "oom", "refused"):
             report.notes.append(
                 f"Calibration ({asked}) did not run: the cell ended {report.status}, so its "
                 "step was not measured; the what-if stays analytic."

@@ -65,7 +65,11 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     assert pre["rss_bytes"] + growth * (1 - pre["band_below"]) > pre["threshold_bytes"]
     assert pre["threshold_bytes"] <= LIMIT
     assert r["rss_peak"] < LIMIT  # nothing of the step ran: the process never came near the limit
-    assert r["status"] == "oom" and "before its first step" in r["error"] and f"to {pre['largest_batch']}" in r["error"]
+    assert (
+        r["status"] == "refused"
+        and "before its first step" in r["error"]
+        and f"to {pre['largest_batch']}" in r["error"]
+    )
     # the fix cell carries the pre-flight's batch, and that batch runs within the limit (the guard never trips)
     suggested = pre["largest_batch"]
     assert 64 < suggested < 1024 and f"batch_size={suggested}" in r["fixes"]["shrink-batch"]

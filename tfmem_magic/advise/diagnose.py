@@ -98,7 +98,7 @@ def allocator_blind_spot(report: Report) -> Finding | None:
 
 def near_budget(report: Report) -> Finding | None:
     """The GPU's memory (its allocator's limit) when the main device has one, then the host's budget (RSS)."""
-    if report.status == "oom":
+    if report.stopped_for_memory:
         return None
     device = report.device_budget
     if device is not None:
@@ -135,7 +135,8 @@ def _near(peak: int, budget: int, title: str, evidence: str) -> Finding | None:
 
 
 def out_of_memory(report: Report) -> Finding | None:
-    if report.status != "oom":
+    """The cell ran out of memory, or its pre-flight refused a call that would have (the same id: the same fixes)."""
+    if not report.stopped_for_memory:
         return None
     parts = []
     request = report.error.request if report.error else None
@@ -174,10 +175,13 @@ def out_of_memory(report: Report) -> Finding | None:
         message = report.error.message if report.error else ""
         parts.append(clip_message(message, 600) if message else "An out-of-memory error stopped the cell.")
     parts.append("The kernel and your variables are intact.")
+    refused = report.status == "refused"
     return Finding(
         id="oom",
         severity="critical",
-        title="The cell ran out of memory",
+        title="The pre-flight stopped a call that would not fit, before it ran"
+        if refused
+        else "The cell ran out of memory",
         evidence=" ".join(parts),
         bytes=request["bytes"] if request else None,
     )

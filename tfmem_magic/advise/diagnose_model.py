@@ -50,7 +50,7 @@ def _peak(report: Report) -> int:
 
 def _under_pressure(report: Report, amount: int) -> bool:
     budget = budget_for_tf(report)
-    return report.status == "oom" or (budget is not None and amount >= PRESSURE * budget)
+    return report.stopped_for_memory or (budget is not None and amount >= PRESSURE * budget)
 
 
 def large_batch(report: Report) -> Finding | None:
@@ -71,7 +71,7 @@ def large_batch(report: Report) -> Finding | None:
         activations = max(0.0, replay_moved(stored, batch, 1))
         per_sample = activations / (batch - 1)
         what = f"In the pre-flight's replay of the step, what grows with a batch of {model.batch_text} takes"
-    elif report.status == "oom":
+    elif report.stopped_for_memory:
         # the failed cell has no peak to compare with: the model's own estimate of the step stands in
         peak = max(peak, round(sum(parts.values()) * basis.fragmentation))
     whose = "the cell's peak" if peak == measured else "the step's estimated peak"  # a step stopped or refused
@@ -90,7 +90,7 @@ def large_batch(report: Report) -> Finding | None:
         )
     return Finding(
         id="large-batch",
-        severity="critical" if report.status == "oom" else "warn",
+        severity="critical" if report.stopped_for_memory else "warn",
         title=f"The batch ({model.batch_size}) is what fills the memory",
         evidence=f"{what} ~{format_bytes(activations)}, {activations / peak:.0%} of {whose} "
         f"({format_bytes(peak)}), and it grows with the batch (~{format_bytes(round(per_sample))} per "

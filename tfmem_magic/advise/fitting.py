@@ -43,7 +43,7 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
         pre is not None
         and pre.batch_size == batch
         and pre.largest_batch
-        and (pre.verdict == "refused" or (report.status == "oom" and pre.largest_batch < batch))
+        and (pre.verdict == "refused" or (report.stopped_for_memory and pre.largest_batch < batch))
     ):
         # the pre-flight measured the clone's steps and predicted the process, outside TF's allocator too
         return FittingBatch(
@@ -58,7 +58,7 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
     fit = now.largest_batch
     if fit is None:
         return None
-    if report.status == "oom" and fit >= batch:
+    if report.stopped_for_memory and fit >= batch:
         half = typeable_batch(batch // 2, max(1, model.replicas))  # a batch the replicas can share
         if half >= batch:
             return None  # no smaller batch the replicas can share

@@ -606,7 +606,7 @@ def _basis_notes(report: Report, basis: Basis, knobs: Knobs) -> list[str]:
             "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
             "it)."
         )
-    if basis.measured_peak is None and report.status in ("oom", "error", "interrupted"):
+    if basis.measured_peak is None and report.status in ("oom", "refused", "error", "interrupted"):
         notes.append(
             f"The cell stopped early ({report.status}), so its peak is not the full step's: the prediction "
             "comes from the model (and the trace up to the stop), without a measured peak to anchor it."

@@ -189,6 +189,7 @@ def check(
     use, fed = with_fed_shapes(use)
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
     arrays = copies
+    began = (psutil.Process().memory_info().rss, bytes_in_use() or 0)  # what the pre-flight's own work adds: from here
     slots = _slots_to_build(model) if train else 0
     # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
     generous = None if fed is not None else model_upper_bound(use, train, batch)
@@ -250,7 +251,7 @@ def check(
                 except NoReplay:  # the verdict stands; the curve interpolates there
                     pass
             info.replay = step_at.curve(batch)
-            _as_left(info, step_at, arrays, tf_held)
+            _as_left(info, step_at, arrays, tf_held, began)
             keep_replay(model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
@@ -380,17 +381,19 @@ def own_replayed_step(
     return step_at, probes, grown
 
 
-def _as_left(info: PreflightInfo, step_at: Callable[[float], float], arrays: int, tf_held: int) -> None:
+def _as_left(
+    info: PreflightInfo, step_at: Callable[[float], float], arrays: int, tf_held: int, began: tuple[int, int]
+) -> None:
     """A refusal judged again from the process as the pre-flight leaves it: the largest batch it names is judged
     where the next call will be, not where this one began. What the pre-flight did in the kernel (the model's own
     step saved: its slots and graph; the replay's arrays, which the process keeps) is held by then: judged from
     the call's start, a NER Transformer's refusal named 208 and the call at 208, judged from the kernel after the
     refusal, 144 (docs/preflight.md, 'The next call at the named batch')."""
-    rss_now = psutil.Process().memory_info().rss
-    tf_now = bytes_in_use() or info.tf_bytes
-    if rss_now <= info.rss_bytes and tf_now <= info.tf_bytes:
+    rss_grew = psutil.Process().memory_info().rss - began[0]
+    tf_grew = (bytes_in_use() or 0) - began[1]
+    if rss_grew <= 0 and tf_grew <= 0:
         return
-    info.rss_bytes, info.tf_bytes = max(info.rss_bytes, rss_now), max(info.tf_bytes, tf_now)
+    info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
     info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
     _judge(info, step_at, info.tf_bytes, held)

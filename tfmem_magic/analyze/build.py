@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from tfmem_magic.analyze import analysis, modelinfo
+from tfmem_magic.core.errors import PreflightRefused
 from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment, guard, kerases, xplane
@@ -23,6 +24,8 @@ def status_of(exc: BaseException | None) -> str:
         return "ok"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(exc, PreflightRefused):  # nothing of the call ran: not an out-of-memory
+        return "refused"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
         return "oom"
     return "error"

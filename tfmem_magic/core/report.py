@@ -512,7 +512,8 @@ class CallRecord:
 @dataclass
 class Report:
     label: str = ""
-    status: str = "ok"  # "ok" | "error" | "oom" | "interrupted"
+    # "ok" | "error" | "oom" | "refused" (the pre-flight stopped a call before its first step) | "interrupted"
+    status: str = "ok"
     error: ErrorInfo | None = None
     mode: str = "trace"  # "quick" | "trace"
     wall_s: float = 0.0
@@ -576,6 +577,11 @@ class Report:
             return None
         limit = self.env.device_limit_bytes.get(name)
         return (name, limit) if limit else None
+
+    @property
+    def stopped_for_memory(self) -> bool:
+        """The cell ran out of memory, or its pre-flight refused a call that would have: both want less memory."""
+        return self.status in ("oom", "refused")
 
     @property
     def tf_peak_bytes(self) -> int | None:

@@ -121,6 +121,8 @@ def verdict(report: Report) -> str:
     """One line a person reads in two seconds."""
     if report.status == "oom":
         return "ran out of memory"
+    if report.status == "refused":
+        return "stopped by the pre-flight before it ran: it would not fit"
     if report.status == "interrupted":
         return "interrupted"
     budget, peak = report.env.budget_bytes, report.rss.peak_bytes
