@@ -431,11 +431,11 @@ def auto_calibration(report: Report) -> tuple[bool, str] | None:
     if report.status != "ok" or report.whatif_basis is None or not names_a_batch:
         return None
     pre = report.preflight
-    if pre is not None and pre.basis == "replay" and pre.verdict in ("fits", "uncertain"):
-        # its pre-flight replayed this step already and judged the batch: new probes would judge it a second time
+    if pre is not None and pre.kept and pre.verdict in ("fits", "uncertain"):
+        # the batch an earlier refusal named, judged on that refusal's replay: new probes would judge it a third time
         return False, (
-            "the pre-flight replayed this call's step already and judged its batch on that replay; --calibrate "
-            "runs the probes anyway"
+            "the pre-flight replayed this call's step already (an earlier refusal's replay) and judged its batch on "
+            "it; --calibrate runs the probes anyway"
         )
     basis = report.whatif_basis
     one = peak_at(basis, basis.knobs) + PROBE_PROCESS_BYTES
