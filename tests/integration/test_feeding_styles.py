@@ -30,7 +30,7 @@ def check(r):
         calibrated = tfmem_magic.predict(r, batch_size=at, calibrate=True)
         out["measured"], out["basis"] = calibrated.peak_bytes, calibrated.basis
         curve, basis = r.whatif_basis.replay, r.whatif_basis
-        from tfmem_magic.advise import bases
+        from tfmem_magic.advise import bases, prediction
         if calibrated.basis == "replay":  # the prediction takes the larger of the two op orders' changes
             low, high = bases.replay_change(curve, at, r.model.batch_size)
             out["measured_low"] = calibrated.peak_bytes - round(high - low)
