@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from tfmem_magic.core.types import Dataset, ParsedJSON
-from tfmem_magic.measure.feeding import LEAF, split_batch
+from tfmem_magic.measure.feeding import LEAF, split_batch, structure_leaves
 
 SCAN_SECONDS = 2.0  # a pipeline that reads files can be slow: the scan stops here, with a lower bound
 SCAN_BATCHES = 512
@@ -32,10 +32,7 @@ class FedShapes:
 
 def has_open_dims(node: ParsedJSON) -> bool:
     """Whether a structure (spec_of's form) has a dimension besides the batch that is not known (None)."""
-    if isinstance(node, dict) and LEAF in node:
-        return any(d is None for d in node[LEAF][0])
-    values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
-    return any(has_open_dims(v) for v in values)
+    return any(d is None for dims, _ in structure_leaves(node) for d in dims)
 
 
 def widest(a: ParsedJSON, b: ParsedJSON) -> ParsedJSON:
@@ -70,13 +67,6 @@ def filled(spec: ParsedJSON, seen: ParsedJSON) -> ParsedJSON:
     return spec
 
 
-def _leaf_dims(node: ParsedJSON) -> list[int]:
-    if isinstance(node, dict) and LEAF in node:
-        return [int(d) for d in node[LEAF][0] if d is not None]
-    values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
-    return [d for v in values for d in _leaf_dims(v)]
-
-
 def scan(
     dataset: Dataset, structure: ParsedJSON, seconds: float = SCAN_SECONDS, limit: int = SCAN_BATCHES
 ) -> FedShapes:
@@ -98,4 +88,9 @@ def scan(
         seen = widest(seen, split_batch(item))
         count += 1
     out = filled(structure, seen) if seen is not None else structure
-    return FedShapes(out, count, exact and count > 0, _leaf_dims(out) if seen is not None else [])
+    return FedShapes(
+        out,
+        count,
+        exact and count > 0,
+        [int(d) for dims, _ in structure_leaves(out) for d in dims if d is not None] if seen is not None else [],
+    )
