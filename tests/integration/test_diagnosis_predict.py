@@ -140,8 +140,9 @@ def test_predictions_track_a_real_run():
         fresh_peak("m = cnn()\nm.fit(x[:256], y[:256], batch_size=128, verbose=0)") for _ in range(3)
     )
     assert abs(guess - actual) <= 0.5 * actual, (guess, actual)
-    # a loose check against a run of the test's own; benchmarks/predict_accuracy.py measures the accuracy
-    assert abs(measured - actual) <= 0.3 * actual, (measured, actual)
+    # a loose check against a run of the test's own; benchmarks/predict_accuracy.py measures the accuracy. Tight on
+    # the dangerous side (under), looser above: the same run's median of three was 47.6-64.8 MB across machines
+    assert 0.7 * actual <= measured <= 1.5 * actual, (measured, actual)
 
 
 def test_prediction_needs_a_model(tf_shell):
