@@ -144,4 +144,8 @@ def load_ipython_extension(ipython: IPythonShell) -> None:
 
 
 def unload_ipython_extension(ipython: IPythonShell) -> None:
-    """Nothing stays installed between cells, so there is nothing to undo beyond what IPython does itself."""
+    """Between cells only the note of each Keras layer's creation line stays installed (measure/code_sites.py): it
+    stops; IPython itself does the rest."""
+    from tfmem_magic.measure import code_sites
+
+    code_sites.release(code_sites.EXTENSION)

@@ -24,7 +24,7 @@ from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.core.types import IPythonShell
-from tfmem_magic.measure import capabilities, environment, guard, release
+from tfmem_magic.measure import capabilities, code_sites, environment, guard, release
 from tfmem_magic.measure.cells import cell_key, cell_label, watched
 from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
@@ -499,6 +499,7 @@ def load(ipython: InteractiveShell) -> None:
     # TensorFlow or a Keras is (capabilities.check, at the first report or %tfmem status after); answers are kept
     absent = capabilities.missing()
     ipython.register_magics(TfmemMagics)
+    code_sites.hold(code_sites.EXTENSION)  # the line that makes each Keras layer from now on (the by-line view)
     if absent:
         print(
             f"tfmem_magic: {len(absent)} of the private APIs it reads are missing here "

@@ -56,6 +56,9 @@ class Session:
         # device -> the highest TF allocator peak seen in this kernel (each cell resets TF's counter): the regions
         # BFC holds still, which a step fills before the process grows (the pre-flight's `tf_held`)
         self.tf_peak_most: dict[str, int] = {}
+        # id(layer) -> (weakref to the Keras layer, file, line): the line of the user's code that made each layer
+        # while tfmem was loaded (measure.code_sites), for the report's by-line view
+        self.layer_sites: dict[int, tuple[weakref.ref[Any], str, int]] = {}
 
     def publish(self, report: Report) -> None:
         self.last = report

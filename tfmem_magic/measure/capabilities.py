@@ -117,6 +117,13 @@ def _context_handle() -> bool:
     return hasattr(context.context(), "_context_handle")  # the Python object only: no op runs
 
 
+def _lines_of_code() -> bool:
+    """The stacks TensorFlow keeps of a function's ops, and its nodes (analyze/lines.py)."""
+    from tensorflow.python.eager import context
+
+    return hasattr(context.Context, "get_graph_debug_info") and hasattr(context.Context, "get_function_def")
+
+
 def _keras_build_shapes() -> bool:
     keras = kerases.module(kerases.KERAS3)
     return keras is not None and _class_uses(keras.Layer, "_build_shapes_dict", root=kerases.KERAS3)
@@ -203,6 +210,12 @@ CAPABILITIES = (
         "retracing count",
         "tensorflow.python.eager.polymorphic_function.tracing_compilation._create_concrete_function",
         "tf.function retraces are not counted: the retracing finding is off",
+    ),
+    Capability(
+        "lines of code",
+        "tensorflow.python.eager.context.Context.get_graph_debug_info/get_function_def",
+        "the report's 'by line' view is left empty: what was live at the peak is grouped by layer, op and phase only",
+        _lines_of_code,
     ),
     _tf(
         "trace reader fallback",

@@ -5,7 +5,8 @@ What it does, and why:
 - in trace mode, wraps `Layer.__call__`, `Layer.add_weight`, optimizer `build`/`apply` and `GradientTape.gradient`
   in profiler spans, because eager code records only op types (graph code carries full node paths anyway);
 - injects a callback into `fit`/`evaluate`/`predict` that pauses the trace after the first steps of each call,
-  so a long training cell stays cheap to trace.
+  so a long training cell stays cheap to trace;
+- notes the line of the user's code that makes each layer (code_sites.py), for the report's by-line view.
 Patches go on the classes and are undone in `uninstall()`, whatever the cell did.
 """
 
@@ -29,7 +30,7 @@ from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import CallRecord
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.types import KerasLayer, KerasModel, KerasOptimizer, NotebookValue, TFFunction, TFGraph
-from tfmem_magic.measure import feeding, kerases
+from tfmem_magic.measure import code_sites, feeding, kerases
 from tfmem_magic.measure.feeding import InputArray
 from tfmem_magic.measure.guard import Guard
 from tfmem_magic.measure.interrupts import StopLatch
@@ -134,6 +135,9 @@ class Instrumentation:
         # new graphs traced during the cell, per tf.function (its cache's identity): Keras' train and test steps
         # share one name, and tf.data makes a new function per pipeline, so names alone would count false retraces
         self.traces: dict[tuple[str, int], list[str]] = {}  # -> the input signature of each graph traced
+        # the concrete functions traced during the cell, weakly: where the trace lost a function's run, the by-line
+        # view looks for its ops in them, and reads an op's stack from its graph (analyze/lines.py)
+        self.traced_functions: list[weakref.ref[TFFunction]] = []
         self._trace_owners: dict[int, Any] = {}  # the caches counted, held so their ids stay theirs (see install)
         self.new_models = 0  # Keras models this session had not seen before the cell
         self.copy_roles: dict[int, str] = {}  # requested bytes of a tensor copy of an input array -> its role
@@ -154,6 +158,7 @@ class Instrumentation:
     def install(self) -> bool:
         """Patch every Keras that is imported (Keras 3 and tf_keras); False when there is nothing to instrument."""
         self._count_traces()
+        code_sites.hold(self)  # the line that makes each layer in the cell (a Keras imported in it included)
         flavours = kerases.loaded()
         if not flavours:
             return False
@@ -197,7 +202,7 @@ class Instrumentation:
         original = getattr(module, "_create_concrete_function", None)
         if original is None:
             return
-        traces, owners = self.traces, self._trace_owners
+        traces, owners, traced = self.traces, self._trace_owners, self.traced_functions
 
         @functools.wraps(original)
         def counting(
@@ -219,7 +224,13 @@ class Instrumentation:
             if owner is not None:
                 owners[id(owner)] = owner
             traces.setdefault(key, []).append(str(function_type))
-            return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
+            concrete = original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
+            if len(traced) < 1000:
+                try:
+                    traced.append(weakref.ref(concrete))
+                except TypeError:  # not weak-referenceable: the by-line view finds it by its run alone
+                    pass
+            return concrete
 
         self._patch(module, "_create_concrete_function", counting)
 
@@ -238,6 +249,7 @@ class Instrumentation:
                 setattr(owner, name, original)
         self._patches.clear()
         self._trace_owners.clear()  # the counts stay; the functions' caches are theirs again
+        code_sites.release(self)
         self.active = False
 
     def _hide_from_keras_tracebacks(self, flavour: str) -> None:

@@ -42,6 +42,12 @@ _XLA_LAUNCH_OPS = frozenset({"XlaLaunch", "XlaLaunchV2", "_XlaRun"})
 # an HLO module TensorFlow compiled from a function: "a_inference_step_878__XlaMustCompile_true_config_proto_...",
 # "a_inference_one_step_on_data_803__.7" (measured); its function's op name is "__inference_step_878"
 _HLO_MODULE = re.compile(r"^a(_inference_.+?_\d+)__")
+# a tf.function's run, kept as a span named FUNCTION_SPAN + the function's op name: TensorFlow records each call of a
+# function from Python as "EagerLocalExecute: __inference_step_1041" (host tracer level 2; measured on TF 2.21). The
+# allocations of its ops are made inside it (on the runtime's threads): which concrete function made them
+# (analyze/lines.py reads the function's stack traces)
+FUNCTION_RUN = "EagerLocalExecute: "
+FUNCTION_SPAN = "function/"
 CHUNK_EVENTS = 1 << 14  # events of a line decoded together: bounds the decoder's temporaries (~3 MB)
 
 # The stats we keep, in the column order of the decoder's matrix. Integers are 0 when absent, except addr and
@@ -500,7 +506,8 @@ def _xla_modules(plane: ProtoMessage) -> set[str]:
 
 def _event_ids(plane: ProtoMessage) -> tuple[set[int], set[int], dict[int, str]]:
     """Event metadata ids of allocations, frees, and the spans we keep (id -> span name): ours without their prefix,
-    XLA's runs as XLA_SPAN + their name. One look at each name of the plane's metadata, none at its events."""
+    XLA's runs as XLA_SPAN + their name, tf.function runs as FUNCTION_SPAN + the function's name. One look at each
+    name of the plane's metadata, none at its events."""
     alloc_ids, free_ids, span_ids = set(), set(), {}
     for k, meta in plane.event_metadata.items():
         if meta.name == ALLOC:
@@ -511,6 +518,8 @@ def _event_ids(plane: ProtoMessage) -> tuple[set[int], set[int], dict[int, str]]
             span_ids[k] = meta.name[len(SPAN_PREFIX) :]
         elif is_xla_run(meta.name):
             span_ids[k] = XLA_SPAN + meta.name
+        elif meta.name.startswith(FUNCTION_RUN + "__inference_"):
+            span_ids[k] = FUNCTION_SPAN + meta.name[len(FUNCTION_RUN) :]
     return alloc_ids, free_ids, span_ids
 
 
