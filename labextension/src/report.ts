@@ -118,6 +118,9 @@ export interface TraceInfo {
   held_at_end: LiveGroup[];
   held_at_end_bytes: number;
   note: string | null;
+  by_line: LineGroup[];
+  by_line_named_bytes: number;
+  by_line_note: string | null;
 }
 /**
  * Bytes live at the peak moment, grouped by one or more keys (op, layer, phase, dtype, shape).
@@ -153,6 +156,35 @@ export interface AllocatorUse {
   peak_bytes: number;
   limit_bytes: number | null;
   timeline: number[][];
+}
+/**
+ * Bytes live at the peak, grouped by the line of the user's code that made them (analyze/lines.py, docs/lines.md). Bytes no line made are grouped under what they are (`kind`), never under a guessed line.
+ */
+export interface LineGroup {
+  label: string;
+  kind: string;
+  code: string | null;
+  file: string | null;
+  line: number | null;
+  bytes: number;
+  requested_bytes: number;
+  forward_bytes: number;
+  backward_bytes: number;
+  count: number;
+  layer: string | null;
+  made_by: string | null;
+  made_by_code: string | null;
+  tensors: LineTensor[];
+}
+/**
+ * One of the largest tensors a line of code had live at the peak.
+ */
+export interface LineTensor {
+  bytes: number;
+  shape: string | null;
+  dtype: string | null;
+  op: string | null;
+  phase: string | null;
 }
 export interface ModelInfo {
   name: string;

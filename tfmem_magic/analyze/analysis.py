@@ -24,7 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmem_magic.analyze import lines
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
+from tfmem_magic.core.types import KerasModel, TFFunction
 from tfmem_magic.measure.xplane import DATA_TYPES, XLA_SPAN, MemoryEvents, Span, Trace, xla_function
 
 PS = 1e12
@@ -82,6 +84,10 @@ class TraceContext:
     # the steps of the model's sequence outputs ((None, T, D) layers): a Dense on [B, T, D] multiplies [B*T, D], so
     # a matrix whose first dimension is the batch times one of these carries the batch
     step_dims: set[int] = field(default_factory=set)
+    # the Keras models the cell used, whose layers name the lines that made them: given, the trace's peak is grouped
+    # by the line of code that made each tensor too (lines.py); None (a saved trace): no by-line view
+    models: list[KerasModel] | None = None
+    traced_functions: list[TFFunction] = field(default_factory=list)  # the concrete functions the cell traced
 
 
 @dataclass
@@ -628,7 +634,37 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
     info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
     _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
+    if ctx.models is not None:
+        _by_line(info, trace, att, idx, ctx, top)
     return info
+
+
+def _by_line(info: TraceInfo, trace: Trace, att: Attributed, idx: np.ndarray, ctx: TraceContext, top: int) -> None:
+    """The cell's own allocations live at the peak by the line of code that made them (lines.py)."""
+    ev = trace.events
+    copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
+    rows = [
+        lines.LineRow(
+            ev.string(int(ev.op[i])),
+            att.op_name(i),
+            att.layer_name(i),
+            att.phase_name(i),
+            DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
+            ev.string(int(ev.shape[i])),
+            int(ev.chunk[i]),
+            int(ev.requested[i]),
+            int(ev.t_ps[i]),
+            lines.HINT_XLA
+            if att.op[i] == xla
+            else lines.HINT_INPUT
+            if att.op[i] == copy or att.phase_name(i) == "input"
+            else None,
+        )
+        for i in idx
+    ]
+    found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
+    if found is not None:
+        info.by_line, info.by_line_named_bytes, info.by_line_note = found.groups, found.named_bytes, found.note
 
 
 def _held_at_end(

@@ -118,6 +118,46 @@ class LiveGroup:
 
 
 @dataclass
+class LineTensor:
+    """One of the largest tensors a line of code had live at the peak."""
+
+    bytes: int = 0
+    shape: str | None = None
+    dtype: str | None = None
+    op: str | None = None  # the op type that made it ("MatMul", "Tile")
+    phase: str | None = None  # "forward", "backward", ...
+
+
+@dataclass
+class LineGroup:
+    """Bytes live at the peak, grouped by the line of the user's code that made them (analyze/lines.py,
+    docs/lines.md). Bytes no line made are grouped under what they are (`kind`), never under a guessed line."""
+
+    # "In [3] line 5" (a notebook cell: the cell the code is in), "train.py:12"; for the other kinds what the bytes
+    # are: "Keras internals", "tf.data and the input pipeline", "eager ops", "XLA buffers", ...
+    label: str = ""
+    # "line" (a line of code made them: `code` is its text), "layer" (a built-in layer whose creation line was not
+    # noted), "keras" (Keras' own step: loss, metrics, optimizer), "tf.data", "eager" (eager ops carry no stack in
+    # the trace), "xla" (XLA's buffers carry no op names), "function" (a tf.function's own runtime allocations: its
+    # folded constants, arguments), "unresolved" (a graph op not found in the functions that ran), "untagged" (an
+    # allocation with no op name)
+    kind: str = "line"
+    code: str | None = None  # the line's text
+    file: str | None = None  # the source file (a cell's file for a notebook line)
+    line: int | None = None
+    bytes: int = 0  # allocator chunk bytes
+    requested_bytes: int = 0
+    forward_bytes: int = 0  # of `bytes`, in the forward pass
+    backward_bytes: int = 0  # of `bytes`, gradients of the same line's forward ops
+    count: int = 0  # tensors
+    layer: str | None = None  # the layer(s) whose tensors these are ("dense_1", "dense, dense_1")
+    # the line that made that layer (a layer's tensors: for a built-in layer it is the group's own line), and its text
+    made_by: str | None = None
+    made_by_code: str | None = None
+    tensors: list[LineTensor] = field(default_factory=list)  # the largest few, largest first
+
+
+@dataclass
 class InputCopy:
     """A whole array handed to fit/evaluate/predict, copied into a tensor (Keras does this for numpy inputs)."""
 
@@ -190,6 +230,12 @@ class TraceInfo:
     held_at_end: list[LiveGroup] = field(default_factory=list)
     held_at_end_bytes: int = 0
     note: str | None = None
+    # the cell's traced bytes live at the peak grouped by the line of code that made them (analyze/lines.py), largest
+    # first; the bytes of them that a line of code named; what could not be named and why. Empty without a trace of
+    # graph ops, or where TensorFlow's stacks cannot be read
+    by_line: list[LineGroup] = field(default_factory=list)
+    by_line_named_bytes: int = 0
+    by_line_note: str | None = None
 
 
 @dataclass

@@ -44,6 +44,45 @@ def _group_label(g: LiveGroup) -> str:
     return " · ".join(bits) or (g.phase or "?")
 
 
+def _clip(code: str, limit: int) -> str:
+    return code if len(code) <= limit else code[: limit - 1] + "…"
+
+
+def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
+    """The text report's "By line" block: the `top` lines of code that had the most live at the peak, each with its
+    code, its largest tensor and, for a custom layer's line, the line that made the layer; then what no line made
+    (TraceInfo.by_line_note)."""
+    named = [g for g in t.by_line if g.kind == "line"][:top]
+    if not t.by_line:
+        return []
+    out = ["By line   what was live at the peak, by the line of code that made it"]
+    for g in named:
+        code = f"  {_clip(g.code, 90)}" if g.code else ""
+        split = (
+            f" (forward {format_bytes(g.forward_bytes)}, backward {format_bytes(g.backward_bytes)})"
+            if g.forward_bytes and g.backward_bytes
+            else " (backward: gradients of its ops)"
+            if g.backward_bytes == g.bytes
+            else ""
+        )
+        out.append(f"  {format_bytes(g.bytes):>10}  {g.label}{code}{split}")
+        largest = g.tensors[0] if g.tensors else None
+        if largest is not None:
+            what = f"{largest.dtype or ''}{largest.shape or ''}".strip() or "a tensor"
+            times = f" of {g.count} tensors" if g.count > 1 else ""
+            out.append(
+                f"  {'':>10}    largest{times}: {what} {largest.op or ''} {format_bytes(largest.bytes)}".rstrip()
+            )
+        if g.made_by and g.made_by != g.label:
+            made = f": {_clip(g.made_by_code, 70)}" if g.made_by_code else ""
+            out.append(f"  {'':>10}    layer {g.layer} made at {g.made_by}{made}")
+        elif g.made_by and g.layer:
+            out.append(f"  {'':>10}    layer {g.layer}: made on this line")
+    if t.by_line_note:
+        out.append(f"  {'':>10}  {t.by_line_note}")
+    return out
+
+
 def render_text(
     report: Report, whatifs: list[tuple[str, prediction.WhatIf]] | None = None, view: ReportView | None = None
 ) -> str:
@@ -86,6 +125,7 @@ def render_text(
             shape = f" {g.dtype or ''}{g.shape or ''}" if (g.shape or g.dtype) else ""
             times = f" ×{g.count}" if g.count > 1 else ""
             lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}{times}")
+        lines.extend(by_line_text(t))
     held = held_view(r)
     if held is not None and held.holders:
         lines.append("Held      " + "; ".join(f"{name} ({kind}) {size}" for name, kind, _, size in held.holders[:5]))
