@@ -7,18 +7,22 @@ The method (docs/lines.md):
   the concrete function that was running when the allocation was made: a call node's `f`, a `While` node's `body`
   or `cond` (`while/body/_24/...`), an `If` node's branches (`cond/then/_0/...`). A function traced in an earlier
   cell is the one that ran: its stacks are those of its first trace, the lines of the cells its code is in.
-- TensorFlow keeps the Python stack of every op it traced: `context.get_graph_debug_info(function)`, read by
-  `tf_stack.LoadTracesFromDebugInfo` (what its own "defined at" errors print). The user's frame is the innermost
-  one outside TensorFlow, Keras, tfmem, the standard library and site-packages (measure/code_sites.is_user_file);
-  a notebook cell's file is named `In [n]`: the cell the code is in, not the cell being run.
+- TensorFlow keeps the Python stack of every op it traced: the op's own (`op.traceback`) where Python holds the
+  function's graph (a concrete function of the cell's models, or one the cell traced), else the function's
+  `context.get_graph_debug_info(function)` (what its own "defined at" errors print; 50-60 ms for a Keras step). The
+  user's frame is the innermost one outside TensorFlow, Keras, tfmem, the standard library and site-packages
+  (measure/code_sites.is_user_file); a notebook cell's file is named `In [n]`: the cell the code is in, not the cell
+  being run.
 - A built-in layer's ops have no user frame inside the layer (their stack ends at `fit(...)`): they are named by
   the line that made the layer (measure/code_sites.py notes it while tfmem is loaded). A custom layer's ops are named
   by the line in its `call`, with the line that made the layer beside it (`made_by`).
 - A gradient is named by its forward op's line: `gradient_tape/<forward op>/<grad op>` (GradientTape), and
-  `.../gradients/<forward op>_grad/...` (inside a while loop's gradient).
+  `.../gradients/<forward op>_grad/...` (inside a while loop's gradient). A node the graph optimizer made, which no
+  function's def holds, is named by the one line of the name scope it was made in, where the scope has one.
 - Bytes no line made are grouped under what they are, never under a guessed line: Keras' own step (loss, metrics
   and optimizer of fit's step), tf.data and the input pipeline, eager ops (their allocations carry no stack in the
-  trace), XLA buffers (no op names), graph ops not found in a function that ran (its function is gone).
+  trace), XLA buffers (no op names), a function's own runtime allocations (tagged with its name, no node), graph
+  ops not found in a function that ran (its function is gone).
 
 It runs once per cell, at its end, for the tensors live at the peak only. Each function's nodes and stacks are read
 once and kept (TensorFlow gives every concrete function a name of its own in a process).
