@@ -311,3 +311,29 @@ def test_what_only_tensorflow_holds_is_what_free_gives_back(shell, capsys):
         assert freed >= 0.95 * held.runtime_bytes, (held, freed)
     else:  # nothing pinned: nothing left to give back
         assert freed < 0.05 * expected, freed
+
+
+def test_a_layers_memory_is_named_by_the_line_that_made_it(shell):
+    """The by-line view (docs/lines.md) on this stack: a built-in layer's tensors at the peak are named by the line
+    of the cell that made the layer, with that line's code."""
+    x, y = _data(512)
+    shell.user_ns.update(x=x, y=y, keras=keras)
+    cells = (
+        "model = keras.Sequential([\n"
+        "    keras.layers.Input((256,)),\n"
+        "    keras.layers.Dense(4096, name='big'),\n"
+        "    keras.layers.Dense(10),\n"
+        "])\n"
+        "model.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
+        "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)",
+    )
+    for cell in cells:
+        result = shell.run_cell(cell, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+    trace = shell.user_ns["rep"].trace
+    assert trace is not None
+    big = [g for g in trace.by_line if g.kind == "line" and "Dense(4096" in (g.code or "")]
+    assert big, [(g.kind, g.label, g.code, g.layer, g.bytes) for g in trace.by_line]
+    # its activations [256, 4096], their gradient or its kernel's gradient [256, 4096]: 4 MiB each, whole
+    assert big[0].label.endswith("line 3") and big[0].made_by == big[0].label, big[0]
+    assert big[0].bytes >= 4 * MiB, big[0]
