@@ -26,6 +26,7 @@ from tfmem_magic.core.options import MODES, Mode, Options, OptionValue
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.measure import guard
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.measurement import Measured, Measurement
 
@@ -130,9 +131,19 @@ class Profiler:
         self.xspaces = measured.xspaces
         report = build.measured_report(measured, exc, SESSION.next_number() if self.options.publish else 0)
         self._add_preflight(report, measured)
+        g = self._measurement.guard
         try:
-            self._analyse_and_advise(report, measured)
-            self._calibrate(report)
+            # under a limit, tfmem's own work in the kernel counts against it like the cell's (measure/guard.py)
+            with guard.own_work_within(g.limit if g is not None else None) as watch:
+                self._analyse_and_advise(report, measured)
+                self._calibrate(report, watch)
+        except guard.OwnWorkStopped:
+            limit = format_bytes(g.limit) if g is not None else "?"
+            report.notes.append(
+                f"tfmem stopped its own work on this cell (the analysis or the calibration) as the process reached "
+                f"the memory limit ({limit}): what it had not finished is missing; the memory figures above are "
+                "complete."
+            )
         except KeyboardInterrupt:  # Ctrl-C while we analyse: the user's code is done; skip our remaining work
             report.notes.append(
                 "Interrupted while tfmem analysed the cell: the breakdown and advice are missing; "
@@ -195,7 +206,7 @@ class Profiler:
         report.findings = diagnose.findings(report, previous)
         report.fixes = fixes.build(report, context)
 
-    def _calibrate(self, report: Report) -> None:
+    def _calibrate(self, report: Report, watch: guard.OwnWorkWatch | None = None) -> None:
         """The what-if calibrated before the report is shown, so its panel, its saved copy and its fixes stand on the
         step replay where the replay's self-check passes: with --calibrate or `%tfmem calibrate on` for every cell
         with a Keras model, with `auto` (the default) for a report that names the largest batch that fits. Where
@@ -232,6 +243,16 @@ class Profiler:
                 "of the call it refused already (nothing of the call ran to anchor probes on)."
             )
             return
+        if watch is not None and report.model is not None:
+            # the clone's export copies the model's weights in the kernel (docs/preflight.md, "tfmem's own work")
+            needed = report.model.param_bytes + guard.OWN_WORK_RESERVE
+            if watch.room() < needed:
+                report.notes.append(
+                    f"Calibration ({asked}) did not run: it works in the kernel too (~{format_bytes(needed)} for "
+                    f"this model), and the process has {format_bytes(max(0, watch.room()))} left under the memory "
+                    f"limit ({format_bytes(watch.limit)}); the what-if stays analytic."
+                )
+                return
         said = f"; {asked}" if mode == "auto" else ""
         print(f"tfmem: calibrating the what-if (probe processes replay the step{said})...", flush=True)
         started = time.perf_counter()
@@ -240,6 +261,12 @@ class Profiler:
         except TfmemUsageError as exc:
             report.notes.append(f"Calibration ({asked}) did not run: {exc}")
             return
+        except guard.OwnWorkStopped:  # the kernel reached the user's limit while it calibrated
+            limit = format_bytes(watch.limit) if watch is not None else "?"
+            report.notes.append(
+                f"tfmem stopped its own work on this cell: the calibration ({asked}) brought the process to the "
+                f"memory limit ({limit}); the what-if stays analytic."
+            )
         except KeyboardInterrupt:  # stop pressed while the probes ran: the cell's own report is complete
             report.notes.append(f"Calibration ({asked}) was stopped: the what-if stays analytic.")
             return

@@ -19,11 +19,13 @@ max(limit, RSS at the cell's start + MARGIN): a process already above the limit 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,6 +263,87 @@ class Guard:
                 return False
             self.tripped_by, self.tripped_rss = layer, rss
             return True
+
+
+# ---- tfmem's own work after a cell --------------------------------------------------------------------------------
+
+# What the watch of tfmem's own work keeps free below the limit: its sampling lag (OWN_WORK_INTERVAL_S) at the growth
+# a calibration's model export makes (docs/preflight.md, "tfmem's own work counts")
+OWN_WORK_RESERVE = 16 * 2**20
+OWN_WORK_INTERVAL_S = 0.02
+
+
+class OwnWorkStopped(KeyboardInterrupt):
+    """tfmem's own work after the user's code (the report's analysis, calibration) brought the process to the user's
+    limit and was stopped there. A KeyboardInterrupt, so that whatever cleans up on a stop (a probe process killed,
+    an instrument disarmed) runs for it too; the pipeline catches it by this name."""
+
+
+class OwnWorkWatch:
+    """Samples the process's RSS while tfmem works in the kernel on the user's behalf, and stops that work (an
+    OwnWorkStopped raised in its thread) when the process reaches `limit` - OWN_WORK_RESERVE: the limit's promise
+    is the process's, tfmem's own work included. `peak` is the highest RSS it saw."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.threshold = limit - OWN_WORK_RESERVE
+        self.peak = 0
+        self.tripped_rss = 0
+        self._thread_id = threading.get_ident()
+        self._process = psutil.Process()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._armed = False
+        self._sampler = threading.Thread(target=self._run, name="tfmem-own-work-watch", daemon=True)
+
+    def room(self) -> int:
+        """Bytes tfmem's own work may still add to the process (negative: the process is past the line already)."""
+        return self.threshold - int(self._process.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._done.wait(OWN_WORK_INTERVAL_S):
+            rss = self._process.memory_info().rss
+            self.peak = max(self.peak, rss)
+            if rss >= self.threshold:
+                with self._lock:
+                    if not self._armed or self.tripped_rss:
+                        continue
+                    self.tripped_rss = rss
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(OwnWorkStopped)
+                )
+                return  # one stop: the sampler ends even where the stop lands before stop() could run
+
+    def start(self) -> None:
+        self.peak = self._process.memory_info().rss
+        with self._lock:
+            self._armed = True
+        self._sampler.start()
+
+    def stop(self) -> None:
+        """No more stops; one not yet delivered is cancelled (it must not land in the next cell)."""
+        with self._lock:
+            self._armed = False
+        self._done.set()
+        if self._sampler.is_alive():
+            self._sampler.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+        if threading.get_ident() == self._thread_id:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
+
+@contextlib.contextmanager
+def own_work_within(limit: int | None) -> Iterator[OwnWorkWatch | None]:
+    """Around tfmem's own work in the kernel after a cell under `limit` (None: no limit, nothing watched)."""
+    if limit is None:
+        yield None
+        return
+    watch = OwnWorkWatch(limit)
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
 
 
 # ---- reading TensorFlow's OOM messages ---------------------------------------------------------------------------

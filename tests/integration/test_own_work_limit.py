@@ -1,0 +1,65 @@
+"""Under a memory limit, tfmem's own work in the kernel after a cell (the report's analysis, calibration) counts
+against the limit like the cell's code (docs/preflight.md, "tfmem's own work counts"): it does not start without the
+room it needs, and it is stopped before the process passes the limit; the cell keeps its report."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from tfmem_magic.advise import calibration
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+
+SETUP = """
+import numpy as np, keras
+model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(4096), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+x = np.random.rand(64, 4096).astype("float32"); y = np.zeros((64, 1), "float32")
+model.fit(x, y, batch_size=32, verbose=0)
+"""
+FIT = "model.fit(x, y, batch_size=32, verbose=0)"
+
+
+def limit_above_now(mib: int) -> str:
+    return f"--limit {psutil.Process().memory_info().rss // MiB + mib}MiB"
+
+
+def test_calibration_without_room_under_the_limit_does_not_start(shell):
+    assert shell.run_cell(SETUP).success
+    # the model's 64 MiB of weights: the calibration's export needs ~80 MiB, and at most 72 MiB are left under the
+    # limit (the least a limit may leave)
+    result = shell.run_cell(f"%%tfmem --as rep --calibrate --no-panel {limit_above_now(72)}\n{FIT}")
+    assert result.success, result.error_in_exec
+    rep = shell.user_ns["rep"]
+    assert rep.status == "ok" and rep.whatif_basis is not None and rep.whatif_basis.name == "analytic"
+    said = [n for n in rep.notes if n.startswith("Calibration (--calibrate) did not run: it works in the kernel")]
+    assert said and "left under the memory limit" in said[0], rep.notes
+
+
+def test_own_work_that_reaches_the_limit_is_stopped_and_the_cell_keeps_its_report(shell, monkeypatch):
+    assert shell.run_cell(SETUP).success
+    held: list[bytearray] = []
+
+    def greedy(report, *args, **kwargs):  # tfmem's own work as it would grow the process: real pages, 4 MiB at a time
+        for _ in range(256):
+            held.append(bytearray(b"\1" * (4 * MiB)))
+            time.sleep(0.005)
+        raise AssertionError("the watch did not stop it")
+
+    monkeypatch.setattr(calibration, "measured_basis", greedy)
+    # room for the calibration to start (the weights' 80 MiB), not for the 1 GiB it would grow by
+    result = shell.run_cell(f"%%tfmem --as rep --calibrate --no-panel {limit_above_now(160)}\n{FIT}")
+    grown = len(held) * 4
+    held.clear()
+    assert result.success, result.error_in_exec
+    rep = shell.user_ns["rep"]
+    assert rep.status == "ok" and rep.model is not None, rep.notes
+    assert any(n.startswith("tfmem stopped its own work on this cell") for n in rep.notes), rep.notes
+    assert grown < 160, grown
+    # the next cell runs as usual: no stop left pending
+    again = shell.run_cell("%%tfmem --as rep2 --no-panel --no-calibrate\nimport time; time.sleep(0.2)")
+    assert again.success and shell.user_ns["rep2"].status == "ok"
