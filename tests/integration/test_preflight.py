@@ -94,6 +94,30 @@ def test_a_step_that_will_not_fit_is_refused_before_it_runs_and_its_suggestion_f
     assert abs(predicted / r["tf_peak"] - 1) <= band, (predicted, r["tf_peak"])
 
 
+BUILD = """
+m2 = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(64, 3, activation="relu"),
+                       keras.layers.MaxPool2D(), keras.layers.Conv2D(64, 3, activation="relu"),
+                       keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)])
+m2.compile("adam", "sparse_categorical_crossentropy")
+"""
+
+
+def test_a_cell_that_builds_its_model_again_is_judged_from_the_refusals_replay(kernel):
+    """The cell a refusal stopped builds its model and fits; run again at the batch the refusal named, it builds a new
+    model of the same fingerprint (measure/model_print.py), judged from the refusal's replay without new probes."""
+    cell, r = fit(kernel, 0, code=BUILD + "m2.fit(x, y, batch_size=1024, epochs=1, verbose=0)")
+    assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+    refused = r["preflight"]
+    assert refused["basis"] == "replay" and not refused["kept"], refused
+    named = refused["largest_batch"]
+    cell, r = fit(kernel, 0, code=BUILD + f"m2.fit(x, y, batch_size={named}, epochs=1, verbose=0)")
+    assert cell["error"] is None and r["status"] == "ok", (cell["stdout"][-2000:], r["notes"])
+    again = r["preflight"]
+    assert again["kept"] and again["probe_batches"] == refused["probe_batches"], again
+    assert again["verdict"] in ("fits", "uncertain") and r["rss_peak"] < LIMIT
+    assert not any(n.startswith("Calibrated") for n in r["notes"]), r["notes"]
+
+
 def test_a_batch_that_fits_runs_without_probes(kernel):
     cell, r = fit(kernel, 64)
     assert cell["error"] is None and r["status"] == "ok"

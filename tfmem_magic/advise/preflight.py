@@ -64,6 +64,7 @@ from tfmem_magic.measure.fed_shapes import scan as scan_fed_shapes
 from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
+from tfmem_magic.measure.model_print import fingerprint
 from tfmem_magic.measure.sampling import bytes_in_use
 
 if TYPE_CHECKING:  # NumPy and the simulator: imported only when a pre-flight probes
@@ -316,11 +317,12 @@ class KeptReplay:
     that model on the same inputs at a batch the replay covers is judged from it, without new probes, so the batch a
     refusal names is judged as the refusal judged it (docs/preflight.md, 'The next call at the named batch')."""
 
-    model: weakref.ref[KerasModel]  # a model that is gone forgets its replay
+    model: weakref.ref[KerasModel]  # the model replayed (kept on the model alone: gone, its replay goes)
     curve: ReplayCurve  # the batches replayed (probe one's and probe two's op orders)
     fixed: int  # what the probe process held that the kernel holds already (off every replayed peak)
     probes: list[int]
     own_step: str
+    by_print: bool = False  # kept for every model of its fingerprint (measure/model_print.py), not this one alone
 
     def covers(self, batch: int) -> bool:
         xs = self.curve.batches
@@ -336,10 +338,20 @@ class KeptReplay:
         return max(0.0, larger_order_peak(self.curve, b) - self.fixed)
 
 
+KEPT_MOST = 16  # replays kept at once (a session's refusals; the oldest go first)
+
+
 def _inputs_key(model: KerasModel, call: str, use: ModelUse) -> tuple[Any, ...]:
-    """What a kept replay is valid for: the model, the step its call runs, and one batch's shapes and dtypes."""
+    """What a kept replay is valid for: the model (by its fingerprint where it has one, so that the same model built
+    again is the same model; else the object), the step its call runs, and one batch's shapes and dtypes."""
     shapes = json.dumps(use.structure, sort_keys=True, default=str)
-    return (id(model), STEP_OF_CALL[call], shapes, len(getattr(model, "trainable_weights", None) or ()))
+    printed = fingerprint(model)
+    return (
+        printed or id(model),
+        STEP_OF_CALL[call],
+        shapes,
+        len(getattr(model, "trainable_weights", None) or ()),
+    )
 
 
 def keep_replay(
@@ -350,15 +362,19 @@ def keep_replay(
     except TypeError:
         return
     kept = SESSION.preflight_replays
-    for key in [k for k, v in kept.items() if v.model() is None]:  # models that are gone
+    for key in [k for k, v in kept.items() if v.model() is None and not v.by_print]:  # objects gone (ids reused)
         del kept[key]
-    kept[_inputs_key(model, call, use)] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step)
+    key = _inputs_key(model, call, use)
+    kept.pop(key, None)  # a dict keeps its insertion order: the newest last
+    kept[key] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step, by_print=isinstance(key[0], str))
+    while len(kept) > KEPT_MOST:
+        del kept[next(iter(kept))]
 
 
 def kept_replay(model: KerasModel, call: str, use: ModelUse, batch: int) -> KeptReplay | None:
-    """The replay kept for this model and inputs, where it covers `batch`; None otherwise."""
+    """The replay kept for this model (or one of its fingerprint) and inputs, where it covers `batch`; else None."""
     kept = SESSION.preflight_replays.get(_inputs_key(model, call, use))
-    if kept is None or kept.model() is not model or not kept.covers(batch):
+    if kept is None or not (kept.by_print or kept.model() is model) or not kept.covers(batch):
         return None
     return cast(KeptReplay, kept)
 
