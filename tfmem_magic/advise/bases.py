@@ -380,28 +380,25 @@ class PreflightAnchored(Replayable):
     def judged_budget(self, report: Report) -> tuple[int, str] | None:
         """Where the report holds the refusal and the process was measured (a CPU): the budget as the pre-flight
         judged the call (preflight._judge: the process as the call began, plus PROCESS_MARGIN on what it grows by,
-        under the guard's threshold). What TensorFlow's allocator held as the call began (the process holds it
-        already) and the regions it held beyond that (filled before the process grows) are taken back with the
-        margin, which widens only the growth. So the refusal and the what-if name one largest batch."""
+        under the guard's threshold). What TensorFlow's allocator held in use as the call began (the process holds
+        it already) is taken back with the margin, which widens only the growth; the regions it held beyond that
+        are not counted as room, as the pre-flight's "fits" does not count them. So the refusal and the what-if
+        name one largest batch."""
         pre, start = report.preflight, refused_call_start(report)
         if pre is None or report.on_gpu or report.rss.peak_bytes <= 0:
             return None
         assert start is not None
-        budget = max(
-            0, pre.threshold_bytes - pre.rss_bytes + round((1 + PROCESS_MARGIN) * (pre.reusable_bytes + start[1]))
-        )
+        budget = max(0, pre.threshold_bytes - pre.rss_bytes + round((1 + PROCESS_MARGIN) * start[1]))
         return budget, (
             f"Judged as the pre-flight judged the call: against the {format_bytes(pre.threshold_bytes)} "
             f"the guard allows, from the {format_bytes(pre.rss_bytes)} the process held as the call "
-            "began, with what TensorFlow's allocator held then"
+            "began, with what TensorFlow's allocator held in use then taken as held already"
             + (
-                f" and the {format_bytes(pre.reusable_bytes)} of regions it held beyond that (filled first, "
-                "before the process grows; whether the step's tensors fit in them is not known: "
-                "docs/preflight.md)"
+                f" (the {format_bytes(pre.reusable_bytes)} of regions it held beyond that are not counted as "
+                "room: whether the step's tensors fit in them is not known, docs/preflight.md)."
                 if pre.reusable_bytes >= 1 << 20
-                else ""
+                else "."
             )
-            + " taken as held already."
         )
 
 

@@ -194,7 +194,9 @@ def check(
     slots = _slots_to_build(model) if train else 0
     # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
     generous = None if fed is not None else model_upper_bound(use, train, batch)
-    if generous is not None and _growth(generous, slots + copies, tf_current, tf_held) + rss <= threshold:
+    # "fits" never counts the allocator's held regions as reusable: which of the call's tensors they can hold is not
+    # known (docs/preflight.md, "Held regions count only against a refusal")
+    if generous is not None and rss + generous + slots + copies <= threshold:
         # the model's own parts, at several times what they usually are, fit: no need to spend seconds on probes
         return PreflightInfo(
             call=call,
@@ -206,7 +208,7 @@ def check(
             band=PROBE_LINE_BAND,
             verdict="fits",
             basis="model",
-            predicted_rss_bytes=round(rss + _growth(generous, slots + copies, tf_current, tf_held)),
+            predicted_rss_bytes=round(rss + generous + slots + copies),
         )
     info = PreflightInfo(
         call=call,
@@ -219,7 +221,8 @@ def check(
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
-    kept = kept_replay(model, call, use, batch)
+    key = _inputs_key(model, call, use)  # before the probes change the model (an own step's export builds slots)
+    kept = kept_replay(key, model, batch)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
@@ -253,7 +256,7 @@ def check(
                     pass
             info.replay = step_at.curve(batch)
             _as_left(info, step_at, arrays, tf_held, began)
-            keep_replay(model, call, use, info, info.replay, step_at.fixed)
+            keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
@@ -355,25 +358,34 @@ def _inputs_key(model: KerasModel, call: str, use: ModelUse) -> tuple[Any, ...]:
 
 
 def keep_replay(
-    model: KerasModel, call: str, use: ModelUse, info: PreflightInfo, curve: ReplayCurve, fixed: int
+    key: tuple[Any, ...],
+    model: KerasModel,
+    call: str,
+    use: ModelUse,
+    info: PreflightInfo,
+    curve: ReplayCurve,
+    fixed: int,
 ) -> None:
+    """Keep the replay under `key`, the model's as the pre-flight began (a model built again is in that state), and
+    under its key now (the same model, whose state the pre-flight may have moved: its own step's slots built)."""
     try:
         ref = weakref.ref(model)
     except TypeError:
         return
     kept = SESSION.preflight_replays
-    for key in [k for k, v in kept.items() if v.model() is None and not v.by_print]:  # objects gone (ids reused)
-        del kept[key]
-    key = _inputs_key(model, call, use)
-    kept.pop(key, None)  # a dict keeps its insertion order: the newest last
-    kept[key] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step, by_print=isinstance(key[0], str))
+    for old in [k for k, v in kept.items() if v.model() is None and not v.by_print]:  # objects gone (ids reused)
+        del kept[old]
+    for k in dict.fromkeys([key, _inputs_key(model, call, use)]):
+        kept.pop(k, None)  # a dict keeps its insertion order: the newest last
+        kept[k] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step, by_print=isinstance(k[0], str))
     while len(kept) > KEPT_MOST:
         del kept[next(iter(kept))]
 
 
-def kept_replay(model: KerasModel, call: str, use: ModelUse, batch: int) -> KeptReplay | None:
-    """The replay kept for this model (or one of its fingerprint) and inputs, where it covers `batch`; else None."""
-    kept = SESSION.preflight_replays.get(_inputs_key(model, call, use))
+def kept_replay(key: tuple[Any, ...], model: KerasModel, batch: int) -> KeptReplay | None:
+    """The replay kept under `key` (this model, or one of its fingerprint, on these inputs), where it covers `batch`;
+    None otherwise."""
+    kept = SESSION.preflight_replays.get(key)
     if kept is None or not (kept.by_print or kept.model() is model) or not kept.covers(batch):
         return None
     return cast(KeptReplay, kept)
@@ -423,11 +435,18 @@ def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
 
 
 def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: int, tf_held: int) -> PreflightInfo:
-    """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits."""
+    """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits. The
+    regions TF's allocator holds beyond what is in use count as reusable against a refusal (the low end), never
+    for "fits" or the largest batch (the high end): which of the call's tensors they can hold is not known, and a
+    batch named on them ran 0.6 GiB past its limit (docs/preflight.md, "Held regions count only against a
+    refusal")."""
     rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
 
-    def grows(b: float) -> float:
+    def grows(b: float) -> float:  # the held regions reused first
         return _growth(step_at(b), info.extra_bytes, tf_current, tf_held)
+
+    def grows_anew(b: float) -> float:  # none of them reused
+        return _growth(step_at(b), info.extra_bytes, tf_current, tf_current)
 
     info.step_bytes = round(step_at(batch))
     growth = grows(batch)
@@ -435,11 +454,11 @@ def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: i
     # the band is the prediction's error: it widens what the process grows by, not what it holds already
     if rss + growth * (1 - band_below(info)) > threshold:
         info.verdict = "refused"
-    elif rss + growth * (1 + band) <= threshold:
+    elif rss + grows_anew(batch) * (1 + band) <= threshold:
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
-    info.largest_batch = _largest(lambda b: rss + grows(b) * (1 + band) <= threshold, batch)
+    info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band) <= threshold, batch)
     return info
 
 
