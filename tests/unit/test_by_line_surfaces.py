@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from tfmem_magic.core.report import (
+    MIME_TYPE,
     DeviceMemory,
     EnvInfo,
     LineGroup,
@@ -19,7 +20,7 @@ from tfmem_magic.core.report import (
 )
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.panel import breakdown_tab
-from tfmem_magic.show.render import by_line_html, render_html
+from tfmem_magic.show.render import by_line_html, mime_bundle, render_html
 from tfmem_magic.show.view import by_line_rows
 
 MiB = 2**20
@@ -109,6 +110,8 @@ def test_a_report_without_a_by_line_view_shows_none():
     """Quick mode has no trace; a saved trace or an older report has a trace without by_line."""
     report = traced(by_line=[])
     assert by_line_html(report.trace) == "" and "class='tfmem-by-line" not in render_html(report, timeline=b"")
+    peak = mime_bundle(report, timeline=b"")[MIME_TYPE]["view"]["peak"]
+    assert "by_line" not in peak and "by_line_note" not in peak
     chooser = next(w for w in breakdown_tab(report).children if isinstance(w, widgets.ToggleButtons))
     assert [value for _, value in chooser.options] == ["phase", "layer", "op"]
 
@@ -135,3 +138,20 @@ def test_the_panels_by_line_button_shows_the_lines_in_place_of_the_chart():
     chooser.value = "layer"
     assert lines.layout.display == "none" and chart.layout.display != "none"
     assert bytes(chart.value).startswith(b"\x89PNG")
+
+
+def test_the_lab_view_block_carries_the_rows_in_words():
+    peak = mime_bundle(traced(), timeline=b"")[MIME_TYPE]["view"]["peak"]
+    assert [row["label"] for row in peak["by_line"]] == ["In [2] line 5", "In [3] line 1"]
+    assert peak["by_line"][1]["code"] == EVIL  # raw in the JSON: the renderer escapes it
+    assert set(peak["by_line"][0]) == {
+        "label",
+        "code",
+        "bytes",
+        "share",
+        "split",
+        "largest",
+        "made_by",
+        "made_by_code",
+    }
+    assert peak["by_line_note"] == NOTE

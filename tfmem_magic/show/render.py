@@ -7,6 +7,7 @@ without a kernel. Every string that comes from the user's code (labels, op and l
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from html import escape
 from typing import Any
 
@@ -513,6 +514,9 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
             for key, groups in (("phase", t.by_phase), ("layer", t.by_layer))
         }
         out["peak"] = {"heading": peak_heading(t), "by_phase": rows["phase"], "by_layer": rows["layer"]}
+        if t.by_line:  # absent without a by-line view (quick mode, a saved trace, an older report)
+            out["peak"]["by_line"] = [asdict(row) for row in by_line_rows(t)]
+            out["peak"]["by_line_note"] = t.by_line_note
     out["timeline"] = timeline_series(r)
     held = held_view(r)
     if held is not None and held.holders:
