@@ -5,7 +5,7 @@
  * renderer shows comes worded by the Python views in the bundle's `view` block (tfmem_magic.show.render.lab_view),
  * so that the lab renderer and the static HTML say the same.
  */
-import type { HeldView, Report, ReportView, TimelineSeries } from './report';
+import type { HeldView, PeakView, Report, ReportView, TimelineSeries } from './report';
 
 export type Placement = 'below' | 'top';
 
@@ -154,6 +154,41 @@ function peakRows(rows: { label: string; bytes: string; share: number }[] | unde
     .join('');
 }
 
+/** The "By line" table: each line of code that made what was live at the peak, with its text as code, its bytes,
+ * its forward/backward split, its largest tensor and, for a layer's line, the line that made the layer; then what no
+ * line made. The rows come worded by the Python view (`view.peak.by_line`, show/view.py by_line_rows), and the
+ * markup is that of the static report's (tfmem_magic.show.render.by_line_html). Empty for a report without a
+ * by-line view (quick mode, a saved trace, a bundle from an older tfmem_magic). */
+export function byLineHtml(peak: PeakView | undefined): string {
+  if (!peak || !Array.isArray(peak.by_line)) {
+    return '';
+  }
+  const rows = peak.by_line
+    .map(row => {
+      const code = row.code ? `<code>${escapeHtml(row.code)}</code>` : '';
+      const made = escapeHtml(row.made_by) + (row.made_by_code ? `: <code>${escapeHtml(row.made_by_code)}</code>` : '');
+      const more = [escapeHtml(row.split), escapeHtml(row.largest), made].filter(x => x).join(' · ');
+      return (
+        `<tr><td>${escapeHtml(row.label)}</td><td>${code}</td><td class="num">${escapeHtml(row.bytes)}</td>` +
+        `<td><span class="tfmem-bar" style="width:${Math.max(1, Math.round(160 * (Number(row.share) || 0)))}px">` +
+        '</span></td></tr>' +
+        (more ? `<tr class="tfmem-line-detail"><td></td><td colspan="3" class="tfmem-muted">${more}</td></tr>` : '')
+      );
+    })
+    .join('');
+  const table = rows
+    ? '<table class="tfmem-by-line"><tr><th>line</th><th>code</th><th class="num">bytes</th><th></th></tr>' +
+      `${rows}</table>`
+    : '<div class="tfmem-muted">No line of code made what was live at the peak.</div>';
+  const note = peak.by_line_note
+    ? `<div class="tfmem-muted tfmem-by-line-note">${escapeHtml(peak.by_line_note)}</div>`
+    : '';
+  return (
+    '<div class="tfmem-by-line-view"><b>By line</b>: what was live at the peak, by the line of code that made it' +
+    `${table}${note}</div>`
+  );
+}
+
 /** The report as HTML (the MIME renderer of application/vnd.tfmem.report+json). Every string is escaped.
  * `text` is the bundle's text/plain: shown for a bundle from a tfmem_magic too old to carry the view's numbers. */
 export function renderReportHtml(data: unknown, text?: unknown): string {
@@ -211,6 +246,7 @@ export function renderReportHtml(data: unknown, text?: unknown): string {
     if (view.peak.by_layer?.length) {
       parts.push(`<table class="tfmem-by-layer">${peakRows(view.peak.by_layer)}</table>`);
     }
+    parts.push(byLineHtml(view.peak));
   }
   parts.push(heldHtml(view.held));
   parts.push(timelineSvg(report));

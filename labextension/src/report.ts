@@ -462,6 +462,14 @@ export interface PeakView {
   heading: string;
   by_phase: PeakRow[];
   by_layer: PeakRow[];
+  /**
+   * the lines of code that made the most of it (show/view.py by_line_rows); absent without a by-line view (quick mode, a saved trace, an older tfmem_magic)
+   */
+  by_line?: LineRow[];
+  /**
+   * how much a line of code named, and what no line made (TraceInfo.by_line_note)
+   */
+  by_line_note?: string | null;
 }
 export interface PeakRow {
   label: string;
@@ -473,6 +481,43 @@ export interface PeakRow {
    * the row's part of the peak, 0 to 1 (the bar's width)
    */
   share: number;
+}
+/**
+ * one line of code, in the words of show/view.py LineRow
+ */
+export interface LineRow {
+  /**
+   * "In [2] line 5", "train.py:12"
+   */
+  label: string;
+  /**
+   * the line's text, empty where it was not found
+   */
+  code: string;
+  /**
+   * the bytes in words (format_bytes)
+   */
+  bytes: string;
+  /**
+   * the line's part of the peak, 0 to 1 (the bar's width)
+   */
+  share: number;
+  /**
+   * forward and backward bytes in words, or empty
+   */
+  split: string;
+  /**
+   * its largest tensor in words, or empty
+   */
+  largest: string;
+  /**
+   * a layer's line: the line that made the layer, or empty
+   */
+  made_by: string;
+  /**
+   * the text of the line that made the layer, or empty
+   */
+  made_by_code: string;
 }
 export interface TimelineSeries {
   /**

@@ -33,6 +33,12 @@ const bundles: Record<string, Record<string, unknown>> = file ? JSON.parse(readF
       }
       if (view.peak) {
         words.push(view.peak.heading, ...[...view.peak.by_phase, ...view.peak.by_layer].map(r => r.bytes));
+        for (const row of view.peak.by_line ?? []) {
+          words.push(row.label, row.code, row.bytes, row.split, row.largest, row.made_by, row.made_by_code);
+        }
+        if (view.peak.by_line_note) {
+          words.push(view.peak.by_line_note);
+        }
       }
       for (const s of view.timeline ?? []) {
         words.push(`${s.name}: ${s.low} → ${s.high} over ${s.seconds}`);

@@ -166,6 +166,51 @@ describe('renderReportHtml', () => {
     expect(out).toContain('%tfmem free NAME');
     expect(renderReportHtml(REPORT)).not.toContain('Held after the cell');
   });
+  it('shows the lines of code that made the peak, their code as code, escaped', () => {
+    const peak = {
+      ...REPORT.view.peak,
+      by_line: [
+        {
+          label: 'In [2] line 5',
+          code: "x = '<script>alert(1)</script>' & y",
+          bytes: '12 MiB',
+          share: 0.5,
+          split: 'forward 8 MiB, backward 4 MiB',
+          largest: 'largest of 3 tensors: float32[256,8192] MatMul 8 MiB',
+          made_by: 'layer wide made at In [3] line 1',
+          made_by_code: 'model = keras.Sequential([Wide(), <Dense>])'
+        },
+        {
+          label: 'In [3] line 1',
+          code: '',
+          bytes: '8 MiB',
+          share: 0.25,
+          split: '',
+          largest: '',
+          made_by: '',
+          made_by_code: ''
+        }
+      ],
+      by_line_note: '20 MiB of the 24 MiB traced at the peak named by a line of code; not by a line: eager ops 4 MiB'
+    };
+    const out = renderReportHtml({ ...REPORT, view: { ...REPORT.view, peak } });
+    expect(out).toContain('<table class="tfmem-by-line">');
+    expect(out).toContain(
+      '<td>In [2] line 5</td><td><code>x = &#39;&lt;script&gt;alert(1)&lt;/script&gt;&#39; &amp; y</code></td>' +
+        '<td class="num">12 MiB</td><td><span class="tfmem-bar" style="width:80px">'
+    );
+    expect(out).toContain(
+      'forward 8 MiB, backward 4 MiB · largest of 3 tensors: float32[256,8192] MatMul 8 MiB · ' +
+        'layer wide made at In [3] line 1: <code>model = keras.Sequential([Wide(), &lt;Dense&gt;])</code>'
+    );
+    expect(out).toContain('<td>In [3] line 1</td><td></td><td class="num">8 MiB</td>');
+    expect(out.match(/tfmem-line-detail/g) ?? []).toHaveLength(1); // a row with nothing more has no second row
+    expect(out).toContain('not by a line: eager ops 4 MiB');
+    expect(out).not.toContain('<script>');
+    const none = renderReportHtml({ ...REPORT, view: { ...REPORT.view, peak: { ...peak, by_line: [] } } });
+    expect(none).toContain('No line of code made what was live at the peak.');
+    expect(html).not.toContain('By line'); // a report without a by-line view (quick mode, an older bundle)
+  });
   it('says so when the data is not a report', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
     expect(renderReportHtml(null)).toContain('Not a tfmem report');

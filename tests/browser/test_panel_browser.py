@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .conftest import open_notebook, run_cell
 
 CELLS = [
@@ -38,6 +40,12 @@ def test_panel_renders_live_and_static_twin_survives_reopen(lab, page, shoot):
     panel.get_by_role("button", name="by layer").click()
     page.wait_for_function("src => document.querySelector('.tfmem-panel img').src !== src", arg=before)
     by_layer = chart.get_attribute("src")
+    # by line: the lines of the cell that made the Dense layers, their code as code, in place of the chart
+    panel.get_by_role("button", name="by line").click()
+    lines = panel.locator("table.tfmem-by-line:visible")
+    lines.wait_for(state="visible")
+    assert re.search(r"In \[\d+\] line 2\tmodel = keras.Sequential", lines.inner_text()), lines.inner_text()
+    assert lines.locator("code").count() >= 1 and not chart.is_visible()
     panel.get_by_role("tab", name="Timeline").click()
     shown = panel.locator("img:visible")
     shown.first.wait_for(state="visible")

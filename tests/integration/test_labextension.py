@@ -28,6 +28,8 @@ from tfmem_magic.core.report import (
     Fix,
     HeldInfo,
     Holder,
+    LineGroup,
+    LineTensor,
     LiveGroup,
     ModelInfo,
     Report,
@@ -110,6 +112,23 @@ def reports() -> dict[str, Report]:
             timeline=[[0, 0], [0.5, 64 * MiB], [1.2, 2 * MiB]],
             by_phase=[LiveGroup(phase="forward", bytes=40 * MiB), LiveGroup(phase=None, bytes=24 * MiB)],
             by_layer=[LiveGroup(layer="dense<script>", bytes=30 * MiB)],
+            by_line=[
+                LineGroup(
+                    label="In [2] line 5",
+                    code="return x @ w  # <script>",
+                    bytes=30 * MiB,
+                    forward_bytes=20 * MiB,
+                    backward_bytes=10 * MiB,
+                    count=2,
+                    layer="wide",
+                    made_by="In [3] line 1",
+                    made_by_code="model = Sequential([Wide(), <Dense>])",
+                    tensors=[LineTensor(20 * MiB, "[256,20480]", "float32", "MatMul", "forward")],
+                ),
+                LineGroup(label="eager ops", kind="eager", bytes=MiB),
+            ],
+            by_line_named_bytes=30 * MiB,
+            by_line_note="30 MiB of the 64 MiB traced at the peak named by a line of code; not by a line: eager ops",
         ),
         model=ModelInfo(
             name="mlp<x>", params=288906, param_bytes=288906 * 4, optimizer="Adam", batch_size=256, replicas=2
@@ -172,6 +191,7 @@ def test_view_blocks_match_the_schema_the_renderer_types_are_made_of():
         assert data["view"]["summary"], name  # the renderer shows the text form of a bundle without it
     fit = bundles()["traced fit after a fix"][MIME_TYPE]["view"]
     assert {"model", "before_after", "peak", "timeline", "held"} <= set(fit)
+    assert [row["label"] for row in fit["peak"]["by_line"]] == ["In [2] line 5"] and fit["peak"]["by_line_note"]
     assert [s["kind"] for s in fit["timeline"]] == ["trace", "rss"]
     gpu = bundles()["quick cell on a GPU"][MIME_TYPE]["view"]
     assert [(s["kind"], s.get("device")) for s in gpu["timeline"]] == [("device", "GPU:0"), ("rss", None)]

@@ -16,14 +16,14 @@ import ipywidgets as widgets
 from tfmem_magic.core.report import Fix, LiveGroup, Report
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show import figures, frontend
-from tfmem_magic.show.render import before_after_html, held_html
+from tfmem_magic.show.render import before_after_html, by_line_html, held_html
 from tfmem_magic.show.view import BUDGET_SOURCES, ReportView, trace_notes, view_of
 from tfmem_magic.show.whatif_panel import whatif_tab
 
 if TYPE_CHECKING:
     from tfmem_magic.analyze.cluster import ClusterView
 
-BREAKDOWN_KEYS = ("phase", "layer", "op")
+BREAKDOWN_KEYS = ("phase", "layer", "op")  # the charted groups; "by line" (a table) follows where a report has it
 
 PANEL_CSS = """<style>
 /* the static report is the output just before the live panel: hide it while the panel is there */
@@ -45,6 +45,11 @@ PANEL_CSS = """<style>
 .tfmem-panel td.num, .tfmem-panel th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .tfmem-panel .tfmem-empty { opacity: .75; font-style: italic; padding: 6px 0; }
 .tfmem-panel .tfmem-sev-critical { color: #c62828; } .tfmem-panel .tfmem-sev-warn { color: #b26a00; }
+.tfmem-panel .tfmem-muted { opacity: .7; }
+.tfmem-panel .tfmem-bar { display: inline-block; height: 9px; background: #5b8def; border-radius: 2px;
+  vertical-align: middle; }
+.tfmem-panel .tfmem-by-line code { font-family: var(--jp-code-font-family, monospace); white-space: pre-wrap; }
+.tfmem-panel .tfmem-line-detail td { border-bottom: none; }
 .tfmem-panel pre { font-size: 12px; padding: 6px; border: 1px solid rgba(128,128,128,.25); border-radius: 4px;
   white-space: pre-wrap; }
 </style>"""
@@ -105,13 +110,22 @@ def breakdown_tab(report: Report) -> widgets.Widget:
             images[key] = figures.breakdown_png(groups[key], key)
         return images[key] or b""
 
-    chooser = widgets.ToggleButtons(
-        options=[("by phase", "phase"), ("by layer", "layer"), ("by op", "op")],
-        value="phase",
-        style={"button_width": "90px"},
-    )
+    options = [(f"by {key}", key) for key in BREAKDOWN_KEYS]
+    if trace.by_line:  # a report without a by-line view (quick mode, a saved trace, an older report) has no button
+        options.append(("by line", "line"))
+    chooser = widgets.ToggleButtons(options=options, value="phase", style={"button_width": "90px"})
     chart = widgets.Image(value=image_for("phase"), format="png", layout=widgets.Layout(max_width="640px"))
-    chooser.observe(lambda change: setattr(chart, "value", image_for(change["new"])), names="value")
+    # "by line" shows a table in place of the chart: each line's code, bytes, split, largest tensor and maker
+    by_line = widgets.HTML(by_line_html(trace), layout=widgets.Layout(display="none"))
+
+    def choose(change: dict[str, Any]) -> None:
+        line = change["new"] == "line"
+        chart.layout.display = "none" if line else None
+        by_line.layout.display = None if line else "none"
+        if not line:
+            chart.value = image_for(change["new"])
+
+    chooser.observe(choose, names="value")
     lines = [
         f"<b>{escape(format_bytes(trace.peak_live_bytes))}</b> live at t = {trace.peak_time_s:.3f} s "
         f"({trace.events:,} memory events traced)"
@@ -128,7 +142,7 @@ def breakdown_tab(report: Report) -> widgets.Widget:
         lines.append(f"<span class='tfmem-empty'>{escape(note)}</span>")
     info = widgets.HTML("<br>".join(lines))
     tensors = widgets.HTML("<b>Largest tensors at the peak</b>" + _top_tensors(trace.at_peak))
-    return widgets.VBox([info, chooser, chart, tensors])
+    return widgets.VBox([info, chooser, chart, by_line, tensors])
 
 
 def timeline_tab(report: Report, png: bytes | None = None) -> widgets.Widget:

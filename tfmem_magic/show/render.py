@@ -7,6 +7,7 @@ without a kernel. Every string that comes from the user's code (labels, op and l
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from html import escape
 from typing import Any
 
@@ -17,6 +18,7 @@ from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
     ReportView,
+    by_line_rows,
     guard_detail,
     held_view,
     knobs_text,
@@ -50,37 +52,55 @@ def _clip(code: str, limit: int) -> str:
 
 def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
     """The text report's "By line" block: the `top` lines of code that had the most live at the peak, each with its
-    code, its largest tensor and, for a custom layer's line, the line that made the layer; then what no line made
-    (TraceInfo.by_line_note)."""
-    named = [g for g in t.by_line if g.kind == "line"][:top]
+    code, its largest tensor and, for a layer's line, the line that made the layer; then what no line made
+    (TraceInfo.by_line_note). The words are view.by_line_rows', as every surface shows them."""
     if not t.by_line:
         return []
     out = ["By line   what was live at the peak, by the line of code that made it"]
-    for g in named:
-        code = f"  {_clip(g.code, 90)}" if g.code else ""
-        split = (
-            f" (forward {format_bytes(g.forward_bytes)}, backward {format_bytes(g.backward_bytes)})"
-            if g.forward_bytes and g.backward_bytes
-            else " (backward: gradients of its ops)"
-            if g.backward_bytes == g.bytes
-            else ""
-        )
-        out.append(f"  {format_bytes(g.bytes):>10}  {g.label}{code}{split}")
-        largest = g.tensors[0] if g.tensors else None
-        if largest is not None:
-            what = f"{largest.dtype or ''}{largest.shape or ''}".strip() or "a tensor"
-            times = f" of {g.count} tensors" if g.count > 1 else ""
-            out.append(
-                f"  {'':>10}    largest{times}: {what} {largest.op or ''} {format_bytes(largest.bytes)}".rstrip()
-            )
-        if g.made_by and g.made_by != g.label:
-            made = f": {_clip(g.made_by_code, 70)}" if g.made_by_code else ""
-            out.append(f"  {'':>10}    layer {g.layer} made at {g.made_by}{made}")
-        elif g.made_by and g.layer:
-            out.append(f"  {'':>10}    layer {g.layer}: made on this line")
+    for row in by_line_rows(t, top):
+        code = f"  {_clip(row.code, 90)}" if row.code else ""
+        split = f" ({row.split})" if row.split else ""
+        out.append(f"  {row.bytes:>10}  {row.label}{code}{split}")
+        if row.largest:
+            out.append(f"  {'':>10}    {row.largest}")
+        if row.made_by:
+            made = f": {_clip(row.made_by_code, 70)}" if row.made_by_code else ""
+            out.append(f"  {'':>10}    {row.made_by}{made}")
     if t.by_line_note:
         out.append(f"  {'':>10}  {t.by_line_note}")
     return out
+
+
+def by_line_html(t: TraceInfo) -> str:
+    """The "By line" table of the static report and of the panel's "by line" button: each line of code with its
+    text (as code), its bytes, its forward/backward split, its largest tensor and, for a layer's line, the line that
+    made the layer; then what no line made. Empty without a by-line view (quick mode, a saved trace, an old report).
+    labextension/src/logic.ts (byLineHtml) writes the same markup from the view block's rows."""
+    if not t.by_line:
+        return ""
+    rows = []
+    for row in by_line_rows(t):
+        width = round(120 * row.share)
+        code = f"<code>{escape(row.code)}</code>" if row.code else ""
+        made = escape(row.made_by) + (f": <code>{escape(row.made_by_code)}</code>" if row.made_by_code else "")
+        more = " · ".join(x for x in (escape(row.split), escape(row.largest), made) if x)
+        rows.append(
+            f"<tr><td>{escape(row.label)}</td><td>{code}</td><td class='num'>{escape(row.bytes)}</td>"
+            f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>"
+        )
+        if more:  # a second row under the line: what else is known of it
+            rows.append(f"<tr class='tfmem-line-detail'><td></td><td colspan='3' class='tfmem-muted'>{more}</td></tr>")
+    table = (
+        "<table class='tfmem-by-line'><tr><th>line</th><th>code</th><th class='num'>bytes</th><th></th></tr>"
+        f"{''.join(rows)}</table>"
+        if rows
+        else "<div class='tfmem-muted'>No line of code made what was live at the peak.</div>"
+    )
+    note = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(t.by_line_note)}</div>" if t.by_line_note else ""
+    return (
+        "<div class='tfmem-by-line-view'><b>By line</b>: what was live at the peak, by the line of code that made it"
+        f"{table}{note}</div>"
+    )
 
 
 def render_text(
@@ -160,6 +180,8 @@ _STYLE = """
 .tfmem-report .tfmem-bar{display:inline-block;height:9px;background:#5b8def;border-radius:2px;vertical-align:middle}
 .tfmem-report .tfmem-muted{opacity:.7}
 .tfmem-report details{margin:4px 0}
+.tfmem-report .tfmem-by-line code{font-family:var(--jp-code-font-family,monospace);font-size:12px;white-space:pre-wrap}
+.tfmem-report .tfmem-line-detail td{border-bottom:none;font-size:12px}
 """
 
 
@@ -231,6 +253,7 @@ def render_html(
                 f"<table class='tfmem-by-layer'><tr><th>layer</th><th class='num'>bytes</th><th></th></tr>"
                 f"{_rows(t.by_layer, 'layer', total)}</table>"
             )
+        parts.append(by_line_html(t))
         top = "".join(
             f"<tr><td>{escape(g.op or '')}</td><td>{escape(g.layer or '')}</td><td>{escape(g.phase or '')}</td>"
             f"<td>{escape(g.dtype or '')}</td><td>{escape(g.shape or '')}</td>"
@@ -491,6 +514,9 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
             for key, groups in (("phase", t.by_phase), ("layer", t.by_layer))
         }
         out["peak"] = {"heading": peak_heading(t), "by_phase": rows["phase"], "by_layer": rows["layer"]}
+        if t.by_line:  # absent without a by-line view (quick mode, a saved trace, an older report)
+            out["peak"]["by_line"] = [asdict(row) for row in by_line_rows(t)]
+            out["peak"]["by_line_note"] = t.by_line_note
     out["timeline"] = timeline_series(r)
     held = held_view(r)
     if held is not None and held.holders:

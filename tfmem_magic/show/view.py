@@ -347,3 +347,58 @@ def held_view(report: Report) -> HeldView | None:
     if not held.complete:
         headline += " The search of the notebook's names ran out of time: a holder may be missing."
     return HeldView(headline, rows, left, hint)
+
+
+@dataclass
+class LineRow:
+    """One line of code in the by-line view (TraceInfo.by_line, docs/lines.md), in the words every surface shows:
+    the text report, the static HTML, the panel's "by line" button and the JupyterLab renderer's view block."""
+
+    label: str  # "In [2] line 5", "train.py:12"
+    code: str  # the line's text, "" where it was not found
+    bytes: str  # the bytes live at the peak, in words
+    share: float  # of the peak's live bytes, 0 to 1
+    split: str  # "forward 8 MiB, backward 2 MiB", "backward: gradients of its ops", or ""
+    largest: str  # "largest of 2 tensors: float32[256,8192] MatMul 8 MiB", or ""
+    made_by: str  # a layer's line: "layer wide made at In [3] line 2", "layer dense: made on this line", or ""
+    made_by_code: str  # the text of the line that made the layer, where it is another line
+
+
+def by_line_rows(trace: TraceInfo | None, top: int = 10) -> list[LineRow]:
+    """The `top` lines of code that had the most live at the peak (the groups of kind "line"; what no line made is
+    in TraceInfo.by_line_note), largest first."""
+    if trace is None:
+        return []
+    total = trace.peak_live_bytes
+    rows = []
+    for g in [g for g in trace.by_line if g.kind == "line"][:top]:
+        if g.forward_bytes and g.backward_bytes:
+            split = f"forward {format_bytes(g.forward_bytes)}, backward {format_bytes(g.backward_bytes)}"
+        elif g.backward_bytes == g.bytes:
+            split = "backward: gradients of its ops"
+        else:
+            split = ""
+        largest = ""
+        if g.tensors:
+            t = g.tensors[0]
+            what = f"{t.dtype or ''}{t.shape or ''}".strip() or "a tensor"
+            times = f" of {g.count} tensors" if g.count > 1 else ""
+            largest = f"largest{times}: {what} {t.op or ''} {format_bytes(t.bytes)}".replace("  ", " ")
+        made_by, made_by_code = "", ""
+        if g.made_by and g.made_by != g.label:
+            made_by, made_by_code = f"layer {g.layer} made at {g.made_by}", g.made_by_code or ""
+        elif g.made_by and g.layer:
+            made_by = f"layer {g.layer}: made on this line"
+        rows.append(
+            LineRow(
+                label=g.label,
+                code=g.code or "",
+                bytes=format_bytes(g.bytes),
+                share=g.bytes / total if total > 0 else 0.0,
+                split=split,
+                largest=largest,
+                made_by=made_by,
+                made_by_code=made_by_code,
+            )
+        )
+    return rows
