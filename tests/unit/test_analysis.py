@@ -170,6 +170,19 @@ def test_attribute_path(path, expected):
             ("BiasAddGrad", "head", "backward"),
         ),
         ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+        # grappler's scopes are no layer: the enclosing layer, or none (a T4 trace listed ArithmeticOptimizer as one)
+        (
+            "StatefulPartitionedCall/sequential/conv2d/ArithmeticOptimizer/ReorderCastLikeAndValuePreserving_float_Cast",
+            ("ReorderCastLikeAndValuePreserving_float_Cast", "conv2d", "forward"),
+        ),
+        ("StatefulPartitionedCall/ArithmeticOptimizer/AddOpsRewrite_Add", ("AddOpsRewrite_Add", None, "other")),
+        ("StatefulPartitionedCall/ConstantFolding/Const_1", ("Const", None, "other")),
+        ("StatefulPartitionedCall/LayoutOptimizer/Transpose", ("Transpose", None, "other")),
+        ("StatefulPartitionedCall/RemapperOptimizer/FusedAdd", ("FusedAdd", None, "other")),
+        (
+            "StatefulPartitionedCall/gradient_tape/worker_1/head_1/DependencyOptimizer/BiasAddGrad",
+            ("BiasAddGrad", "head", "backward"),
+        ),
     ],
 )
 def test_a_trace_without_the_model_names_the_layer_not_the_forward_op(path, expected):
@@ -291,3 +304,10 @@ def test_a_free_lost_in_a_pause_ends_the_tensor_where_its_segment_ends():
     assert ended.tolist()[:3] == [2, 2, 5] and ended[4] == 5
     # what is live at the peak keeps the peak's own accounting
     assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends)[0] == 3
+
+
+def test_grapplers_scopes_are_never_a_layer_where_the_models_layers_are_known_either():
+    ctx = analysis.TraceContext(layer_names={"cnn", "conv_a"})
+    att = analysis.attribute_path("StatefulPartitionedCall/cnn_1/conv_a_1/ArithmeticOptimizer/AddOpsRewrite_x", ctx)
+    assert (att.layer, att.phase) == ("conv_a", "forward")
+

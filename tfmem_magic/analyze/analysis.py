@@ -105,7 +105,8 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
         if "initialize_variables" in path:
             return Attribution("initialize variables", None, "weights")
         return Attribution("function runtime", None, "other")
-    scopes = [_SUFFIX.sub("", p) for p in parts[:-1]]
+    # a scope grappler gave the nodes it made (`.../conv2d/ArithmeticOptimizer/AddOpsRewrite_add`) is no layer
+    scopes = [_SUFFIX.sub("", p) for p in parts[:-1] if not p.endswith(lines.GRAPPLER_SCOPES)]
     layer = next((s for s in reversed(scopes) if s in ctx.layer_names), None)
     if layer is None and ctx.layer_names == set():
         # nothing known about the model (a saved or captured trace): the enclosing scope is the best guess of a
