@@ -574,7 +574,7 @@ def _resolve(row: LineRow, running: tuple[str, ...], runs: _Runs, resolver: Reso
                 deepest = inner
             continue
         fn, node = found
-        if row.phase == "backward":
+        if row.phase == "backward" or (row.phase == "workspace" and node.startswith("gradient_tape/")):
             return resolver.gradient_line(fn, node, row.layer, top)
         return resolver.line_of(fn, node, row.layer)
     if "/" not in row.path:
