@@ -42,8 +42,9 @@ EXPOSED = (
     "TensorFlow's profiler server listens on every network interface ([::]:{port}) and asks for no authentication: "
     "anyone who can reach this port can start a capture (it slows this job) and read the trace (the model's "
     "structure, op names, tensor shapes). Keep the port on a private network or behind a firewall rule that admits "
-    "only the machine that captures, or block it and capture through an SSH tunnel (ssh -N -L {port}:localhost:{port} "
-    "THIS_HOST, then tfmem capture localhost:{port}); docs/multi-worker.md, 'What a served port exposes'"
+    "only the machine that captures, or block it on every interface but loopback and capture through an SSH tunnel "
+    "(ssh -N -L {port}:localhost:{port} THIS_HOST, then tfmem capture localhost:{port}): see tfmem's "
+    'docs/multi-worker.md, "What a served port exposes"'
 )
 
 
