@@ -580,3 +580,137 @@ def test_calibration_on_a_gpu_grows_into_what_the_kernel_left_and_says_so_when_n
     model.compile("sgd", "mse")
     with pytest.raises(TfmemUsageError, match="memory growth is off|unless memory growth is on"):
         probe_runs.probe_peaks(model, [8, 16], True, None)
+
+
+T4_LIMIT = 14_648_653_952  # GPU_0_bfc's limit on the public Tesla T4 traces
+T4_BEFORE = 20_035_584  # held before the step: the weights, Adam's slots, the iterator's batches
+_SEQ, _GRAD = "StatefulPartitionedCall/sequential/", "StatefulPartitionedCall/gradient_tape/sequential/"
+# A Keras CNN's training step at batch 256 as the T4 traces record it, rebuilt from their published figures (the
+# traces' licence is not known, so they are not copied): (alloc?, tf_op, dtype enum, shape, region, bytes, addr).
+# Its largest allocation, at the 140 MiB peak, is conv2d's cuDNN workspace of Conv2DBackpropFilter, uint8[64552960]:
+# 44% of the peak.
+T4_STEP = [
+    (
+        True,
+        _SEQ + "ArithmeticOptimizer/ReorderCastLikeAndValuePreserving_float_Cast",
+        1,
+        "[256,32,32,3]",
+        "output",
+        3_145_728,
+        0x1000,
+    ),
+    (True, _SEQ + "conv2d/Relu", 1, "[256,30,30,32]", "output", 29_491_200, 0x2000),
+    (True, _SEQ + "conv2d/Conv2D", 4, "[1048576]", "temp", 1_048_576, 0x3000),  # the forward convolution's workspace
+    (False, None, 0, None, None, 1_048_576, 0x3000),
+    (True, _SEQ + "max_pooling2d/MaxPool", 1, "[256,15,15,32]", "output", 7_372_800, 0x4000),
+    (True, _SEQ + "conv2d_1/Relu", 1, "[256,13,13,64]", "output", 11_075_584, 0x5000),
+    (True, _SEQ + "dense/MatMul", 1, "[256,10]", "output", 10_240, 0x6000),
+    (True, _GRAD + "dense/MatMul/MatMul_1", 1, "[256,10816]", "output", 11_075_584, 0x7000),
+    (True, _GRAD + "conv2d_1/ReluGrad", 1, "[256,13,13,64]", "output", 11_075_584, 0x8000),
+    (False, None, 0, None, None, 11_075_584, 0x7000),
+    (False, None, 0, None, None, 11_075_584, 0x5000),
+    (True, _GRAD + "conv2d_1/Conv2D/Conv2DBackpropInput", 1, "[256,15,15,32]", "output", 7_372_800, 0x9000),
+    (True, _GRAD + "conv2d_1/Conv2D/Conv2DBackpropFilter", 1, "[3,3,32,64]", "output", 73_728, 0xA000),
+    (False, None, 0, None, None, 11_075_584, 0x8000),
+    (True, _GRAD + "max_pooling2d/MaxPool/MaxPoolGrad", 1, "[256,30,30,32]", "output", 29_491_200, 0xB000),
+    (False, None, 0, None, None, 7_372_800, 0x9000),
+    (False, None, 0, None, None, 7_372_800, 0x4000),
+    (True, _GRAD + "conv2d/ReluGrad", 1, "[256,30,30,32]", "output", 29_491_200, 0xC000),
+    (False, None, 0, None, None, 29_491_200, 0xB000),
+    (True, _GRAD + "conv2d/Conv2D/Conv2DBackpropFilter", 4, "[64552960]", "temp", 64_552_960, 0xD000),  # the peak
+    (False, None, 0, None, None, 64_552_960, 0xD000),
+    (True, _GRAD + "conv2d/Conv2D/Conv2DBackpropFilter", 1, "[3,3,3,32]", "output", 3_584, 0xE000),
+    (False, None, 0, None, None, 29_491_200, 0xC000),
+    (False, None, 0, None, None, 29_491_200, 0x2000),
+    (False, None, 0, None, None, 3_145_728, 0x1000),
+]
+
+
+def bfc_space(rows, before: int = 0, limit: int = T4_LIMIT) -> bytes:
+    """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (BFC_STATS); a free
+    carries no op, dtype or shape, as TensorFlow's do not. `before`: the bytes in use before the first event."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(id=0, name="/host:CPU")
+    for mid, name in ((1, "MemoryAllocation"), (2, "MemoryDeallocation")):
+        plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, name
+    texts = [*BFC_STATS, "GPU_0_bfc"] + [t for r in rows for t in (r[1], r[3], r[4]) if t]
+    sid = {name: i for i, name in enumerate(dict.fromkeys(texts), start=1)}
+    for name, i in sid.items():
+        plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
+    line = plane.lines.add(id=1, name="tf_gpu", timestamp_ns=1000)
+    live = peak = before
+    for k, (alloc, op, dtype, shape, region, size, addr) in enumerate(rows):
+        live += size if alloc else -size
+        peak = max(peak, live)
+        e = line.events.add(metadata_id=1 if alloc else 2, offset_ps=(k + 1) * 10**6)
+        ints = {
+            "bytes_reserved": 0,
+            "bytes_allocated": live,
+            "bytes_available": limit - live,
+            "peak_bytes_in_use": peak,
+            "requested_bytes": size if alloc else 0,
+            "allocation_bytes": size,
+            "addr": addr,
+            "id": 7,
+            "data_type": dtype,
+        }
+        refs = {"allocator_name": "GPU_0_bfc", "tf_op": op, "region_type": region, "shape": shape}
+        for name in BFC_STATS:
+            if name == "fragmentation":
+                e.stats.add(metadata_id=sid[name], double_value=0.0)
+            elif name in refs:
+                if refs[name]:
+                    e.stats.add(metadata_id=sid[name], ref_value=sid[refs[name]])
+            elif alloc or name != "data_type":
+                e.stats.add(metadata_id=sid[name], int64_value=ints[name])
+    return space.SerializeToString()
+
+
+def test_a_cudnn_workspace_at_a_gpu_traces_peak_is_a_workspace_with_its_finding_and_fix(tmp_path):
+    """A T4 CNN step rebuilt from the public traces' figures: its largest allocation, a cuDNN workspace, is shown as
+    a workspace (not a backward activation), the batch is read from the activations (not the workspace's length),
+    a finding says how much of the peak workspaces are and what caps them, and the fix cell sets the cap before
+    TensorFlow's first GPU convolution, in a restarted kernel. Grappler's ArithmeticOptimizer is no layer."""
+    path = tmp_path / "t4.xplane.pb"
+    path.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE))
+    report = tfmem_magic.analyze_xplane(path)  # no batch given: 256, read from the activations' shapes
+    assert report.main_device_name == "GPU:0" and report.device_budget == ("GPU:0", T4_LIMIT)
+    assert report.main_device.peak_bytes == 140 * MiB == report.trace.peak_live_bytes
+    assert report.whatif_basis is not None and report.whatif_basis.knobs.batch_size == 256
+    top = report.trace.at_peak[0]
+    assert (top.op, top.layer, top.phase, top.dtype, top.shape, top.bytes) == (
+        "Conv2DBackpropFilter",
+        "conv2d",
+        "workspace",
+        "uint8",
+        "[64552960]",
+        64_552_960,
+    )
+    assert {g.phase: g.bytes for g in report.trace.by_phase}["workspace"] == 64_552_960
+    assert "ArithmeticOptimizer" not in {g.layer for g in report.trace.by_layer}
+    (finding,) = [f for f in report.findings if f.id == "cudnn-workspace"]
+    assert finding.bytes == 64_552_960 and finding.severity == "warn" and finding.fixes == ["cudnn-workspace-limit"]
+    assert "44% of the peak on GPU:0" in finding.title
+    assert "conv2d · Conv2DBackpropFilter uint8[64552960] 61.6 MiB" in finding.evidence
+    for words in ("fastest whose workspace fits", "TF_CUDNN_WORKSPACE_LIMIT_IN_MB", "TF_CUDNN_USE_AUTOTUNE=0"):
+        assert words in finding.evidence
+    (fix,) = [f for f in report.fixes if f.id == "cudnn-workspace-limit"]
+    assert fix.needs_restart and fix.placement == "top" and fix.predicted_peak_bytes is None
+    assert 'os.environ["TF_CUDNN_WORKSPACE_LIMIT_IN_MB"] = "30"' in fix.code  # half of 61.6 MiB
+    assert "restart the kernel" in fix.code and "speed" in fix.why and "restart" in fix.why
+    compile(fix.code, "fix", "exec")
+    assert "workspace" in tfmem_magic.render_text(report)
+
+
+def test_a_small_workspace_gets_no_finding(tmp_path):
+    """Workspaces under a tenth of the peak (and under 256 MiB) are true but not worth a finding: here 1 MiB, and
+    the peak moves to the activations."""
+    small = [r if r[5] != 64_552_960 else (*r[:3], "[1048576]", r[4], 1_048_576, r[6]) for r in T4_STEP]
+    path = tmp_path / "small.xplane.pb"
+    path.write_bytes(bfc_space(small, before=T4_BEFORE))
+    report = tfmem_magic.analyze_xplane(path)
+    assert report.trace.peak_live_bytes < 140 * MiB
+    assert "cudnn-workspace" not in {f.id for f in report.findings}
+    assert "cudnn-workspace-limit" not in {f.id for f in report.fixes}

@@ -170,6 +170,19 @@ def test_attribute_path(path, expected):
             ("BiasAddGrad", "head", "backward"),
         ),
         ("StatefulPartitionedCall/Add_1", ("Add", None, "other")),
+        # grappler's scopes are no layer: the enclosing layer, or none (a T4 trace listed ArithmeticOptimizer as one)
+        (
+            "StatefulPartitionedCall/sequential/conv2d/ArithmeticOptimizer/ReorderCastLikeAndValuePreserving_float_Cast",
+            ("ReorderCastLikeAndValuePreserving_float_Cast", "conv2d", "forward"),
+        ),
+        ("StatefulPartitionedCall/ArithmeticOptimizer/AddOpsRewrite_Add", ("AddOpsRewrite_Add", None, "other")),
+        ("StatefulPartitionedCall/ConstantFolding/Const_1", ("Const", None, "other")),
+        ("StatefulPartitionedCall/LayoutOptimizer/Transpose", ("Transpose", None, "other")),
+        ("StatefulPartitionedCall/RemapperOptimizer/FusedAdd", ("FusedAdd", None, "other")),
+        (
+            "StatefulPartitionedCall/gradient_tape/worker_1/head_1/DependencyOptimizer/BiasAddGrad",
+            ("BiasAddGrad", "head", "backward"),
+        ),
     ],
 )
 def test_a_trace_without_the_model_names_the_layer_not_the_forward_op(path, expected):
@@ -291,3 +304,80 @@ def test_a_free_lost_in_a_pause_ends_the_tensor_where_its_segment_ends():
     assert ended.tolist()[:3] == [2, 2, 5] and ended[4] == 5
     # what is live at the peak keeps the peak's own accounting
     assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends)[0] == 3
+
+
+def test_grapplers_scopes_are_never_a_layer_where_the_models_layers_are_known_either():
+    ctx = analysis.TraceContext(layer_names={"cnn", "conv_a"})
+    att = analysis.attribute_path("StatefulPartitionedCall/cnn_1/conv_a_1/ArithmeticOptimizer/AddOpsRewrite_x", ctx)
+    assert (att.layer, att.phase) == ("conv_a", "forward")
+
+
+def gpu_events(rows, allocator="GPU_0_bfc") -> Trace:
+    """rows: (alloc?, op, dtype enum, shape, region, chunk, addr), one µs apart, as a GPU's BFC allocator writes
+    them."""
+    strings: list[str] = []
+
+    def ref(text):
+        if text is None:
+            return -1
+        if text not in strings:
+            strings.append(text)
+        return strings.index(text)
+
+    live, cur = [], 0
+    for alloc, *_, chunk, _ in rows:
+        cur += chunk if alloc else -chunk
+        live.append(cur)
+    n = len(rows)
+    ev = MemoryEvents(
+        t_ps=np.arange(n, dtype=np.int64) * 10**6,
+        is_alloc=np.array([r[0] for r in rows], dtype=bool),
+        live=np.array(live, dtype=np.int64),
+        requested=np.array([r[5] for r in rows], dtype=np.int64),
+        chunk=np.array([r[5] for r in rows], dtype=np.int64),
+        addr=np.array([r[6] for r in rows], dtype=np.int64),
+        dtype=np.array([r[2] for r in rows], dtype=np.int64),
+        op=np.array([ref(r[1]) for r in rows], dtype=np.int32),
+        region=np.array([ref(r[4]) for r in rows], dtype=np.int32),
+        shape=np.array([ref(r[3]) for r in rows], dtype=np.int32),
+        thread=np.zeros(n, dtype=np.int32),
+        strings=strings,
+        threads=["tf_gpu"],
+        allocator=allocator,
+    )
+    return Trace(ev)
+
+
+GRAD = "StatefulPartitionedCall/gradient_tape/sequential/conv2d/Conv2D/"
+WORKSPACE_ROWS = [
+    (True, "StatefulPartitionedCall/sequential/conv2d/Relu", 1, "[256,30,30,32]", "output", 29_491_200, 0x100),
+    (True, GRAD + "Conv2DBackpropFilter", 4, "[64552960]", "temp", 64_552_960, 0x200),  # cuDNN's workspace
+    (True, "StatefulPartitionedCall/sequential/dense/MatMul", 4, "[4194304]", "temp", 4_194_304, 0x300),  # cuBLAS's
+    (True, GRAD + "Conv2DBackpropFilter", 1, "[3,3,3,32]", "output", 3_584, 0x400),  # the gradient itself
+    (True, "StatefulPartitionedCall/sequential/conv2d/Conv2D", 4, "[256,4]", "temp", 1_024, 0x500),  # 2-D: a tensor
+    (True, "StatefulPartitionedCall/sequential/conv2d/Conv2D", 4, "[4096]", "output", 4_096, 0x600),  # an output
+    (True, "StatefulPartitionedCall/sequential/conv2d/BiasAdd", 4, "[8192]", "temp", 8_192, 0x700),  # no scratch op
+]
+
+
+def test_a_gpu_kernels_cudnn_or_cublas_workspace_is_its_own_phase_keeping_its_op_and_layer():
+    """A 1-D uint8 temp tensor of a convolution or a matrix product on a GPU's allocator is its kernel's workspace
+    (TensorFlow's DnnScratchAllocator and BlasScratchAllocator: allocate_temp(DT_UINT8, {bytes})), not a backward
+    activation; a uint8 tensor of another shape, region or op is not (docs/gpu.md, "Workspaces")."""
+    info = analysis.summarize(gpu_events(WORKSPACE_ROWS), analysis.TraceContext())
+    phases = {g.phase: g.bytes for g in info.by_phase}
+    assert phases["workspace"] == 64_552_960 + 4_194_304
+    assert phases["backward"] == 3_584 and phases["forward"] == 29_491_200 + 1_024 + 4_096 + 8_192
+    rows = {(g.op, g.layer, g.phase, g.dtype, g.shape): g.bytes for g in info.at_peak}
+    assert rows[("Conv2DBackpropFilter", "conv2d", "workspace", "uint8", "[64552960]")] == 64_552_960
+    assert rows[("MatMul", "dense", "workspace", "uint8", "[4194304]")] == 4_194_304
+    assert {g.layer for g in info.by_layer} >= {"conv2d", "dense"}  # a workspace still counts for its layer
+
+
+def test_a_cpus_allocator_has_no_cudnn_workspaces():
+    """On a CPU the same events are what the path says: oneDNN's scratch buffers are no cuDNN workspace."""
+    info = analysis.summarize(
+        gpu_events(WORKSPACE_ROWS, allocator="bfc_cpu_allocator_for_gpu"), analysis.TraceContext()
+    )
+    assert "workspace" not in {g.phase for g in info.by_phase}
+    assert analysis.CUBLAS_OPS.match("_FusedMatMul") and not analysis.CUBLAS_OPS.match("Conv2DBackpropInput")

@@ -444,3 +444,13 @@ def test_a_cell_that_ran_out_is_never_told_that_its_batch_or_a_larger_one_fits()
     assert fix.title == "Shrink the batch to 192" and "pre-flight prediction (+40%)" in fix.why
     rep.status = "ok"  # it ran: the pre-flight's answer is not needed, and no shrink where the batch fits
     assert "shrink-batch" not in by_id(fixes.build(rep, ctx()))
+
+
+def test_the_cudnn_workspace_cap_is_never_offered_on_cpu():
+    """TF_CUDNN_WORKSPACE_LIMIT_IN_MB does nothing without a GPU: its writer gives no cell for a CPU report, even one
+    whose trace had a workspace group (a report loaded from elsewhere)."""
+    from tfmem_magic.core.report import LiveGroup
+
+    rep = report(findings=("cudnn-workspace",))
+    rep.trace = TraceInfo(at_peak=[LiveGroup("Conv2DBackpropFilter", "conv", "workspace", 64 * MiB, 64 * MiB, 1)])
+    assert fixes.WRITERS["cudnn-workspace-limit"](rep, ctx()) is None

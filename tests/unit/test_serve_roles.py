@@ -46,3 +46,35 @@ def test_the_refusal_warns_names_the_risk_and_serves_nothing(monkeypatch):
 def test_a_broken_tf_config_is_no_refusal(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
     assert remote.mwms_non_chief() is None
+
+
+def test_serving_logs_that_the_port_is_open_to_every_interface_and_how_to_keep_it_private(monkeypatch, caplog):
+    """TensorFlow's profiler server binds [::]:PORT with no authentication; serve() says so as it starts it, with the
+    mitigations (docs/multi-worker.md). TensorFlow's server itself is not started here: a stand-in records the port."""
+    import logging
+    import sys
+    from types import SimpleNamespace
+
+    started: list[int] = []
+    server = SimpleNamespace(start=started.append)
+    fake_tf = SimpleNamespace(profiler=SimpleNamespace(experimental=SimpleNamespace(server=server)))
+    monkeypatch.setitem(sys.modules, "tensorflow", fake_tf)
+    monkeypatch.setattr(remote.environment, "prepare_allocator", lambda: SimpleNamespace(loaded_after_first_op=False))
+    monkeypatch.setattr(remote, "_serving", None)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with caplog.at_level(logging.WARNING, logger=remote.__name__):
+        assert remote.serve(6123) == 6123
+    assert started == [6123]
+    (record,) = [r for r in caplog.records if r.name == remote.__name__]
+    said = record.getMessage()
+    assert record.levelno == logging.WARNING
+    for words in (
+        "every network interface ([::]:6123)",
+        "no authentication",
+        "firewall",
+        "ssh -N -L 6123:localhost:6123",
+    ):
+        assert words in said
+    with caplog.at_level(logging.WARNING, logger=remote.__name__):
+        assert remote.serve(6123) == 6123  # already serving: nothing started, nothing said again
+    assert started == [6123] and len([r for r in caplog.records if r.name == remote.__name__]) == 1

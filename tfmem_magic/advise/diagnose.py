@@ -23,6 +23,9 @@ RETRACE_MIN = 3  # traces of one tf.function in one cell
 MIN_COPY_SHARE = 0.1  # an input copy worth a finding: this share of the cell's memory at the peak,
 MIN_COPY_BYTES = 64 * 2**20  # or this large in itself
 RAN_ON = 1.05  # a peak this far past where the guard tripped: the step ran on inside TensorFlow
+MIN_WORKSPACE_SHARE = 0.1  # GPU workspaces worth a finding: this share of what was live at the peak,
+MIN_WORKSPACE_BYTES = 256 * 2**20  # or this much in itself
+CUDNN_WORKSPACE_CAP = 1 << 32  # TensorFlow's cap on one convolution's workspace, TF_CUDNN_WORKSPACE_LIMIT_IN_MB unset
 KERAS_STEP_FUNCTIONS = (
     "multi_step_on_iterator",
     "one_step_on_iterator",
@@ -224,6 +227,53 @@ def input_copy(report: Report) -> Finding | None:
     )
 
 
+def gpu_workspaces(report: Report) -> Finding | None:
+    """cuDNN's and cuBLAS's scratch space (phase "workspace", on a GPU's allocator only) is a real part of the peak.
+    The autotuner's rule and the two variables that change it: docs/gpu.md, "Workspaces"."""
+    trace = report.trace
+    if trace is None or not any(g.phase == "workspace" for g in trace.by_phase):
+        return None
+    from tfmem_magic.analyze.analysis import CUBLAS_OPS, WORKSPACE  # NumPy: only for a trace that has workspaces
+
+    total = sum(g.bytes for g in trace.by_phase if g.phase == WORKSPACE)
+    peak = trace.peak_live_bytes
+    share = total / peak if peak else 1.0
+    if not total or (share < MIN_WORKSPACE_SHARE and total < MIN_WORKSPACE_BYTES):
+        return None
+    groups = sorted((g for g in trace.at_peak if g.phase == WORKSPACE), key=lambda g: -g.bytes)
+    cudnn = any(not CUBLAS_OPS.match(g.op or "") for g in groups)
+    listed = "; ".join(
+        f"{' · '.join(x for x in (g.layer, g.op) if x)} {g.dtype or 'uint8'}{g.shape or ''} {format_bytes(g.bytes)}"
+        + (f" ({g.count} buffers)" if g.count > 1 else "")
+        for g in groups[:3]
+    )
+    where = report.main_device_name or "the GPU"
+    parts = [
+        f"{format_bytes(total)} of the {format_bytes(peak)} live on {where} at the peak ({share:.0%}) is scratch "
+        f"space GPU kernels asked for, not tensors of the model" + (f": {listed}." if listed else ".")
+    ]
+    if cudnn:
+        parts.append(
+            "For each convolution TensorFlow's autotuner times cuDNN's algorithms on its first run and keeps the "
+            "fastest whose workspace fits under TF_CUDNN_WORKSPACE_LIMIT_IN_MB "
+            f"({format_bytes(CUDNN_WORKSPACE_CAP)} per convolution unless set): a faster algorithm is paid for in "
+            "memory. A lower cap makes it choose among the algorithms that fit, which can run slower; "
+            "TF_CUDNN_USE_AUTOTUNE=0 skips the timing and takes cuDNN's heuristic choice, which can run slower too. "
+            "The trials of a process's first step hold each algorithm's workspace in turn: that step can peak "
+            "above this one."
+        )
+    if not cudnn or any(CUBLAS_OPS.match(g.op or "") for g in groups):
+        parts.append("TensorFlow puts no cap on cuBLAS's matrix-product workspaces: no variable limits them.")
+    return Finding(
+        id="cudnn-workspace",
+        severity="warn" if share >= 0.25 else "info",
+        title=f"cuDNN/cuBLAS workspaces hold {share:.0%} of the peak on {where}",
+        evidence=" ".join(parts),
+        bytes=total,
+        fixes=["cudnn-workspace-limit"] if cudnn else [],
+    )
+
+
 def retracing(report: Report) -> Finding | None:
     """A tf.function whose input signatures keep growing with its calls. What does not grow is not a retrace: the
     second trace of a first call that creates variables, and a dataset's partial last batch (a second signature
@@ -335,6 +385,7 @@ RULES: list[Callable[[Report], Finding | None]] = [
     near_budget,
     allocator_blind_spot,
     input_copy,
+    gpu_workspaces,
     retracing,
     *MODEL_RULES,
     *HELD_RULES,

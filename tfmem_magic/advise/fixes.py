@@ -475,6 +475,38 @@ def gpu_memory_limit(report: Report, ctx: FixContext) -> Fix | None:
     return Fix("gpu-memory-limit", "Cap TensorFlow's GPU memory", why, code, None, needs_restart=True)
 
 
+def cudnn_workspace_limit(report: Report, ctx: FixContext) -> Fix | None:
+    """Cap each convolution's cuDNN workspace at half the largest one live at the peak (docs/gpu.md, "Workspaces").
+    No predicted peak: which algorithm fits a lower cap, and its workspace, only a GPU run tells."""
+    trace = report.trace
+    if trace is None or not report.on_gpu:
+        return None
+    from tfmem_magic.analyze.analysis import CUBLAS_OPS, WORKSPACE  # NumPy: only for a trace that has workspaces
+
+    cudnn = [g for g in trace.at_peak if g.phase == WORKSPACE and not CUBLAS_OPS.match(g.op or "")]
+    if not cudnn:
+        return None
+    largest = max(g.bytes // max(g.count, 1) for g in cudnn)
+    total = sum(g.bytes for g in cudnn)
+    cap = max(1, largest // 2 // 2**20)
+    code = (
+        "# first cell of the notebook, before TensorFlow's first GPU convolution; then restart the kernel and run all\n"
+        "import os\n"
+        f'os.environ["TF_CUDNN_WORKSPACE_LIMIT_IN_MB"] = "{cap}"  # per convolution: half the largest at the peak '
+        f"({format_bytes(largest)}); 4096 unset\n"
+        '# os.environ["TF_CUDNN_USE_AUTOTUNE"] = "0"  # instead: no timing trials, cuDNN\'s heuristic algorithm\n'
+    )
+    why = (
+        f"cuDNN's workspaces held {format_bytes(total)} at the peak, the largest {format_bytes(largest)}; capped, "
+        f"each convolution's is at most {cap} MiB. The cost is speed: the autotuner then keeps the fastest algorithm "
+        "whose workspace fits the cap, which can be slower than the one it chose, and TF_CUDNN_USE_AUTOTUNE=0 "
+        "takes cuDNN's heuristic choice without timing any. How much memory either saves only a GPU run tells (no "
+        "prediction). It needs a kernel restart: TensorFlow reads the cap once per process, at its first GPU "
+        "convolution, and keeps the algorithm it chose for each convolution as long as the process lives."
+    )
+    return Fix("cudnn-workspace-limit", "Cap cuDNN's convolution workspace", why, code, None, needs_restart=True)
+
+
 WRITERS: dict[str, Callable[[Report, FixContext], Fix | None]] = {
     "shrink-batch": shrink_batch,
     "grad-accumulation": grad_accumulation,
@@ -486,6 +518,7 @@ WRITERS: dict[str, Callable[[Report, FixContext], Fix | None]] = {
     "cpu-memory-limit": cpu_memory_limit,
     "memory-growth": memory_growth,
     "gpu-memory-limit": gpu_memory_limit,
+    "cudnn-workspace-limit": cudnn_workspace_limit,
 }
 # what an out-of-memory or near-budget cell gets besides the fixes its findings name
 PRESSURE_FIXES = ("shrink-batch", "cpu-memory-limit", "memory-growth", "gpu-memory-limit")

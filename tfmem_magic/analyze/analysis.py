@@ -10,6 +10,8 @@ Attribution of one allocation, in order of trust:
 An allocation made inside an XLA run (on its thread), or tagged with the name of a function that ran as an XLA
 module, is the XLA computation's (op "XLA computation", no layer, phase "other"): XLA allocates its buffers itself,
 untagged or tagged with the launching op only, whatever its rules above would say.
+On a GPU, a 1-D uint8 temp tensor of a convolution or matrix product is that kernel's cuDNN or cuBLAS workspace
+(phase "workspace", its op and layer kept; docs/gpu.md, "Workspaces").
 Everything live before the trace began is "pre-existing" (weights and slots of earlier cells, earlier tensors);
 what the cell allocated while the trace was paused and still held at the peak is "untraced".
 """
@@ -27,13 +29,22 @@ import numpy as np
 from tfmem_magic.analyze import lines
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
 from tfmem_magic.core.types import KerasModel, TFFunction
-from tfmem_magic.measure.xplane import DATA_TYPES, XLA_SPAN, MemoryEvents, Span, Trace, xla_function
+from tfmem_magic.measure.xplane import (
+    DATA_TYPES,
+    XLA_SPAN,
+    MemoryEvents,
+    Span,
+    Trace,
+    allocator_device,
+    xla_function,
+)
 
 PS = 1e12
 MAX_TIMELINE_POINTS = 2000
 TOP_GROUPS = 25
 
-PHASES = ("forward", "backward", "optimizer", "input", "weights", "pre-existing", "untraced", "other")
+WORKSPACE = "workspace"  # a GPU kernel's scratch space from cuDNN or cuBLAS (docs/gpu.md, "Workspaces")
+PHASES = ("forward", "backward", "optimizer", WORKSPACE, "input", "weights", "pre-existing", "untraced", "other")
 _SUFFIX = re.compile(r"_\d+$")
 _INPUT_OPS = {
     "MakeIterator",
@@ -62,6 +73,13 @@ _OPTIMIZER_SCOPES = {
     "loss_scale_optimizer",
     "optimizer",
 }
+# the ops whose GPU kernels take scratch space through a ScratchAllocator: cuDNN's convolutions (DnnScratchAllocator,
+# capped by TF_CUDNN_WORKSPACE_LIMIT_IN_MB) and recurrent layers, cuBLAS's matrix products (BlasScratchAllocator). Each
+# asks TensorFlow for `allocate_temp(DT_UINT8, TensorShape({bytes}))`: a 1-D uint8 temp tensor of the op itself.
+_WORKSPACE_OPS = re.compile(r"^_?(?:Fused)?(?:Conv[23]D|DepthwiseConv2dNative|MatMul|BatchMatMul|CudnnRNN)")
+CUBLAS_OPS = re.compile(r"^_?(?:Fused)?(?:Batch)?MatMul")  # of those, cuBLAS's: no cap on their workspace
+_ONE_DIMENSION = re.compile(r"^\[\d+\]$")
+_UINT8 = 4  # TF's DataType enum: DT_UINT8
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
 XLA_OP = "XLA computation"
 INPUT_COPY_OP = "input copy (numpy → tensor)"  # fit's copy of the arrays: the data, not one batch of it
@@ -105,7 +123,8 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
         if "initialize_variables" in path:
             return Attribution("initialize variables", None, "weights")
         return Attribution("function runtime", None, "other")
-    scopes = [_SUFFIX.sub("", p) for p in parts[:-1]]
+    # a scope grappler gave the nodes it made (`.../conv2d/ArithmeticOptimizer/AddOpsRewrite_add`) is no layer
+    scopes = [_SUFFIX.sub("", p) for p in parts[:-1] if not p.endswith(lines.GRAPPLER_SCOPES)]
     layer = next((s for s in reversed(scopes) if s in ctx.layer_names), None)
     if layer is None and ctx.layer_names == set():
         # nothing known about the model (a saved or captured trace): the enclosing scope is the best guess of a
@@ -249,6 +268,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
     lut_layer = np.full(len(ev.strings) + 1, -1, dtype=np.int64)
     lut_phase = np.full(len(ev.strings) + 1, phase_of["other"], dtype=np.int64)
     lut_eager = np.ones(len(ev.strings) + 1, dtype=bool)  # the last slot stands for "no tf_op"
+    lut_workspace = np.zeros(len(ev.strings) + 1, dtype=bool)  # an op that takes cuDNN's or cuBLAS's scratch space
     for k in distinct:
         path = ev.strings[int(k)]
         att = attribute_path(path, ctx)
@@ -256,6 +276,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
         lut_layer[k] = -1 if att.layer is None else intern(layers, layer_index, att.layer)
         lut_phase[k] = phase_of[att.phase]
         lut_eager[k] = "/" not in path
+        lut_workspace[k] = _WORKSPACE_OPS.match(att.op) is not None
     key = np.where(ev.op >= 0, ev.op, len(ev.strings))
     op, layer, phase, eager = lut_op[key].copy(), lut_layer[key].copy(), lut_phase[key].copy(), lut_eager[key]
 
@@ -280,6 +301,8 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
             else:
                 layer[rows], phase[rows] = span_layer(int(span_i)), phase_of["weights"]
 
+    phase[workspaces(ev, lut_workspace[key])] = phase_of[WORKSPACE]
+
     # input data: tf.data threads, and untagged allocations the size of an array handed to fit
     data_threads = np.array([name.startswith("tf_data") for name in ev.threads] + [False], dtype=bool)
     on_data_thread = data_threads[np.where(ev.thread >= 0, ev.thread, len(ev.threads))]
@@ -296,6 +319,26 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
         xla |= tagged[np.where(ev.op >= 0, ev.op, len(ev.strings))]
     op[xla], layer[xla], phase[xla] = op_index[XLA_OP], -1, phase_of["other"]
     return Attributed(op, layer, phase, ops, layers)
+
+
+def workspaces(ev: MemoryEvents, workspace_op: np.ndarray) -> np.ndarray:
+    """The allocations that are a GPU kernel's cuDNN or cuBLAS workspace: on a GPU's allocator, made by an op whose
+    kernel takes scratch space (`workspace_op`, per event), uint8 and 1-D, a temp (or of no recorded region). The rule
+    and its sources: docs/gpu.md, "Workspaces". A CPU's oneDNN scratch buffers are not matched: no GPU allocator."""
+    device = allocator_device(ev.allocator) if ev.allocator else None
+    if device is None or not device.startswith("GPU:"):
+        return np.zeros(len(ev), dtype=bool)
+    one_dimension = np.array([_ONE_DIMENSION.match(s) is not None for s in ev.strings] + [False], dtype=bool)
+    temp = np.array([s == "temp" for s in ev.strings] + [True], dtype=bool)  # no region recorded: not ruled out
+    last = len(ev.strings)
+    found: np.ndarray = (
+        ev.is_alloc
+        & workspace_op
+        & (ev.dtype == _UINT8)
+        & one_dimension[np.where(ev.shape >= 0, ev.shape, last)]
+        & temp[np.where(ev.region >= 0, ev.region, last)]
+    )
+    return found
 
 
 def xla_runs(spans: list[Span]) -> int:

@@ -77,9 +77,10 @@ HINT_INPUT, HINT_XLA = "input", "xla"
 MAX_FUNCTIONS = 64  # functions whose nodes and stacks are kept between cells
 MAX_TENSORS = 3  # tensors listed per line
 MAX_CODE = 160  # characters of a line's text
-# the name scopes grappler's optimizers give the nodes they make (ArithmeticOptimizer, LayoutOptimizer,
-# ConstantFolding, ...): never the user's own
-_GRAPPLER_SCOPES = ("Optimizer", "ConstantFolding", "Remapper", "AutoMixedPrecision")
+# the name scopes grappler's optimizers give the nodes they make, matched by their end (ArithmeticOptimizer,
+# DependencyOptimizer, LoopOptimizer, `...-LayoutOptimizer`, ConstantFolding, ConstantFoldingCtrl, ...): never the
+# user's own, never a layer (docs/gpu.md, "Grappler's scopes")
+GRAPPLER_SCOPES = ("Optimizer", "ConstantFolding", "ConstantFoldingCtrl", "Remapper", "AutoMixedPrecision")
 MAX_SCOPE_NODES = 256  # nodes of one name scope read to find its one line (Resolver.scope_line)
 # the frames of Keras' fit/evaluate/predict: an op whose user frame calls one of them was made by Keras' own step
 _KERAS_ENTRIES = frozenset({"fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"})
@@ -425,7 +426,7 @@ class Resolver:
         `square_1/mul`; a fused op named anew), and for a gradient made under its forward op's scope. None where the
         scope holds several lines, or no node."""
         # grappler puts what it makes in a scope of its own inside the original's: `.../ArithmeticOptimizer/...`
-        parts = [p for p in node.split("/") if not p.endswith(_GRAPPLER_SCOPES)]
+        parts = [p for p in node.split("/") if not p.endswith(GRAPPLER_SCOPES)]
         if parts and parts[0] == "gradient_tape":
             parts = parts[1:]
         if len(parts) < 2:
@@ -573,7 +574,7 @@ def _resolve(row: LineRow, running: tuple[str, ...], runs: _Runs, resolver: Reso
                 deepest = inner
             continue
         fn, node = found
-        if row.phase == "backward":
+        if row.phase == "backward" or (row.phase == "workspace" and node.startswith("gradient_tape/")):
             return resolver.gradient_line(fn, node, row.layer, top)
         return resolver.line_of(fn, node, row.layer)
     if "/" not in row.path:

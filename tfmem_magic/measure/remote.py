@@ -38,11 +38,22 @@ MWMS_RISK = (
 )
 
 
+EXPOSED = (
+    "TensorFlow's profiler server listens on every network interface ([::]:{port}) and asks for no authentication: "
+    "anyone who can reach this port can start a capture (it slows this job) and read the trace (the model's "
+    "structure, op names, tensor shapes). Keep the port on a private network or behind a firewall rule that admits "
+    "only the machine that captures, or block it on every interface but loopback and capture through an SSH tunnel "
+    "(ssh -N -L {port}:localhost:{port} THIS_HOST, then tfmem capture localhost:{port}): see tfmem's "
+    'docs/multi-worker.md, "What a served port exposes"'
+)
+
+
 def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | None:
     """Make this process capturable: call it at the top of a training script, before TensorFlow's first op. It
     switches the CPU allocator to BFC (without it a CPU worker's trace holds only oneDNN's allocations of 256 KiB or
     more) and starts TensorFlow's profiler server on `port`. Returns the port. Calling it again with the same port
-    does nothing.
+    does nothing. The server listens on every interface without authentication (TensorFlow's own: no address or
+    credentials can be given), so starting it logs a warning that says so and what keeps the port private (EXPOSED).
 
     On a MultiWorkerMirroredStrategy worker other than the chief (read from TF_CONFIG), it does not start the
     server and warns, returning None: a capture can crash such a worker, and the whole job with it (MWMS_RISK).
@@ -79,6 +90,7 @@ def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | Non
         )
     tf.profiler.experimental.server.start(int(port))
     _serving = int(port)
+    _log.warning(EXPOSED.format(port=_serving))
     return _serving
 
 

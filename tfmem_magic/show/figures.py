@@ -28,6 +28,7 @@ PHASE_COLORS = {
     "forward": "#3d7be0",
     "backward": "#8e5bd8",
     "optimizer": "#e0833d",
+    "workspace": "#d6568c",
     "input": "#2ea67a",
     "weights": "#c9a227",
     "pre-existing": "#9e9e9e",

@@ -634,7 +634,8 @@ def _compare_rows(a: Report, b: Report) -> list[tuple[str, str, str, str]]:
             rows.append((r_name, str(pick(a)), str(pick(b)), ""))
     ta = {g.phase: g.bytes for g in a.trace.by_phase} if a.trace else {}
     tb = {g.phase: g.bytes for g in b.trace.by_phase} if b.trace else {}
-    for phase in [p for p in ("forward", "backward", "optimizer", "input", "weights") if p in ta or p in tb]:
+    compared = ("forward", "backward", "optimizer", "workspace", "input", "weights")
+    for phase in [p for p in compared if p in ta or p in tb]:
         x, y = ta.get(phase, 0), tb.get(phase, 0)
         rows.append((f"at peak: {phase}", format_bytes(x), format_bytes(y), delta(x, y)))
     return rows
