@@ -17,14 +17,14 @@ from IPython.display import display
 
 from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_args, write_outputs
-from tfmem_magic.advise import fixes
+from tfmem_magic.advise import fixes, probe_runs
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.core.types import IPythonShell
-from tfmem_magic.measure import capabilities, code_sites, environment, guard, release
+from tfmem_magic.measure import capabilities, code_sites, environment, guard, kerases, release
 from tfmem_magic.measure.cells import cell_key, cell_label, watched
 from tfmem_magic.measure.tracer import remove_leftovers
 from tfmem_magic.show import frontend
@@ -226,8 +226,11 @@ class TfmemMagics(Magics):
             raise TfmemUsageError(f"give a size such as 6GB or 512MiB, or 'off' ({state})")
         if words[0] == "off":
             print(guard.clear_session_limit())
+            probe_runs.end_warm()  # no limit, no pre-flight to start probes ahead for
         else:  # a limit the process already passes is refused here, with one that would do
             print(guard.set_session_limit(parse_size(words[0]), keep_onednn=keep_onednn)[1])
+            if guard.allocator_limit_bytes() is None and environment.tensorflow_initialized():
+                probe_runs.warm_up(kerases.in_use())  # the cells' pre-flights will be on: their probes start now
 
     def _calibrate(self, words: list[str]) -> None:
         if len(words) != 1 or words[0] not in CALIBRATE_MODES:

@@ -59,6 +59,7 @@ from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.core.types import KerasModel
+from tfmem_magic.measure import kerases
 from tfmem_magic.measure.fed_shapes import FedShapes, has_open_dims
 from tfmem_magic.measure.fed_shapes import scan as scan_fed_shapes
 from tfmem_magic.measure.feeding import structure_leaves
@@ -102,6 +103,14 @@ class Preflight:
         # largest batch of a *_on_batch call it let run
         self._let_run: dict[tuple[Any, ...], tuple[Any, int]] = {}
         self._unprobed: dict[tuple[int, str], Any] = {}  # (model, call) whose probes failed: its weak reference
+
+    def armed(self) -> None:
+        """The cell's calls will be checked: probe processes start ahead, so that a check that needs them does not
+        wait for their imports (probe_runs.warm_up)."""
+        try:
+            probe_runs.warm_up(kerases.in_use())
+        except Exception as exc:  # noqa: BLE001 - a probe started late is slower, not wrong
+            fallback(_log, "warm probe processes could not start: the pre-flight starts its own", exc)
 
     def wants(self, model: KerasModel, call: str, use: ModelUse) -> bool:
         """Whether this call is to be checked (asked before the process is measured for it: a *_on_batch loop calls

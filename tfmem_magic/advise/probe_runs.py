@@ -12,6 +12,7 @@ A fresh process also starts with an empty allocator, like the run being predicte
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -19,10 +20,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
+
+import psutil
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.types import KerasModel, NotebookValue
@@ -36,18 +41,21 @@ TIMEOUT_S = 600
 # steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
 PIPELINE_STEPS = 4
 
+# argv: the kernel's sys.path (JSON) and the Keras to import; then it waits for its spec on stdin, so that it can be
+# started ahead of a pre-flight (`warm_up`) with its imports done by the time the spec comes
 _PROBE = r"""
 import base64, json, os, sys
-spec = json.loads(sys.stdin.read())
-sys.path[:0] = [p for p in spec["path"] if p not in sys.path]  # the kernel's: the user's own modules import here too
+sys.path[:0] = [p for p in json.loads(sys.argv[1]) if p not in sys.path]  # the kernel's: user modules import too
 import tfmem_magic
 tfmem_magic.prepare()
-if spec["keras"] == "tf_keras":  # the clone is built with the Keras that made the model (Keras 2 configs differ)
+if sys.argv[2] == "tf_keras":  # the clone is built with the Keras that made the model (Keras 2 configs differ)
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tf_keras as keras
 else:
     import keras
 import numpy as np, tensorflow as tf
+spec = json.loads(sys.stdin.read())
+sys.path[:0] = [p for p in spec["path"] if p not in sys.path]  # added since the process started
 print("TFMEM-PROGRESS 0", flush=True)
 from tfmem_magic import Options, Profiler
 keras.mixed_precision.set_global_policy(spec["policy"])
@@ -519,24 +527,31 @@ GPU_BUSY = (
 )
 
 
+def _spawn(flavour: str) -> _Probe:
+    """A probe process for the Keras `flavour`: it imports TensorFlow and waits for its spec on stdin. stderr goes
+    to a file: a pipe nobody reads could fill up with TensorFlow's warnings and stall it."""
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - lives as long as the process: closed by _run_probe or _end
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROBE, json.dumps(sys.path), flavour],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        env=probe_environment(),
+    )
+    return _Probe(_warm_key(flavour), proc, err, time.monotonic())
+
+
 def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
-    """Run the probe script, calling `stage(k)` as it announces stage k on stdout. Returns the exit code (None if
-    it ran past TIMEOUT_S and was killed), its stdout lines and the last line of its stderr. stderr goes to a file:
-    a pipe nobody reads could fill up with TensorFlow's warnings and stall the probe."""
-    env = probe_environment()
+    """Run the probe script, calling `stage(k)` as it announces stage k on stdout: in a warm probe process where one
+    waits for this Keras (`warm_up`), else in a new one. Returns the exit code (None if it ran past TIMEOUT_S and was
+    killed), its stdout lines and the last line of its stderr."""
+    flavour = json.loads(payload).get("keras", "keras")
+    probe = _take_warm(flavour) or _spawn(flavour)
+    proc = probe.proc
     timed_out = threading.Event()
     lines: list[str] = []
-    with (
-        tempfile.TemporaryFile("w+") as err,
-        subprocess.Popen(
-            [sys.executable, "-c", _PROBE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        ) as proc,
-    ):
+    with probe.err as err, proc:
 
         def stop() -> None:
             timed_out.set()
@@ -563,3 +578,120 @@ def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, 
         err.seek(0)
         last = (err.read().strip().splitlines() or ["no output"])[-1]
     return (None if timed_out.is_set() else proc.returncode), lines, last
+
+
+# ---- warm probe processes ----------------------------------------------------------------------------------------
+
+# A probe spends seconds importing TensorFlow before its step (most of a refusal's time on a busy 2-core machine):
+# where a pre-flight may run, two are started ahead and wait with their imports done (docs/preflight.md, "Warm
+# probes"). Each holds ~0.2 GiB of its own (its libraries' pages are shared), so only where the machine has room for
+# them and for the probes' work, and not for long.
+WARM_PROBES = 2
+WARM_IDLE_S = 600.0  # a warm probe no pre-flight took by then is ended
+WARM_OWN_BYTES = 256 << 20  # what one idle warm probe holds of its own
+
+
+@dataclass
+class _Probe:
+    key: tuple[str, ...]  # what it was started for (`_warm_key`): a probe is used only for the same
+    proc: subprocess.Popen[str]
+    err: IO[str]
+    started: float
+
+
+_warm: list[_Probe] = []
+_warm_lock = threading.Lock()
+_warm_used = 0  # probes a pre-flight took warm (for `%tfmem status` and the tests)
+
+
+def _warm_key(flavour: str) -> tuple[str, ...]:
+    """A warm probe serves a spec of the same Keras, interpreter, sys.path and environment as it was started with."""
+    env = json.dumps(sorted(probe_environment().items()))
+    return (sys.executable, flavour, json.dumps(sys.path), env)
+
+
+def _end(probe: _Probe) -> None:
+    if probe.proc.poll() is None:
+        probe.proc.kill()
+    probe.proc.wait()
+    for stream in (probe.proc.stdin, probe.proc.stdout, probe.err):
+        if stream is not None:
+            stream.close()
+
+
+def _drop_stale() -> None:
+    """End the warm probes that died or waited past WARM_IDLE_S (under _warm_lock)."""
+    now = time.monotonic()
+    for probe in [p for p in _warm if p.proc.poll() is not None or now - p.started > WARM_IDLE_S]:
+        _warm.remove(probe)
+        _end(probe)
+
+
+def _take_warm(flavour: str) -> _Probe | None:
+    global _warm_used
+    key = _warm_key(flavour)
+    with _warm_lock:
+        _drop_stale()
+        for probe in _warm:
+            if probe.key == key:
+                _warm.remove(probe)
+                _warm_used += 1
+                return probe
+    return None
+
+
+def warm_up(flavour: str) -> int:
+    """Start probe processes for the Keras `flavour` ahead of a pre-flight, up to WARM_PROBES waiting, where the
+    machine has room for them, their probes' work and a margin. Returns how many wait now. Cheap to call again."""
+    from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES  # calibration imports this module
+
+    key = _warm_key(flavour)
+    with _warm_lock:
+        _drop_stale()
+        for other in [p for p in _warm if p.key != key]:  # started for another Keras or environment: not of use now
+            _warm.remove(other)
+            _end(other)
+        waiting = len(_warm)
+        room = psutil.virtual_memory().available
+        need = WARM_PROBES * (PROBE_PROCESS_BYTES + WARM_OWN_BYTES) + (1 << 30)
+        while waiting < WARM_PROBES and room >= need:
+            _warm.append(_spawn(flavour))
+            waiting += 1
+            room -= WARM_OWN_BYTES
+        if _warm:
+            _ender.start()
+    return waiting
+
+
+def end_warm() -> None:
+    """End every warm probe (at exit; `%tfmem limit off`)."""
+    with _warm_lock:
+        while _warm:
+            _end(_warm.pop())
+
+
+def warm_waiting() -> int:
+    with _warm_lock:
+        return sum(1 for p in _warm if p.proc.poll() is None)
+
+
+class _Ender:
+    """One daemon thread that ends warm probes left idle past WARM_IDLE_S, started with the first one."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tfmem-warm-probes", daemon=True)
+            self._thread.start()
+            atexit.register(end_warm)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(30)
+            with _warm_lock:
+                _drop_stale()
+
+
+_ender = _Ender()

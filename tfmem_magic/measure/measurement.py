@@ -218,6 +218,9 @@ class Measurement:
             return None
         hook = self._preflight
         wants = getattr(hook, "wants", None)  # asked first: a *_on_batch loop comes here at every step
+        armed = getattr(hook, "armed", None)  # told now: it may start what its checks will need
+        if armed is not None:
+            armed()
 
         def check(model: KerasModel, call: str, use: ModelUse) -> None:
             if wants is not None and not wants(model, call, use):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tfmem_magic.advise import probe_runs
 from tfmem_magic.core import fallbacks
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
@@ -38,6 +39,12 @@ def status_text() -> str:
         lines.append(
             f"Limit        {format_bytes(session.bytes)} (%tfmem limit)"
             + (f"; TensorFlow's allocator capped at {format_bytes(cap)}" if cap else "")
+        )
+    warm = probe_runs.warm_waiting()
+    if warm:
+        lines.append(
+            f"Probes       {warm} warm: started ahead for the pre-flight (~{format_bytes(probe_runs.WARM_OWN_BYTES)} "
+            f"each), ended after {probe_runs.WARM_IDLE_S / 60:.0f} min unused or by %tfmem limit off"
         )
     if view.note:
         lines.append(f"Note         {view.note}")
