@@ -7,6 +7,7 @@ from tfmem_magic.core import session
 from tfmem_magic.core.report import COMPACTED_NOTE, Report, footprint
 from tfmem_magic.core.session import HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.show.panel import close_panel
 from tfmem_magic.show.render import compare_text
 from tfmem_magic.show.status import history_text, status_text
 
@@ -85,4 +86,32 @@ def test_the_status_states_the_historys_caps_and_what_it_holds():
     line = next(line for line in status_text().splitlines() if line.startswith("Reports"))
     assert f"2 of at most {HISTORY_SIZE}" in line and format_bytes(HISTORY_BYTES) in line
     assert format_bytes(sum(SESSION.history_bytes)) in line and f"newest {WHOLE_REPORTS}" in line
+    SESSION.reset()
+
+
+def test_older_panels_are_closed_and_their_widgets_released():
+    import ipywidgets.widgets.widget as widget_module
+
+    from tfmem_magic.show.panel import build_panel, keep_live
+
+    SESSION.reset()
+    before = len(widget_module._instances)
+    panels = []
+    for i, report in enumerate(_published(WHOLE_REPORTS + 2)):
+        report.cell_key = f"cell:{i}"
+        panel = build_panel(report, timeline=b"")
+        keep_live(report, panel)
+        panels.append(panel)
+    per_panel = (len(widget_module._instances) - before) / (WHOLE_REPORTS)
+    assert per_panel > 20  # layouts, styles, tabs and their contents: every one of them a widget with a comm
+    assert [n for n in SESSION.panels] == [r.number for r in list(SESSION.history)[-WHOLE_REPORTS:]]
+    assert panels[0].comm is None and panels[1].comm is None and panels[2].comm is not None
+    # a cell that shows a new panel closes its own older one
+    again = SESSION.history[-1]
+    newer = build_panel(again, timeline=b"")
+    keep_live(again, newer)
+    assert panels[-1].comm is None and newer.comm is not None and len(SESSION.panels) == WHOLE_REPORTS
+    for panel in list(SESSION.panels.values()):
+        close_panel(panel[1])
+    assert len(widget_module._instances) == before  # every widget of every panel was closed
     SESSION.reset()

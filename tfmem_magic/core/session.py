@@ -17,7 +17,9 @@ from tfmem_magic.core.types import KerasModel
 
 # The history's caps (docs/session.md): at most HISTORY_SIZE reports for %tfmem history / compare, and at most
 # HISTORY_BYTES of the kernel's memory (each report's footprint, measured as it enters and as it is compacted): the
-# oldest go first. The newest WHOLE_REPORTS keep their time series; older ones are kept compacted (report.compacted)
+# oldest go first. The newest WHOLE_REPORTS keep their time series and their live panels; older ones are kept
+# compacted (report.compacted), and their panels are closed (show.panel.keep_live: ipywidgets keeps every widget and
+# its comm until it is closed), as is a cell's panel once the cell shows a new one
 HISTORY_SIZE = 100
 HISTORY_BYTES = 8 * 2**20
 WHOLE_REPORTS = 10
@@ -65,6 +67,11 @@ class Session:
         # id(layer) -> (weakref to the Keras layer, file, line): the line of the user's code that made each layer
         # while tfmem was loaded (measure.code_sites), for the report's by-line view
         self.layer_sites: dict[int, tuple[weakref.ref[Any], str, int]] = {}
+        # report number -> (its cell key, its live panel: an ipywidgets VBox), oldest first (show.panel.keep_live)
+        self.panels: dict[int, tuple[str | None, Any]] = {}
+        # the MIME bundles of the newest static reports displayed, oldest first: IPython keeps every displayed
+        # bundle, so older ones are slimmed to their text (adapters.magics._slim_older)
+        self.shown: deque[dict[str, Any]] = deque()
 
     def publish(self, report: Report) -> None:
         """`report` becomes the last and joins the history; the report that is now older than the newest

@@ -51,7 +51,7 @@ def history_line() -> str:
     return (
         f"Reports      {len(SESSION.history)} of at most {HISTORY_SIZE} in the history, "
         f"{format_bytes(sum(SESSION.history_bytes))} of at most {format_bytes(HISTORY_BYTES)} "
-        f"(the newest {WHOLE_REPORTS} whole; older ones without their time series); "
+        f"(the newest {WHOLE_REPORTS} whole, with their live panels; older ones without their time series); "
         f"{SESSION.published} published this session"
     )
 
