@@ -1,11 +1,38 @@
-"""A long session does not grow because of tfmem: what it leaves in the kernel after each profiled cell is bounded
-(docs/session.md)."""
+"""A long session does not grow because of tfmem: profiled cells in a real kernel (the panel shown, each cell a new
+one) against the same cells in a control kernel without tfmem, RSS counted after the first WARM cells
+(benchmarks/session_growth.py measures 200 cells of each variant: docs/session.md)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import session_growth  # noqa: E402  the benchmark's kernels and cells
+
 pytestmark = pytest.mark.slow
+CELLS, WARM = 60, 20
+MIB = 2**20
+# generous: 40 cells of the default mode measured -0.3 MiB over the control (docs/session.md), and +19 MiB before
+# the history's caps, the panels' closing and the slimmed display bundles
+OVER_CONTROL = 10 * MIB
+
+
+def test_forty_profiled_cells_with_their_panels_grow_the_kernel_no_more_than_without_tfmem():
+    control = session_growth.run_variant("control", CELLS, WARM)
+    profiled = session_growth.run_variant("trace", CELLS, WARM, holdings_too=True)
+    over = profiled["growth_bytes"] - control["growth_bytes"]
+    assert over < OVER_CONTROL, (over / MIB, profiled["readings"], control["readings"])
+    held = profiled["holdings"]
+    from tfmem_magic.core.session import HISTORY_BYTES, WHOLE_REPORTS
+
+    assert held["history_bytes"] <= HISTORY_BYTES
+    # the live panels are the newest reports', and only theirs keep widgets and comms (a panel is ~75 widgets)
+    assert held["live_panels"] == WHOLE_REPORTS
+    assert held["widgets"] <= 100 * WHOLE_REPORTS and held["comms"] <= 100 * WHOLE_REPORTS
 
 
 def test_ipythons_output_history_keeps_the_newest_reports_whole_and_the_older_as_text(shell):

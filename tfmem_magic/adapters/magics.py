@@ -21,7 +21,7 @@ from tfmem_magic.advise import fixes
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.session import CALIBRATE_MODES, SESSION, WHOLE_REPORTS
+from tfmem_magic.core.session import CALIBRATE_MODES, HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.core.types import IPythonShell
 from tfmem_magic.measure import capabilities, code_sites, environment, guard, release
@@ -308,7 +308,8 @@ class TfmemMagics(Magics):
 COMMANDS: dict[str, Command] = {
     "status": Command(
         "status [--log]",
-        "what the extension sees: allocator, budget, TensorFlow state, fallbacks taken (--log: the last ones)",
+        "what the extension sees: allocator, budget, TensorFlow state, the history's caps, fallbacks taken (--log: "
+        "the last ones)",
         TfmemMagics._status,
     ),
     "limit": Command(
@@ -328,7 +329,11 @@ COMMANDS: dict[str, Command] = {
         "watch on [--interval MS] | watch off", "profile every cell in quick mode, one line each", TfmemMagics._watch
     ),
     "history": Command(
-        "history", "one line per profiled cell of this session", TfmemMagics._history, returns="the list of reports"
+        "history",
+        f"one line per profiled cell of this session (the newest {HISTORY_SIZE} reports, within "
+        f"{format_bytes(HISTORY_BYTES)})",
+        TfmemMagics._history,
+        returns="the list of reports",
     ),
     "compare": Command(
         "compare A B",
