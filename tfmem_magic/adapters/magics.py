@@ -21,7 +21,7 @@ from tfmem_magic.advise import fixes, probe_runs
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
+from tfmem_magic.core.session import CALIBRATE_MODES, HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
 from tfmem_magic.core.sizes import format_bytes, parse_size
 from tfmem_magic.core.types import IPythonShell
 from tfmem_magic.measure import capabilities, code_sites, environment, guard, kerases, release
@@ -139,11 +139,15 @@ class TfmemMagics(Magics):
         """The static report (kept in saved notebooks), then the live panel where a kernel serves widgets."""
         timeline = timeline_png(report)  # one rendering, and one view of the report, serve both
         view = view_of(report)
-        _display(mime_bundle(report, timeline, view), raw=True)
+        bundle = mime_bundle(report, timeline, view)
+        _display(bundle, raw=True)
+        _slim_older(bundle)
         if panel and getattr(self.shell, "kernel", None) is not None:
-            from tfmem_magic.show.panel import build_panel
+            from tfmem_magic.show.panel import build_panel, keep_live
 
-            _display(build_panel(report, timeline, frontend.current_cell_id(self.shell), view))
+            panel = build_panel(report, timeline, frontend.current_cell_id(self.shell), view)
+            _display(panel)
+            keep_live(report, panel)  # older panels are closed: ipywidgets keeps them otherwise
 
     # ---- %tfmem -----------------------------------------------------------------------------------------------
     def _line(self, line: str) -> object:
@@ -307,7 +311,8 @@ class TfmemMagics(Magics):
 COMMANDS: dict[str, Command] = {
     "status": Command(
         "status [--log]",
-        "what the extension sees: allocator, budget, TensorFlow state, fallbacks taken (--log: the last ones)",
+        "what the extension sees: allocator, budget, TensorFlow state, the history's caps, fallbacks taken (--log: "
+        "the last ones)",
         TfmemMagics._status,
     ),
     "limit": Command(
@@ -327,7 +332,11 @@ COMMANDS: dict[str, Command] = {
         "watch on [--interval MS] | watch off", "profile every cell in quick mode, one line each", TfmemMagics._watch
     ),
     "history": Command(
-        "history", "one line per profiled cell of this session", TfmemMagics._history, returns="the list of reports"
+        "history",
+        f"one line per profiled cell of this session (the newest {HISTORY_SIZE} reports, within "
+        f"{format_bytes(HISTORY_BYTES)})",
+        TfmemMagics._history,
+        returns="the list of reports",
     ),
     "compare": Command(
         "compare A B",
@@ -443,6 +452,18 @@ def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, re
             shell.showtraceback = own  # an earlier instance patch, put back
 
     return restore
+
+
+def _slim_older(bundle: dict[str, Any]) -> None:
+    """Remember `bundle`, a static report just displayed, and slim the older ones to their text. IPython 9 and
+    ipykernel keep every displayed bundle, by reference and for the kernel's life (history_manager.outputs, for
+    %notebook); a report's bundle holds its JSON and its HTML with the charts, about 0.3 MB in all. Only the newest
+    WHOLE_REPORTS keep theirs (docs/session.md): the front end has them already."""
+    SESSION.shown.append(bundle)
+    while len(SESSION.shown) > WHOLE_REPORTS:
+        older = SESSION.shown.popleft()
+        for mime in [m for m in older if m != "text/plain"]:
+            del older[mime]
 
 
 def _display(obj: object, raw: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -666,6 +667,58 @@ class Report:
     @classmethod
     def load(cls, path: str | Path) -> Report:
         return cls.from_json(Path(path).read_text())
+
+
+COMPACTED_NOTE = (
+    "The history keeps this report without its time series (the timelines and the RSS and allocator samples): "
+    "it is older than the newest reports, which keep theirs. Every number, breakdown, finding, fix and the what-if "
+    "are whole."
+)
+
+
+def compacted(report: Report) -> Report:
+    """A copy of `report` for the history once newer reports have come (core/session.py, WHOLE_REPORTS): the same
+    report without its time series, which only its charts draw (%tfmem history, compare, --before and the what-if
+    read none of them). The parts it keeps are shared with `report`, not copied; `report` itself is not changed (a
+    name bound with --as keeps the whole report)."""
+    copy = dataclasses.replace(report)
+    copy.rss = dataclasses.replace(report.rss, samples=[])
+    copy.tf = {name: dataclasses.replace(mem, samples=[]) for name, mem in report.tf.items()}
+    if report.trace is not None:
+        copy.trace = dataclasses.replace(
+            report.trace,
+            timeline=[],
+            allocators=[dataclasses.replace(a, timeline=[]) for a in report.trace.allocators],
+        )
+    copy.notes = [*report.notes, COMPACTED_NOTE]
+    return copy
+
+
+def footprint(value: object) -> int:
+    """The bytes a report (or any value made of dataclasses, lists, dicts, strings and numbers) holds in this
+    process: sys.getsizeof over everything it reaches, each object once. An estimate: CPython shares small ints
+    and interned strings, counted here as the report's own."""
+    seen: set[int] = set()
+    todo = [value]
+    total = 0
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo.extend(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            instance_dict = getattr(item, "__dict__", None)
+            if instance_dict is not None:
+                todo.append(instance_dict)
+            else:
+                todo.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+    return total
 
 
 T = TypeVar("T")

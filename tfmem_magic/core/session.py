@@ -12,10 +12,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
-from tfmem_magic.core.report import Report
+from tfmem_magic.core.report import Report, compacted, footprint
 from tfmem_magic.core.types import KerasModel
 
-HISTORY_SIZE = 100  # reports kept for %tfmem history / compare
+# The history's caps (docs/session.md): at most HISTORY_SIZE reports for %tfmem history / compare, and at most
+# HISTORY_BYTES of the kernel's memory (each report's footprint, measured as it enters and as it is compacted): the
+# oldest go first. The newest WHOLE_REPORTS keep their time series and their live panels; older ones are kept
+# compacted (report.compacted), and their panels are closed (show.panel.keep_live: ipywidgets keeps every widget and
+# its comm until it is closed), as is a cell's panel once the cell shows a new one
+HISTORY_SIZE = 100
+HISTORY_BYTES = 8 * 2**20
+WHOLE_REPORTS = 10
 # %tfmem calibrate's modes (CALIBRATE_MODES below says what each calibrates)
 CalibrateMode: TypeAlias = Literal["auto", "on", "off"]
 MAX_CELLS, RUNS_PER_CELL = 500, 20  # the leak rule's memory: cells, and runs per cell
@@ -31,7 +38,8 @@ class Session:
     def reset(self) -> None:
         """Forget every cell: history, numbering, leak runs, remembered models, the session limit, watch mode.
         (Environment variables tfmem set before TensorFlow started stay: TensorFlow has read them.)"""
-        self.history: deque[Report] = deque(maxlen=HISTORY_SIZE)  # published Reports, oldest first
+        self.history: deque[Report] = deque()  # published Reports, oldest first (the caps above: publish)
+        self.history_bytes: deque[int] = deque()  # each one's footprint, in the same order
         self.last: Report | None = None  # the last published Report
         self.published = 0  # reports published so far: each gets the next number
         self.runs: dict[str, deque[Any]] = {}  # cell key -> what each run left behind (diagnose.RunSummary)
@@ -59,10 +67,33 @@ class Session:
         # id(layer) -> (weakref to the Keras layer, file, line): the line of the user's code that made each layer
         # while tfmem was loaded (measure.code_sites), for the report's by-line view
         self.layer_sites: dict[int, tuple[weakref.ref[Any], str, int]] = {}
+        # report number -> (its cell key, its live panel: an ipywidgets VBox), oldest first (show.panel.keep_live)
+        self.panels: dict[int, tuple[str | None, Any]] = {}
+        # the MIME bundles of the newest static reports displayed, oldest first: IPython keeps every displayed
+        # bundle, so older ones are slimmed to their text (adapters.magics._slim_older)
+        self.shown: deque[dict[str, Any]] = deque()
 
     def publish(self, report: Report) -> None:
+        """`report` becomes the last and joins the history; the report that is now older than the newest
+        WHOLE_REPORTS is compacted, and the oldest leave while the history is over either cap."""
         self.last = report
         self.history.append(report)
+        self.history_bytes.append(footprint(report))
+        older = len(self.history) - WHOLE_REPORTS - 1
+        if older >= 0:
+            self._compact(older)
+        while len(self.history) > 1 and (len(self.history) > HISTORY_SIZE or sum(self.history_bytes) > HISTORY_BYTES):
+            self.history.popleft()
+            self.history_bytes.popleft()
+
+    def _compact(self, index: int) -> None:
+        whole = self.history[index]
+        small = compacted(whole)
+        self.history[index] = small
+        self.history_bytes[index] = footprint(small)
+        entry = self.models.get(id(whole))
+        if entry is not None and entry[0]() is whole:  # the compacted copy calibrates as the whole one did
+            self.models[id(small)] = (weakref.ref(small), *entry[1:])
 
     def next_number(self) -> int:
         self.published += 1

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from tfmem_magic.core.report import Fix, LiveGroup, Report
+from tfmem_magic.core.session import SESSION, WHOLE_REPORTS
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show import figures, frontend
 from tfmem_magic.show.render import before_after_html, by_line_html, held_html
@@ -317,6 +318,8 @@ def build_panel(
 
     def calibrated() -> None:  # the calibration wrote the fixes (and large-batch's advice) again on its basis
         children = list(tabs.children)
+        close_panel(children[2])
+        close_panel(children[4])
         children[2], children[4] = findings_tab(report), fixes_tab(report, cell_id)
         tabs.children = tuple(children)
         tabs.titles = titles()
@@ -334,6 +337,37 @@ def build_panel(
     panel = widgets.VBox([header, tabs])
     panel.add_class("tfmem-panel")
     return panel
+
+
+def keep_live(report: Report, panel: widgets.Widget) -> None:
+    """Remember `panel` as `report`'s live panel, and close the panels that are no longer live: the one its cell
+    showed before (a re-run replaces a cell's outputs), those of reports that left the history, and all but the
+    newest WHOLE_REPORTS (core/session.py). ipywidgets keeps each widget, and its comm, until it is closed: without
+    this every panel ever shown stays in the kernel (docs/session.md). A closed panel's cell shows its static report."""
+    kept = {r.number for r in SESSION.history}
+    for number, (key, old) in list(SESSION.panels.items()):
+        if number not in kept or (report.cell_key is not None and key == report.cell_key):
+            close_panel(old)
+            del SESSION.panels[number]
+    SESSION.panels[report.number] = (report.cell_key, panel)
+    while len(SESSION.panels) > WHOLE_REPORTS:
+        close_panel(SESSION.panels.pop(next(iter(SESSION.panels)))[1])
+
+
+def close_panel(panel: widgets.Widget) -> None:
+    """Close `panel` and every widget it reaches (its children, tabs, layouts and styles are widgets too)."""
+    todo, seen = [panel], set()
+    while todo:
+        widget = todo.pop()
+        if id(widget) in seen:
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:
+            value = getattr(widget, name, None)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, widgets.Widget):
+                    todo.append(item)
+        widget.close()
 
 
 def cluster_panel(view: ClusterView) -> widgets.VBox:

@@ -9,7 +9,7 @@ from typing import Any
 from tfmem_magic.advise import probe_runs
 from tfmem_magic.core import fallbacks
 from tfmem_magic.core.report import Report
-from tfmem_magic.core.session import CALIBRATE_MODES, SESSION
+from tfmem_magic.core.session import CALIBRATE_MODES, HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import capabilities, environment, guard
 
@@ -30,7 +30,7 @@ def status_text() -> str:
         f"Budget       {format_bytes(budget.budget_bytes)} ({budget.budget_source}); RAM "
         f"{format_bytes(budget.ram_total_bytes)}, available {format_bytes(budget.ram_available_bytes)}"
         + (f", container limit {format_bytes(budget.cgroup_limit_bytes)}" if budget.cgroup_limit_bytes else ""),
-        f"Reports      {len(SESSION.history)} this session",
+        history_line(),
         f"Calibration  {SESSION.calibrate} (%tfmem calibrate auto|on|off: {CALIBRATE_MODES[SESSION.calibrate]})",
     ]
     session = guard.session_limit()
@@ -51,6 +51,16 @@ def status_text() -> str:
     lines += capabilities_lines()
     lines.append(fallbacks_line())
     return "\n".join(lines)
+
+
+def history_line() -> str:
+    """What the history holds against its caps (core/session.py, docs/session.md)."""
+    return (
+        f"Reports      {len(SESSION.history)} of at most {HISTORY_SIZE} in the history, "
+        f"{format_bytes(sum(SESSION.history_bytes))} of at most {format_bytes(HISTORY_BYTES)} "
+        f"(the newest {WHOLE_REPORTS} whole, with their live panels; older ones without their time series); "
+        f"{SESSION.published} published this session"
+    )
 
 
 def fallbacks_line() -> str:
