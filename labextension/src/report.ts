@@ -85,6 +85,7 @@ export interface DeviceMemory {
   end_bytes: number;
   samples: number[][];
   peak_before_bytes: number | null;
+  lifetime_peak_bytes: number | null;
 }
 export interface TraceInfo {
   events: number;

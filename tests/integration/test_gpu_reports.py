@@ -77,6 +77,9 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert report.env.devices == ["GPU:1", "GPU:4", "GPU:6"]
     assert report.trace.allocator == "GPU_6_bfc"
     assert report.main_device.peak_bytes == max(e["bytes_allocated"] for e in events)
+    # the allocator's peak since its process started, as its events state it: the trace holds it (a steady step)
+    assert report.main_device.lifetime_peak_bytes == max(e["peak_bytes_in_use"] for e in events) == 6_210_111_488
+    assert any("The trace holds GPU:6's peak since its process started" in n for n in report.notes)
     limit = max(e["bytes_allocated"] + e["bytes_available"] + e["bytes_reserved"] for e in events)
     assert report.device_budget == ("GPU:6", limit) and 14 * GiB < limit < 15 * GiB  # a 16 GB V100, for TF
     # the largest tensors at the peak are that allocator's own (checked against an independent live set below)
@@ -514,9 +517,11 @@ def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
         "chunk": np.array([10, 10, 10]),
         "is_alloc": np.array([True, True, True]),
         "limit": np.array([0, 0, 0]),
+        "lifetime_peak": np.array([0, 0, 0]),
     }
     ((_, series),) = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
     assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)
+    assert series.lifetime_peak_bytes is None  # the events state none
 
 
 @pytest.mark.slow
@@ -626,21 +631,24 @@ T4_STEP = [
 ]
 
 
-def bfc_space(rows, before: int = 0, limit: int = T4_LIMIT) -> bytes:
-    """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (BFC_STATS); a free
-    carries no op, dtype or shape, as TensorFlow's do not. `before`: the bytes in use before the first event."""
+def bfc_space(
+    rows, before: int = 0, limit: int = T4_LIMIT, since_start: int = 0, stats: tuple[str, ...] = BFC_STATS
+) -> bytes:
+    """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (`stats`: BFC_STATS);
+    a free carries no op, dtype or shape, as TensorFlow's do not. `before`: the bytes in use before the first event;
+    `since_start`: the allocator's peak before the trace (peak_bytes_in_use starts there)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     plane = space.planes.add(id=0, name="/host:CPU")
     for mid, name in ((1, "MemoryAllocation"), (2, "MemoryDeallocation")):
         plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, name
-    texts = [*BFC_STATS, "GPU_0_bfc"] + [t for r in rows for t in (r[1], r[3], r[4]) if t]
+    texts = [*stats, "GPU_0_bfc"] + [t for r in rows for t in (r[1], r[3], r[4]) if t]
     sid = {name: i for i, name in enumerate(dict.fromkeys(texts), start=1)}
     for name, i in sid.items():
         plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
     line = plane.lines.add(id=1, name="tf_gpu", timestamp_ns=1000)
-    live = peak = before
+    live, peak = before, max(before, since_start)
     for k, (alloc, op, dtype, shape, region, size, addr) in enumerate(rows):
         live += size if alloc else -size
         peak = max(peak, live)
@@ -657,7 +665,7 @@ def bfc_space(rows, before: int = 0, limit: int = T4_LIMIT) -> bytes:
             "data_type": dtype,
         }
         refs = {"allocator_name": "GPU_0_bfc", "tf_op": op, "region_type": region, "shape": shape}
-        for name in BFC_STATS:
+        for name in stats:
             if name == "fragmentation":
                 e.stats.add(metadata_id=sid[name], double_value=0.0)
             elif name in refs:
@@ -714,3 +722,43 @@ def test_a_small_workspace_gets_no_finding(tmp_path):
     assert report.trace.peak_live_bytes < 140 * MiB
     assert "cudnn-workspace" not in {f.id for f in report.findings}
     assert "cudnn-workspace-limit" not in {f.id for f in report.fixes}
+
+
+def test_a_first_step_that_peaked_above_the_trace_is_reported_and_judged(tmp_path):
+    """A T4 step whose allocator had peaked at twice the step's peak before the trace (the lower of the two ratios
+    the public traces show: a first step's cuDNN autotuning): the report keeps that peak beside the trace's, a note
+    says which is higher and by how much, and 'fits' judges the higher one, where the step's own peak fits."""
+    path = tmp_path / "t4.xplane.pb"
+    from tfmem_magic.advise import prediction
+
+    path.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE, since_start=2 * 140 * MiB))
+    report = tfmem_magic.analyze_xplane(path)
+    mem = report.main_device
+    assert (mem.peak_bytes, mem.lifetime_peak_bytes) == (140 * MiB, 280 * MiB)
+    (note,) = [n for n in report.notes if "since its process started" in n]
+    assert "GPU:0's peak since its process started, 280 MiB" in note and "140 MiB above this trace's" in note
+    assert "(2.0x it)" in note and "autotuner" in note and "judges 'fits' and the largest batch" in note
+    step = report.tf_peak_bytes  # over the trace's start
+    room = int(1.5 * step)  # the step fits with its band, the first step does not
+    judged = prediction.predict(report, tf_budget=room)
+    assert judged.peak_bytes == step and judged.fits is False
+    assert any("judged at" in n and "'The first step'" in n for n in judged.notes)
+    plain = tmp_path / "plain.xplane.pb"
+    plain.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE))
+    steady = tfmem_magic.analyze_xplane(plain)
+    assert steady.main_device.lifetime_peak_bytes == 140 * MiB  # the trace holds it
+    assert any("The trace holds GPU:0's peak since its process started" in n for n in steady.notes)
+    assert prediction.predict(steady, tf_budget=room).fits is True
+    assert tfmem_magic.predict(report).largest_batch < tfmem_magic.predict(steady).largest_batch
+
+
+def test_a_trace_without_the_peak_since_start_says_so_with_the_autotuning_caveat(tmp_path):
+    path = tmp_path / "t4.xplane.pb"
+    path.write_bytes(
+        bfc_space(T4_STEP, before=T4_BEFORE, stats=tuple(s for s in BFC_STATS if s != "peak_bytes_in_use"))
+    )
+    report = tfmem_magic.analyze_xplane(path)
+    assert report.main_device.lifetime_peak_bytes is None
+    (note,) = [n for n in report.notes if "peak since its process started" in n]
+    assert "does not record GPU_0_bfc's peak since its process started" in note
+    assert "autotuner" in note and "TF_CUDNN_WORKSPACE_LIMIT_IN_MB" in note and "Leave room" in note

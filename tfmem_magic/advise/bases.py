@@ -157,6 +157,11 @@ class Kind(ABC):
         one to judge against; None where it is."""
         return None
 
+    def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
+        """The peak 'fits' and the largest batch judge at `knobs`: the predicted one (`peak_at`), unless the kind
+        knows of a higher moment than the step it predicts (a saved trace's first step: `FromTrace`)."""
+        return self.peak_at(knobs)
+
 
 class Analytic(Kind):
     """The model's parts alone: the slope from the cell's trace or its layer outputs, checked against its peak."""
@@ -458,6 +463,18 @@ class FromTrace(Replayable):
     def widening(self, knobs: Knobs) -> list[str]:
         return []  # past the curve's end the peak is extended in a line, at the band it has already
 
+    def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
+        """The higher of the trace's step and its allocator's peak since the process started, where the report
+        holds one above the trace's (a first step's autotuning, on a GPU: docs/gpu.md, "The first step"): that
+        earlier moment, moved with the batch as the step is: by the bytes it held more (`first_step_excess`), or in
+        proportion to the step's peak over the start, whichever is higher at `knobs`."""
+        step = self.peak_at(knobs)
+        excess = first_step_excess(report)
+        if excess is None:
+            return step
+        extra, ratio = excess
+        return max(step + extra, step * ratio)
+
 
 _OWN_STEP_BAND_WORDS = (
     f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
@@ -509,6 +526,19 @@ def replay_change(curve: ReplayCurve, micro: float, now_micro: float) -> tuple[f
 def larger_order_peak(curve: ReplayCurve, micro: float) -> float:
     """The replayed peak at `micro` in whichever of the two probes' op orders holds more there."""
     return max(replay_peak(curve, micro, order) for order in (0, 1))
+
+
+def first_step_excess(report: Report | None) -> tuple[int, float] | None:
+    """What a saved trace's allocator held at its peak since the process started (`DeviceMemory.lifetime_peak_bytes`)
+    more than at the trace's peak: (the bytes, the ratio of the two peaks over the trace's start). None where the
+    report holds no such peak above the trace's."""
+    mem = report.main_device if report is not None else None
+    if mem is None or mem.lifetime_peak_bytes is None or mem.lifetime_peak_bytes <= mem.peak_bytes:
+        return None
+    over = mem.peak_bytes - mem.baseline_bytes
+    if over <= 0:
+        return None
+    return mem.lifetime_peak_bytes - mem.peak_bytes, (mem.lifetime_peak_bytes - mem.baseline_bytes) / over
 
 
 def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
