@@ -310,6 +310,7 @@ export interface ReplayCurve {
   source: string;
   scaled: number;
   negligible: number;
+  summed: boolean;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

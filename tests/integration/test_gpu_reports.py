@@ -635,7 +635,9 @@ def bfc_space(
     rows, before: int = 0, limit: int = T4_LIMIT, since_start: int = 0, stats: tuple[str, ...] = BFC_STATS
 ) -> bytes:
     """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (`stats`: BFC_STATS);
-    a free carries no op, dtype or shape, as TensorFlow's do not. `before`: the bytes in use before the first event;
+    a free carries no op, dtype or shape, as TensorFlow's do not. A row is (is an allocation, op, dtype, shape, region,
+    bytes, address) and, where BFC handed out a larger chunk than the bytes, that chunk. `before`: the bytes in use
+    before the first event;
     `since_start`: the allocator's peak before the trace (peak_bytes_in_use starts there)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -649,8 +651,9 @@ def bfc_space(
         plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
     line = plane.lines.add(id=1, name="tf_gpu", timestamp_ns=1000)
     live, peak = before, max(before, since_start)
-    for k, (alloc, op, dtype, shape, region, size, addr) in enumerate(rows):
-        live += size if alloc else -size
+    for k, (alloc, op, dtype, shape, region, size, addr, *handed) in enumerate(rows):
+        chunk = handed[0] if handed else size  # a row's eighth figure: the chunk BFC handed out, where not its size
+        live += chunk if alloc else -chunk
         peak = max(peak, live)
         e = line.events.add(metadata_id=1 if alloc else 2, offset_ps=(k + 1) * 10**6)
         ints = {
@@ -659,7 +662,7 @@ def bfc_space(
             "bytes_available": limit - live,
             "peak_bytes_in_use": peak,
             "requested_bytes": size if alloc else 0,
-            "allocation_bytes": size,
+            "allocation_bytes": chunk,
             "addr": addr,
             "id": 7,
             "data_type": dtype,
@@ -762,3 +765,33 @@ def test_a_trace_without_the_peak_since_start_says_so_with_the_autotuning_caveat
     (note,) = [n for n in report.notes if "peak since its process started" in n]
     assert "does not record GPU_0_bfc's peak since its process started" in note
     assert "autotuner" in note and "TF_CUDNN_WORKSPACE_LIMIT_IN_MB" in note and "Leave room" in note
+
+
+def test_a_gpu_trace_that_begins_mid_run_still_gets_a_what_if_and_says_how(tmp_path):
+    """The T4 step traced mid-run: before it, a free 60 MiB chunk the trace never shows lay above conv2d's output's
+    first chunk, and TensorFlow put the 40 MiB output there unsplit (a 60 MiB chunk). The simulator, which cannot
+    know that chunk, gives the sequence back 1% off or more; the what-if sums the trace's own chunks over the bytes
+    in use at its start instead, and a note says so. It used to get no what-if."""
+    base = 0x7F00_0000_0000
+    output = 256 * 40960 * 4  # 40 MiB
+    rows = [
+        (True, _SEQ + "conv2d/Relu", 1, "[256,40960]", "output", output, base + 108 * MiB, 60 * MiB),
+        (True, _SEQ + "dense/MatMul", 1, "[256,16384]", "output", 16 * MiB, base + 176 * MiB),
+        (False, None, 0, None, None, 8 * MiB, base + 100 * MiB),  # made before the trace
+        (True, _GRAD + "dense/MatMul/MatMul_1", 1, "[256,8192]", "output", 8 * MiB, base + 100 * MiB),
+        (False, None, 0, None, None, 0, base + 108 * MiB, 60 * MiB),
+        (False, None, 0, None, None, 16 * MiB, base + 176 * MiB),
+        (False, None, 0, None, None, 8 * MiB, base + 100 * MiB),
+    ]
+    path = tmp_path / "mid.xplane.pb"
+    path.write_bytes(bfc_space(rows, before=116 * MiB))
+    report = tfmem_magic.analyze_xplane(path)
+    assert report.main_device.peak_bytes == 192 * MiB and report.main_device.baseline_bytes == 116 * MiB
+    curve = report.whatif_basis.replay
+    assert curve.summed and curve.passed and curve.own_error > 0.01
+    (note,) = [n for n in report.notes if n.startswith("This trace begins mid-run")]
+    assert "116 MiB were in use before its first event" in note and "sums the trace's own chunks" in note
+    assert tfmem_magic.predict(report).peak_bytes == 76 * MiB  # the trace's own peak over its start
+    bigger = tfmem_magic.predict(report, batch_size=512)
+    assert bigger.peak_bytes == (100 + 32 + 8) * MiB  # the 60 MiB chunk grown by its request's 40 MiB, and B's 16
+    assert any("summed over the bytes in use at the trace's start" in n for n in bigger.notes)

@@ -545,11 +545,16 @@ def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
     """How a saved trace's what-if is made, in words (the start of a sentence)."""
     device = report.main_device_name or "its device"
     kind = "a GPU trace" if device.startswith("GPU") else "a saved trace"
+    how = (
+        "their chunks summed over the bytes in use at the trace's start (it begins mid-run: docs/gpu.md), without "
+        "the allocator's placement"
+        if curve.summed
+        else "through a simulation of TensorFlow's BFC allocator with the trace's settings"
+    )
     return (
         f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
         f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
-        "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
-        "settings, anchored on the trace's peak"
+        f"this device, per replica) scaled, {how}, anchored on the trace's peak"
     )
 
 

@@ -216,6 +216,15 @@ def trace_whatif(
     if not curve.passed:
         report.notes.append(f"No what-if from this trace at batch {batch}: {curve.why_not}.")
         return None
+    if curve.summed:
+        report.notes.append(
+            f"This trace begins mid-run: {format_bytes(own.prepared.start if own.prepared else 0)} were in use "
+            f"before its first event, and the free chunks the allocator had then are not in it, so tfmem's "
+            f"simulation of the allocator replayed its sequence to {own.peak_error:+.1%} of its peak (over the "
+            f"{step_replay.OWN_TOLERANCE:.0%} a simulated what-if needs). The what-if sums the trace's own chunks "
+            "over those bytes instead, each batch-shaped one grown with the batch: it gives the trace's peak back "
+            "to the byte at its batch, but not the fragmentation another batch would add."
+        )
     if batch_size is None:
         report.notes.append(
             f"The what-if reads this trace's batch as {batch}: the leading dimension of {share:.0%} "
