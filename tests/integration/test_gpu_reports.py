@@ -795,3 +795,18 @@ def test_a_gpu_trace_that_begins_mid_run_still_gets_a_what_if_and_says_how(tmp_p
     bigger = tfmem_magic.predict(report, batch_size=512)
     assert bigger.peak_bytes == (100 + 32 + 8) * MiB  # the 60 MiB chunk grown by its request's 40 MiB, and B's 16
     assert any("summed over the bytes in use at the trace's start" in n for n in bigger.notes)
+
+
+def test_the_gpus_verdict_and_near_budget_judge_the_peak_since_the_process_started(tmp_path):
+    """The T4 step fits the GPU easily, but its allocator had peaked at 90% of the limit before the trace: the
+    verdict and the near-budget finding speak of that peak, and say it is the one since the process started."""
+    from tfmem_magic.show import view
+
+    path = tmp_path / "t4.xplane.pb"
+    path.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE, since_start=int(0.9 * T4_LIMIT)))
+    report = tfmem_magic.analyze_xplane(path)
+    assert (
+        view.verdict(report) == "used 90% of GPU:0's 13.6 GiB at its peak since the process started (above the trace's)"
+    )
+    (near,) = [f for f in report.findings if f.id == "near-budget"]
+    assert near.title == "TensorFlow used 90% of GPU:0's memory" and "since its process started" in near.evidence
