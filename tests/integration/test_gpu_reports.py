@@ -740,7 +740,7 @@ def test_a_first_step_that_peaked_above_the_trace_is_reported_and_judged(tmp_pat
     assert (mem.peak_bytes, mem.lifetime_peak_bytes) == (140 * MiB, 280 * MiB)
     (note,) = [n for n in report.notes if "since its process started" in n]
     assert "GPU:0's peak since its process started, 280 MiB" in note and "140 MiB above this trace's" in note
-    assert "(2.0x it)" in note and "autotuner" in note and "judges 'fits' and the largest batch" in note
+    assert "(2.0x it)" in note and "autotuner" in note and "judges 'fits' and the largest batch against it" in note
     step = report.tf_peak_bytes  # over the trace's start
     room = int(1.5 * step)  # the step fits with its band, the first step does not
     judged = prediction.predict(report, tf_budget=room)

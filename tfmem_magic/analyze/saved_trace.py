@@ -182,8 +182,8 @@ def first_step_note(report: Report, main: xplane.AllocatorSeries) -> str:
         f"is {format_bytes(lifetime - peak)} above this trace's {format_bytes(peak)} ({lifetime / max(1, peak):.1f}x "
         "it): a moment before the trace held more"
         + (f" ({AUTOTUNE_WORDS})" if gpu else "")
-        + ". The what-if judges 'fits' and the largest batch against that higher peak, moved with the batch as "
-        "the trace's step is."
+        + ". The verdict judges that higher peak, and the what-if judges 'fits' and the largest batch against it, "
+        "moved with the batch as the trace's step is."
     )
 
 
