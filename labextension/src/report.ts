@@ -85,6 +85,7 @@ export interface DeviceMemory {
   end_bytes: number;
   samples: number[][];
   peak_before_bytes: number | null;
+  lifetime_peak_bytes: number | null;
 }
 export interface TraceInfo {
   events: number;
@@ -309,6 +310,7 @@ export interface ReplayCurve {
   source: string;
   scaled: number;
   negligible: number;
+  summed: boolean;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

@@ -77,6 +77,9 @@ def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     assert report.env.devices == ["GPU:1", "GPU:4", "GPU:6"]
     assert report.trace.allocator == "GPU_6_bfc"
     assert report.main_device.peak_bytes == max(e["bytes_allocated"] for e in events)
+    # the allocator's peak since its process started, as its events state it: the trace holds it (a steady step)
+    assert report.main_device.lifetime_peak_bytes == max(e["peak_bytes_in_use"] for e in events) == 6_210_111_488
+    assert any("The trace holds GPU:6's peak since its process started" in n for n in report.notes)
     limit = max(e["bytes_allocated"] + e["bytes_available"] + e["bytes_reserved"] for e in events)
     assert report.device_budget == ("GPU:6", limit) and 14 * GiB < limit < 15 * GiB  # a 16 GB V100, for TF
     # the largest tensors at the peak are that allocator's own (checked against an independent live set below)
@@ -514,9 +517,11 @@ def test_an_allocators_last_figure_is_its_last_event_when_times_tie():
         "chunk": np.array([10, 10, 10]),
         "is_alloc": np.array([True, True, True]),
         "limit": np.array([0, 0, 0]),
+        "lifetime_peak": np.array([0, 0, 0]),
     }
     ((_, series),) = xplane._summaries(np.array([0, 0, 0]), columns, ["GPU_0_bfc"])
     assert (series.start_bytes, series.end_bytes, series.peak_bytes, series.limit_bytes) == (0, 30, 30, None)
+    assert series.lifetime_peak_bytes is None  # the events state none
 
 
 @pytest.mark.slow
@@ -626,23 +631,29 @@ T4_STEP = [
 ]
 
 
-def bfc_space(rows, before: int = 0, limit: int = T4_LIMIT) -> bytes:
-    """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (BFC_STATS); a free
-    carries no op, dtype or shape, as TensorFlow's do not. `before`: the bytes in use before the first event."""
+def bfc_space(
+    rows, before: int = 0, limit: int = T4_LIMIT, since_start: int = 0, stats: tuple[str, ...] = BFC_STATS
+) -> bytes:
+    """One GPU allocator's memory events (GPU_0_bfc), one µs apart, with every stat BFC writes (`stats`: BFC_STATS);
+    a free carries no op, dtype or shape, as TensorFlow's do not. A row is (is an allocation, op, dtype, shape, region,
+    bytes, address) and, where BFC handed out a larger chunk than the bytes, that chunk. `before`: the bytes in use
+    before the first event;
+    `since_start`: the allocator's peak before the trace (peak_bytes_in_use starts there)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     plane = space.planes.add(id=0, name="/host:CPU")
     for mid, name in ((1, "MemoryAllocation"), (2, "MemoryDeallocation")):
         plane.event_metadata[mid].id, plane.event_metadata[mid].name = mid, name
-    texts = [*BFC_STATS, "GPU_0_bfc"] + [t for r in rows for t in (r[1], r[3], r[4]) if t]
+    texts = [*stats, "GPU_0_bfc"] + [t for r in rows for t in (r[1], r[3], r[4]) if t]
     sid = {name: i for i, name in enumerate(dict.fromkeys(texts), start=1)}
     for name, i in sid.items():
         plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
     line = plane.lines.add(id=1, name="tf_gpu", timestamp_ns=1000)
-    live = peak = before
-    for k, (alloc, op, dtype, shape, region, size, addr) in enumerate(rows):
-        live += size if alloc else -size
+    live, peak = before, max(before, since_start)
+    for k, (alloc, op, dtype, shape, region, size, addr, *handed) in enumerate(rows):
+        chunk = handed[0] if handed else size  # a row's eighth figure: the chunk BFC handed out, where not its size
+        live += chunk if alloc else -chunk
         peak = max(peak, live)
         e = line.events.add(metadata_id=1 if alloc else 2, offset_ps=(k + 1) * 10**6)
         ints = {
@@ -651,13 +662,13 @@ def bfc_space(rows, before: int = 0, limit: int = T4_LIMIT) -> bytes:
             "bytes_available": limit - live,
             "peak_bytes_in_use": peak,
             "requested_bytes": size if alloc else 0,
-            "allocation_bytes": size,
+            "allocation_bytes": chunk,
             "addr": addr,
             "id": 7,
             "data_type": dtype,
         }
         refs = {"allocator_name": "GPU_0_bfc", "tf_op": op, "region_type": region, "shape": shape}
-        for name in BFC_STATS:
+        for name in stats:
             if name == "fragmentation":
                 e.stats.add(metadata_id=sid[name], double_value=0.0)
             elif name in refs:
@@ -714,3 +725,88 @@ def test_a_small_workspace_gets_no_finding(tmp_path):
     assert report.trace.peak_live_bytes < 140 * MiB
     assert "cudnn-workspace" not in {f.id for f in report.findings}
     assert "cudnn-workspace-limit" not in {f.id for f in report.fixes}
+
+
+def test_a_first_step_that_peaked_above_the_trace_is_reported_and_judged(tmp_path):
+    """A T4 step whose allocator had peaked at twice the step's peak before the trace (the lower of the two ratios
+    the public traces show: a first step's cuDNN autotuning): the report keeps that peak beside the trace's, a note
+    says which is higher and by how much, and 'fits' judges the higher one, where the step's own peak fits."""
+    path = tmp_path / "t4.xplane.pb"
+    from tfmem_magic.advise import prediction
+
+    path.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE, since_start=2 * 140 * MiB))
+    report = tfmem_magic.analyze_xplane(path)
+    mem = report.main_device
+    assert (mem.peak_bytes, mem.lifetime_peak_bytes) == (140 * MiB, 280 * MiB)
+    (note,) = [n for n in report.notes if "since its process started" in n]
+    assert "GPU:0's peak since its process started, 280 MiB" in note and "140 MiB above this trace's" in note
+    assert "(2.0x it)" in note and "autotuner" in note and "judges 'fits' and the largest batch against it" in note
+    step = report.tf_peak_bytes  # over the trace's start
+    room = int(1.5 * step)  # the step fits with its band, the first step does not
+    judged = prediction.predict(report, tf_budget=room)
+    assert judged.peak_bytes == step and judged.fits is False
+    assert any("judged at" in n and "'The first step'" in n for n in judged.notes)
+    plain = tmp_path / "plain.xplane.pb"
+    plain.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE))
+    steady = tfmem_magic.analyze_xplane(plain)
+    assert steady.main_device.lifetime_peak_bytes == 140 * MiB  # the trace holds it
+    assert any("The trace holds GPU:0's peak since its process started" in n for n in steady.notes)
+    assert prediction.predict(steady, tf_budget=room).fits is True
+    assert tfmem_magic.predict(report).largest_batch < tfmem_magic.predict(steady).largest_batch
+
+
+def test_a_trace_without_the_peak_since_start_says_so_with_the_autotuning_caveat(tmp_path):
+    path = tmp_path / "t4.xplane.pb"
+    path.write_bytes(
+        bfc_space(T4_STEP, before=T4_BEFORE, stats=tuple(s for s in BFC_STATS if s != "peak_bytes_in_use"))
+    )
+    report = tfmem_magic.analyze_xplane(path)
+    assert report.main_device.lifetime_peak_bytes is None
+    (note,) = [n for n in report.notes if "peak since its process started" in n]
+    assert "does not record GPU_0_bfc's peak since its process started" in note
+    assert "autotuner" in note and "TF_CUDNN_WORKSPACE_LIMIT_IN_MB" in note and "Leave room" in note
+
+
+def test_a_gpu_trace_that_begins_mid_run_still_gets_a_what_if_and_says_how(tmp_path):
+    """The T4 step traced mid-run: before it, a free 60 MiB chunk the trace never shows lay above conv2d's output's
+    first chunk, and TensorFlow put the 40 MiB output there unsplit (a 60 MiB chunk). The simulator, which cannot
+    know that chunk, gives the sequence back 1% off or more; the what-if sums the trace's own chunks over the bytes
+    in use at its start instead, and a note says so. It used to get no what-if."""
+    base = 0x7F00_0000_0000
+    output = 256 * 40960 * 4  # 40 MiB
+    rows = [
+        (True, _SEQ + "conv2d/Relu", 1, "[256,40960]", "output", output, base + 108 * MiB, 60 * MiB),
+        (True, _SEQ + "dense/MatMul", 1, "[256,16384]", "output", 16 * MiB, base + 176 * MiB),
+        (False, None, 0, None, None, 8 * MiB, base + 100 * MiB),  # made before the trace
+        (True, _GRAD + "dense/MatMul/MatMul_1", 1, "[256,8192]", "output", 8 * MiB, base + 100 * MiB),
+        (False, None, 0, None, None, 0, base + 108 * MiB, 60 * MiB),
+        (False, None, 0, None, None, 16 * MiB, base + 176 * MiB),
+        (False, None, 0, None, None, 8 * MiB, base + 100 * MiB),
+    ]
+    path = tmp_path / "mid.xplane.pb"
+    path.write_bytes(bfc_space(rows, before=116 * MiB))
+    report = tfmem_magic.analyze_xplane(path)
+    assert report.main_device.peak_bytes == 192 * MiB and report.main_device.baseline_bytes == 116 * MiB
+    curve = report.whatif_basis.replay
+    assert curve.summed and curve.passed and curve.own_error > 0.01
+    (note,) = [n for n in report.notes if n.startswith("This trace begins mid-run")]
+    assert "116 MiB were in use before its first event" in note and "sums the trace's own chunks" in note
+    assert tfmem_magic.predict(report).peak_bytes == 76 * MiB  # the trace's own peak over its start
+    bigger = tfmem_magic.predict(report, batch_size=512)
+    assert bigger.peak_bytes == (100 + 32 + 8) * MiB  # the 60 MiB chunk grown by its request's 40 MiB, and B's 16
+    assert any("summed over the bytes in use at the trace's start" in n for n in bigger.notes)
+
+
+def test_the_gpus_verdict_and_near_budget_judge_the_peak_since_the_process_started(tmp_path):
+    """The T4 step fits the GPU easily, but its allocator had peaked at 90% of the limit before the trace: the
+    verdict and the near-budget finding speak of that peak, and say it is the one since the process started."""
+    from tfmem_magic.show import view
+
+    path = tmp_path / "t4.xplane.pb"
+    path.write_bytes(bfc_space(T4_STEP, before=T4_BEFORE, since_start=int(0.9 * T4_LIMIT)))
+    report = tfmem_magic.analyze_xplane(path)
+    assert (
+        view.verdict(report) == "used 90% of GPU:0's 13.6 GiB at its peak since the process started (above the trace's)"
+    )
+    (near,) = [f for f in report.findings if f.id == "near-budget"]
+    assert near.title == "TensorFlow used 90% of GPU:0's memory" and "since its process started" in near.evidence

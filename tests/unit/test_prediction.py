@@ -478,3 +478,34 @@ def test_a_copy_that_never_was_in_tensorflows_allocator_is_counted_once_outside_
     # counted there, the safe side
     rep.model = replace(rep.model, input_copy_bytes=rep.tf_peak_bytes // 2)
     assert prediction.analytic_basis(rep).copy_missing == rep.tf_peak_bytes // 2
+
+
+def test_a_saved_traces_first_step_above_its_peak_is_what_fits_and_the_largest_batch_judge():
+    """The zoo's GPU trace (BERT, batch 4 per replica) with a peak since the process started twice its own over the
+    start: below the cell's batch the first step's bytes over the step are kept whole, above it they grow in
+    proportion; the peak predicted stays the step's."""
+    import gzip
+    from pathlib import Path
+
+    from tfmem_magic.advise import bases
+    from tfmem_magic.core.report import Report
+
+    zoo = Path(__file__).parents[1] / "data" / "prediction_zoo" / "from-trace-gpu.json.gz"
+    trace = Report.from_json(gzip.decompress(zoo.read_bytes()).decode())
+    mem = trace.main_device
+    step = mem.peak_bytes - mem.baseline_bytes
+    before = prediction.predict(trace)
+    mem.lifetime_peak_bytes = mem.peak_bytes + step  # twice the step over the start
+    assert bases.first_step_excess(trace) == (step, 2.0)
+    kind = bases.kind_of(trace.whatif_basis)
+    knobs = trace.whatif_basis.knobs
+    for batch in (2, 4, 8, 16):
+        at = replace(knobs, batch_size=batch)
+        peak = kind.peak_at(at)
+        assert kind.judged_peak(at, trace) == max(peak + step, 2 * peak)
+    after = prediction.predict(trace)
+    assert after.peak_bytes == before.peak_bytes and after.largest_batch < before.largest_batch
+    assert prediction.predict(trace, tf_budget=int(1.5 * step)).fits is False
+    mem.lifetime_peak_bytes = mem.peak_bytes  # the trace holds it: judged as before
+    assert prediction.predict(trace, tf_budget=int(1.5 * step)).fits is True
+    assert prediction.predict(trace).largest_batch == before.largest_batch

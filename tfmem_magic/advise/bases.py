@@ -157,6 +157,11 @@ class Kind(ABC):
         one to judge against; None where it is."""
         return None
 
+    def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
+        """The peak 'fits' and the largest batch judge at `knobs`: the predicted one (`peak_at`), unless the kind
+        knows of a higher moment than the step it predicts (a saved trace's first step: `FromTrace`)."""
+        return self.peak_at(knobs)
+
 
 class Analytic(Kind):
     """The model's parts alone: the slope from the cell's trace or its layer outputs, checked against its peak."""
@@ -458,6 +463,18 @@ class FromTrace(Replayable):
     def widening(self, knobs: Knobs) -> list[str]:
         return []  # past the curve's end the peak is extended in a line, at the band it has already
 
+    def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
+        """The higher of the trace's step and its allocator's peak since the process started, where the report
+        holds one above the trace's (a first step's autotuning, on a GPU: docs/gpu.md, "The first step"): that
+        earlier moment, moved with the batch as the step is: by the bytes it held more (`first_step_excess`), or in
+        proportion to the step's peak over the start, whichever is higher at `knobs`."""
+        step = self.peak_at(knobs)
+        excess = first_step_excess(report)
+        if excess is None:
+            return step
+        extra, ratio = excess
+        return max(step + extra, step * ratio)
+
 
 _OWN_STEP_BAND_WORDS = (
     f" The band is ±{OWN_STEP_BAND:.0%}: a custom step replayed was measured on four programs "
@@ -511,15 +528,33 @@ def larger_order_peak(curve: ReplayCurve, micro: float) -> float:
     return max(replay_peak(curve, micro, order) for order in (0, 1))
 
 
+def first_step_excess(report: Report | None) -> tuple[int, float] | None:
+    """What a saved trace's allocator held at its peak since the process started (`DeviceMemory.lifetime_peak_bytes`)
+    more than at the trace's peak: (the bytes, the ratio of the two peaks over the trace's start). None where the
+    report holds no such peak above the trace's."""
+    mem = report.main_device if report is not None else None
+    if mem is None or mem.lifetime_peak_bytes is None or mem.lifetime_peak_bytes <= mem.peak_bytes:
+        return None
+    over = mem.peak_bytes - mem.baseline_bytes
+    if over <= 0:
+        return None
+    return mem.lifetime_peak_bytes - mem.peak_bytes, (mem.lifetime_peak_bytes - mem.baseline_bytes) / over
+
+
 def trace_replay_words(report: Report, curve: ReplayCurve) -> str:
     """How a saved trace's what-if is made, in words (the start of a sentence)."""
     device = report.main_device_name or "its device"
     kind = "a GPU trace" if device.startswith("GPU") else "a saved trace"
+    how = (
+        "their chunks summed over the bytes in use at the trace's start (it begins mid-run: docs/gpu.md), without "
+        "the allocator's placement"
+        if curve.summed
+        else "through a simulation of TensorFlow's BFC allocator with the trace's settings"
+    )
     return (
         f"Predicted from {kind} ({device}, {report.env.allocator}): the trace's own {curve.events} memory "
         f"events, the {curve.scaled} allocations whose shape carries batch {curve.probes[0]} (one step of "
-        "this device, per replica) scaled, through a simulation of TensorFlow's BFC allocator with the trace's "
-        "settings, anchored on the trace's peak"
+        f"this device, per replica) scaled, {how}, anchored on the trace's peak"
     )
 
 

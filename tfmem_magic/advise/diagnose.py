@@ -100,17 +100,22 @@ def allocator_blind_spot(report: Report) -> Finding | None:
 
 
 def near_budget(report: Report) -> Finding | None:
-    """The GPU's memory (its allocator's limit) when the main device has one, then the host's budget (RSS)."""
+    """The GPU's memory (its allocator's limit) when the main device has one, then the host's budget (RSS). A saved
+    trace's GPU is judged at the higher of its peak and its allocator's peak since the process started (a first
+    step's: docs/gpu.md, "The first step")."""
     if report.stopped_for_memory:
         return None
     device = report.device_budget
     if device is not None:
         name, limit = device
+        mem = report.tf[name]
+        peak = max(mem.peak_bytes, mem.lifetime_peak_bytes or 0)
+        since = " since its process started (above the trace's)" if peak > mem.peak_bytes else ""
         found = _near(
-            report.tf[name].peak_bytes,
+            peak,
             limit,
             f"TensorFlow used {{share}} of {name}'s memory",
-            f"Peak on {name} {{peak}} against its allocator's limit of {{budget}}",
+            f"Peak on {name}{since} {{peak}} against its allocator's limit of {{budget}}",
         )
         if found is not None:
             return found

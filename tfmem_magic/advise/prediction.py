@@ -405,14 +405,22 @@ def fits_within(peak: float, budget: float, measured: float, band: float, proces
 
 
 def largest_batch(
-    basis: Basis, knobs: Knobs, budget: int, band: float, process_margin: float = 0.0, measured: float = 0.0
+    basis: Basis,
+    knobs: Knobs,
+    budget: int,
+    band: float,
+    process_margin: float = 0.0,
+    measured: float = 0.0,
+    report: Report | None = None,
 ) -> int | None:
-    """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does."""
+    """The largest batch (other knobs fixed) whose upper estimate stays within the budget; None if none does. The
+    peak judged is the kind's (`Kind.judged_peak`: a saved trace's first step, where `report` holds a higher one)."""
 
     kind = kind_of(basis)
 
     def fits(batch: int) -> bool:
-        return fits_within(kind.peak_at(replace(knobs, batch_size=batch)), budget, measured, band, process_margin)
+        peak = kind.judged_peak(replace(knobs, batch_size=batch), report)
+        return fits_within(peak, budget, measured, band, process_margin)
 
     step = knobs.split
     if not fits(step):
@@ -528,8 +536,9 @@ def predict(
     kind.check(knobs)
     notes = _replica_notes(knobs) + kind.notes(report, knobs) + _basis_notes(report, basis, knobs)
     peak, band = kind.peak_at(knobs), kind.band(knobs)
-    budget, judged = _budget(report, kind, tf_budget)
-    notes += judged + _restart_notes(report, basis, knobs, budget)
+    judged = kind.judged_peak(knobs, report)  # what 'fits' judges: a saved trace's first step, where it is higher
+    budget, judged_notes = _budget(report, kind, tf_budget)
+    notes += judged_notes + _restart_notes(report, basis, knobs, budget) + _first_step_notes(peak, judged)
     # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
     # stopped before its peak) the process can grow by more than the allocator's bytes in use
     process = budget is not None and kind.process_budget and not report.on_gpu and report.rss.peak_bytes > 0
@@ -547,8 +556,8 @@ def predict(
         fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
         knobs=knobs,
         budget_bytes=budget,
-        fits=None if budget is None else fits_within(peak, budget, measured, band, extra),
-        largest_batch=None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured),
+        fits=None if budget is None else fits_within(judged, budget, measured, band, extra),
+        largest_batch=None if budget is None else largest_batch(basis, knobs, budget, band, extra, measured, report),
         notes=notes,
         fit_margin=margin,
         process_margin=extra,
@@ -657,6 +666,18 @@ def _restart_notes(report: Report, basis: Basis, knobs: Knobs, budget: int | Non
         f"process keeps the ~{format_bytes(held)} of regions TensorFlow's allocator grew, and a larger "
         "batch reuses only part of them (a CNN fit at batch 568 after one at 256 grew the process by "
         "94% of its peak). Restart the kernel first, or let the pre-flight judge it (--limit)."
+    ]
+
+
+def _first_step_notes(peak: float, judged: float) -> list[str]:
+    """Where 'fits' judges a higher moment than the predicted step: the trace's first step (docs/gpu.md)."""
+    if judged <= peak:
+        return []
+    return [
+        f"'Fits' and the largest batch are judged at {format_bytes(judged)}, not the step's "
+        f"{format_bytes(peak)}: the allocator's peak since the process started is above the trace's (a first "
+        "step's, on a GPU its convolutions' autotuning), moved with the batch as the step is (docs/gpu.md, "
+        "'The first step')."
     ]
 
 

@@ -86,10 +86,10 @@ def bare_report(
         # an allocator that serves no TF device of its own (`gpu_host_bfc`: pinned host memory) is the host's. Every
         # other device's allocator follows the main one (each GPU of a multi-GPU trace: its own figures, for the
         # panel and a per-GPU replay); the main one first, which also settles a tie between two GPUs' growths
-        report.tf = {main.device or HOST_DEVICE: DeviceMemory(main.start_bytes, main.peak_bytes, main.end_bytes)}
+        report.tf = {main.device or HOST_DEVICE: device_memory(main)}
         for other in trace.allocators[1:] if device is None else []:  # a device asked for: the report is its own
             if other.device is not None and other.device not in report.tf:
-                report.tf[other.device] = DeviceMemory(other.start_bytes, other.peak_bytes, other.end_bytes)
+                report.tf[other.device] = device_memory(other)
     else:  # events without an allocator name (an older TensorFlow): one series
         end = int(trace.events.live[-1])
         report.tf = {"CPU:0": DeviceMemory(int(info.preexisting_bytes), info.peak_live_bytes, end)}
@@ -118,6 +118,8 @@ def bare_report(
     xla = xla_note(report)
     if xla:
         report.notes.append(xla)
+    if main is not None:
+        report.notes.append(first_step_note(report, main))
     if 0 < len(trace.events) <= REPLAY_CHECK_MAX_EVENTS:
         check = bfc.self_check(trace.events)  # once: the note says what it gave back, the what-if stands on it
         report.notes.append(replay_check_note(check, trace.events))
@@ -138,6 +140,51 @@ def bare_report(
             + f". The breakdown is about {info.allocator}."
         )
     return report
+
+
+def device_memory(series: xplane.AllocatorSeries) -> DeviceMemory:
+    """One allocator's figures in the report: its start, peak and end in the trace, and its peak since its process
+    started as the trace's events state it."""
+    return DeviceMemory(
+        series.start_bytes, series.peak_bytes, series.end_bytes, lifetime_peak_bytes=series.lifetime_peak_bytes
+    )
+
+
+# what a GPU's first step holds that a later step does not, in words (docs/gpu.md, "The first step")
+AUTOTUNE_WORDS = (
+    "on a GPU, a process's first step times cuDNN's convolution algorithms (TensorFlow's autotuner), each "
+    "with the workspace it asks for, up to TF_CUDNN_WORKSPACE_LIMIT_IN_MB (4 GiB per convolution unless set); "
+    "in public Keras CNN traces from a Tesla T4, the peak since the process started was 2.0x and 2.5x the "
+    "profiled step's"
+)
+
+
+def first_step_note(report: Report, main: xplane.AllocatorSeries) -> str:
+    """The trace's peak beside its allocator's peak since the process started (`lifetime_peak_bytes`): which is
+    higher and by how much, and that the what-if judges against the higher; where the trace does not record it,
+    that it cannot tell, with the autotuning caveat on a GPU (docs/gpu.md, "The first step")."""
+    where = main.device or main.name
+    gpu = (main.device or "").startswith("GPU")
+    lifetime, peak = main.lifetime_peak_bytes, main.peak_bytes
+    if lifetime is None:
+        return (
+            f"The trace does not record {main.name}'s peak since its process started (BFC's peak_bytes_in_use), "
+            f"so whether a moment before it (a first step) held more than its {format_bytes(peak)} is not known"
+            + (f": {AUTOTUNE_WORDS}. Leave room for it, or judge by a trace that holds the first step." if gpu else ".")
+        )
+    if lifetime <= peak:
+        return (
+            f"The trace holds {where}'s peak since its process started ({format_bytes(lifetime)}, {main.name}'s "
+            "peak_bytes_in_use): no moment before it held more."
+        )
+    return (
+        f"{where}'s peak since its process started, {format_bytes(lifetime)} ({main.name}'s peak_bytes_in_use), "
+        f"is {format_bytes(lifetime - peak)} above this trace's {format_bytes(peak)} ({lifetime / max(1, peak):.1f}x "
+        "it): a moment before the trace held more"
+        + (f" ({AUTOTUNE_WORDS})" if gpu else "")
+        + ". The verdict judges that higher peak, and the what-if judges 'fits' and the largest batch against it, "
+        "moved with the batch as the trace's step is."
+    )
 
 
 def trace_whatif(
@@ -169,6 +216,15 @@ def trace_whatif(
     if not curve.passed:
         report.notes.append(f"No what-if from this trace at batch {batch}: {curve.why_not}.")
         return None
+    if curve.summed:
+        report.notes.append(
+            f"This trace begins mid-run: {format_bytes(own.prepared.start if own.prepared else 0)} were in use "
+            f"before its first event, and the free chunks the allocator had then are not in it, so tfmem's "
+            f"simulation of the allocator replayed its sequence to {own.peak_error:+.1%} of its peak (over the "
+            f"{step_replay.OWN_TOLERANCE:.0%} a simulated what-if needs). The what-if sums the trace's own chunks "
+            "over those bytes instead, each batch-shaped one grown with the batch: it gives the trace's peak back "
+            "to the byte at its batch, but not the fragmentation another batch would add."
+        )
     if batch_size is None:
         report.notes.append(
             f"The what-if reads this trace's batch as {batch}: the leading dimension of {share:.0%} "

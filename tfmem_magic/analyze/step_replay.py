@@ -40,6 +40,7 @@ import numpy as np
 
 from tfmem_magic.analyze import bfc
 from tfmem_magic.core.report import ReplayCurve
+from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure.xplane import MemoryEvents
 
 OWN_TOLERANCE = 0.01  # probe one's sequence replayed as traced: bfc.self_check's tolerance
@@ -495,14 +496,28 @@ def trace_curve(
         source="trace",
         scaled=lines.aligned,
     )
-    if not own.passed:
+    summed = SummedTrace(events, own.prepared.start, lines, batch) if not own.passed and lines.aligned else None
+    if not own.passed and (summed is None or not own.prepared.start or not summed.holds()):
         where = f" (first divergence at event {own.first_divergence})" if own.first_divergence is not None else ""
         out.why_not = (
             f"the trace's own sequence replayed to {own.peak_error:+.1%} of its peak{where}, over the "
             f"{OWN_TOLERANCE:.0%} the replay needs"
         )
+        if summed is not None and own.prepared.start:  # it began mid-run, but its chunks do not give its peak back
+            out.why_not += (
+                f"; the trace begins mid-run, and its own chunks summed over the {format_bytes(own.prepared.start)} "
+                f"in use at its start give {format_bytes(summed.peak(batch))}, not its peak of "
+                f"{format_bytes(own.traced_peak)} (events missing from it)"
+            )
     elif not lines.aligned:
         out.why_not = f"no allocation of the trace has a shape that carries batch {batch}"
+    elif summed is not None:  # began mid-run: the simulator cannot know the free chunks it had; the sum can
+        for b in batches or grid(batch, (batch, batch), summed.seconds, budget_s=TRACE_REPLAY_BUDGET_S):
+            out.batches.append(b)
+            out.peaks.append(summed.peak(b))
+        out.second_peaks = list(out.peaks)
+        out.summed = True
+        out.passed = True
     else:
         replay = StepReplay(own.prepared, lines, own)
         timed = time.perf_counter()
@@ -518,6 +533,46 @@ def trace_curve(
         out.passed = True
     out.seconds = round(time.perf_counter() - started, 2)
     return out
+
+
+class SummedTrace:
+    """A saved trace's bytes in use at another batch without the allocator's placement: the bytes in use at its start,
+    then each allocation's chunk added and taken back at its free, the chunks of the batch-shaped allocations grown
+    by what their requests grow by (rounded as BFC rounds, 256 bytes). At the trace's own batch it is the trace's
+    own in-use curve, chunk for chunk (`holds`). For a trace that begins mid-run, whose sequence the simulator
+    cannot give back because the free chunks the allocator had before it are not in it (docs/gpu.md, "A trace that
+    begins mid-run"); the fragmentation another batch would add is not modelled."""
+
+    def __init__(self, events: MemoryEvents, start: int, lines: Lines, batch: int) -> None:
+        timed = time.perf_counter()
+        self.events, self.start, self.lines, self.batch = events, start, lines, batch
+        # each free's allocation in the trace (-1: made before it, or at no known address: its own chunk comes back)
+        self.match = np.full(len(events), -1, np.int64)
+        open_at: dict[int, int] = {}
+        for i, (a, is_a) in enumerate(zip(events.addr.tolist(), events.is_alloc.tolist(), strict=True)):
+            if is_a:
+                if a >= 0:
+                    open_at[a] = i
+            elif a >= 0:
+                self.match[i] = open_at.pop(a, -1)
+        self.traced = self.rounded(batch)
+        self.peak(batch)
+        self.seconds = time.perf_counter() - timed  # one batch's sum, for the grid's budget
+
+    def rounded(self, batch: float) -> np.ndarray:
+        return (np.asarray(self.lines.sizes(batch), np.int64) + 255) // 256 * 256
+
+    def peak(self, batch: float) -> int:
+        """The most in use at `batch`: the start plus the largest running sum of the chunks."""
+        ev = self.events
+        chunk = np.maximum(0, ev.chunk + np.where(ev.is_alloc, self.rounded(batch) - self.traced, 0))
+        taken = np.where(self.match >= 0, chunk[np.maximum(self.match, 0)], ev.chunk)
+        change = np.where(ev.is_alloc, chunk, -taken)
+        return int(self.start + max(0, int(np.cumsum(change).max())))
+
+    def holds(self) -> bool:
+        """At the trace's batch the sum gives back the trace's own peak (bytes_allocated) to the byte."""
+        return self.peak(self.batch) == int(self.events.live.max())
 
 
 def odd_probes(cell_batch: int, avoid: set[int] | frozenset[int] = frozenset()) -> tuple[int, int]:

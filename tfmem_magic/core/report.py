@@ -102,6 +102,10 @@ class DeviceMemory:
     samples: list[list[float]] = field(default_factory=list)  # [[t, live bytes], ...] sampled with RSS
     # TensorFlow's own peak counter (get_memory_info) before tfmem reset it for this cell; TF cannot set it back
     peak_before_bytes: int | None = None
+    # a saved trace's: the allocator's peak since its process started (or its stats were last reset), as the trace's
+    # events state it (BFC's peak_bytes_in_use); above peak_bytes where a moment before the trace (a first step's
+    # autotuning, on a GPU) held more. None: not recorded, or not a saved trace (docs/gpu.md, "The first step")
+    lifetime_peak_bytes: int | None = None
 
 
 @dataclass
@@ -469,6 +473,9 @@ class ReplayCurve:
     scaled: int = 0  # a saved trace's allocations whose shape carries the batch (the ones that were scaled)
     # of probe one's unmatched allocations, those the alignment's share leaves out (step_replay.Lines.negligible)
     negligible: int = 0
+    # a saved trace that begins mid-run, whose sequence the simulator could not give back: its chunks summed over the
+    # bytes in use at its start instead, without the allocator's placement (step_replay.SummedTrace)
+    summed: bool = False
 
 
 @dataclass

@@ -21,7 +21,7 @@ estimates the running segment's size from the growth of malloc'd bytes (glibc's 
 by TF's allocator, and stops the segment when the estimate nears what is left of the budget. The export then gives
 the exact size: a segment stopped early by the cell's own growth (a first step builds graphs and oneDNN caches) is
 restarted; once the budget is spent the trace stops for good and the report says so. Exported segments are decoded
-at once when they are large (xplane.Decoded keeps 73 bytes per memory event, ~0.3 bytes per xplane byte, not the
+at once when they are large (xplane.Decoded keeps 81 bytes per memory event, ~0.3 bytes per xplane byte, not the
 blob), and each temporary folder is deleted at once.
 """
 

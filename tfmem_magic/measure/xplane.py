@@ -7,7 +7,7 @@ round (a million memory events' time and memory: benchmarks/analysis_1m.py, docs
 Memory. A blob is never parsed whole by a message class (TF's XSpace class holds ~6 bytes per byte of xplane; a lean
 class that kept each event as a bytes object, plus the joined copy we decoded, ~4): a Python walk over the wire
 format finds the planes, the lines and where each event starts (`_walk_line`), and numpy reads the events in place,
-from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (73 bytes each, in columns of the narrowest
+from the caller's bytes, CHUNK_EVENTS at a time. Only the memory events (81 bytes each, in columns of the narrowest
 type), our spans and XLA's runs are kept, so that a tracer can decode each segment as soon as it is exported and
 drop its bytes (`Decoded`); `finish` joins and sorts the blocks one column at a time. Reading then grows the RSS
 high-water mark by about the blob's size, not a multiple of it (docs/overhead.md).
@@ -62,13 +62,15 @@ _INT_STATS = (
     "data_type",
     "bytes_available",
     "bytes_reserved",
+    "peak_bytes_in_use",
 )
 _STR_STATS = ("tf_op", "region_type", "shape", "allocator_name")
 _ADDR = _INT_STATS.index("addr")
 _AVAILABLE, _RESERVED = _INT_STATS.index("bytes_available"), _INT_STATS.index("bytes_reserved")
+_LIFETIME_PEAK = _INT_STATS.index("peak_bytes_in_use")
 _UNKNOWN_WHEN_ABSENT = (_ADDR, _AVAILABLE)
 _REF_VALUE_TAG = 7 << 3  # XStat.ref_value (field 7, varint): how TF writes string stats, as ids into stat_metadata
-# A block of decoded memory events: one array per column, in this order and of these types (73 bytes per event)
+# A block of decoded memory events: one array per column, in this order and of these types (81 bytes per event)
 _FIELDS = (
     ("t_ps", np.int64),
     ("is_alloc", np.bool_),
@@ -83,6 +85,7 @@ _FIELDS = (
     ("shape", np.int32),
     ("allocator", np.int32),
     ("limit", np.int64),
+    ("lifetime_peak", np.int64),
 )
 _COLUMN = {name: k for k, (name, _) in enumerate(_FIELDS)}
 DATA_TYPES = {
@@ -157,6 +160,9 @@ class AllocatorSeries:
     start_bytes: int = 0  # in use before its first traced event
     end_bytes: int = 0  # in use after its last one
     timeline: list[list[float]] = field(default_factory=list)  # [[t seconds, in use], ...], downsampled, peak kept
+    # the most it had in use since its process started (or its stats were last reset), as its events state it (BFC's
+    # peak_bytes_in_use): above `peak_bytes` where an earlier moment, before the trace, held more. None: not recorded
+    lifetime_peak_bytes: int | None = None
 
 
 @dataclass
@@ -188,12 +194,14 @@ def allocator_device(name: str) -> str | None:
 def _summaries(
     alloc_col: np.ndarray, c: dict[str, np.ndarray], strings: list[str]
 ) -> list[tuple[int, AllocatorSeries]]:
-    """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, limit."""
+    """Per allocator (index into strings): its summary, from the columns t_ps, live, chunk, is_alloc, limit and
+    lifetime_peak."""
     out = []
     for index in np.unique(alloc_col[alloc_col >= 0]):
         mine = np.nonzero(alloc_col == index)[0]
         in_use, limits = c["live"][mine], c["limit"][mine]
         limit = int(limits.max()) if (limits > 0).any() else None
+        lifetime = c["lifetime_peak"][mine]
         times = c["t_ps"][mine]
         first, last = mine[np.argmin(times)], mine[len(mine) - 1 - np.argmax(times[::-1])]  # ties: the last one
         change = int(c["chunk"][first]) if c["is_alloc"][first] else -int(c["chunk"][first])
@@ -210,6 +218,7 @@ def _summaries(
                     int(c["live"][first]) - change,
                     int(c["live"][last]),
                     _points(times, in_use),
+                    int(lifetime.max()) if (lifetime > 0).any() else None,
                 ),
             )
         )
@@ -275,8 +284,9 @@ def _block(
         *(np.array(ints[:, k], dtype=np.int64) for k in range(4)),  # live, requested, chunk, addr
         np.array(ints[:, 4], dtype=np.int32),  # data type
         *(np.array(strs[:, k], dtype=np.int32) for k in range(len(_STR_STATS))),
-        limit.astype(np.int64, copy=False),
-    ]  # the allocator's limit as the event states it (0: not recorded)
+        limit.astype(np.int64, copy=False),  # the allocator's limit as the event states it (0: not recorded)
+        np.array(ints[:, _LIFETIME_PEAK], dtype=np.int64),  # its peak since the process started (0: not recorded)
+    ]
 
 
 # ---- the wire format --------------------------------------------------------------------------------------------
@@ -800,7 +810,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
     allocators: list[AllocatorSeries] = []
     alloc_col = take("allocator")
     if (alloc_col >= 0).any():
-        for name in ("t_ps", "live", "chunk", "is_alloc", "limit"):
+        for name in ("t_ps", "live", "chunk", "is_alloc", "limit", "lifetime_peak"):
             taken[name] = take(name)
         series = _summaries(alloc_col, taken, strings)
         main, chosen = _choose(series, device)
@@ -814,7 +824,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
     columns = {"t_ps": t[order]}
     del t
     for name, _ in _FIELDS:
-        if name not in columns and name != "allocator":
+        if name not in columns and name not in ("allocator", "lifetime_peak"):
             columns[name] = take(name)[order]
     columns["dtype"] = columns["dtype"].astype(np.int64)
     events = MemoryEvents(**columns, strings=strings, threads=threads, allocator=allocator)
@@ -822,7 +832,7 @@ def finish(cols: _Columns, spans: list[Span], device: str | None = None) -> Trac
 
 
 class Decoded:
-    """What we keep of xplane blobs once read: their memory events as columns (73 bytes each) and our spans.
+    """What we keep of xplane blobs once read: their memory events as columns (81 bytes each) and our spans.
 
     A tracer decodes each large segment as soon as it is exported, so that it never holds many raw blobs at once;
     `read_segments` merges it with any blobs still raw.

@@ -157,14 +157,17 @@ def _host_verdict(report: Report, budget: int, peak: int) -> str:
 
 
 def _device_verdict(report: Report, name: str, limit: int) -> str:
-    """The verdict against a GPU's own memory (its allocator's limit)."""
-    peak = report.tf[name].peak_bytes
+    """The verdict against a GPU's own memory (its allocator's limit), at the higher of the peak measured and, in a
+    saved trace, the allocator's peak since its process started (docs/gpu.md, "The first step")."""
+    mem = report.tf[name]
+    peak = max(mem.peak_bytes, mem.lifetime_peak_bytes or 0)
+    since = " at its peak since the process started (above the trace's)" if peak > mem.peak_bytes else ""
     if peak > limit:
-        return f"over {name}'s memory by {format_bytes(peak - limit)}"
+        return f"over {name}'s memory by {format_bytes(peak - limit)}{since}"
     if peak >= 0.8 * limit:
-        return f"used {peak / limit:.0%} of {name}'s {format_bytes(limit)}"
+        return f"used {peak / limit:.0%} of {name}'s {format_bytes(limit)}{since}"
     prefix = "raised an error; " if report.status == "error" else ""
-    return f"{prefix}fits {name} with {format_bytes(limit - peak)} to spare"
+    return f"{prefix}fits {name} with {format_bytes(limit - peak)} to spare{since}"
 
 
 def verdict_level(report: Report) -> VerdictLevel:
