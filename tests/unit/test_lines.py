@@ -265,3 +265,18 @@ def test_a_node_the_graph_optimizer_made_is_named_by_the_one_line_of_its_scope(f
     named = {g.label: g for g in result.groups}
     assert named["In [2] line 3"].bytes == 3 << 20
     assert named["graph ops of functions no longer found"].bytes == 1 << 20
+
+
+def test_a_tfmem_cells_own_line_is_named_as_the_notebook_shows_the_cell(monkeypatch):
+    """IPython compiles a `%%tfmem` body as the next cell (In [5] here), one line short: the magic notes its files."""
+    body = "/tmp/ipykernel_7/5555.py"
+    monkeypatch.setattr(lines, "cell_numbers", lambda: {**CELLS, body: 5})
+    monkeypatch.setattr(lines.SESSION, "cell_bodies", {})
+    lines.note_cell_body(set(CELLS), 4)
+    assert lines.SESSION.cell_bodies == {body: (4, 1)}
+    monkeypatch.setitem(
+        linecache.cache, body, (1, None, ["small = tf.ones([4])\n", "x = tf.random.normal([9])\n"], body)
+    )
+    site = lines.Resolver({}, cells={**CELLS, body: 5}).site(body, 2)
+    assert site.label == "In [4] line 3" and site.code == "x = tf.random.normal([9])"
+    assert lines.Resolver({}, cells=CELLS).site(CELL_FIT, 1).label == "In [4] line 1"  # a plain cell: as before

@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import LineGroup, LineTensor
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.types import KerasModel, ProtoMessage, TFFunction, TFGraph
 from tfmem_magic.measure import code_sites
@@ -355,6 +356,17 @@ def forward_of(fn: Function, node: str, top: Function) -> tuple[Function, str] |
 # ---- lines of code ------------------------------------------------------------------------------------------
 
 
+def note_cell_body(before: set[str], number: int | None) -> None:
+    """The files IPython compiled for a `%%tfmem` body since `before` (cell_numbers' keys) are the cell `number`'s,
+    below its magic's line: IPython numbers the body as the next cell (it runs it as a cell of its own)."""
+    if number is None:
+        return
+    for file in set(cell_numbers()) - before:
+        SESSION.cell_bodies[file] = (number, 1)
+    while len(SESSION.cell_bodies) > 1000:
+        SESSION.cell_bodies.pop(next(iter(SESSION.cell_bodies)))
+
+
 def cell_numbers() -> dict[str, int]:
     """IPython's map of each cell's file to its execution count (`shell.compile._filename_map`, private: without
     it a cell is named by its file), read from a running shell only: nothing is imported."""
@@ -377,11 +389,13 @@ class Resolver:
         key = (file, line)
         found = self._sites.get(key)
         if found is None:
-            number = self.cells.get(file)
+            body = SESSION.cell_bodies.get(file)
+            number = self.cells.get(file) if body is None else body[0]
             match = _INPUT_CELL.match(file) if number is None else None
             if match:
                 number = int(match.group(1))
-            label = f"In [{number}] line {line}" if number is not None else f"{os.path.basename(file)}:{line}"
+            shown = line + (body[1] if body is not None else 0)  # a `%%tfmem` body's line, as the cell shows it
+            label = f"In [{number}] line {shown}" if number is not None else f"{os.path.basename(file)}:{line}"
             code = " ".join(linecache.getline(file, line).split())
             found = self._sites[key] = Site(file, line, label, code[:MAX_CODE])
         return found

@@ -59,6 +59,9 @@ class Session:
         # id(layer) -> (weakref to the Keras layer, file, line): the line of the user's code that made each layer
         # while tfmem was loaded (measure.code_sites), for the report's by-line view
         self.layer_sites: dict[int, tuple[weakref.ref[Any], str, int]] = {}
+        # a `%%tfmem` body's file -> (the number of the cell it is in, lines above it): IPython compiles the body the
+        # magic runs as a cell of the next number, one line short of the cell the notebook shows (analyze.lines)
+        self.cell_bodies: dict[str, tuple[int, int]] = {}
 
     def publish(self, report: Report) -> None:
         self.last = report
