@@ -280,3 +280,24 @@ def test_a_tfmem_cells_own_line_is_named_as_the_notebook_shows_the_cell(monkeypa
     site = lines.Resolver({}, cells={**CELLS, body: 5}).site(body, 2)
     assert site.label == "In [4] line 3" and site.code == "x = tf.random.normal([9])"
     assert lines.Resolver({}, cells=CELLS).site(CELL_FIT, 1).label == "In [4] line 1"  # a plain cell: as before
+
+
+def test_an_ooms_request_names_its_node_and_function_and_a_traceback_its_user_frame():
+    from tfmem_magic.measure.guard import parse_oom
+
+    message = (
+        "Graph execution error:\n\nOOM when allocating tensor with shape[1099511627776] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator mklcpu\n"
+        "\t [[{{node sequential_1/huge_1/random_normal/RandomStandardNormal}}]]\nHint: ...\n"
+        " [Op:__inference_multi_step_on_iterator_272]"
+    )
+    request = parse_oom(message)
+    assert request is not None and request["op"] == "sequential_1/huge_1/random_normal/RandomStandardNormal"
+    assert request["function"] == "__inference_multi_step_on_iterator_272"
+    user = compile("def cell():\n    raise MemoryError\n", CELL_FIT, "exec")
+    namespace: dict[str, object] = {}
+    exec(user, namespace)  # noqa: S102 - a frame in a notebook cell's file
+    try:
+        namespace["cell"]()  # type: ignore[operator]
+    except MemoryError as exc:
+        assert lines.traceback_frame(exc.__traceback__) == (CELL_FIT, 2)
