@@ -458,6 +458,10 @@ export interface ReportView {
    */
   model?: string;
   /**
+   * an OOM's line of code that made the failing request (show/view.py error_site_text); absent without one
+   */
+  error_site?: string;
+  /**
    * (what, before, after) rows comparing this cell with the report it re-ran (render.before_after_rows)
    */
   before_after?: BeforeAfterRow[];

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import tfmem_magic
-from tfmem_magic.core.report import Report
-from tfmem_magic.show.render import render_html, render_text
+from tfmem_magic.core.report import MIME_TYPE, Report
+from tfmem_magic.show.render import mime_bundle, render_html, render_text
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +32,15 @@ def run(shell, *cells: str) -> Report:
 
 
 def surfaces_name(report: Report, label: str, code: str) -> None:
-    """The JSON, the text report, the static HTML and the OOM finding all name the line."""
+    """The JSON, the text report, the static HTML, the renderer's view block and the OOM finding name the line."""
     as_json = Report.from_dict(report.to_dict())
     assert as_json.error is not None and as_json.error.site == report.error.site
     text = render_text(report)
     assert label in text and code in text, text
     html = render_html(report)
     assert "Failed at" in html and label in html, html
+    view = mime_bundle(report)[MIME_TYPE]["view"]  # the JupyterLab renderer's words
+    assert label in view["error_site"] and code in view["error_site"], view
     oom = next(f for f in report.findings if f.id == "oom")
     assert label in oom.evidence and code in oom.evidence, oom.evidence
 

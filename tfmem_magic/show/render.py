@@ -505,6 +505,8 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
         out["model"] = model_text(r)
     if r.before is not None:
         out["before_after"] = [list(row) for row in before_after_rows(r)]
+    if r.error is not None and r.error.site is not None:
+        out["error_site"] = error_site_text(r.error.site)
     if t is not None and t.events:
         total = t.peak_live_bytes
         rows = {
