@@ -235,7 +235,7 @@ def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
         batch_size=report.model.replica_batch if report.model is not None else None,
         weight_shapes=modelinfo.weight_shapes(use),
         step_dims=step_dims(report),
-        models=[model for u in instr.models.values() if (model := u.model_ref()) is not None],
+        models=_models(m),
         traced_functions=[f for ref in instr.traced_functions if (f := ref()) is not None],
     )
     ctx.optimizer_scopes |= instr.optimizer_names
