@@ -223,6 +223,9 @@ export function renderReportHtml(data: unknown, text?: unknown): string {
     const message = String(report.error.message ?? '').slice(0, 300);
     rows.push(`<tr><th>Error</th><td>${escapeHtml(report.error.type)}: ${escapeHtml(message)}</td></tr>`);
   }
+  if (view.error_site) {
+    rows.push(`<tr><th>Failed at</th><td>${escapeHtml(view.error_site)}</td></tr>`);
+  }
   parts.push(`<table class="tfmem-summary">${rows.join('')}</table>`);
   const b = report.before;
   if (b && view.before_after?.length) {

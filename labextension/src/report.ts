@@ -50,6 +50,19 @@ export interface ErrorInfo {
   request: {
     [k: string]: unknown | undefined;
   } | null;
+  site: ErrorSite | null;
+}
+/**
+ * The line of the user's code that made an OOM's failing request (analyze/lines.py `error_site`, docs/lines.md). A graph op is named from the stack TensorFlow kept for its node, as the by-line view names it; an eager op (or a graph op whose node was not found) from the innermost frame of the user's code in the error's traceback (`via`).
+ */
+export interface ErrorSite {
+  label: string;
+  code: string | null;
+  file: string | null;
+  line: number | null;
+  via: string;
+  layer: string | null;
+  made_by: string | null;
 }
 export interface EnvInfo {
   tensorflow: string | null;
@@ -446,6 +459,10 @@ export interface ReportView {
    * the model in one line: name, parameters, optimizer, batch
    */
   model?: string;
+  /**
+   * an OOM's line of code that made the failing request (show/view.py error_site_text); absent without one
+   */
+  error_site?: string;
   /**
    * (what, before, after) rows comparing this cell with the report it re-ran (render.before_after_rows)
    */

@@ -31,6 +31,9 @@ const bundles: Record<string, Record<string, unknown>> = file ? JSON.parse(readF
       if (view.model) {
         words.push(view.model);
       }
+      if (view.error_site) {
+        words.push(view.error_site);
+      }
       if (view.peak) {
         words.push(view.peak.heading, ...[...view.peak.by_phase, ...view.peak.by_layer].map(r => r.bytes));
         for (const row of view.peak.by_line ?? []) {

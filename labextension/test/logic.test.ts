@@ -211,6 +211,12 @@ describe('renderReportHtml', () => {
     expect(none).toContain('No line of code made what was live at the peak.');
     expect(html).not.toContain('By line'); // a report without a by-line view (quick mode, an older bundle)
   });
+  it("shows an OOM's line of code as the Python view words it, escaped", () => {
+    const site = 'requested by In [2] line 3: x = f(<y>)';
+    const out = renderReportHtml({ ...REPORT, view: { ...REPORT.view, error_site: site } });
+    expect(out).toContain(`<tr><th>Failed at</th><td>${escapeHtml(site)}</td></tr>`);
+    expect(html).not.toContain('Failed at');
+  });
   it('says so when the data is not a report', () => {
     expect(renderReportHtml({ schema: 'other' })).toContain('Not a tfmem report');
     expect(renderReportHtml(null)).toContain('Not a tfmem report');

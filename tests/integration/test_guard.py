@@ -130,6 +130,9 @@ def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
     assert reports[3].guard.tripped_by == "allocator"
     assert reports[3].error.request["shape"] == "[30000,30000]"
     assert reports[3].error.request["bytes"] == 30000 * 30000 * 4
+    # the line that asked, as the notebook shows the cell (a kernel's cells are files of ipykernel's own naming)
+    site = reports[3].error.site
+    assert site is not None and site.label == "In [4] line 2" and site.code == "big = tf.zeros((30000, 30000))", site
     if reports[4].error.request:
         assert "65536" in reports[4].error.request["shape"]  # the fit's batch did not fit
     if reports[5].error.request:

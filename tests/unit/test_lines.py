@@ -265,3 +265,39 @@ def test_a_node_the_graph_optimizer_made_is_named_by_the_one_line_of_its_scope(f
     named = {g.label: g for g in result.groups}
     assert named["In [2] line 3"].bytes == 3 << 20
     assert named["graph ops of functions no longer found"].bytes == 1 << 20
+
+
+def test_a_tfmem_cells_own_line_is_named_as_the_notebook_shows_the_cell(monkeypatch):
+    """IPython compiles a `%%tfmem` body as the next cell (In [5] here), one line short: the magic notes its files."""
+    body = "/tmp/ipykernel_7/5555.py"
+    monkeypatch.setattr(lines, "cell_numbers", lambda: {**CELLS, body: 5})
+    monkeypatch.setattr(lines.SESSION, "cell_bodies", {})
+    lines.note_cell_body(set(CELLS), 4)
+    assert lines.SESSION.cell_bodies == {body: (4, 1)}
+    monkeypatch.setitem(
+        linecache.cache, body, (1, None, ["small = tf.ones([4])\n", "x = tf.random.normal([9])\n"], body)
+    )
+    site = lines.Resolver({}, cells={**CELLS, body: 5}).site(body, 2)
+    assert site.label == "In [4] line 3" and site.code == "x = tf.random.normal([9])"
+    assert lines.Resolver({}, cells=CELLS).site(CELL_FIT, 1).label == "In [4] line 1"  # a plain cell: as before
+
+
+def test_an_ooms_request_names_its_node_and_function_and_a_traceback_its_user_frame():
+    from tfmem_magic.measure.guard import parse_oom
+
+    message = (
+        "Graph execution error:\n\nOOM when allocating tensor with shape[1099511627776] and type float on "
+        "/job:localhost/replica:0/task:0/device:CPU:0 by allocator mklcpu\n"
+        "\t [[{{node sequential_1/huge_1/random_normal/RandomStandardNormal}}]]\nHint: ...\n"
+        " [Op:__inference_multi_step_on_iterator_272]"
+    )
+    request = parse_oom(message)
+    assert request is not None and request["op"] == "sequential_1/huge_1/random_normal/RandomStandardNormal"
+    assert request["function"] == "__inference_multi_step_on_iterator_272"
+    user = compile("def cell():\n    raise MemoryError\n", CELL_FIT, "exec")
+    namespace: dict[str, object] = {}
+    exec(user, namespace)  # noqa: S102 - a frame in a notebook cell's file
+    try:
+        namespace["cell"]()  # type: ignore[operator]
+    except MemoryError as exc:
+        assert lines.traceback_frame(exc.__traceback__) == (CELL_FIT, 2)

@@ -18,6 +18,7 @@ from IPython.display import display
 from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_args, write_outputs
 from tfmem_magic.advise import fixes, probe_runs
+from tfmem_magic.analyze import lines
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
@@ -102,6 +103,7 @@ class TfmemMagics(Magics):
         hook.quiet = lambda: hook.semicolon_at_end_of_expression(cell)  # type: ignore[method-assign,no-untyped-call]
         error: BaseException | None = None
         restore_showtraceback = show_tracebacks_through(shell, profiler, repair=True)
+        files = set(lines.cell_numbers())
         try:
             # run_cell, not exec: the last expression is displayed, tracebacks are the user's own
             with profiler.user_code():
@@ -117,6 +119,7 @@ class TfmemMagics(Magics):
         finally:
             restore_showtraceback()
             hook.exec_result = outer
+            lines.note_cell_body(files, getattr(outer, "execution_count", None))
             if not had_quiet:
                 del hook.quiet
             report = profiler.finish(error)

@@ -154,6 +154,13 @@ def out_of_memory(report: Report) -> Finding | None:
             f"TensorFlow could not allocate a {request['dtype']} tensor of shape {request['shape']} "
             f"({format_bytes(request['bytes'])}){op} on {request['device']}."
         )
+    site = report.error.site if report.error else None
+    if site is not None:
+        code = f" ({site.code})" if site.code else ""
+        if site.via == "traceback":
+            parts.append(f"The innermost line of your code it passed through: {site.label}{code}.")
+        else:
+            parts.append(f"The request was made by {site.label}{code}.")
     g = report.guard
     if g is not None and g.tripped_by in ("batch-end check", "watchdog"):  # tfmem's layers, not TF's allocator
         parts.append(
@@ -179,6 +186,12 @@ def out_of_memory(report: Report) -> Finding | None:
             f"When it failed, {format_bytes(trace.peak_live_bytes)} was live in TensorFlow; the largest "
             f"part: {name} ({top.phase}), {format_bytes(top.bytes)}."
         )
+        held = next((g for g in trace.by_line if g.kind == "line"), None)
+        if held is not None:
+            code = f" ({held.code})" if held.code else ""
+            parts.append(
+                f"The line of your code holding the most then: {held.label}{code}, {format_bytes(held.bytes)}."
+            )
     if not parts:
         message = report.error.message if report.error else ""
         parts.append(clip_message(message, 600) if message else "An out-of-memory error stopped the cell.")

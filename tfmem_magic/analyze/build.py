@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tfmem_magic.analyze import analysis, modelinfo
+from tfmem_magic.analyze import analysis, lines, modelinfo
 from tfmem_magic.core.errors import PreflightRefused
 from tfmem_magic.core.report import DeviceMemory, EnvInfo, ErrorInfo, GuardInfo, HeldInfo, Report, RssInfo, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
+from tfmem_magic.core.types import KerasModel
 from tfmem_magic.measure import environment, guard, kerases, xplane
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.measurement import Measured
@@ -45,6 +46,8 @@ def measured_report(m: Measured, exc: BaseException | None, number: int) -> Repo
     if exc is not None:
         request = guard.parse_oom(str(exc)) if report.status == "oom" else None
         report.error = ErrorInfo(type(exc).__name__, str(exc), request)
+        if report.status == "oom" and not isinstance(exc, MemoryError):  # TensorFlow's: it names the failing op
+            report.error.site = lines.error_site(exc, request, _models(m))
     report.rss = RssInfo(m.rss_baseline, m.rss_peak, m.rss_end, m.rss_peak_source, m.rss_samples)
     report.tf = {d: DeviceMemory(*v, peak_before_bytes=m.peak_before.get(d)) for d, v in m.devices.items()}
     if m.tf_device in report.tf:
@@ -55,6 +58,14 @@ def measured_report(m: Measured, exc: BaseException | None, number: int) -> Repo
     if m.instrumentation is not None:
         report.calls = list(m.instrumentation.calls)
     return report
+
+
+def _models(m: Measured) -> list[KerasModel]:
+    """The Keras models the cell used, still alive."""
+    instr = m.instrumentation
+    if instr is None:
+        return []
+    return [model for u in instr.models.values() if (model := u.model_ref()) is not None]
 
 
 def _held(m: Measured, report: Report) -> HeldInfo | None:
@@ -224,7 +235,7 @@ def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
         batch_size=report.model.replica_batch if report.model is not None else None,
         weight_shapes=modelinfo.weight_shapes(use),
         step_dims=step_dims(report),
-        models=[model for u in instr.models.values() if (model := u.model_ref()) is not None],
+        models=_models(m),
         traced_functions=[f for ref in instr.traced_functions if (f := ref()) is not None],
     )
     ctx.optimizer_scopes |= instr.optimizer_names

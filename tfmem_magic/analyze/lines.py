@@ -40,10 +40,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from types import TracebackType
+from typing import Any, NamedTuple
 
 from tfmem_magic.core.fallbacks import fallback
-from tfmem_magic.core.report import LineGroup, LineTensor
+from tfmem_magic.core.report import ErrorSite, LineGroup, LineTensor
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.types import KerasModel, ProtoMessage, TFFunction, TFGraph
 from tfmem_magic.measure import code_sites
@@ -91,6 +93,7 @@ _BRANCH_INDEX = re.compile(r"^_\d+$")
 # the attributes that name the functions a node runs: a call's, a while loop's, an if's or a case's
 _CALL_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
+_SCOPE_SUFFIX = re.compile(r"_\d+$")  # a layer's name scope in a graph: its name, made unique (`wide_1`)
 
 
 class LineRow(NamedTuple):
@@ -355,6 +358,17 @@ def forward_of(fn: Function, node: str, top: Function) -> tuple[Function, str] |
 # ---- lines of code ------------------------------------------------------------------------------------------
 
 
+def note_cell_body(before: set[str], number: int | None) -> None:
+    """The files IPython compiled for a `%%tfmem` body since `before` (cell_numbers' keys) are the cell `number`'s,
+    below its magic's line: IPython numbers the body as the next cell (it runs it as a cell of its own)."""
+    if number is None:
+        return
+    for file in set(cell_numbers()) - before:
+        SESSION.cell_bodies[file] = (number, 1)
+    while len(SESSION.cell_bodies) > 1000:
+        SESSION.cell_bodies.pop(next(iter(SESSION.cell_bodies)))
+
+
 def cell_numbers() -> dict[str, int]:
     """IPython's map of each cell's file to its execution count (`shell.compile._filename_map`, private: without
     it a cell is named by its file), read from a running shell only: nothing is imported."""
@@ -377,11 +391,13 @@ class Resolver:
         key = (file, line)
         found = self._sites.get(key)
         if found is None:
-            number = self.cells.get(file)
+            body = SESSION.cell_bodies.get(file)
+            number = self.cells.get(file) if body is None else body[0]
             match = _INPUT_CELL.match(file) if number is None else None
             if match:
                 number = int(match.group(1))
-            label = f"In [{number}] line {line}" if number is not None else f"{os.path.basename(file)}:{line}"
+            shown = line + (body[1] if body is not None else 0)  # a `%%tfmem` body's line, as the cell shows it
+            label = f"In [{number}] line {shown}" if number is not None else f"{os.path.basename(file)}:{line}"
             code = " ".join(linecache.getline(file, line).split())
             found = self._sites[key] = Site(file, line, label, code[:MAX_CODE])
         return found
@@ -708,3 +724,90 @@ def resolve_cell(
         return None
     finally:
         _GRAPHS.clear()
+
+
+# ---- the line of an OOM's failing request ---------------------------------------------------------------------
+
+
+def error_site(
+    exc: BaseException, request: dict[str, Any] | None, models: Sequence[KerasModel] = ()
+) -> ErrorSite | None:
+    """The line of the user's code that made an OOM's failing request (ErrorInfo.site, docs/lines.md): a graph op's
+    from the stack TensorFlow kept for its node (the node path the error names, looked for in the function the
+    error names and the functions it calls), as the by-line view names a tensor's; else (an eager op, a node not
+    found) the innermost frame of the user's code in the error's traceback. None where neither is the user's, or a
+    fallback."""
+    try:
+        resolver = Resolver(layer_table(models))
+        found = _node_site(request, resolver, models) if request else None
+        if found is not None:
+            return found
+        frame = traceback_frame(exc.__traceback__)
+        if frame is None:
+            return None
+        site = resolver.site(*frame)
+        return ErrorSite(site.label, site.code or None, site.file, site.line, via="traceback")
+    except Exception as exc2:  # noqa: BLE001 - the line is one detail of the error: the report stands without it
+        fallback(_log, "the line of the failing request could not be found", exc2)
+        return None
+
+
+def traceback_frame(tb: TracebackType | None) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame of the user's code in a traceback (code_sites.is_user_file)."""
+    found = None
+    while tb is not None:
+        file = tb.tb_frame.f_code.co_filename
+        if code_sites.is_user_file(file):
+            found = (file, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _node_site(request: dict[str, Any], resolver: Resolver, models: Sequence[KerasModel]) -> ErrorSite | None:
+    """The failing graph node's line: the node is found in the function the error names (`request["function"]`,
+    parsed by measure/guard.parse_oom) or in a function it calls (the error names a node of the innermost one)."""
+    name, node = request.get("function"), request.get("op")
+    if not name or not node or "tensorflow" not in sys.modules:
+        return None
+    from tfmem_magic.measure import capabilities
+
+    if not capabilities.check().get("lines of code", False):
+        return None
+    _GRAPHS.clear()
+    _GRAPHS.update(graphs_of(concrete_functions(models)))
+    try:
+        top = function(str(name))
+        if top is None:
+            return None
+        found = walk(top, str(node))
+        if found is None:
+            holder = tree(top).get(str(node))
+            found = (holder, str(node)) if holder is not None else None
+        if found is None:
+            return None
+        fn, op = found
+        layer_name = next(
+            (
+                name
+                for scope in reversed(op.split("/")[:-1])
+                for name in (scope, _SCOPE_SUFFIX.sub("", scope))
+                if name in resolver.layers
+            ),
+            None,
+        )
+        backward = op.startswith("gradient_tape/") or "/gradients/" in f"/{op}"
+        of = resolver.gradient_line(fn, op, layer_name, top) if backward else resolver.line_of(fn, op, layer_name)
+    finally:
+        _GRAPHS.clear()
+    if of.kind != LINE or of.site is None:
+        return None
+    made = of.made_by
+    return ErrorSite(
+        of.site.label,
+        of.site.code or None,
+        of.site.file,
+        of.site.line,
+        via="graph node",
+        layer=of.layer,
+        made_by=made.label if made is not None else None,
+    )

@@ -24,10 +24,29 @@ MIME_TYPE = "application/vnd.tfmem.report+json"
 
 
 @dataclass
+class ErrorSite:
+    """The line of the user's code that made an OOM's failing request (analyze/lines.py `error_site`,
+    docs/lines.md). A graph op is named from the stack TensorFlow kept for its node, as the by-line view names it; an
+    eager op (or a graph op whose node was not found) from the innermost frame of the user's code in the error's
+    traceback (`via`)."""
+
+    label: str = ""  # "In [3] line 2" (a notebook cell: the cell the code is in), "train.py:12"
+    code: str | None = None  # the line's text
+    file: str | None = None
+    line: int | None = None
+    # "graph node" (the failing node's stack), "traceback" (the error's traceback: for a graph op not found, the
+    # line that called the function, not the op's own line)
+    via: str = "graph node"
+    layer: str | None = None  # the layer whose op it was, where its path names one
+    made_by: str | None = None  # the line that made that layer (a built-in layer's op is named by it)
+
+
+@dataclass
 class ErrorInfo:
     type: str
     message: str
     request: dict[str, Any] | None = None  # an OOM's failed request: shape, dtype, bytes, device, allocator, op
+    site: ErrorSite | None = None  # an OOM's: the line of the user's code that made the failing request
 
 
 @dataclass

@@ -72,6 +72,9 @@ class Session:
         # the MIME bundles of the newest static reports displayed, oldest first: IPython keeps every displayed
         # bundle, so older ones are slimmed to their text (adapters.magics._slim_older)
         self.shown: deque[dict[str, Any]] = deque()
+        # a `%%tfmem` body's file -> (the number of the cell it is in, lines above it): IPython compiles the body the
+        # magic runs as a cell of the next number, one line short of the cell the notebook shows (analyze.lines)
+        self.cell_bodies: dict[str, tuple[int, int]] = {}
 
     def publish(self, report: Report) -> None:
         """`report` becomes the last and joins the history; the report that is now older than the newest

@@ -370,14 +370,17 @@ _DTYPE_NAMES = {"float": "float32", "double": "float64", "half": "float16"}
 
 
 def parse_oom(message: str) -> dict[str, Any] | None:
-    """The failed request in a ResourceExhaustedError message: shape, dtype, bytes, device, allocator, op."""
+    """The failed request in a ResourceExhaustedError message: shape, dtype, bytes, device, allocator, op (a graph
+    op's node path, or an eager op's type), and for a graph op the tf.function that ran it (`function`)."""
     match = _OOM.search(message)
     if match is None:
         return None
     dims = [int(d) for d in match.group(1).replace(" ", "").split(",") if d.strip().lstrip("-").isdigit()]
     dtype = match.group(2)
-    op = _EAGER_OP.search(message) or _GRAPH_OP.search(message)
-    return {
+    # a graph op's node first: a function's error also ends in `[Op:__inference_<function>]`, the function that ran
+    node, eager = _GRAPH_OP.search(message), _EAGER_OP.search(message)
+    op = node or eager
+    found = {
         "shape": f"[{','.join(str(d) for d in dims)}]",
         "dtype": _DTYPE_NAMES.get(dtype, dtype),
         "bytes": math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) if dims else 0,
@@ -385,3 +388,6 @@ def parse_oom(message: str) -> dict[str, Any] | None:
         "allocator": match.group(4),
         "op": op.group(1) if op else None,
     }
+    if node is not None and eager is not None and eager.group(1).startswith("__inference_"):
+        found["function"] = eager.group(1)  # the function the node ran in (or one that called it)
+    return found

@@ -19,6 +19,7 @@ from tfmem_magic.show.view import (
     BUDGET_SOURCES,
     ReportView,
     by_line_rows,
+    error_site_text,
     guard_detail,
     held_view,
     knobs_text,
@@ -133,6 +134,8 @@ def render_text(
     if r.error:
         message = clip_message(r.error.message, 200)
         lines.append(f"Error     {r.error.type}" + (f": {message}" if message else ""))
+        if r.error.site is not None:
+            lines.append(f"          {error_site_text(r.error.site)}")
     t = r.trace
     if t is not None and t.events:
         lines.append(
@@ -233,6 +236,8 @@ def render_html(
     if r.error:
         message = clip_message(" ".join(r.error.message.split()), 500)  # HTML folds the lines anyway
         cells.append(("Error", f"{escape(r.error.type)}: {escape(message)}"))
+        if r.error.site is not None:
+            cells.append(("Failed at", escape(error_site_text(r.error.site))))
     summary = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in cells)
     parts = [
         f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
@@ -500,6 +505,8 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
         out["model"] = model_text(r)
     if r.before is not None:
         out["before_after"] = [list(row) for row in before_after_rows(r)]
+    if r.error is not None and r.error.site is not None:
+        out["error_site"] = error_site_text(r.error.site)
     if t is not None and t.events:
         total = t.peak_live_bytes
         rows = {

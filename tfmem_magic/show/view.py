@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from tfmem_magic.advise import bases, parts, prediction
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Knobs, Report, TraceInfo
+from tfmem_magic.core.report import ErrorSite, Knobs, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
@@ -365,6 +365,19 @@ class LineRow:
     largest: str  # "largest of 2 tensors: float32[256,8192] MatMul 8 MiB", or ""
     made_by: str  # a layer's line: "layer wide made at In [3] line 2", "layer dense: made on this line", or ""
     made_by_code: str  # the text of the line that made the layer, where it is another line
+
+
+def error_site_text(site: ErrorSite) -> str:
+    """The line that made an OOM's failing request (ErrorInfo.site), in the words every surface shows: the op's own
+    line for a graph op found, else the innermost line of the user's code the error passed through."""
+    code = f": {site.code}" if site.code else ""
+    if site.via == "traceback":
+        return f"raised at {site.label}{code} (the innermost line of your code in the traceback)"
+    layer = ""
+    if site.layer:
+        made = f", made at {site.made_by}" if site.made_by and site.made_by != site.label else ""
+        layer = f" (layer {site.layer}{made})"
+    return f"requested by {site.label}{code}{layer}"
 
 
 def by_line_rows(trace: TraceInfo | None, top: int = 10) -> list[LineRow]:
