@@ -15,7 +15,7 @@ from tfmem_magic.measure.feeding import LEAF
 
 pytestmark = pytest.mark.slow
 ROOM = probe_runs.WARM_PROBES * (PROBE_PROCESS_BYTES + probe_runs.WARM_OWN_BYTES) + (1 << 30)
-BATCH = {"x": {LEAF: [[256], "float32"]}, "y": {LEAF: [[512], "float32"]}}
+BATCH = {"x": {LEAF: [[1024], "float32"]}, "y": {LEAF: [[16], "float32"]}}
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def room():
 def model():
     import keras
 
-    m = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024), keras.layers.Dense(512)])
+    m = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(4096), keras.layers.Dense(16)])
     m.compile("adam", "mse")
     return m
 
@@ -42,10 +42,10 @@ def test_a_probe_takes_a_warm_process_and_answers_as_a_new_one(room):
     warm = probe_runs.probe_peaks(model(), [16, 64], True, BATCH, True)
     assert probe_runs._warm_used == used + 1 and probe_runs.warm_waiting() == probe_runs.WARM_PROBES - 1
     assert set(warm) == set(cold) == {16, 64}
-    # the same step in a fresh allocator: the same bytes, within what two new processes differ by (6.46-6.51 MB at
-    # batch 16 in four runs here, 6.95-8.85 MB at 64)
+    # the same step in a fresh allocator: the same bytes, within what two new processes differ by (a few MB of
+    # buffers come and go between runs: 50.5-51.4 MB here, within 0.2%)
     for batch in (16, 64):
-        assert abs(warm[batch][1] - cold[batch][1]) <= 0.3 * cold[batch][1], (warm, cold)
+        assert abs(warm[batch][1] - cold[batch][1]) <= 0.05 * cold[batch][1], (warm, cold)
     assert not any(
         psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in waiting[:1]
     ), "the process a probe took is gone after its use"
