@@ -155,7 +155,7 @@ def test_gradients_map_to_their_forward_op(functions):
 
 
 def row(path, layer=None, phase="forward", chunk=1000, shape="[256,8192]", hint=None, t_ps=50):
-    return lines.LineRow(
+    return lines.TracedTensor(
         path, (path or "?").rsplit("/", 1)[-1], layer, phase, "float32", shape, chunk, chunk, t_ps, hint
     )
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -678,32 +678,35 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
     _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
     if ctx.models is not None:
-        _by_line(info, trace, att, idx, ctx, top)
+        _by_line(info, trace, att, idx, rows[: len(idx)], ctx, top)
     return info
 
 
-def _by_line(info: TraceInfo, trace: Trace, att: Attributed, idx: np.ndarray, ctx: TraceContext, top: int) -> None:
-    """The cell's own allocations live at the peak by the line of code that made them (lines.py)."""
+def _by_line(
+    info: TraceInfo,
+    trace: Trace,
+    att: Attributed,
+    idx: np.ndarray,
+    live: Sequence[LiveTensor],
+    ctx: TraceContext,
+    top: int,
+) -> None:
+    """The cell's own allocations live at the peak (`idx`, named as `live` names them) by the line of code that made
+    them (lines.py)."""
     ev = trace.events
     copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
     rows = [
-        lines.LineRow(
+        lines.TracedTensor(
             ev.string(int(ev.op[i])),
-            att.op_name(i),
-            att.layer_name(i),
-            att.phase_name(i),
-            DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
-            ev.string(int(ev.shape[i])),
-            int(ev.chunk[i]),
-            int(ev.requested[i]),
+            *tensor,
             int(ev.t_ps[i]),
             lines.HINT_XLA
             if att.op[i] == xla
             else lines.HINT_INPUT
-            if att.op[i] == copy or att.phase_name(i) == "input"
+            if att.op[i] == copy or tensor.phase == "input"
             else None,
         )
-        for i in idx
+        for i, tensor in zip(idx, live, strict=True)
     ]
     found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
     if found is not None:

@@ -74,7 +74,7 @@ LABELS = {
     UNRESOLVED: "graph ops of functions no longer found",
     UNTAGGED: "allocations with no op name",
 }
-# what the analysis already knows a row is, before any line is looked for (LineRow.hint)
+# what the analysis already knows a row is, before any line is looked for (TracedTensor.hint)
 HINT_INPUT, HINT_XLA = "input", "xla"
 MAX_FUNCTIONS = 64  # functions whose nodes and stacks are kept between cells
 MAX_TENSORS = 3  # tensors listed per line
@@ -96,7 +96,7 @@ _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 _SCOPE_SUFFIX = re.compile(r"_\d+$")  # a layer's name scope in a graph: its name, made unique (`wide_1`)
 
 
-class LineRow(NamedTuple):
+class TracedTensor(NamedTuple):
     """One allocation live at the peak, as the analysis attributed it."""
 
     path: str | None  # its `tf_op` (a node path in graph code, the op type in eager code); None: untagged
@@ -515,7 +515,7 @@ class _Runs:
 
 
 def by_line(
-    rows: Sequence[LineRow], spans: Iterable[Span], resolver: Resolver, top: int, others: Sequence[str] = ()
+    rows: Sequence[TracedTensor], spans: Iterable[Span], resolver: Resolver, top: int, others: Sequence[str] = ()
 ) -> ByLine:
     """The rows grouped by what made them (see the module's docstring): the `top` largest groups. `others`: the
     functions to look in (after those the trace saw run) for an op outside every run the trace kept."""
@@ -558,7 +558,7 @@ def by_line(
     return ByLine(out, named, _note(groups.values(), named))
 
 
-def _resolve(row: LineRow, running: tuple[str, ...], runs: _Runs, resolver: Resolver) -> LineOf:
+def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver: Resolver) -> LineOf:
     if row.hint == HINT_XLA:
         return LineOf(XLA)
     if row.hint == HINT_INPUT:
@@ -698,7 +698,7 @@ def graphs_of(functions: Iterable[TFFunction]) -> dict[str, weakref.ref[TFGraph]
 
 
 def resolve_cell(
-    rows: Sequence[LineRow],
+    rows: Sequence[TracedTensor],
     spans: Iterable[Span],
     models: Sequence[KerasModel],
     top: int,
