@@ -22,6 +22,10 @@ WIDE = """class Wide(keras.layers.Layer):
         return keras.ops.matmul(x, self.w)
 """
 DATA = 'x = np.random.rand(512, 64).astype("float32"); y = np.random.rand(512, 1).astype("float32")'
+MODEL = (  # the cell that makes the model of the custom layers (In [3]), and the data
+    "model = keras.Sequential([keras.Input((64,)), Wide(), Square(), keras.layers.Dense(1)])\n"
+    f'model.compile("sgd", "mse")\n{DATA}'
+)
 FIT = "%%tfmem --no-panel\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)\n"
 MiB = 1 << 20
 # x * x's gradient reads x: Wide's output is live until its own gradient is made, so it is live at the step's peak in
@@ -62,8 +66,7 @@ def test_a_custom_layers_call_line_is_named_in_the_cell_it_is_defined(shell):
         shell,
         IMPORTS,
         WIDE + SQUARE,
-        "model = keras.Sequential([keras.Input((64,)), Wide(), Square(), keras.layers.Dense(1)])\n"
-        f'model.compile("sgd", "mse")\n{DATA}',
+        MODEL,
         FIT,
     )
     line = group(report, "keras.ops.matmul(x, self.w)")
@@ -140,8 +143,7 @@ def test_a_function_traced_in_an_earlier_cell_still_names_the_line(shell):
         shell,
         IMPORTS,
         WIDE + SQUARE,
-        "model = keras.Sequential([keras.Input((64,)), Wide(), Square(), keras.layers.Dense(1)])\n"
-        f'model.compile("sgd", "mse")\n{DATA}',
+        MODEL,
         "model.fit(x, y, batch_size=256, epochs=1, verbose=0)",
         FIT,
     )

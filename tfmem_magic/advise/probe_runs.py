@@ -248,7 +248,7 @@ def probe_peaks(
     stages = ["building the clone", *(f"probe at batch {b}" for b in batches)]
     tell = progress or (lambda text, done: None)
     tell("starting TensorFlow", 0.02)
-    returncode, lines, last_error = _run_probe(json.dumps(spec), lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
+    returncode, lines, last_error = _run_probe(spec, lambda k: tell(stages[k], (k + 1) / (len(stages) + 1)))
     line = _answer(model, spec, "TFMEM-PROBE ", returncode, lines, last_error)
     peaks = {int(k): tuple(v) for k, v in json.loads(line).items()}
     if any(None in v for v in peaks.values()):
@@ -297,7 +297,7 @@ def replay_traces(
     tell(f"replay probes at batch {names}" if parallel else f"replay probe at batch {batches[0]}", 0.05)
 
     def one(batch: int) -> None:
-        returncode, lines, last_error = _run_probe(json.dumps(specs[batch]), lambda _: None)
+        returncode, lines, last_error = _run_probe(specs[batch], lambda _: None)
         _answer(model, specs[batch], "TFMEM-REPLAY ", returncode, lines, last_error)
         if not parallel and batch != batches[-1]:
             tell(f"replay probe at batch {batches[batches.index(batch) + 1]}", 0.5)
@@ -542,11 +542,11 @@ def _spawn(flavour: str) -> _Probe:
     return _Probe(_warm_key(flavour), proc, err, time.monotonic())
 
 
-def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
-    """Run the probe script, calling `stage(k)` as it announces stage k on stdout: in a warm probe process where one
-    waits for this Keras (`warm_up`), else in a new one. Returns the exit code (None if it ran past TIMEOUT_S and was
-    killed), its stdout lines and the last line of its stderr."""
-    flavour = json.loads(payload).get("keras", "keras")
+def _run_probe(spec: dict[str, Any], stage: Callable[[int], None]) -> tuple[int | None, list[str], str]:
+    """Run the probe script on `spec`, calling `stage(k)` as it announces stage k on stdout: in a warm probe process
+    where one waits for its Keras (`warm_up`), else in a new one. Returns the exit code (None if it ran past TIMEOUT_S
+    and was killed), its stdout lines and the last line of its stderr."""
+    flavour = spec.get("keras", "keras")
     probe = _take_warm(flavour) or _spawn(flavour)
     proc = probe.proc
     timed_out = threading.Event()
@@ -561,7 +561,7 @@ def _run_probe(payload: str, stage: Callable[[int], None]) -> tuple[int | None, 
         deadline.start()
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(payload)
+            proc.stdin.write(json.dumps(spec))
             proc.stdin.close()
             for raw in proc.stdout:
                 lines.append(raw.rstrip("\n"))
