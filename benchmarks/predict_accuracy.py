@@ -1,24 +1,24 @@
 """Accuracy of the what-if prediction: predicted vs measured TF peak over a zoo of Keras models and feeding styles.
 
 For each model, one process runs the "cell" at the anchor batch under %%tfmem's engine (trace mode, as a user's
-cell) and predicts the peak at every batch size twice: analytic (from the model, no extra run) and measured
-(calibrated with probe steps of a clone). Then every other batch size runs in fresh processes (the allocator's state
-must not carry over), --repeats times, and its real peak is measured: the TF allocator peak over the cell's baseline
-(the quantity reports and predictions give; BFC's chunk reuse makes it vary from run to run, so the median and the
-spread are printed). Each model is fed the way its kind usually is: numpy arrays, a tf.data pipeline
-(batch -> take -> prefetch) or a Python generator; every run trains at most STEPS steps (the peak comes in the first
-steps: the optimizer's slots are made in the first, BFC's chunks are reused after). The script prints the relative
-error per point, the max/mean per basis, and a Markdown table (--table) for docs/what-if.md.
+cell) and predicts the peak at every batch size twice, each with the band it prints: analytic (from the model, no
+extra run) and calibrated (what `predict(..., calibrate=True)` gives: the step replay where its self-check passed,
+else the probes' parts). Every other batch size runs in fresh processes (the allocator's state must not carry over),
+--repeats times, and its real peak is measured: the TF allocator peak over the cell's baseline (the quantity reports
+and predictions give; BFC's chunk reuse makes it vary from run to run, so the median and the spread are kept). Each
+model is fed the way its kind usually is: numpy arrays, a tf.data pipeline (batch -> take -> prefetch) or a Python
+generator; every run trains at most STEPS steps (the peak comes in the first steps: the optimizer's slots are made
+in the first, BFC's chunks are reused after). Each basis also names the largest batch for a process budget
+(`largest_batch`: the most the fresh runs grew the process by at the largest batch scored), and that batch runs
+fresh again.
 
     python benchmarks/predict_accuracy.py             # the first five models (arrays)
-    python benchmarks/predict_accuracy.py --zoo       # all models, batches 8 to 256 (about 40 minutes, 2 cores)
+    python benchmarks/predict_accuracy.py --zoo       # all models, batches 8 to 256 (about 70 minutes, 2 cores)
     python benchmarks/predict_accuracy.py --models resnet50,gru --batches 16,64 --repeats 3
-    python benchmarks/predict_accuracy.py --zoo --cells 3 --runs runs.json --table   # 3 runs of each cell, scored
+    python benchmarks/predict_accuracy.py --runs runs.json --out benchmarks/results/predict_accuracy.json
+    python benchmarks/doc_tables.py --write      # docs/accuracy.md from that results file
 
-Columns: analytic (no extra run), measured (the probes' parts), replay (what `predict(..., calibrate=True)` gives:
-the step replay where its self-check passed, else the parts) and the replay's range (0 when the real median lies
-between the replay's two op orders).
-Targets: the replay within 10% on 95% of points and never beyond 15%, below the cell's batch too.
+The scores (errors, band coverage, xMem's three figures, the named batches) are benchmarks/doc_tables.py's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import statistics
 import textwrap
 import time
 
+import doc_tables
 from _fresh import run_fresh_json
 
 SAMPLES = 512  # rows of each synthetic dataset (arrays: the in-memory copy fit makes is the same at every batch)
@@ -221,11 +222,23 @@ else:
 # the whole fit, which the profiler does not change (quick mode: no trace, a third of the time)
 with tfmem_magic.profile(mode="trace" if mode == "anchor" else "quick") as p:
     train()
-out = {{"measured": p.report.tf_peak_bytes, "batch read": p.report.model.batch_size}}
+rss = p.report.rss
+out = {{"measured": p.report.tf_peak_bytes, "grown": rss.peak_bytes - rss.baseline_bytes,
+        "batch read": p.report.model.batch_size}}
 if mode == "anchor":
-    out["analytic"] = {{b: prediction.predict(p.report, batch_size=b).peak_bytes for b in batches}}
-    out["calibrated"] = {{b: tfmem_magic.predict(p.report, batch_size=b, calibrate=True).peak_bytes
-                         for b in batches}}  # the replay wherever its self-check passed
+    # the process may grow by what the fresh runs grew by at the largest batch scored (median), from this cell's start
+    budget = rss.baseline_bytes + {budget}
+    # each basis' peak and printed band at every batch, and the batch `largest_batch` names for the budget (before
+    # calibration: the analytic basis is the report's until `calibrate=True` measures one)
+    answers = [prediction.predict(p.report, batch_size=b) for b in batches]
+    out["analytic"] = {{b: a.peak_bytes for b, a in zip(batches, answers)}}
+    out["analytic band"] = {{b: a.error_band for b, a in zip(batches, answers)}}
+    out["analytic named"] = tfmem_magic.largest_batch(p.report, budget=budget)
+    answers = [tfmem_magic.predict(p.report, batch_size=b, calibrate=True) for b in batches]
+    out["calibrated"] = {{b: a.peak_bytes for b, a in zip(batches, answers)}}  # the replay where its check passed
+    out["calibrated band"] = {{b: a.error_band for b, a in zip(batches, answers)}}
+    out["calibrated basis"] = answers[-1].basis
+    out["calibrated named"] = tfmem_magic.largest_batch(p.report, budget=budget)
     import dataclasses
     basis = p.report.whatif_basis
     parts = dataclasses.replace(basis, replay=None, name="measured")  # the probes' parts alone, as before the replay
@@ -239,16 +252,24 @@ if mode == "anchor":
     out["replay"] = {{"passed": bool(curve and curve.passed), "why_not": curve.why_not if curve else "",
                      "seconds": curve.seconds if curve else None, "probes": curve.probes if curve else None,
                      "cross": curve.cross_error if curve else None,
+                     "own": curve.own_error if curve else None,
                      "curve": [[b, one, two] for b, one, two in zip(curve.batches, curve.peaks, curve.second_peaks)]
                               if curve else []}}
 print(json.dumps(out))
 """
 
 
-def run(model: str, mode: str, batch: int, batches: list[int]) -> dict:
+def run(model: str, mode: str, batch: int, batches: list[int], budget: int = 0) -> dict:
     style, build = MODELS[model]
     code = WORKER.format(
-        samples=SAMPLES, build=textwrap.dedent(build), mode=mode, style=style, batch=batch, batches=batches, steps=STEPS
+        samples=SAMPLES,
+        build=textwrap.dedent(build),
+        mode=mode,
+        style=style,
+        batch=batch,
+        batches=batches,
+        steps=STEPS,
+        budget=budget,
     )
     result = run_fresh_json(code, f"{model} {mode} batch {batch}")
     assert result["batch read"] == batch, (model, result["batch read"], batch)  # the batch read from what was fed
@@ -268,9 +289,8 @@ def main() -> None:
         type=int,
         default=1,
         help="runs of each model's cell (each predicts every "
-        "batch; the cell's own run varies too, so each is scored; the table shows their range)",
+        "batch; the cell's own run varies too, so each is scored; the tables show their range)",
     )
-    parser.add_argument("--table", action="store_true", help="print a Markdown table at the end")
     parser.add_argument(
         "--runs",
         default=None,
@@ -278,141 +298,122 @@ def main() -> None:
         "not repeated, and all of them are used: a change to the predictor needs only the cells "
         "rerun) and written",
     )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write every number to this results file (benchmarks/doc_tables.py renders docs/accuracy.md "
+        "from benchmarks/results/predict_accuracy.json)",
+    )
     args = parser.parse_args()
     models = args.models.split(",") if args.models else list(MODELS) if args.zoo else FIRST_FIVE
     batches = [int(b) for b in (args.batches or ("8,16,32,64,128,256" if args.zoo else "16,32,64,128,256")).split(",")]
+    scored = [b for b in batches if b != args.anchor]
     started = time.perf_counter()
-    saved: dict[str, list[int]] = {}
+    saved: dict[str, list[list[int]]] = {}
     if args.runs and os.path.exists(args.runs):
         with open(args.runs) as existing:
             saved = json.load(existing)
-    # |error|, batch; "replay": the calibrated prediction (the replay where its self-check passed, else the parts),
-    # "replay range": 0 when the real median lies between the replay's two op orders' changes, else the nearer one's
-    errors: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": [], "replay range": []}
-    between: dict[str, list[tuple[float, int]]] = {"analytic": [], "measured": [], "replay": []}
-    rows = []
+
+    counts = {"new": 0, "reused": 0}  # fresh runs made by this invocation, and taken from the runs file
+
+    def fresh(model: str, batch: int, repeats: int, named: bool = False) -> list[list[int]]:
+        """Every fresh run of this point the runs file has, and new ones up to `repeats`: [TF peak, process growth].
+        A named batch's runs are its own (a batch scored already is run again for it)."""
+        key = f"{model} {MODELS[model][0]} {'named ' if named else ''}batch {batch}"
+        runs = saved.get(key, [])
+        counts["reused"] += min(len(runs), repeats)
+        counts["new"] += max(0, repeats - len(runs))
+        for _ in range(repeats - len(runs)):
+            one = run(model, "measure", batch, batches)
+            runs.append([one["measured"], one["grown"]])
+        saved[key] = runs
+        if args.runs:
+            with open(args.runs, "w") as out:
+                json.dump(saved, out, indent=1)
+        return runs
+
+    results: dict = {
+        "command": "python benchmarks/predict_accuracy.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k}"
+            for k, v in vars(args).items()
+            if v not in (None, False) and k not in ("runs", "out")
+        ),
+        "versions": _versions(),
+        "anchor": args.anchor,
+        "samples": SAMPLES,
+        "steps": STEPS,
+        "models": [],
+    }
     print(
-        f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>8} {'measured':>8} "
-        f"{'replay':>8} {'range':>8}"
+        f"{'model':<16} {'feed':<9} {'batch':>5} | {'allocator peak (spread)':>24} {'analytic':>9} {'calibrated':>10}"
     )
     for model in models:
         style = MODELS[model][0]
-        anchors = [run(model, "anchor", args.anchor, batches) for _ in range(max(1, args.cells))]
         repeats = args.big_repeats if model in BIG else args.repeats
-        row = {
-            "model": model,
-            "style": style,
-            "repeats": None,
-            "spread": 0.0,
-            "analytic": {},
-            "measured": {},
-            "replay": {},
-            "replay range": {},
-        }
-        for batch in [b for b in batches if b != args.anchor]:
-            key = f"{model} {style} batch {batch}"
-            runs = saved.get(key, [])  # every run the file has (more than --repeats are kept and used)
-            runs += [run(model, "measure", batch, batches)["measured"] for _ in range(repeats - len(runs))]
-            saved[key] = runs
-            row["repeats"] = len(runs) if row["repeats"] is None else min(row["repeats"], len(runs))
-            if args.runs:
-                with open(args.runs, "w") as out:
-                    json.dump(saved, out, indent=1)
-            alloc, lo, hi = statistics.median(runs), min(runs), max(runs)
-            for basis, key in (("analytic", "analytic"), ("measured", "parts"), ("replay", "calibrated")):
-                row[basis][batch] = [(anchor[key][str(batch)] - alloc) / alloc for anchor in anchors]
-                errors[basis] += [(abs(e), batch) for e in row[basis][batch]]
-                # against the runs' range: 0 between the lowest and the highest run (a two-valued peak's honest
-                # score), else the distance to the nearer one
-                between[basis] += [(abs(_outside(anchor[key][str(batch)], lo, hi)), batch) for anchor in anchors]
-            ranged = []
-            for anchor in anchors:
-                a, b = sorted((anchor["calibrated"][str(batch)], anchor["replay_low"][str(batch)]))
-                ranged.append(0.0 if a <= alloc <= b else (a - alloc) / alloc if alloc < a else (b - alloc) / alloc)
-            row["replay range"][batch] = ranged
-            errors["replay range"] += [(abs(e), batch) for e in ranged]
-            row["spread"] = max(row["spread"], (hi - lo) / alloc)
-            spread = f"{alloc / 2**20:.1f}Mi ({(lo - alloc) / alloc:+.0%}/{(hi - alloc) / alloc:+.0%})"
+        pairs = {str(b): fresh(model, b, repeats) for b in scored}
+        runs = {b: [tf for tf, _ in both] for b, both in pairs.items()}
+        grown = {b: [g for _, g in both] for b, both in pairs.items()}
+        # the named batch's budget: the most the process grew by at the largest batch scored, so that batch fits it in
+        # every run measured
+        budget = max(grown[str(max(scored))])
+        cells = [run(model, "anchor", args.anchor, batches, budget) for _ in range(max(1, args.cells))]
+        for batch in scored:
+            median = statistics.median(runs[str(batch)])
+            lo, hi = min(runs[str(batch)]), max(runs[str(batch)])
+            spread = f"{median / 2**20:.1f}Mi ({(lo - median) / median:+.0%}/{(hi - median) / median:+.0%})"
+            errors = {
+                basis: "/".join(f"{(c[basis][str(batch)] - median) / median:+.1%}" for c in cells)
+                for basis in ("analytic", "calibrated")
+            }
             print(
-                f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {_errors(row['analytic'][batch], '.1%'):>8} "
-                f"{_errors(row['measured'][batch], '.1%'):>8} {_errors(row['replay'][batch], '.1%'):>8} "
-                f"{_errors(row['replay range'][batch], '.1%'):>8}",
+                f"{model:<16} {style:<9} {batch:>5} | {spread:>24} {errors['analytic']:>9} {errors['calibrated']:>10}",
                 flush=True,
             )
-        for anchor in anchors:
-            replay = anchor["replay"]
+        named = {c[f"{basis} named"] for c in cells for basis in ("analytic", "calibrated")} - {None}
+        # a batch above the rows is those rows: fit runs them as one batch
+        named_runs = {str(n): fresh(model, min(n, SAMPLES), max(1, repeats - 1), named=True) for n in sorted(named)}
+        named_grown = {n: [g for _, g in both] for n, both in named_runs.items()}
+        named_tf = {n: [tf for tf, _ in both] for n, both in named_runs.items()}
+        for cell in cells:
+            replay = cell["replay"]
             used = (
                 f"replay probes {replay['probes']}, cross {replay['cross']:+.1%}, {replay['seconds']} s"
                 if replay["passed"]
                 else f"replay not used: {replay['why_not'][:160]}"
             )
             print(
-                f"{'':<16} cell at batch {args.anchor}: {anchor['measured'] / 2**20:.1f}Mi; probes at batches "
-                f"{anchor['probes']['batches']}: {anchor['probes']['seconds']} s; {used}",
+                f"{'':<16} cell at batch {args.anchor}: {cell['measured'] / 2**20:.1f}Mi; probes at batches "
+                f"{cell['probes']['batches']}: {cell['probes']['seconds']} s; {used}; named for the "
+                f"process to grow by {budget / 2**20:.1f}Mi: analytic {cell['analytic named']}, "
+                f"calibrated {cell['calibrated named']}",
                 flush=True,
             )
-            shown = [
-                f"{b}: {one / 2**20:.1f}" + (f"/{two / 2**20:.1f}" if one != two else "")
-                for b, one, two in replay["curve"]
-                if b in batches or b in (replay["probes"] or [])
-            ]
-            if shown:
-                print(f"{'':<16} replay curve (MiB, probe one's order/probe two's): {', '.join(shown)}", flush=True)
-        rows.append(row)
-    for basis, scored in errors.items():
-        values = [e for e, _ in scored]
-        above = [e for e, batch in scored if batch > args.anchor]
-        print(
-            f"{basis:>26}: max error {max(values):.1%}, mean {statistics.mean(values):.1%} over {len(values)} "
-            f"points; within 10% / 15% / 20%: {_within(values)}; above the cell's batch: {_within(above)} of "
-            f"{len(above)}, max {max(above, default=0):.1%}"
+        results["models"].append(
+            {
+                "model": model,
+                "style": style,
+                "budget": budget,
+                "runs": runs,
+                "grown": grown,
+                "cells": cells,
+                "named runs": named_grown,
+                "named tf": named_tf,
+            }
         )
-    for basis, scored in between.items():
-        values = [e for e, _ in scored]
-        above = [e for e, batch in scored if batch > args.anchor]
-        below = [e for e, batch in scored if batch < args.anchor]
-        print(
-            f"{basis + ' vs the runs range':>26}: within 10% / 15% / 20%: {_within(values)} of {len(values)}, max "
-            f"{max(values):.1%}; below the cell's batch {_within(below)} of {len(below)}, max "
-            f"{max(below, default=0):.1%}; above it {_within(above)} of {len(above)}, "
-            f"max {max(above, default=0):.1%}"
-        )
-    print(f"took {(time.perf_counter() - started) / 60:.1f} min")
-    if args.table:
-        print_table(rows, [b for b in batches if b != args.anchor])
+    results["minutes"] = round((time.perf_counter() - started) / 60, 1)
+    results["fresh runs"] = counts
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump(results, out, indent=1)
+    print(doc_tables.render(results))
 
 
-def _outside(predicted: float, low: float, high: float) -> float:
-    """The error against a range of runs: 0 inside it, else relative to its nearer end."""
-    if low <= predicted <= high:
-        return 0.0
-    end = low if predicted < low else high
-    return (predicted - end) / end
-
-
-def _within(values: list[float]) -> str:
-    return " / ".join(str(sum(v <= limit for v in values)) for limit in (0.10, 0.15, 0.20))
-
-
-def _errors(values: list[float], spec: str) -> str:
-    """One cell's error ("+4%"), or the range over several cells' ("-7..+13%")."""
-    low, high = min(values), max(values)
-    return f"{low:+{spec}}" if len(values) == 1 else f"{low:+{spec}}..{high:+{spec}}"
-
-
-def print_table(rows: list[dict], batches: list[int]) -> None:
-    names = " / ".join(str(b) for b in batches)
-    print(
-        f"\n| model | fed as | runs per point | spread | analytic error (batch {names}) | measured-basis error "
-        "| replay error | replay range's error |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        cells = (
-            " / ".join(_errors(row[key][b], ".0%") for b in batches)
-            for key in ("analytic", "measured", "replay", "replay range")
-        )
-        print(f"| {row['model']} | {row['style']} | {row['repeats']} | {row['spread']:.0%} | {' | '.join(cells)} |")
+def _versions() -> dict:
+    """The versions the fresh runs use (a child process: this one imports no TensorFlow)."""
+    code = "import json, os, keras, tensorflow as tf; print(json.dumps({'tensorflow': tf.__version__, "
+    code += "'keras': keras.__version__, 'cores': os.cpu_count()}))"
+    return run_fresh_json(code, "versions")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ import psutil
 import pytest
 
 from tfmem_magic.advise import probe_runs
-from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES
 from tfmem_magic.measure.feeding import LEAF
 
 pytestmark = pytest.mark.slow
-ROOM = probe_runs.WARM_PROBES * (PROBE_PROCESS_BYTES + probe_runs.WARM_OWN_BYTES) + (1 << 30)
+ROOM = probe_runs.WARM_PROBES * (probe_runs.PROBE_PROCESS_BYTES + probe_runs.WARM_OWN_BYTES) + (1 << 30)
 BATCH = {"x": {LEAF: [[1024], "float32"]}, "y": {LEAF: [[16], "float32"]}}
 
 

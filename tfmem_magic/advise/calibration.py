@@ -393,11 +393,6 @@ def _unused(probes: tuple[int, int], why: str) -> ReplayCurve:
     )
 
 
-# a probe process's own memory besides its step: TensorFlow's runtime and the profiler's recorder (measured: 0.5-0.7
-# GiB of RSS for a small model traced from the start)
-PROBE_PROCESS_BYTES = 768 << 20
-
-
 # the most memory a replay probe's synthetic copy of the cell's arrays may take (with at most an eighth of what the
 # machine has available): past it, the probes train on a few batches' worth of rows
 ROWS_BYTES = 1 << 30
@@ -438,7 +433,7 @@ def auto_calibration(report: Report) -> tuple[bool, str] | None:
             "it; --calibrate runs the probes anyway"
         )
     basis = report.whatif_basis
-    one = peak_at(basis, basis.knobs) + PROBE_PROCESS_BYTES
+    one = peak_at(basis, basis.knobs) + probe_runs.PROBE_PROCESS_BYTES
     available = psutil.virtual_memory().available
     if one > AUTO_ROOM * available:
         return False, (
@@ -459,7 +454,7 @@ def _room_for_two(basis: Basis, batch: int) -> bool:
     in parallel: half the wait on two cores). A user near the end of their memory gets them one after the other."""
     import psutil
 
-    one = peak_at(basis, replace(basis.knobs, batch_size=batch)) + PROBE_PROCESS_BYTES
+    one = peak_at(basis, replace(basis.knobs, batch_size=batch)) + probe_runs.PROBE_PROCESS_BYTES
     return bool(2 * one < 0.5 * psutil.virtual_memory().available)
 
 

@@ -49,7 +49,7 @@ from tfmem_magic.advise.bands import (
     PROBE_LINE_BAND,
 )
 from tfmem_magic.advise.bases import larger_order_peak, refused_call_start
-from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES, line_slope
+from tfmem_magic.advise.calibration import line_slope
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model
@@ -499,7 +499,7 @@ def replayed_step(
     if probes[1] >= batch:
         raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
     on_gpu = _on_gpu()
-    one_probe = PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
+    one_probe = probe_runs.PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
     parallel = not on_gpu and 2 * one_probe < 0.5 * psutil.virtual_memory().available  # a GPU's room is not RAM
     growth = probe_runs.probes_grow_gpu()
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")

@@ -40,6 +40,9 @@ from tfmem_magic.measure.tracer import remove_leftovers
 TIMEOUT_S = 600
 # steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
 PIPELINE_STEPS = 4
+# a probe process's own memory besides its step: TensorFlow's runtime and the profiler's recorder (0.5-0.7 GiB of RSS
+# for a small model traced from the start: docs/what-if.md)
+PROBE_PROCESS_BYTES = 768 << 20
 
 # argv: the kernel's sys.path (JSON) and the Keras to import; then it waits for its spec on stdin, so that it can be
 # started ahead of a pre-flight (`warm_up`) with its imports done by the time the spec comes
@@ -643,8 +646,6 @@ def _take_warm(flavour: str) -> _Probe | None:
 def warm_up(flavour: str) -> int:
     """Start probe processes for the Keras `flavour` ahead of a pre-flight, up to WARM_PROBES waiting, where the
     machine has room for them, their probes' work and a margin. Returns how many wait now. Cheap to call again."""
-    from tfmem_magic.advise.calibration import PROBE_PROCESS_BYTES  # calibration imports this module
-
     key = _warm_key(flavour)
     with _warm_lock:
         _drop_stale()

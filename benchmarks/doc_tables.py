@@ -1,0 +1,309 @@
+"""The docs' generated tables, rendered from the benchmarks' results files (benchmarks/results/*.json): the
+what-if's accuracy (docs/accuracy.md, from `benchmarks/predict_accuracy.py --out`) and the refusal's time
+(docs/preflight.md, from `benchmarks/refusal_time.py --out`).
+
+    python benchmarks/doc_tables.py            # print every block
+    python benchmarks/doc_tables.py --write    # write each into its page, between its markers
+
+A page's generated block is this module's output and nothing else: tests/unit/test_accuracy_page.py renders the
+committed results files and compares. A new run of a benchmark refreshes its page with one command; a hand edit of
+a block fails the test.
+
+Scores, per basis (analytic: the model's parts, no extra run; calibrated: what `predict(..., calibrate=True)` gives,
+the step replay where its self-check passed):
+- the error of each point against the median of its fresh runs;
+- band coverage: the median lies within the band printed beside the prediction (peak x (1 ± band));
+- xMem's three figures (arXiv 2510.21048): the median relative error; how often the predicted peak, used as the limit,
+  would have run out of memory (the highest fresh run above it), beside the same with the band's upper end as the
+  limit (what tfmem judges "fits" with); and how much of a budget the batch it names leaves unused.
+No TensorFlow here: it reads numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+END = "<!-- end of the generated part -->"
+BASES = {"analytic": "analytic", "calibrated": "calibrated (`calibrate=True`)"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One prediction against its fresh runs."""
+
+    model: str
+    basis: str
+    batch: int
+    predicted: float
+    band: float
+    runs: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.median) / self.median
+
+    @property
+    def covered(self) -> bool:
+        return self.predicted * (1 - self.band) <= self.median <= self.predicted * (1 + self.band)
+
+    @property
+    def over_peak(self) -> bool:
+        """The predicted peak as the limit would have run out of memory: a fresh run went above it."""
+        return max(self.runs) > self.predicted
+
+    @property
+    def over_band(self) -> bool:
+        """The band's upper end as the limit would have run out of memory."""
+        return max(self.runs) > self.predicted * (1 + self.band)
+
+
+@dataclass(frozen=True)
+class Named:
+    """The batch a basis named for a budget, and what it used of it when run."""
+
+    model: str
+    basis: str
+    budget: int
+    batch: int | None
+    runs: tuple[float, ...]
+
+    @property
+    def used(self) -> float | None:
+        """The named batch's median peak, of the budget; 0 where it named none (the cell's own batch ran within
+        it, so "none fits" leaves the whole budget unused); None where the batch was not run."""
+        if self.batch is None:
+            return 0.0
+        return statistics.median(self.runs) / self.budget if self.runs else None
+
+    @property
+    def over(self) -> bool:
+        return bool(self.runs) and max(self.runs) > self.budget
+
+
+def points(results: dict) -> list[Point]:
+    out = []
+    for model in results["models"]:
+        for cell in model["cells"]:
+            for basis in BASES:
+                for batch, runs in model["runs"].items():
+                    out.append(
+                        Point(
+                            model["model"],
+                            basis,
+                            int(batch),
+                            cell[basis][batch],
+                            cell[f"{basis} band"][batch],
+                            tuple(runs),
+                        )
+                    )
+    return out
+
+
+def named(results: dict) -> list[Named]:
+    out = []
+    for model in results["models"]:
+        for cell in model["cells"]:
+            for basis in BASES:
+                batch = cell[f"{basis} named"]
+                runs = model["named runs"].get(str(batch), []) if batch is not None else []
+                out.append(Named(model["model"], basis, model["budget"], batch, tuple(runs)))
+    return out
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.0%}"
+
+
+def _share(hits: int, of: int) -> str:
+    return f"{hits} of {of} ({hits / of:.0%})" if of else "-"
+
+
+def _took(results: dict) -> str:
+    """How long the run took, and how many of its fresh runs it made (a runs file keeps them across invocations)."""
+    counts = results.get("fresh runs")
+    if not counts or not counts["reused"]:
+        return f"{results['minutes']:.0f} min"
+    return (
+        f"{results['minutes']:.0f} min for the cells and {counts['new']} fresh runs; {counts['reused']} fresh runs "
+        "were reused from the runs file of an earlier invocation"
+    )
+
+
+def render(results: dict) -> str:
+    """The generated block: how the run was made, the errors per model, the scores per basis, the named batches."""
+    scored = points(results)
+    batches = sorted({p.batch for p in scored})
+    lines = [
+        f"Run: `{results['command']}` (TensorFlow {results['versions']['tensorflow']}, Keras "
+        f"{results['versions']['keras']}, {results['versions']['cores']} cores; {_took(results)}). Each "
+        f"model's cell runs at batch {results['anchor']} in trace mode and predicts every batch; each batch then runs "
+        "in fresh processes, and each error is against the median of those runs (TensorFlow's peak over the cell's "
+        "start). The named batch is `largest_batch(report, budget)` for a process that may grow by the most the "
+        f"fresh runs grew it by at batch {max(batches)} (so that batch fitted it in every run), run fresh again.",
+        "",
+        "| model | fed as | runs per point | spread | "
+        + " | ".join(f"{label}: error at batch {' / '.join(map(str, batches))}" for label in BASES.values())
+        + " | calibrated basis |",
+        "|---|---|---|---|" + "---|" * len(BASES) + "---|",
+    ]
+    for model in results["models"]:
+        runs = model["runs"]
+        spread = max((max(r) - min(r)) / statistics.median(r) for r in runs.values())
+        cells = []
+        for basis in BASES:
+            mine = [p for p in scored if p.model == model["model"] and p.basis == basis]
+            per_batch = []
+            for batch in batches:
+                errors = [p.error for p in mine if p.batch == batch]
+                low, high = min(errors), max(errors)
+                per_batch.append(_pct(low) if low == high else f"{_pct(low)}..{_pct(high)}")
+            cells.append(" / ".join(per_batch))
+        kinds = sorted({cell["calibrated basis"].split(" (")[0] for cell in model["cells"]})
+        lines.append(
+            f"| {model['model']} | {model['style']} | {min(len(r) for r in runs.values())} | {spread:.0%} | "
+            + " | ".join(cells)
+            + f" | {'; '.join(kinds)} |"
+        )
+    lines += [
+        "",
+        "| basis | points | within 10% / 15% / 20% of the median | worst | band printed | band contains the median "
+        "| xMem: median error | xMem: peak as the limit would OOM | the band's upper end as the limit would OOM |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for basis, label in BASES.items():
+        mine = [p for p in scored if p.basis == basis]
+        errors = [abs(p.error) for p in mine]
+        within = " / ".join(str(sum(e <= limit for e in errors)) for limit in (0.10, 0.15, 0.20))
+        worst = max(mine, key=lambda p: abs(p.error))
+        bands = sorted({p.band for p in mine})
+        band = f"±{bands[0]:.0%}" if len(bands) == 1 else f"±{bands[0]:.0%} to ±{bands[-1]:.0%}"
+        lines.append(
+            f"| {label} | {len(mine)} | {within} | {_pct(worst.error)} ({worst.model} at {worst.batch}) | {band} | "
+            f"{_share(sum(p.covered for p in mine), len(mine))} | {statistics.median(errors):.1%} | "
+            f"{_share(sum(p.over_peak for p in mine), len(mine))} | "
+            f"{_share(sum(p.over_band for p in mine), len(mine))} |"
+        )
+    answers = named(results)
+    lines += [
+        "",
+        "| model | budget (the process may grow by) | "
+        + " | ".join(f"{label}: batch named, what it grew the process by, of the budget" for label in BASES.values())
+        + " |",
+        "|---|---|" + "---|" * len(BASES),
+    ]
+    for model in results["models"]:
+        row = []
+        for basis in BASES:
+            mine = [a for a in answers if a.model == model["model"] and a.basis == basis]
+            row.append(
+                "; ".join(
+                    "none fits: 0%"
+                    if a.batch is None
+                    else f"{a.batch}: {a.used:.0%}" + (" **over**" if a.over else "")
+                    if a.used is not None
+                    else f"{a.batch}: not run"
+                    for a in mine
+                )
+            )
+        lines.append(f"| {model['model']} | {model['budget'] / 2**20:.1f} MiB | " + " | ".join(row) + " |")
+    lines.append("")
+    for basis, label in BASES.items():
+        mine = [a.used for a in answers if a.basis == basis and a.used is not None]
+        over = sum(a.over for a in answers if a.basis == basis)
+        if mine:
+            lines.append(
+                f"- {label}: the named batch used a median {statistics.median(mine):.0%} of the budget (xMem: "
+                f"{1 - statistics.median(mine):.0%} left unused; lowest {min(mine):.0%}, highest {max(mine):.0%}); "
+                f"{over} of {len(mine)} ran over it."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def render_refusals(results: dict) -> str:
+    """The refusal-time block of docs/preflight.md: each model's refusals, cold and warm probes side by side."""
+    lines = [
+        f"Run: `{results['command']}` (TensorFlow {results['versions']['tensorflow']}, Keras "
+        f"{results['versions']['keras']}, {results['versions']['cores']} cores). Seconds from the cell's start to "
+        "the refusal, each round building the model again in the cell (no kept replay answers it); a warm round's "
+        f"probes were started by `%tfmem limit` and given {results['settle']:g} s to import TensorFlow.",
+        "",
+        "| model | batch refused | limit over the process | cold probes: each round (median) | warm probes: each "
+        "round (median) | batch named |",
+        "|---|---|---|---|---|---|",
+    ]
+    medians: dict[str, list[float]] = {"cold": [], "warm": []}
+    for model in results["models"]:
+        cells = []
+        for kind in ("cold", "warm"):
+            seconds = model[kind]
+            medians[kind].append(statistics.median(seconds))
+            cells.append(", ".join(f"{t:.1f}" for t in seconds) + f" ({statistics.median(seconds):.1f} s)")
+        named = sorted({n for n in model["named"] if n is not None})
+        lines.append(
+            f"| {model['model']} | {model['batch']} | {model['headroom_mib']} MiB | {' | '.join(cells)} | "
+            f"{', '.join(map(str, named)) or 'none'} |"
+        )
+    lines += [
+        "",
+        f"Median over the models' medians: cold {statistics.median(medians['cold']):.1f} s, warm "
+        f"{statistics.median(medians['warm']):.1f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Block:
+    """A generated block: the page it sits in, the results file it renders, how."""
+
+    page: Path
+    results: Path
+    render: Callable[[dict], str]
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- generated by benchmarks/doc_tables.py from {self.results.relative_to(ROOT)}: do not edit -->"
+
+    def rendered(self) -> str:
+        return self.render(json.loads(self.results.read_text()))
+
+    def generated(self) -> str:
+        """The page's block as it stands."""
+        return self.page.read_text().split(self.begin, 1)[1].split(END, 1)[0].lstrip("\n")
+
+    def write(self) -> None:
+        """Replace the page's block (between its begin marker and END) with the rendering."""
+        text = self.page.read_text()
+        head, rest = text.split(self.begin, 1)
+        _, tail = rest.split(END, 1)
+        self.page.write_text(f"{head}{self.begin}\n{self.rendered()}{END}{tail}")
+
+
+BLOCKS = [
+    Block(ROOT / "docs" / "accuracy.md", ROOT / "benchmarks" / "results" / "predict_accuracy.json", render),
+    Block(ROOT / "docs" / "preflight.md", ROOT / "benchmarks" / "results" / "refusal_time.json", render_refusals),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write every block into its page")
+    args = parser.parse_args()
+    for block in BLOCKS:
+        if args.write:
+            block.write()
+        else:
+            print(f"{block.page.relative_to(ROOT)}:\n{block.rendered()}")
+
+
+if __name__ == "__main__":
+    main()
