@@ -126,9 +126,9 @@ def predict(
 
 
 def _calibrate(report: Report) -> None:
-    from tfmem_magic.advise.calibration import measured_basis  # probes in a fresh process; imported when asked
+    from tfmem_magic.advise.calibration import calibrate_asked  # probes in a fresh process; imported when asked
 
-    measured_basis(report)
+    calibrate_asked(report)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

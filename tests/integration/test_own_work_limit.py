@@ -63,3 +63,51 @@ def test_own_work_that_reaches_the_limit_is_stopped_and_the_cell_keeps_its_repor
     # the next cell runs as usual: no stop left pending
     again = shell.run_cell("%%tfmem --as rep2 --no-panel --no-calibrate\nimport time; time.sleep(0.2)")
     assert again.success and shell.user_ns["rep2"].status == "ok"
+
+
+def _limit_now(shell, mib: int) -> None:
+    shell.run_line_magic("tfmem", f"limit {psutil.Process().memory_info().rss // MiB + mib}MiB")
+
+
+def test_a_calibration_asked_later_without_room_under_the_session_limit_does_not_start(shell):
+    import tfmem_magic
+    from tfmem_magic.core.errors import TfmemUsageError
+
+    assert shell.run_cell(SETUP).success
+    assert shell.run_cell(f"%%tfmem --as rep --no-calibrate --no-panel\n{FIT}").success
+    rep = shell.user_ns["rep"]
+    _limit_now(shell, 72)  # the export needs the weights' 64 MiB and the reserve: not there
+    try:
+        with pytest.raises(TfmemUsageError, match="left under the memory limit"):
+            tfmem_magic.predict(rep, batch_size=64, calibrate=True)
+    finally:
+        shell.run_line_magic("tfmem", "limit off")
+    assert rep.whatif_basis is not None and rep.whatif_basis.name == "analytic"
+
+
+def test_a_calibration_asked_later_is_stopped_at_the_session_limit(shell, monkeypatch):
+    import tfmem_magic
+    from tfmem_magic.core.errors import TfmemUsageError
+
+    assert shell.run_cell(SETUP).success
+    assert shell.run_cell(f"%%tfmem --as rep --no-calibrate --no-panel\n{FIT}").success
+    rep = shell.user_ns["rep"]
+    held: list[bytearray] = []
+
+    def greedy(report, *args, **kwargs):  # the calibration as it would grow the process: real pages
+        for _ in range(256):
+            held.append(bytearray(b"\1" * (4 * MiB)))
+            time.sleep(0.005)
+        raise AssertionError("the watch did not stop it")
+
+    monkeypatch.setattr(calibration, "measured_basis", greedy)
+    _limit_now(shell, 160)
+    try:
+        with pytest.raises(TfmemUsageError, match="calibration stopped"):
+            tfmem_magic.largest_batch(rep, calibrate=True)
+    finally:
+        grown = len(held) * 4
+        held.clear()
+        shell.run_line_magic("tfmem", "limit off")
+    assert grown < 160, grown
+    assert rep.whatif_basis is not None and rep.whatif_basis.name == "analytic"

@@ -21,6 +21,7 @@ from tfmem_magic.core.report import Basis, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.types import KerasModel
+from tfmem_magic.measure import guard
 
 
 def remember_model(
@@ -59,6 +60,33 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
         return sorted({max(1, batch // 4), batch, 4 * batch})
     high = batch if report.status == "ok" else max(2, batch // 2)
     return sorted({max(1, high // 4), max(1, high // 2), high})
+
+
+def calibrate_asked(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
+    """`measured_basis` asked for after the cell (`predict(..., calibrate=True)`, `largest_batch(calibrate=True)`,
+    the panel's Calibrate button). Under `%tfmem limit` tfmem's work in the kernel counts against the limit as it
+    does at a cell's end (docs/preflight.md, "tfmem's own work counts"): it does not start without room for the
+    clone's export of the weights, and it is stopped before the process passes the limit. Either raises
+    TfmemUsageError, and the report keeps the basis it had."""
+    limit = guard.session_limit()
+    try:
+        with guard.own_work_within(limit.bytes if limit is not None else None) as watch:
+            if watch is not None and report.model is not None:
+                needed = report.model.param_bytes + guard.OWN_WORK_RESERVE  # the clone's export copies the weights
+                if watch.room() < needed:
+                    raise TfmemUsageError(
+                        f"calibration works in the kernel too (~{format_bytes(needed)} for this model), and the "
+                        f"process has {format_bytes(max(0, watch.room()))} left under the memory limit "
+                        f"({format_bytes(watch.limit)}) of %tfmem limit: free memory first (%tfmem free) or raise "
+                        "the limit; the what-if keeps its basis"
+                    )
+            return measured_basis(report, progress)
+    except guard.OwnWorkStopped as exc:
+        raise TfmemUsageError(
+            f"calibration stopped: it brought the process to the memory limit "
+            f"({format_bytes(limit.bytes) if limit is not None else '?'}) of %tfmem limit; the what-if keeps its "
+            "basis"
+        ) from exc
 
 
 def measured_basis(report: Report, progress: Callable[[str, float], None] | None = None, replay: bool = True) -> Basis:

@@ -124,7 +124,7 @@ def whatif_tab(
             progress.description = text[:20]
 
         try:
-            calibration.measured_basis(report, progress=step)
+            calibration.calibrate_asked(report, progress=step)
             calibrate_w.description = "Calibrated"
         except TfmemUsageError as exc:
             result.value = f"<div class='tfmem-sev-warn'>{escape(str(exc))}</div>"
