@@ -88,6 +88,15 @@ def test_device_over():
 @pytest.mark.tfmem_limit("1GiB", device="GPU:0")
 def test_device_absent():
     tf.ones((4, 4))                              # this machine has no GPU: nothing to judge the limit on
+
+@tf.function
+def stacked(x):
+    y = tf.concat([x, x, x], axis=0)             # 96 MiB, made on this line
+    return tf.reduce_sum(y * 2.0)
+
+@pytest.mark.tfmem_limit("16MiB")
+def test_function_over():
+    assert float(stacked(tf.ones((2048, 4096)))) > 0
 """
 
 
@@ -96,7 +105,7 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     result = pytester.runpytest_subprocess("-q", "-W", "ignore::DeprecationWarning", timeout=300)
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 3 and outcomes.get("failed") == 6, out
+    assert outcomes.get("passed") == 3 and outcomes.get("failed") == 7, out
     # the plugin set TensorFlow's allocator up (BFC) before the first op: every allocation is counted
     assert "note: TensorFlow's CPU allocator" not in out, out  # what the plugin says when it could not
     over = re.search(
@@ -112,12 +121,18 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert re.search(r"^ +32 MiB  Mul\b.*float32\[2048,4096\]", largest, re.M), largest  # x * 2
     fit = out[out.index("test_fit_over") :]
     assert re.search(r"over its 8 MiB limit", fit) and "wide" in fit  # the layer that holds the most is named
+    # a line of the test's code that holds memory at the peak is named with its code (the by-line view); where
+    # none does (test_fit_over's peak is Adam's slots, Keras' own step), no line is named
+    by_line = failure(out, "test_function_over")
+    made = r"^By line .*\n +(96|128) MiB +test_limits\.py:\d+ +y = tf\.concat\(\[x, x, x\]"
+    assert re.search(made, by_line, re.M), by_line
+    assert "By line" not in failure(out, "test_fit_over")
     rss = re.search(r"tfmem_limit: the process's RSS peak was ([\d.]+) MiB", out)
     assert rss and 280 <= float(rss.group(1)) <= 400, out
     assert "the test's own failure" in out  # the test's own exception, not a limit message
     # dict.fromkeys: pytest repeats each failure's whole message in its short summary when it runs on CI
     paths = list(dict.fromkeys(re.findall(r"report: (\S+\.json)", out)))
-    assert len(paths) == 4
+    assert len(paths) == 5
     # where _save writes a failure's report (the README shows this path): the cache folder, the node id, a digest
     assert re.search(r"\.pytest_cache/d/tfmem/test_limits\.py_test_over-[0-9a-f]{8}\.json$", paths[0]), paths
     report = Report.load(paths[0])

@@ -41,6 +41,7 @@ LIMIT, NO_LEAK = "tfmem_limit", "tfmem_no_leak"
 # user_properties keys: the figures travel with the test's report (to the xdist controller, into junitxml)
 TF_PEAK, RSS_PEAK, ALLOCATOR_NOTE = "tfmem_tf_peak_bytes", "tfmem_rss_peak_bytes", "tfmem_allocator_note"
 TOP_TENSORS = 5
+TOP_LINES = 3  # the lines of code with the most live at the peak, in a failed limit's message
 LEAK_FIXTURE = "tfmem_leak_check"
 
 
@@ -416,6 +417,10 @@ def _check_limit(item: pytest.Function, state: _Plugin, report: Report, limit: L
         f"{format_bytes(limit.bytes)} limit (by {format_bytes(peak - limit.bytes)})."
     ]
     lines += largest_tensors(report, TOP_TENSORS)
+    if report.trace is not None and report.trace.by_line_named_bytes:  # the lines of the test's code that made them
+        from tfmem_magic.show.render import by_line_text  # the report's words; imported when a limit fails
+
+        lines += by_line_text(report.trace, TOP_LINES)
     if report.env.partial_allocator:  # the peak above misses allocations: say so where the user reads it
         lines.append(f"note: {allocator_note(report)}")
     lines.append(f"report: {path}  (read it with `tfmem show {path} --html page.html`)")
