@@ -68,6 +68,9 @@ def allocator_events(name: str) -> list[dict]:
 
 def test_a_public_multi_gpu_trace_is_about_its_busiest_gpu():
     report = tfmem_magic.analyze_xplane(PUBLIC)
+    # no by-line view from a saved trace, and the report says why (the ops' Python stacks stay in their process)
+    assert report.trace is not None and not report.trace.by_line
+    assert any(n.startswith("No by-line view") and "Python stacks" in n for n in report.notes), report.notes
     events = allocator_events("GPU_6_bfc")
     assert report.main_device is report.tf["GPU:6"]  # not assumed to be GPU:0
     # every GPU's allocator is in `tf`, the main one first: GPU:4's peak is within 0.03% of GPU:6's (issue 29)

@@ -105,6 +105,11 @@ def bare_report(
         f"Built from a saved trace ({p.name}): TensorFlow's allocator events only; the process's "
         "memory (RSS) and the model were not recorded in it."
     )
+    report.notes.append(
+        "No by-line view (the line of code that made each tensor): a saved trace has the ops' names, not the "
+        "Python stacks TensorFlow keeps for each graph op in the process that traced it. Profile the cell with "
+        "%%tfmem (or tfmem_magic.profile) in that process to have them (docs/lines.md)."
+    )
     if main is not None and main.device is None:
         what = (
             "the pinned host memory that copies to and from a GPU go through"
