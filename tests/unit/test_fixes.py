@@ -413,8 +413,11 @@ def test_the_budget_for_tensorflow_leaves_out_what_the_process_grew_by_besides_i
     from tfmem_magic.show import render
 
     assert render.fits_words(above) == "fits at +40%" and render.fits_words(below) == "fits"
-    rep.trace = TraceInfo(profiler_rss_bytes=30 * MiB)  # tfmem's own profiler: its memory is not the user's
-    assert prediction.outside_tf_bytes(rep) == 10 * MiB
+    # tfmem's own profiler: its memory is not the user's, but its estimate is an upper one, so a budget takes off only
+    # part of it (a traced GRU's estimate was 117 MiB where the profiler held about 84: docs/what-if.md)
+    rep.trace = TraceInfo(profiler_rss_bytes=30 * MiB)
+    assert prediction.grown_outside_tf(rep) == 10 * MiB  # the findings' view: the whole estimate is tfmem's
+    assert prediction.outside_tf_bytes(rep) == 25 * MiB  # the budget's: half of it
     rep.rss.peak_bytes = 450 * MiB  # TF reused regions the process held already: nothing outside it to leave out
     assert prediction.outside_tf_bytes(rep) == 0 and prediction.budget_for_tf(rep) == 100 * MiB
     gpu = report(devices=("CPU:0", "GPU:0"))  # a GPU's budget is its own allocator's

@@ -22,6 +22,10 @@ PREFLIGHT_ANCHORED_BAND = 0.35
 # a CPU's process outgrows TF's allocator above the cell's peak: docs/what-if.md, "The budget is the process's"
 PROCESS_MARGIN = 0.40
 
+# the share of the profiler's upper estimate taken off what a traced cell grew by outside TensorFlow's allocator when
+# a budget is judged: the whole estimate left a GRU's too small (docs/what-if.md, "The budget is the process's")
+PROFILER_SHARE_JUDGED = 0.5
+
 # ---- the pre-flight's bands, on what the process grows by in the call: docs/preflight.md, "Accuracy and cost" -------
 
 # the probes' line, the fallback where the replay cannot be used, missed the process's growth by the most, under

@@ -38,7 +38,13 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from tfmem_magic.advise.bands import GROWTH_FRAGMENTATION, MOMENT_RATIO, PROCESS_MARGIN, TYPICAL_FRAGMENTATION
+from tfmem_magic.advise.bands import (
+    GROWTH_FRAGMENTATION,
+    MOMENT_RATIO,
+    PROCESS_MARGIN,
+    PROFILER_SHARE_JUDGED,
+    TYPICAL_FRAGMENTATION,
+)
 from tfmem_magic.advise.bases import Kind, Replayable, kind_of, refused_call_start, trace_replay_words
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, POLICIES, gradient_copies, growth_ratio, parts_at
 from tfmem_magic.core.errors import TfmemUsageError
@@ -467,15 +473,17 @@ def budget_for_tf(report: Report) -> int | None:
     return None if budget is None else max(0, budget - outside_tf_bytes(report))
 
 
-def grown_outside_tf(report: Report) -> int:
+def grown_outside_tf(report: Report, profiler_share: float = 1.0) -> int:
     """What the cell's process grew by besides TensorFlow's allocator and tfmem's own profiler (whose memory is
-    tfmem's, not the user's: `TraceInfo.profiler_rss_bytes`): the RSS peak over the baseline less TF's peak over
-    it. Negative where TF reused regions the process held already."""
+    tfmem's, not the user's: `TraceInfo.profiler_rss_bytes`, an upper estimate, of which `profiler_share` is taken
+    off): the RSS peak over the baseline less TF's peak over it. Negative where TF reused regions the process held
+    already."""
     start = refused_call_start(report)
     if start is not None:  # up to the refused call: the cell's code; after it, the pre-flight's own memory
         return start[0] - start[1]
     profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
-    return (report.rss.peak_bytes - report.rss.baseline_bytes) - max(0, report.tf_peak_bytes or 0) - profiler
+    grown = (report.rss.peak_bytes - report.rss.baseline_bytes) - max(0, report.tf_peak_bytes or 0)
+    return grown - round(profiler_share * profiler)
 
 
 def outside_tf_bytes(report: Report) -> int:
@@ -486,7 +494,7 @@ def outside_tf_bytes(report: Report) -> int:
     512), so it comes off the budget whole, not scaled (docs/what-if.md, "The budget is the process's")."""
     if report.on_gpu or report.main_device is None or report.rss.peak_bytes <= 0:
         return 0
-    return max(0, grown_outside_tf(report))
+    return max(0, grown_outside_tf(report, PROFILER_SHARE_JUDGED))
 
 
 def tf_budget_within(report: Report, total: int) -> int:
@@ -649,8 +657,8 @@ def _budget(report: Report, kind: Kind, tf_budget: int | None) -> tuple[int | No
     return budget, [
         f"The {format_bytes(budget)} left for TensorFlow's peak leave out the "
         f"{format_bytes(outside)} this cell's process grew by besides TensorFlow's allocator{runtime}: "
-        "NumPy arrays, traced graphs, oneDNN's scratch (tfmem's own profiler not counted). A run at "
-        "another batch takes them again, and a process limit counts them."
+        "NumPy arrays, traced graphs, oneDNN's scratch (of tfmem's own profiler, only the part it surely held is "
+        "left out of them). A run at another batch takes them again, and a process limit counts them."
     ]
 
 
