@@ -25,7 +25,8 @@ The method (docs/lines.md):
   ops not found in a function that ran (its function is gone).
 
 It runs at the cell's end, for the tensors live at the peak and for those still live when the trace ended (what the
-leak findings name). Each function's nodes and stacks are read once and kept (TensorFlow gives every concrete function a name of its own in a process).
+leak findings name). Each function's nodes and stacks are read once and kept (TensorFlow gives every concrete
+function a name of its own in a process).
 """
 
 from __future__ import annotations
