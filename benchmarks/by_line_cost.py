@@ -1,8 +1,8 @@
-"""What the report's by-line view costs a cell (analyze/lines.py): the resolution of the peak's tensors to lines of
-code, at the cell's end, timed on small Keras fits in a real IPython shell with the extension loaded, as a notebook
-runs them. Each model is profiled twice: its first profiled cell reads its functions' nodes and stacks from
-TensorFlow (kept), a later cell finds them kept. Also the cost of noting each layer's creation line
-(measure/code_sites.py: Keras' `Layer.__init__` wrapped) per layer made.
+"""What the report's by-line view costs a cell (analyze/lines.py): the resolution of the peak's tensors (and of those
+the cell left live, for the leak findings) to lines of code, at the cell's end, timed on small Keras fits in a real
+IPython shell with the extension loaded, as a notebook runs them. Each model is profiled twice: its first profiled
+cell reads its functions' nodes and stacks from TensorFlow (kept), a later cell finds them kept. Also the cost of
+noting each layer's creation line (measure/code_sites.py: Keras' `Layer.__init__` wrapped) per layer made.
 
     python benchmarks/by_line_cost.py [--rounds 3]
 

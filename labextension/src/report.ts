@@ -135,6 +135,7 @@ export interface TraceInfo {
   by_line: LineGroup[];
   by_line_named_bytes: number;
   by_line_note: string | null;
+  held_at_end_by_line: LineGroup[];
 }
 /**
  * Bytes live at the peak moment, grouped by one or more keys (op, layer, phase, dtype, shape).
@@ -172,7 +173,7 @@ export interface AllocatorUse {
   timeline: number[][];
 }
 /**
- * Bytes live at the peak, grouped by the line of the user's code that made them (analyze/lines.py, docs/lines.md). Bytes no line made are grouped under what they are (`kind`), never under a guessed line.
+ * Bytes live at the peak (or still live when the trace ended: `TraceInfo.held_at_end_by_line`), grouped by the line of the user's code that made them (analyze/lines.py, docs/lines.md). Bytes no line made are grouped under what they are (`kind`), never under a guessed line.
  */
 export interface LineGroup {
   label: string;

@@ -159,6 +159,15 @@ def test_the_model_notebook(tmp_path):
     printed = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
     assert "batch 64 (analytic)" in printed and "batch 64 (replay)" in printed, printed[-2000:]
     assert "own training step (GAN.train_step" in printed
+    # which line of the model holds the memory: the custom layer's `call` line, named in the cell it is defined in
+    defined = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("class Expand"))
+    named = [g for g in reports["by line"].trace.by_line if g.kind == "line"]
+    # its output is live at the peak in every order the backward pass runs in (tanh's gradient reads it); the Dense
+    # after it made its input's gradient, as large, named by the model's line: either can come first
+    call = next((g for g in named[:2] if g.code == "return keras.ops.tanh(keras.ops.matmul(x, self.w))"), None)
+    assert call is not None, [(g.label, g.code, g.bytes) for g in named]
+    assert call.label == f"In [{defined.execution_count}] line 7" and call.bytes >= 8 * 2**20
+    assert f"In [{defined.execution_count}] line 7  return keras.ops.tanh" in printed
 
 
 def test_myths_notebook(tmp_path):

@@ -2,14 +2,16 @@
 cases are in tests/integration/test_held.py; a predict loop that grows RSS is not reproducible on TF 2.21, so its
 rule's firing is checked here, on call records as the instrumentation writes them)."""
 
+from tfmem_magic.advise.diagnose import RunSummary, leak_growth
 from tfmem_magic.advise.diagnose_held import (
     drop_lines,
     held_by_tensorflow,
+    held_lines_words,
     holder_words,
     leak_in_cell,
     predict_loop_growth,
 )
-from tfmem_magic.core.report import CallRecord, DeviceMemory, HeldInfo, Holder, Report
+from tfmem_magic.core.report import CallRecord, DeviceMemory, HeldInfo, Holder, LineGroup, Report, TraceInfo
 
 MiB = 2**20
 
@@ -98,3 +100,50 @@ def test_a_loop_that_rebinds_model_names_the_registry_not_the_last_model():
     finding = leak_in_cell(r)
     assert finding is not None and finding.holders == []
     assert "8 MiB of it no Python object holds: TensorFlow's gradient registry" in finding.evidence
+
+
+def held_lines(complete=True) -> TraceInfo:
+    """A trace whose cell left 12 MiB live at its end: 8 MiB made by a line of a tf.function, 3 MiB by eager ops,
+    a little by another line and by Keras' own step."""
+    return TraceInfo(
+        events=10,
+        complete=complete,
+        held_at_end_by_line=[
+            LineGroup("In [2] line 3", "line", "return tf.random.normal([1024, 1024])", bytes=8 * MiB),
+            LineGroup("eager ops", "eager", bytes=3 * MiB),
+            LineGroup("In [2] line 5", "line", "small = tf.zeros([8])", bytes=1024),
+            LineGroup("Keras internals", "keras", bytes=MiB),
+        ],
+    )
+
+
+def test_a_leak_names_the_lines_that_made_what_the_cell_left_live_and_never_guesses_one():
+    results = Holder("results", "dict", 12 * MiB, new_bytes=12 * MiB, models=["a", "b", "c"], model_bytes=[4 * MiB] * 3)
+    r = report_with([fit(0, 4 * MiB), fit(4 * MiB, 8 * MiB), fit(8 * MiB, 12 * MiB)], [results], left=12 * MiB)
+    r.trace = held_lines()
+    words = (
+        " Still live at the cell's end, by the line of code that made it: In [2] line 3 "
+        "(`return tf.random.normal([1024, 1024])`) 8 MiB; eager ops 3 MiB (no line: the trace keeps no stack for an "
+        "eager op)."
+    )
+    assert held_lines_words(r) == words  # a line under 256 KiB, Keras' own step: not named
+    finding = leak_in_cell(r)
+    assert finding is not None and words in finding.evidence
+    # a trace that stopped before the cell ended holds a step's temporaries at its end: no line is named from it
+    r.trace = held_lines(complete=False)
+    assert held_lines_words(r) == ""
+    # only eager ops: nothing is named (they carry no line in the trace)
+    r.trace = TraceInfo(events=10, held_at_end_by_line=[LineGroup("eager ops", "eager", bytes=12 * MiB)])
+    assert held_lines_words(r) == ""
+    r.trace = None
+    assert held_lines_words(r) == ""
+
+
+def test_a_cell_that_leaks_at_every_run_names_the_line_too():
+    kept = Holder("kept", "list", 12 * MiB, new_bytes=4 * MiB, tensors=3)
+    r = report_with(holders=[kept], left=4 * MiB)
+    r.run, r.trace = 3, held_lines()
+    earlier = [RunSummary(1, 4 * MiB, 0, 0, {"kept": 4 * MiB}), RunSummary(2, 4 * MiB, 0, 0, {"kept": 8 * MiB})]
+    finding = leak_growth(r, earlier)
+    assert finding is not None and finding.holders == ["kept"]
+    assert finding.evidence.endswith(held_lines_words(r)) and "In [2] line 3" in finding.evidence

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, holder_words
+from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, held_lines_words, holder_words
 from tfmem_magic.advise.diagnose_model import MODEL_RULES
 from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import Finding, Holder, Report
@@ -377,7 +377,7 @@ def leak_growth(report: Report, previous: Sequence[RunSummary]) -> Finding | Non
             severity="warn",
             title=f"Each run of this cell leaves ~{format_bytes(per_run)} more in TensorFlow",
             evidence=f"Runs {recent[0].run}-{recent[-1].run} of this cell left {growth} live in TensorFlow's "
-            f"allocator after they ended. {cause}",
+            f"allocator after they ended. {cause}{held_lines_words(report)}",
             bytes=per_run * len(left),
             fixes=fixes,
             holders=[h.name for h in named[:3]],

@@ -11,6 +11,8 @@ from tfmem_magic.core.report import CallRecord, Finding, Holder, Report
 from tfmem_magic.core.sizes import format_bytes
 
 HELD_MIN = 2**20  # bytes a holder must hold to be named in a finding
+LINE_MIN = 256 * 1024  # bytes a line of code must have made of what a cell left live to be named in a leak finding
+MAX_LEAK_LINES = 3  # lines named per leak finding
 LOOP_CALLS = 3  # calls of one kind in one cell that make a loop
 PREDICT_LOOP_CALLS = 5  # predict calls needed to tell RSS growth from noise
 PREDICT_RSS_STEP = 2**20  # RSS growth per predict call (the median) that counts as growing
@@ -65,6 +67,26 @@ def drop_lines(names: list[str], kinds: dict[str, str]) -> str:
     lines.append("# clears the Keras session and what TensorFlow keeps for models that are gone; says what came back")
     lines.append("%tfmem free" + "".join(f" {n}" for n in deleted))
     return "\n".join(lines) + "\n"
+
+
+def held_lines_words(report: Report) -> str:
+    """The lines of the user's code that made what the cell still had live when it ended (TraceInfo.
+    held_at_end_by_line, docs/leaks.md), as a sentence of a leak finding: " Still live at the cell's end, by the line
+    of code that made it: In [2] line 3 (`return tf.random.normal([1024, 1024])`) 4 MiB." Only where the trace
+    covered the whole cell (one that stopped early ends with a step's temporaries) and only lines the trace resolved:
+    an eager op's bytes are said to be eager ops', never given a line. "" where no line made LINE_MIN."""
+    trace = report.trace
+    if trace is None or not trace.complete or not trace.held_at_end_by_line:
+        return ""
+    groups = trace.held_at_end_by_line
+    named = [g for g in groups if g.kind == "line" and g.bytes >= LINE_MIN][:MAX_LEAK_LINES]
+    if not named:
+        return ""
+    parts = [f"{g.label}" + (f" (`{g.code}`)" if g.code else "") + f" {format_bytes(g.bytes)}" for g in named]
+    eager = sum(g.bytes for g in groups if g.kind == "eager")
+    if eager >= LINE_MIN:
+        parts.append(f"eager ops {format_bytes(eager)} (no line: the trace keeps no stack for an eager op)")
+    return " Still live at the cell's end, by the line of code that made it: " + "; ".join(parts) + "."
 
 
 def held_by_tensorflow(report: Report) -> Finding | None:
@@ -135,8 +157,9 @@ def leak_in_cell(report: Report) -> Finding | None:
             evidence=(
                 f"TensorFlow's allocator held {', '.join('+' + format_bytes(x) for x in left)} more after each "
                 f"{kind}() call than before it, and {format_bytes(held.left_bytes)} more at the cell's end. "
-                f"{who} To train many models in one kernel, keep only what you need of each (its score, "
-                "model.get_weights()), or reuse one model and set_weights() its initial weights per trial."
+                f"{who}{held_lines_words(report)} To train many models in one kernel, keep only what you need of "
+                "each (its score, model.get_weights()), or reuse one model and set_weights() its initial weights per "
+                "trial."
             ),
             bytes=total,
             fixes=["clear-session"],

@@ -676,9 +676,10 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
     info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
-    _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
+    held = _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
     if ctx.models is not None:
         _by_line(info, trace, att, idx, rows[: len(idx)], ctx, top)
+        _held_by_line(info, trace, att, held, ctx, top)
     return info
 
 
@@ -722,12 +723,12 @@ def _held_at_end(
     ctx: TraceContext,
     top: int,
     preexisting_freed: int,
-) -> None:
+) -> np.ndarray:
     """The cell's own allocations that no free in the trace ended, grouped as the peak is: what the cell had live
     when the trace stopped (the weights it built, a model's slots, tensors a name keeps; a trace that covered only
     the first steps also ends with that step's temporaries). A free lost in a gap between trace segments is taken
     back against the allocator's own count at the last event, as at the peak, net of the pre-existing tensors the
-    cell freed."""
+    cell freed. Returns their indices (`_held_by_line` names their lines)."""
     n = len(ev)
     held = ev.is_alloc & (freed_at >= n)
     _drop_freed_in_gaps(held, ev, t_s, n - 1, info.preexisting_bytes - preexisting_freed, ctx.windows)
@@ -751,3 +752,37 @@ def _held_at_end(
         ("op", "layer", "phase", "dtype", "shape"),
         top,
     )
+    return idx
+
+
+def _held_by_line(info: TraceInfo, trace: Trace, att: Attributed, idx: np.ndarray, ctx: TraceContext, top: int) -> None:
+    """The cell's own allocations still live when the trace ended (`idx`, as `held_at_end` counts them) grouped by
+    the line of code that made them, as the peak's are (lines.py): what the leak findings name."""
+    if not len(idx):
+        return
+    ev = trace.events
+    copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
+    rows = []
+    for i in idx:
+        phase = att.phase_name(i)
+        rows.append(
+            lines.TracedTensor(
+                ev.string(int(ev.op[i])),
+                att.op_name(i),
+                att.layer_name(i),
+                phase,
+                DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
+                ev.string(int(ev.shape[i])),
+                int(ev.chunk[i]),
+                int(ev.requested[i]),
+                int(ev.t_ps[i]),
+                lines.HINT_XLA
+                if att.op[i] == xla
+                else lines.HINT_INPUT
+                if att.op[i] == copy or phase == "input"
+                else None,
+            )
+        )
+    found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
+    if found is not None:
+        info.held_at_end_by_line = found.groups

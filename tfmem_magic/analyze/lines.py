@@ -24,8 +24,9 @@ The method (docs/lines.md):
   trace), XLA buffers (no op names), a function's own runtime allocations (tagged with its name, no node), graph
   ops not found in a function that ran (its function is gone).
 
-It runs once per cell, at its end, for the tensors live at the peak only. Each function's nodes and stacks are read
-once and kept (TensorFlow gives every concrete function a name of its own in a process).
+It runs at the cell's end, for the tensors live at the peak and for those still live when the trace ended (what the
+leak findings name). Each function's nodes and stacks are read once and kept (TensorFlow gives every concrete
+function a name of its own in a process).
 """
 
 from __future__ import annotations

@@ -154,8 +154,9 @@ class LineTensor:
 
 @dataclass
 class LineGroup:
-    """Bytes live at the peak, grouped by the line of the user's code that made them (analyze/lines.py,
-    docs/lines.md). Bytes no line made are grouped under what they are (`kind`), never under a guessed line."""
+    """Bytes live at the peak (or still live when the trace ended: `TraceInfo.held_at_end_by_line`), grouped by the
+    line of the user's code that made them (analyze/lines.py, docs/lines.md). Bytes no line made are grouped under
+    what they are (`kind`), never under a guessed line."""
 
     # "In [3] line 5" (a notebook cell: the cell the code is in), "train.py:12"; for the other kinds what the bytes
     # are: "Keras internals", "tf.data and the input pipeline", "eager ops", "XLA buffers", ...
@@ -260,6 +261,9 @@ class TraceInfo:
     by_line: list[LineGroup] = field(default_factory=list)
     by_line_named_bytes: int = 0
     by_line_note: str | None = None
+    # `held_at_end` grouped by the line of code that made it, as `by_line` groups the peak (the leak findings name
+    # these lines where the trace covered the whole cell)
+    held_at_end_by_line: list[LineGroup] = field(default_factory=list)
 
 
 @dataclass
