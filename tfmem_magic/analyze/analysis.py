@@ -755,13 +755,12 @@ def _eager_lines(
     window = np.searchsorted(window_starts, t, side="right") - 1
     window[(window >= 0) & (t > window_ends[np.maximum(window, 0)])] = -1
     allocations = [
-        lines.EagerAllocation(int(i), int(w), names[int(ev.op[i])], int(ev.requested[i]), int(ti))
+        lines.EagerAllocation(int(i), int(w), lines.eager_op_type(names[int(ev.op[i])]), int(ev.requested[i]), int(ti))
         for i, w, ti in zip(pick, window, t, strict=True)
         if w >= 0
     ]
     found = lines.match_eager(peak, allocations, recorded)
-    why = "made while a tf.function ran, or outside the trace's segments"
-    return {i: found.get(i, why) for i in peak}
+    return {i: found.get(i, lines.IN_FUNCTION) for i in peak}
 
 
 def _held_at_end(

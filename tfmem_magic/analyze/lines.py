@@ -91,7 +91,13 @@ MAX_CODE = 160  # characters of a line's text
 # DependencyOptimizer, LoopOptimizer, `...-LayoutOptimizer`, ConstantFolding, ConstantFoldingCtrl, ...): never the
 # user's own, never a layer (docs/gpu.md, "Grappler's scopes")
 GRAPPLER_SCOPES = ("Optimizer", "ConstantFolding", "ConstantFoldingCtrl", "Remapper", "AutoMixedPrecision")
-NO_CALLBACK = "no op callback recorded their lines"  # an eager op's bytes where match_eager had nothing to say
+# why an eager op's allocation is not named (match_eager), as the note says it
+NO_CALLBACK = "no op callback noted their lines"
+NOT_NOTED = "no op output of their type and size was noted (a variant or string output, another thread's op)"
+NOT_ONE_TO_ONE = "as many in the trace as noted outputs of their type and size is needed, or fewer of one line"
+OUT_OF_ORDER = "the trace's order differs from the order the ops ran in"
+NO_USER_FRAME = "run by no frame of your code"
+IN_FUNCTION = "made while a tf.function ran, or outside the trace's segments"
 MAX_SCOPE_NODES = 256  # nodes of one name scope read to find its one line (Resolver.scope_line)
 # the path part after a control-flow node's name -> the attributes naming its functions
 _BRANCHES = {"body": ("body",), "cond": ("cond",), "then": ("then_branch",), "else": ("else_branch",)}
@@ -543,6 +549,15 @@ class EagerAllocation(NamedTuple):
     t_ps: int
 
 
+_ONEDNN_PREFIX = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
+
+
+def eager_op_type(name: str) -> str:
+    """The op type an eager allocation's op ran as, as its op callback saw it: oneDNN's layout pass runs an eager
+    `MatMul` as `_MklMatMul` (or `_MklNative...`), the name the trace keeps."""
+    return _ONEDNN_PREFIX.sub("", name)
+
+
 def match_eager(
     peak: Iterable[int], allocations: Sequence[EagerAllocation], ops: EagerOps
 ) -> dict[int, EagerMade | str]:
@@ -579,23 +594,22 @@ def match_eager(
     for key in want_keys:
         window, op_type, size = key
         allocated, ran = found.get(key, []), recorded.get(key, [])
-        what = f"{len(allocated)} {op_type} allocations of {format_bytes(size)} in the trace"
         if ops.full_from is not None and window >= ops.full_from:
             why: str | None = f"more than {eager_ops.MAX_OPS:,} eager ops ran while the trace recorded"
         elif ops.failed is not None:
             why = f"the op callback failed ({ops.failed})"
         elif not ran:
-            why = f"{what}, no such op recorded (another thread's, or a runtime's own)"
+            why = NOT_NOTED
         elif len(ran) == len(allocated):
             late = any(a.t_ps > t + EAGER_SLACK_PS for a, (t, _) in zip(allocated, ran, strict=True))
-            why = f"{what} out of the order the ops ran in" if late else None
+            why = OUT_OF_ORDER if late else None
         elif len(allocated) < len(ran) and len({m for _, m in ran}) == 1:
             why, ran = None, [ran[0]] * len(allocated)
         else:
-            why = f"{what}, {len(ran)} such outputs recorded: not one to one"
+            why = NOT_ONE_TO_ONE
         for a, (_, made) in zip(allocated, ran if why is None else [(0, None)] * len(allocated), strict=True):
             if a.event in wanted:
-                out[a.event] = why or (made if made is not None else "run by no frame of your code")
+                out[a.event] = why or (made if made is not None else NO_USER_FRAME)
     return out
 
 
@@ -607,7 +621,7 @@ def by_line(
     runs = _Runs(spans, others)
     resolved: dict[tuple[str | None, str | None, str | None, tuple[str, ...], EagerMade | str | None], LineOf] = {}
     groups: dict[tuple[object, ...], _Group] = {}
-    unmatched: dict[str, int] = {}  # why eager ops were not named -> their bytes
+    unmatched: dict[str, tuple[int, list[str]]] = {}  # why eager ops were not named -> their bytes, op types
     for row in rows:
         running = tuple(runs.running(row.t_ps)) if row.path is not None else ()
         key = (row.path, row.layer, row.hint, running, row.eager)
@@ -627,7 +641,8 @@ def by_line(
             gkey = (of.kind, of.layer if of.kind == LAYER else None)
         if of.kind == EAGER:
             why = row.eager if isinstance(row.eager, str) else NO_CALLBACK
-            unmatched[why] = unmatched.get(why, 0) + row.chunk
+            size, names = unmatched.setdefault(why, (0, []))
+            unmatched[why] = (size + row.chunk, names if row.op in names else [*names, row.op])
         group = groups.setdefault(gkey, _Group(of))
         group.bytes += row.chunk
         group.requested += row.requested
@@ -728,9 +743,11 @@ def _line_group(g: _Group) -> LineGroup:
     )
 
 
-def _note(groups: Iterable[_Group], named: int, unmatched: dict[str, int] | None = None) -> str | None:
+def _note(
+    groups: Iterable[_Group], named: int, unmatched: dict[str, tuple[int, list[str]]] | None = None
+) -> str | None:
     """What the view could not name, in bytes: the kinds that have no line yet, and why (`unmatched`: why eager
-    ops were not matched to a recorded op, with their bytes)."""
+    ops were not matched to a noted op, with their bytes and op types)."""
     by_kind: dict[str, int] = {}
     for g in groups:
         by_kind[g.of.kind] = by_kind.get(g.of.kind, 0) + g.bytes
@@ -738,9 +755,12 @@ def _note(groups: Iterable[_Group], named: int, unmatched: dict[str, int] | None
     if not total:
         return None
     said = f"{format_bytes(named)} of the {format_bytes(total)} traced at the peak named by a line of code"
-    reasons = sorted((unmatched or {}).items(), key=lambda kv: -kv[1])
+    reasons = sorted((unmatched or {}).items(), key=lambda kv: -kv[1][0])
+    eager_why = "; ".join(
+        f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}: {reason}" for reason, (_, names) in reasons[:2]
+    ) + ("; ..." if len(reasons) > 2 else "")
     why = {
-        EAGER: "; ".join(r for r, _ in reasons[:2]) + ("; ..." if len(reasons) > 2 else "") if reasons else NO_CALLBACK,
+        EAGER: eager_why or NO_CALLBACK,
         XLA: "XLA allocates its buffers without op names",
         UNRESOLVED: "their function no longer exists",
         LAYER: "made before tfmem was loaded, or a custom layer's op not found",
