@@ -4,11 +4,17 @@ IPython shell with the extension loaded, as a notebook runs them. Each model is 
 cell reads its functions' nodes and stacks from TensorFlow (kept), a later cell finds them kept. Also the cost of
 noting each layer's creation line (measure/code_sites.py: Keras' `Layer.__init__` wrapped) per layer made.
 
-    python benchmarks/by_line_cost.py [--rounds 3]
+Eager ops are named through an op callback that notes the line running each eager op while the trace records
+(measure/eager_ops.py): `--eager` times an eager loop (a Dense, a relu, a multiply and an add per step, 4,000 steps,
+as in benchmarks/overhead.py) in one shell, bare, in trace mode without the callback and in trace mode with it,
+alternating in a rotating order each round; and the callback's own cost per eager op, outside any cell.
+
+    python benchmarks/by_line_cost.py [--rounds 3] [--eager] [--eager-rounds 7]
 
 Prints per model and cell: the resolution's milliseconds (median of the rounds, each round a fresh shell and fresh
 models in this process), the bytes at the peak that a line named, and the cell's whole report time for scale.
-Target: a few milliseconds per cell (docs/lines.md, 'Cost').
+Target: a few milliseconds per cell (docs/lines.md, 'Cost'); with `--eager`, the eager loop's trace-mode time with
+the callback within 1.05x of bare.
 """
 
 from __future__ import annotations
@@ -70,10 +76,104 @@ def one_round(spent: dict[str, list[float]]) -> dict[tuple[str, int], tuple[floa
     return out
 
 
+EAGER_SETUP = """layer = keras.layers.Dense(256)
+x0 = tf.random.uniform((64, 256))
+def loop(steps=4000):
+    h = x0
+    for _ in range(steps):
+        h = tf.nn.relu(layer(h)) * 0.5 + x0
+    return float(tf.reduce_sum(h))
+loop(50)"""
+EAGER_MODES = ("bare", "trace without callback", "trace with callback")
+
+
+def eager_loop(rounds: int) -> None:
+    """The eager loop's wall time per mode (fastest and median of the rounds) as a ratio to bare, and what the
+    by-line view named at its peak."""
+    from tfmem_magic.measure import measurement
+
+    armed = measurement.Measurement._arm_eager_ops
+    InteractiveShell.clear_instance()
+    shell = InteractiveShell.instance(display_pub_class=CapturingDisplayPublisher, history_length=0)
+    shell.history_manager.enabled = False
+    shell.run_line_magic("load_ext", "tfmem_magic")
+    assert shell.run_cell("import numpy as np, keras, tensorflow as tf", store_history=True).success
+    assert shell.run_cell(EAGER_SETUP, store_history=True).success
+    times: dict[str, list[float]] = {mode: [] for mode in EAGER_MODES}
+    named = ""
+    for r in range(rounds):
+        for mode in EAGER_MODES[r % 3 :] + EAGER_MODES[: r % 3]:
+            cell = "loop()" if mode == "bare" else "%%tfmem --no-panel\nloop()"
+            without = mode == "trace without callback"
+            if without:
+                measurement.Measurement._arm_eager_ops = lambda self, tracer: None  # type: ignore[method-assign]
+            try:
+                t = time.perf_counter()
+                assert shell.run_cell(cell, store_history=True).success
+                times[mode].append(time.perf_counter() - t)
+            finally:
+                measurement.Measurement._arm_eager_ops = armed  # type: ignore[method-assign]
+            if mode == "trace with callback":
+                trace = tfmem_magic.last_report().trace  # type: ignore[union-attr]
+                if trace is not None and trace.by_line:
+                    total = sum(g.bytes for g in trace.by_line)
+                    named = f"{format_bytes(trace.by_line_named_bytes)} of {format_bytes(total)}"
+    shell.reset(new_session=False)
+    fastest = {m: min(v) for m, v in times.items()}
+    middle = {m: statistics.median(v) for m, v in times.items()}
+    print(f"eager loop, 4,000 steps, {rounds} rounds: fastest / median seconds, ratio to bare")
+    for mode in EAGER_MODES:
+        print(
+            f"  {mode:<24}{fastest[mode]:>7.2f} s {fastest[mode] / fastest['bare']:>6.3f}x"
+            f"{middle[mode]:>8.2f} s {middle[mode] / middle['bare']:>6.3f}x"
+        )
+    print(f"  named by a line at the peak (with the callback): {named or '-'}")
+    per_op()
+
+
+def per_op(n: int = 20_000) -> None:
+    """The callback's own cost per eager op (tf.add of two 4x4 tensors): none, added while the trace is paused, and
+    added while it records (best of 5 runs of n ops each)."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from tfmem_magic.measure.eager_ops import EagerOps
+
+    a = tf.ones((4, 4))
+
+    def run() -> float:
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                tf.add(a, a)
+            best = min(best, time.perf_counter() - t)
+        return best / n * 1e6
+
+    base = run()
+    print(f"tf.add of 4x4 tensors: {base:.2f} µs per op without the callback")
+    for recording, what in ((-1, "paused"), (0, "recording")):
+        ops = EagerOps(SimpleNamespace(recording=recording, _t0=0.0))  # type: ignore[arg-type]
+        ops.start()
+        try:
+            spent = run()
+        finally:
+            ops.stop()
+        print(f"  with the callback, trace {what}: {spent:.2f} µs per op (+{spent - base:.2f} µs)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--eager", action="store_true", help="time the eager loop with and without the op callback")
+    parser.add_argument("--eager-rounds", type=int, default=7)
+    parser.add_argument("--eager-only", action="store_true", help="only the eager loop")
     args = parser.parse_args()
+    if args.eager or args.eager_only:
+        eager_loop(args.eager_rounds)
+        if args.eager_only:
+            return
     spent: dict[str, list[float]] = {"resolve": [], "report": []}
     resolve, trace_info = lines.resolve_cell, build.trace_info
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import tfmem_magic
+from tfmem_magic.core import fallbacks
 from tfmem_magic.core.report import LineGroup, Report
 from tfmem_magic.show.render import render_text
 
@@ -153,13 +154,50 @@ def test_a_function_traced_in_an_earlier_cell_still_names_the_line(shell):
     assert line.label == "In [2] line 5" and line.bytes >= 256 * 8192 * 4
 
 
-def test_eager_ops_are_grouped_as_eager_ops_never_under_a_line(shell):
+COMPREHENSION = "parts = [tf.random.normal([1024, 1024]) for _ in range(8)]"
+CONCAT = "whole = tf.concat(parts, 0)"
+
+
+def op_callbacks_left() -> list[object]:
+    """The op callbacks this thread still has, and whether TensorFlow's execute still calls them."""
+    from tensorflow.python.eager import context, execute
+
+    left = list(context.context().op_callbacks)
+    return left + ([execute.execute] if execute.execute is not execute.quick_execute else [])
+
+
+def test_eager_ops_are_named_by_the_line_that_ran_them(shell):
+    """Eager ops' allocations carry their op type alone in the trace: the op callback tfmem adds while the trace
+    records notes the line that ran each, and the peak's eager tensors are paired with those ops by type, size and
+    order (eight 4 MiB tensors of a list comprehension, and their concat)."""
     report = run(
         shell,
         IMPORTS,
-        "%%tfmem --no-panel\nparts = [tf.random.normal([1024, 1024]) for _ in range(4)]\nwhole = tf.concat(parts, 0)\n",
+        # the allocator's regions grown first, as in the custom train_step test: a 64 MiB jump of the process in a
+        # young trace segment can make the tracer restart the segment around it, and what it allocated then is in
+        # no line (the trace lost it)
+        "_ = tf.zeros([24, 1024, 1024]).numpy().sum(); del _",
+        f"%%tfmem --no-panel\n{COMPREHENSION}\n{CONCAT}\n",
     )
-    assert report.trace is not None
-    kinds = {g.kind: g.bytes for g in report.trace.by_line}
-    assert kinds.get("eager", 0) >= 4 * 4 * MiB and "line" not in kinds, report.trace.by_line
-    assert report.trace.by_line_named_bytes == 0 and "eager ops carry no stack" in (report.trace.by_line_note or "")
+    parts = group(report, COMPREHENSION)
+    assert parts.label == "In [3] line 2" and parts.kind == "line"  # the %%tfmem cell's line, as the notebook shows it
+    assert parts.bytes >= 8 * 4 * MiB and parts.count >= 8
+    assert all(t.shape == "[1024,1024]" and t.dtype == "float32" for t in parts.tensors), parts.tensors
+    whole = group(report, CONCAT)
+    assert whole.label == "In [3] line 3" and whole.bytes >= 32 * MiB
+    assert whole.tensors[0].shape == "[8192,1024]" and whole.tensors[0].op == "ConcatV2"
+    assert report.trace is not None and report.trace.by_line_named_bytes >= 64 * MiB
+    assert not op_callbacks_left()  # removed with the trace
+
+
+def test_the_op_callback_is_removed_when_the_cell_raises(shell):
+    assert shell.run_cell(IMPORTS, store_history=True).success
+    # a Keras layer called eagerly: TensorFlow's op wrappers run some of its ops on their slow path, which names the
+    # op in bytes (the callback must never fail the user's op)
+    fallbacks.forget()
+    layer = shell.run_cell("%%tfmem --no-panel\ny = keras.layers.Dense(8)(tf.ones([4, 4]))\n", store_history=True)
+    assert layer.success, layer.error_in_exec
+    assert not [f for f in fallbacks.recent() if "eager_ops" in f.where], fallbacks.recent()
+    result = shell.run_cell("%%tfmem --no-panel\nx = tf.ones([4]) + 1\nraise ValueError('the cell failed')\n")
+    assert not result.success and isinstance(result.error_in_exec, ValueError)
+    assert not op_callbacks_left()

@@ -207,7 +207,7 @@ def test_each_tensor_is_named_by_its_line_or_by_what_it_is(functions, resolver):
     assert result.named_bytes == (10 + 5 + 67) << 20
     assert [g.bytes for g in result.groups] == sorted((g.bytes for g in result.groups), reverse=True)
     assert result.note is not None and result.note.startswith(f"{format_bytes(82 << 20)} of the")
-    assert f"eager ops {format_bytes(6 << 20)} (eager ops carry no stack in the trace)" in result.note
+    assert f"eager ops {format_bytes(6 << 20)} (RandomStandardNormal: {lines.NO_CALLBACK})" in result.note
     assert f"XLA buffers {format_bytes(9 << 20)} (XLA allocates its buffers without op names)" in result.note
     # the largest tensors of a line, largest first
     assert [t.bytes for t in wide.tensors] == [8 << 20, 2 << 20] and wide.tensors[0].shape == "[256,8192]"

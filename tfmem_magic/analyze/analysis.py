@@ -29,8 +29,10 @@ import numpy as np
 from tfmem_magic.analyze import lines
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
 from tfmem_magic.core.types import KerasModel, TFFunction
+from tfmem_magic.measure.eager_ops import EagerOps
 from tfmem_magic.measure.xplane import (
     DATA_TYPES,
+    FUNCTION_SPAN,
     XLA_SPAN,
     MemoryEvents,
     Span,
@@ -106,6 +108,7 @@ class TraceContext:
     # by the line of code that made each tensor too (lines.py); None (a saved trace): no by-line view
     models: list[KerasModel] | None = None
     traced_functions: list[TFFunction] = field(default_factory=list)  # the concrete functions the cell traced
+    eager_ops: EagerOps | None = None  # the eager ops run while the trace recorded, with their lines (eager_ops.py)
 
 
 @dataclass
@@ -696,22 +699,69 @@ def _by_line(
     them (lines.py)."""
     ev = trace.events
     copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
-    rows = [
-        lines.TracedTensor(
-            ev.string(int(ev.op[i])),
-            *tensor,
-            int(ev.t_ps[i]),
-            lines.HINT_XLA
-            if att.op[i] == xla
-            else lines.HINT_INPUT
-            if att.op[i] == copy or tensor.phase == "input"
-            else None,
-        )
+    hints = [
+        lines.HINT_XLA
+        if att.op[i] == xla
+        else lines.HINT_INPUT
+        if att.op[i] == copy or tensor.phase == "input"
+        else None
         for i, tensor in zip(idx, live, strict=True)
+    ]
+    eager = _eager_lines(trace, att, idx, hints, ctx)
+    rows = [
+        lines.TracedTensor(ev.string(int(ev.op[i])), *tensor, int(ev.t_ps[i]), hint, eager.get(int(i)))
+        for i, tensor, hint in zip(idx, live, hints, strict=True)
     ]
     found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
     if found is not None:
         info.by_line, info.by_line_named_bytes, info.by_line_note = found.groups, found.named_bytes, found.note
+
+
+def _eager_lines(
+    trace: Trace, att: Attributed, idx: np.ndarray, hints: Sequence[str | None], ctx: TraceContext
+) -> dict[int, lines.EagerMade | str]:
+    """The line of each eager op's allocation live at the peak (by event index), matched to the ops the op
+    callback recorded (lines.match_eager), or why it has none. Eager here: an op type alone (no node path), not
+    the input pipeline's or XLA's, outside every run of a tf.function, in a trace segment."""
+    ev, recorded = trace.events, ctx.eager_ops
+    if recorded is None or not len(idx):
+        return {}
+    names = {int(k): name for k in np.unique(ev.op[idx]) if (name := ev.string(int(k))) is not None}
+    eager_ops = [k for k, name in names.items() if "/" not in name and not name.startswith("__")]
+    peak = [int(i) for i, hint in zip(idx, hints, strict=True) if hint is None and int(ev.op[i]) in eager_ops]
+    if not peak:
+        return {}
+    # every allocation of those op types, in time order: the order pairs them with the recorded ops
+    pick = np.nonzero(ev.is_alloc & np.isin(ev.op, eager_ops) & np.isin(ev.requested, ev.requested[peak]))[0]
+    copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
+    pick = pick[(att.op[pick] != copy) & (att.op[pick] != xla)]
+    t = ev.t_ps[pick]
+    runs = sorted((s.start_ps, s.end_ps) for s in trace.spans if s.name.startswith(FUNCTION_SPAN))
+    if runs:  # outside every function run (the runs merged, then each time looked up)
+        merged: list[list[int]] = []
+        for start, end in runs:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        starts = np.array([m[0] for m in merged], dtype=np.int64)
+        ends = np.array([m[1] for m in merged], dtype=np.int64)
+        at = np.searchsorted(starts, t, side="right") - 1
+        inside = (at >= 0) & (t <= ends[np.maximum(at, 0)])
+        pick, t = pick[~inside], t[~inside]
+    if not ctx.windows:
+        return {}
+    window_starts = np.array([int(a * PS) for a, _ in ctx.windows], dtype=np.int64)
+    window_ends = np.array([int(b * PS) for _, b in ctx.windows], dtype=np.int64)
+    window = np.searchsorted(window_starts, t, side="right") - 1
+    window[(window >= 0) & (t > window_ends[np.maximum(window, 0)])] = -1
+    allocations = [
+        lines.EagerAllocation(int(i), int(w), lines.eager_op_type(names[int(ev.op[i])]), int(ev.requested[i]), int(ti))
+        for i, w, ti in zip(pick, window, t, strict=True)
+        if w >= 0
+    ]
+    found = lines.match_eager(peak, allocations, recorded)
+    return {i: found.get(i, lines.IN_FUNCTION) for i in peak}
 
 
 def _held_at_end(

@@ -237,6 +237,7 @@ def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
         step_dims=step_dims(report),
         models=_models(m),
         traced_functions=[f for ref in instr.traced_functions if (f := ref()) is not None],
+        eager_ops=m.eager_ops,
     )
     ctx.optimizer_scopes |= instr.optimizer_names
     info = analysis.summarize(xplane.read_segments(m.segments, report.main_device_name), ctx)

@@ -19,10 +19,13 @@ The method (docs/lines.md):
 - A gradient is named by its forward op's line: `gradient_tape/<forward op>/<grad op>` (GradientTape), and
   `.../gradients/<forward op>_grad/...` (inside a while loop's gradient). A node the graph optimizer made, which no
   function's def holds, is named by the one line of the name scope it was made in, where the scope has one.
+- An eager op's allocation carries its op type alone. While the trace records, an op callback notes the line that
+  ran each eager op, with its outputs' sizes (measure/eager_ops.py); `match_eager` pairs the trace's eager
+  allocations with those ops by op type, size and order within each trace segment, and names them by that line.
 - Bytes no line made are grouped under what they are, never under a guessed line: Keras' own step (loss, metrics
-  and optimizer of fit's step), tf.data and the input pipeline, eager ops (their allocations carry no stack in the
-  trace), XLA buffers (no op names), a function's own runtime allocations (tagged with its name, no node), graph
-  ops not found in a function that ran (its function is gone).
+  and optimizer of fit's step), tf.data and the input pipeline, eager ops not matched one to one to a recorded op
+  (the note says why), XLA buffers (no op names), a function's own runtime allocations (tagged with its name, no
+  node), graph ops not found in a function that ran (its function is gone).
 
 It runs at the cell's end, for the tensors live at the peak and for those still live when the trace ended (what the
 leak findings name). Each function's nodes and stacks are read once and kept (TensorFlow gives every concrete
@@ -49,7 +52,8 @@ from tfmem_magic.core.report import ErrorSite, LineGroup, LineTensor
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.types import KerasModel, ProtoMessage, TFFunction, TFGraph
-from tfmem_magic.measure import code_sites
+from tfmem_magic.measure import code_sites, eager_ops
+from tfmem_magic.measure.eager_ops import EagerOps
 from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.xplane import FUNCTION_SPAN, Span
 
@@ -77,6 +81,10 @@ LABELS = {
 }
 # what the analysis already knows a row is, before any line is looked for (TracedTensor.hint)
 HINT_INPUT, HINT_XLA = "input", "xla"
+PS_PER_S = 10**12
+# how far an eager allocation's time in the trace may fall after its op's callback ran and still be its op's: the
+# profiler's clock and time.perf_counter drift apart within a trace segment (measured in docs/lines.md)
+EAGER_SLACK_PS = 10**9
 MAX_FUNCTIONS = 64  # functions whose nodes and stacks are kept between cells
 MAX_TENSORS = 3  # tensors listed per line
 MAX_CODE = 160  # characters of a line's text
@@ -84,10 +92,14 @@ MAX_CODE = 160  # characters of a line's text
 # DependencyOptimizer, LoopOptimizer, `...-LayoutOptimizer`, ConstantFolding, ConstantFoldingCtrl, ...): never the
 # user's own, never a layer (docs/gpu.md, "Grappler's scopes")
 GRAPPLER_SCOPES = ("Optimizer", "ConstantFolding", "ConstantFoldingCtrl", "Remapper", "AutoMixedPrecision")
+# why an eager op's allocation is not named (match_eager), as the note says it
+NO_CALLBACK = "no op callback noted their lines"
+NOT_NOTED = "no op output of their type and size was noted (a variant or string output, another thread's op)"
+NOT_ONE_TO_ONE = "as many in the trace as noted outputs of their type and size is needed, or fewer of one line"
+OUT_OF_ORDER = "the trace's order differs from the order the ops ran in"
+NO_USER_FRAME = "run by no frame of your code"
+IN_FUNCTION = "made while a tf.function ran, or outside the trace's segments"
 MAX_SCOPE_NODES = 256  # nodes of one name scope read to find its one line (Resolver.scope_line)
-# the frames of Keras' fit/evaluate/predict: an op whose user frame calls one of them was made by Keras' own step
-_KERAS_ENTRIES = frozenset({"fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"})
-_KERAS_DIRS = (os.sep + "keras" + os.sep, os.sep + "tf_keras" + os.sep)
 # the path part after a control-flow node's name -> the attributes naming its functions
 _BRANCHES = {"body": ("body",), "cond": ("cond",), "then": ("then_branch",), "else": ("else_branch",)}
 _BRANCH_INDEX = re.compile(r"^_\d+$")
@@ -95,6 +107,11 @@ _BRANCH_INDEX = re.compile(r"^_\d+$")
 _CALL_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
 _INPUT_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 _SCOPE_SUFFIX = re.compile(r"_\d+$")  # a layer's name scope in a graph: its name, made unique (`wide_1`)
+
+
+# an eager op's line as its op callback noted it (measure/eager_ops.py): (file, line, whether a frame of Keras' fit,
+# evaluate or predict was between the op and the user's frame); a str: why the allocation was not matched to an op
+EagerMade = tuple[str, int, bool]
 
 
 class TracedTensor(NamedTuple):
@@ -110,6 +127,7 @@ class TracedTensor(NamedTuple):
     requested: int
     t_ps: int  # when it was allocated
     hint: str | None = None  # HINT_INPUT (tf.data, the data adapter, fit's copy), HINT_XLA: no line to look for
+    eager: EagerMade | str | None = None  # an eager op's: its recorded line (match_eager), or why it has none
 
 
 @dataclass(frozen=True)
@@ -220,7 +238,7 @@ def _op_user_frame(graph: TFGraph, node: str) -> tuple[tuple[str, int] | None, b
         file = frame.filename
         if code_sites.is_user_file(file):
             return (file, frame.lineno), entry
-        if not entry and frame.name in _KERAS_ENTRIES and any(d in file for d in _KERAS_DIRS):
+        if not entry and code_sites.is_keras_entry(file, frame.name):
             entry = True
     return None, False
 
@@ -232,7 +250,7 @@ def _classify(frames: Iterable[tuple[str, int, str]]) -> tuple[tuple[str, int] |
     for file, line, func in frames:
         if code_sites.is_user_file(file):
             user, entry = (file, line), False
-        elif user is not None and func in _KERAS_ENTRIES and any(d in file for d in _KERAS_DIRS):
+        elif user is not None and code_sites.is_keras_entry(file, func):
             entry = True
     return user, entry
 
@@ -419,6 +437,13 @@ class Resolver:
             return LineOf(KERAS)
         return LineOf(LINE, self.site(*user), made_by, layer_name)
 
+    def eager_line(self, file: str, line: int, layer_name: str | None) -> LineOf:
+        """An eager op's line, as its op callback recorded the user's frame that ran it; inside a layer's eager
+        call, the line that made the layer beside it."""
+        layer = self.layers.get(layer_name) if layer_name is not None else None
+        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        return LineOf(LINE, self.site(file, line), made_by, layer_name)
+
     def layer_only(self, layer_name: str) -> LineOf:
         """A layer's tensor whose op was not found: a built-in layer's is named by the line that made the layer
         (as when it is found), a custom layer's only by its layer."""
@@ -515,17 +540,92 @@ class _Runs:
         return list(dict.fromkeys(reversed(found)))
 
 
+class EagerAllocation(NamedTuple):
+    """An allocation of the trace made by an eager op (an op type alone, outside every function run)."""
+
+    event: int  # the event's index in the trace
+    window: int  # the trace segment it is in (Tracer.windows)
+    op: str
+    requested: int
+    t_ps: int
+
+
+_ONEDNN_PREFIX = re.compile(r"^_Mkl(?:Native)?(?=[A-Z])")
+
+
+def eager_op_type(name: str) -> str:
+    """The op type an eager allocation's op ran as, as its op callback saw it: oneDNN's layout pass runs an eager
+    `MatMul` as `_MklMatMul` (or `_MklNative...`), the name the trace keeps."""
+    return _ONEDNN_PREFIX.sub("", name)
+
+
+def match_eager(
+    peak: Iterable[int], allocations: Sequence[EagerAllocation], ops: EagerOps
+) -> dict[int, EagerMade | str]:
+    """The line of each of the peak's eager allocations (`peak`: their event indices), from the ops the op
+    callback recorded while the trace recorded (measure/eager_ops.py), or why it has none.
+
+    Within one trace segment, the trace's allocations of one op type and size (`allocations`, in time order) are
+    paired with the recorded outputs of that op type and size, in the order they ran, where they are as many: the
+    k-th allocation is the k-th output. Where the trace holds fewer (an output that reused its input's buffer) and
+    every recorded one is of one line, that line. Else none is named: never a line that only might be it. A pair
+    whose allocation the trace places after the op's callback ran (beyond the clocks' slack) says the order is off:
+    none of that op type and size is named."""
+    wanted = set(peak)
+    keys: dict[int, tuple[int, str, int]] = {a.event: (a.window, a.op, a.requested) for a in allocations}
+    want_keys = {keys[i] for i in wanted if i in keys}
+    found: dict[tuple[int, str, int], list[EagerAllocation]] = {}
+    for a in allocations:
+        key = (a.window, a.op, a.requested)
+        if key in want_keys:
+            found.setdefault(key, []).append(a)
+    recorded: dict[tuple[int, str, int], list[tuple[int, EagerMade | None]]] = {}
+    op_types = {k[1] for k in want_keys}
+    for op in ops.ops:
+        if op.op not in op_types:
+            continue
+        made = (op.file, op.line, op.keras) if op.file is not None else None
+        t_ps = int((op.t - ops.t0) * PS_PER_S)
+        for shape, dtype in op.outputs:
+            size = eager_ops.output_bytes(shape, dtype)
+            key = (op.segment, op.op, size or 0)
+            if size and key in want_keys:
+                recorded.setdefault(key, []).append((t_ps, made))
+    out: dict[int, EagerMade | str] = {}
+    for key in want_keys:
+        window, op_type, size = key
+        allocated, ran = found.get(key, []), recorded.get(key, [])
+        if ops.full_from is not None and window >= ops.full_from:
+            why: str | None = f"more than {eager_ops.MAX_OPS:,} eager ops ran while the trace recorded"
+        elif ops.failed is not None:
+            why = f"the op callback failed ({ops.failed})"
+        elif not ran:
+            why = NOT_NOTED
+        elif len(ran) == len(allocated):
+            late = any(a.t_ps > t + EAGER_SLACK_PS for a, (t, _) in zip(allocated, ran, strict=True))
+            why = OUT_OF_ORDER if late else None
+        elif len(allocated) < len(ran) and len({m for _, m in ran}) == 1:
+            why, ran = None, [ran[0]] * len(allocated)
+        else:
+            why = NOT_ONE_TO_ONE
+        for a, (_, made) in zip(allocated, ran if why is None else [(0, None)] * len(allocated), strict=True):
+            if a.event in wanted:
+                out[a.event] = why or (made if made is not None else NO_USER_FRAME)
+    return out
+
+
 def by_line(
     rows: Sequence[TracedTensor], spans: Iterable[Span], resolver: Resolver, top: int, others: Sequence[str] = ()
 ) -> ByLine:
     """The rows grouped by what made them (see the module's docstring): the `top` largest groups. `others`: the
     functions to look in (after those the trace saw run) for an op outside every run the trace kept."""
     runs = _Runs(spans, others)
-    resolved: dict[tuple[str | None, str | None, str | None, tuple[str, ...]], LineOf] = {}
+    resolved: dict[tuple[str | None, str | None, str | None, tuple[str, ...], EagerMade | str | None], LineOf] = {}
     groups: dict[tuple[object, ...], _Group] = {}
+    unmatched: dict[str, tuple[int, list[str]]] = {}  # why eager ops were not named -> their bytes, op types
     for row in rows:
         running = tuple(runs.running(row.t_ps)) if row.path is not None else ()
-        key = (row.path, row.layer, row.hint, running)
+        key = (row.path, row.layer, row.hint, running, row.eager)
         of = resolved.get(key)
         if of is None:
             of = resolved[key] = _resolve(row, running, runs, resolver)
@@ -540,6 +640,10 @@ def by_line(
             )
         else:
             gkey = (of.kind, of.layer if of.kind == LAYER else None)
+        if of.kind == EAGER:
+            why = row.eager if isinstance(row.eager, str) else NO_CALLBACK
+            size, names = unmatched.setdefault(why, (0, []))
+            unmatched[why] = (size + row.chunk, names if row.op in names else [*names, row.op])
         group = groups.setdefault(gkey, _Group(of))
         group.bytes += row.chunk
         group.requested += row.requested
@@ -556,7 +660,7 @@ def by_line(
     ordered = sorted(groups.values(), key=lambda g: -g.bytes)
     out = [_line_group(g) for g in ordered[:top]]
     named = sum(g.bytes for g in groups.values() if g.of.kind == LINE)
-    return ByLine(out, named, _note(groups.values(), named))
+    return ByLine(out, named, _note(groups.values(), named, unmatched))
 
 
 def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver: Resolver) -> LineOf:
@@ -594,8 +698,11 @@ def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver:
         if row.phase == "backward" or (row.phase == "workspace" and node.startswith("gradient_tape/")):
             return resolver.gradient_line(fn, node, row.layer, top)
         return resolver.line_of(fn, node, row.layer)
-    if "/" not in row.path:
-        return LineOf(EAGER)  # an op type alone, found in no function that was running: an eager op's
+    if "/" not in row.path:  # an op type alone, found in no function that was running: an eager op's
+        if isinstance(row.eager, tuple):  # matched to the op its callback recorded (match_eager)
+            file, line, under_keras = row.eager
+            return LineOf(KERAS) if under_keras else resolver.eager_line(file, line, row.layer)
+        return LineOf(EAGER)
     if deepest is not None:
         one = resolver.scope_line(deepest[1], deepest[2], row.layer)
         if one is not None:
@@ -637,8 +744,11 @@ def _line_group(g: _Group) -> LineGroup:
     )
 
 
-def _note(groups: Iterable[_Group], named: int) -> str | None:
-    """What the view could not name, in bytes: the kinds that have no line yet, and why."""
+def _note(
+    groups: Iterable[_Group], named: int, unmatched: dict[str, tuple[int, list[str]]] | None = None
+) -> str | None:
+    """What the view could not name, in bytes: the kinds that have no line yet, and why (`unmatched`: why eager
+    ops were not matched to a noted op, with their bytes and op types)."""
     by_kind: dict[str, int] = {}
     for g in groups:
         by_kind[g.of.kind] = by_kind.get(g.of.kind, 0) + g.bytes
@@ -646,8 +756,12 @@ def _note(groups: Iterable[_Group], named: int) -> str | None:
     if not total:
         return None
     said = f"{format_bytes(named)} of the {format_bytes(total)} traced at the peak named by a line of code"
+    reasons = sorted((unmatched or {}).items(), key=lambda kv: -kv[1][0])
+    eager_why = "; ".join(
+        f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}: {reason}" for reason, (_, names) in reasons[:2]
+    ) + ("; ..." if len(reasons) > 2 else "")
     why = {
-        EAGER: "eager ops carry no stack in the trace",
+        EAGER: eager_why or NO_CALLBACK,
         XLA: "XLA allocates its buffers without op names",
         UNRESOLVED: "their function no longer exists",
         LAYER: "made before tfmem was loaded, or a custom layer's op not found",

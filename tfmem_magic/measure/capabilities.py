@@ -124,6 +124,15 @@ def _lines_of_code() -> bool:
     return hasattr(context.Context, "get_graph_debug_info") and hasattr(context.Context, "get_function_def")
 
 
+def _eager_op_lines() -> bool:
+    """Op callbacks, and what the callback reads of an eager op's outputs (measure/eager_ops.py)."""
+    from tensorflow.python.framework import op_callbacks, ops
+
+    return all(hasattr(op_callbacks, n) for n in ("add_op_callback", "remove_op_callback")) and all(
+        hasattr(ops.EagerTensor, n) for n in ("_shape_tuple", "_datatype_enum")
+    )
+
+
 def _keras_build_shapes() -> bool:
     keras = kerases.module(kerases.KERAS3)
     return keras is not None and _class_uses(keras.Layer, "_build_shapes_dict", root=kerases.KERAS3)
@@ -216,6 +225,12 @@ CAPABILITIES = (
         "tensorflow.python.eager.context.Context.get_graph_debug_info/get_function_def",
         "the report's 'by line' view is left empty: what was live at the peak is grouped by layer, op and phase only",
         _lines_of_code,
+    ),
+    Capability(
+        "lines of eager ops",
+        "tensorflow.python.framework.op_callbacks.add_op_callback, EagerTensor._shape_tuple/_datatype_enum",
+        "eager ops at the peak are grouped as eager ops, not named by the line that ran them",
+        _eager_op_lines,
     ),
     _tf(
         "trace reader fallback",

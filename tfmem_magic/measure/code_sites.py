@@ -36,6 +36,9 @@ LAYER_MODULES = {"keras.src.layers.layer": "keras", "tf_keras.src.engine.base_la
 # packages whose frames are never the user's (with the standard library and everything installed in site-packages)
 LIBRARY_PACKAGES = ("tensorflow", "keras", "tf_keras", "tensorboard", "absl", "numpy", "IPython", "ipykernel")
 _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# the frames of Keras' fit/evaluate/predict: an op whose user frame calls one of them was made by Keras' own step
+KERAS_ENTRIES = frozenset({"fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch"})
+_KERAS_DIRS = (os.sep + "keras" + os.sep, os.sep + "tf_keras" + os.sep)
 _user_files: dict[str, bool] = {}
 _library_roots: list[str] = []
 _roots_seen: list[int] = [-1]  # how many of LIBRARY_PACKAGES were imported when the roots were read
@@ -76,6 +79,12 @@ def is_user_file(filename: str) -> bool:
     if len(_user_files) < 10_000:
         _user_files[filename] = user
     return user
+
+
+def is_keras_entry(filename: str, function: str) -> bool:
+    """A frame of Keras' (or tf_keras') fit, evaluate, predict or their `*_on_batch`: an op made under it, with no
+    frame of the user's in between, is Keras' own step's."""
+    return function in KERAS_ENTRIES and any(d in filename for d in _KERAS_DIRS)
 
 
 # ---- the line that made each layer ----------------------------------------------------------------------------

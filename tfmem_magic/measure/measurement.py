@@ -38,6 +38,7 @@ from tfmem_magic.measure import (
     step_counters,
     xplane,
 )
+from tfmem_magic.measure.eager_ops import EagerOps
 from tfmem_magic.measure.instrument import Instrumentation, ModelUse
 from tfmem_magic.measure.interrupts import StopLatch
 from tfmem_magic.measure.sampling import AllocatorStats, RssSampler, main_tf_device, memory_info
@@ -80,6 +81,7 @@ class Measured:
     guard: guard.Guard | None = None
     instrumentation: Instrumentation | None = None
     tracer: Tracer | None = None
+    eager_ops: EagerOps | None = None  # the eager ops run while the trace recorded, with their lines
     segments: list[tuple[bytes | xplane.Decoded, int]] = field(default_factory=list)  # xplane.read_segments' input
     # [(XSpace bytes, start s)] when options.keep_xspaces
     xspaces: list[tuple[bytes, float]] = field(default_factory=list)
@@ -98,6 +100,7 @@ class Measurement:
         self.notes: list[str] = []
         self.guard: guard.Guard | None = None
         self.tracer: Tracer | None = None
+        self.eager_ops: EagerOps | None = None
         self.sampler: RssSampler | None = None
         self.instrumentation: Instrumentation | None = None
         self.stops: StopLatch | None = None  # the cell's stop presses (not armed when nested: the outer one has it)
@@ -150,6 +153,8 @@ class Measurement:
         self.allocator.start()
         if self.mode == "trace":
             self._arm_tracer()
+        if self.tracer is not None:
+            self._arm_eager_ops(self.tracer)
         on_tick = self.tracer.observe if self.tracer is not None else None
         on_rss = self.guard.observe if self.guard is not None else None
         self.sampler = RssSampler(
@@ -200,6 +205,22 @@ class Measurement:
                 self._undo.pop()
                 _quietly(self.tracer.finish)
             self.tracer, self.mode = None, "quick"
+
+    def _arm_eager_ops(self, tracer: Tracer) -> None:
+        """The op callback that notes each eager op's line while the trace records (eager_ops.py). Without it the
+        report's eager ops are grouped as eager, unnamed; the rest of the trace stands."""
+        if not capabilities.check().get("lines of eager ops", False):
+            return
+        recorder = EagerOps(tracer)
+        try:
+            self._push("op callback", recorder.stop)
+            recorder.start()
+        except Exception as exc:  # noqa: BLE001 - a TensorFlow without op callbacks: eager ops stay unnamed
+            fallback(_log, "the eager-op callback could not be added: eager ops are not named by line", exc)
+            self._undo.pop()
+            _quietly(recorder.stop)
+            return
+        self.eager_ops = recorder
 
     def _preflight_check(self) -> Callable[[KerasModel, str, ModelUse], None] | None:
         """The pre-flight for this cell's calls, or None: asked for (--preflight), or on by default when the user set
@@ -370,6 +391,7 @@ class Measurement:
             guard=self.guard,
             instrumentation=self.instrumentation,
             tracer=self.tracer,
+            eager_ops=self.eager_ops,
             segments=results.get("profiler") or [],
             xspaces=self.tracer.xspaces if self.tracer is not None else [],
             held=held,

@@ -234,6 +234,9 @@ class Tracer:
         self._lock = threading.RLock()
         self._dir = Path(tempfile.mkdtemp(prefix=f"{TRACE_DIR_PREFIX}{os.getpid()}-"))  # whose it is, if one is left
         self._session: Any = None  # the running _pywrap_profiler.ProfilerSession
+        # the running segment's index in `windows` (its window is appended when it stops); -1 while none records.
+        # Read without the lock by the eager-op callback (measure/eager_ops.py), on the cell's thread
+        self.recording = -1
         self._segment_start = 0.0
         self._count = 0  # segments made (folder names)
         self._windows_started = 0  # segments started at the start or after a pause (MAX_SEGMENTS)
@@ -468,11 +471,13 @@ class Tracer:
             except TypeError:  # a binding that takes options differently: the defaults are what we asked for
                 session.start(str(logdir), {})
         self._session = session
+        self.recording = len(self.windows)
 
     def _stop_segment(self) -> bool:
         """Stop and export the running segment. Never raises: it runs in Keras callbacks (the user's fit) and in the
         watcher thread; an export that fails (a full or read-only temp folder) ends the trace, with the reason.
         Returns whether it trimmed the heap after the export (then `finish` need not again)."""
+        self.recording = -1
         session, self._session = self._session, None
         end = time.perf_counter()
         self.windows.append((self._segment_start - self._t0, end - self._t0))
