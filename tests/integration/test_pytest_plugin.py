@@ -121,12 +121,16 @@ def test_limits_pass_fail_and_say_what_to_act_on(pytester, clean_env):
     assert re.search(r"^ +32 MiB  Mul\b.*float32\[2048,4096\]", largest, re.M), largest  # x * 2
     fit = out[out.index("test_fit_over") :]
     assert re.search(r"over its 8 MiB limit", fit) and "wide" in fit  # the layer that holds the most is named
-    # a line of the test's code that holds memory at the peak is named with its code (the by-line view); where
-    # none does (test_fit_over's peak is Adam's slots, Keras' own step), no line is named
+    # a line of the test's code that holds memory at the peak is named with its code (the by-line view): a
+    # tf.function's line, and a built-in layer's tensors by the line that made the layer
     by_line = failure(out, "test_function_over")
     made = r"^By line .*\n +(96|128) MiB +test_limits\.py:\d+ +y = tf\.concat\(\[x, x, x\]"
     assert re.search(made, by_line, re.M), by_line
-    assert "By line" not in failure(out, "test_fit_over")
+    fit_lines = failure(out, "test_fit_over")
+    # the lines that made the layers (the wide layer's eager weights are paired with their op by time, which can
+    # miss under load: the head's backward tensors are named from the graph either way)
+    assert re.search(r"^ +[\d.]+ [KM]iB +test_limits\.py:(19|20) ", fit_lines, re.M), fit_lines
+    assert re.search(r"layer (wide|head): made on this line", fit_lines), fit_lines
     rss = re.search(r"tfmem_limit: the process's RSS peak was ([\d.]+) MiB", out)
     assert rss and 280 <= float(rss.group(1)) <= 400, out
     assert "the test's own failure" in out  # the test's own exception, not a limit message
