@@ -132,6 +132,12 @@ model.compile("sgd", "mse")
         "_ = tf.zeros([24, 1024, 1024]).numpy().sum(); del _",
         FIT,
     )
+    # which moment of the step is the peak varies from run to run under load: where the scratch tensor was not live
+    # at the peak, the fit runs again (what is judged is the line of the tensor when it is at the peak)
+    for _ in range(2):
+        if any(g.shape == "[16384,1024]" for g in report.trace.at_peak):
+            break
+        report = run(shell, FIT)
     tile = group(report, "tf.tile(tf.ones([1024, 1024]), [16, 1])")
     assert tile.label == "In [2] line 4"
     assert tile.bytes >= 64 * MiB and any(t.shape == "[16384,1024]" and t.op == "Tile" for t in tile.tensors)
