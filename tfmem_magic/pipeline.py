@@ -243,16 +243,14 @@ class Profiler:
                 "of the call it refused already (nothing of the call ran to anchor probes on)."
             )
             return
-        if watch is not None and report.model is not None:
-            # the clone's export copies the model's weights in the kernel (docs/preflight.md, "tfmem's own work")
-            needed = report.model.param_bytes + guard.OWN_WORK_RESERVE
-            if watch.room() < needed:
-                report.notes.append(
-                    f"Calibration ({asked}) did not run: it works in the kernel too (~{format_bytes(needed)} for "
-                    f"this model), and the process has {format_bytes(max(0, watch.room()))} left under the memory "
-                    f"limit ({format_bytes(watch.limit)}); the what-if stays analytic."
-                )
-                return
+        needed = calibration.kernel_bytes(report)
+        if watch is not None and needed is not None and watch.room() < needed:
+            report.notes.append(
+                f"Calibration ({asked}) did not run: it works in the kernel too (~{format_bytes(needed)} for "
+                f"this model), and the process has {format_bytes(max(0, watch.room()))} left under the memory "
+                f"limit ({format_bytes(watch.limit)}); the what-if stays analytic."
+            )
+            return
         said = f"; {asked}" if mode == "auto" else ""
         print(f"tfmem: calibrating the what-if (probe processes replay the step{said})...", flush=True)
         started = time.perf_counter()

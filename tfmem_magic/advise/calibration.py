@@ -62,6 +62,13 @@ def probe_batches(report: Report, basis: Basis) -> list[int]:
     return sorted({max(1, high // 4), max(1, high // 2), high})
 
 
+def kernel_bytes(report: Report) -> int | None:
+    """What a calibration takes in the kernel, which a limit must have room for before it starts: the clone's export
+    copies the model's weights (docs/preflight.md, "tfmem's own work counts"), plus the watch's reserve. None: no
+    model to export."""
+    return report.model.param_bytes + guard.OWN_WORK_RESERVE if report.model is not None else None
+
+
 def calibrate_asked(report: Report, progress: Callable[[str, float], None] | None = None) -> Basis:
     """`measured_basis` asked for after the cell (`predict(..., calibrate=True)`, `largest_batch(calibrate=True)`,
     the panel's Calibrate button). Under `%tfmem limit` tfmem's work in the kernel counts against the limit as it
@@ -71,15 +78,14 @@ def calibrate_asked(report: Report, progress: Callable[[str, float], None] | Non
     limit = guard.session_limit()
     try:
         with guard.own_work_within(limit.bytes if limit is not None else None) as watch:
-            if watch is not None and report.model is not None:
-                needed = report.model.param_bytes + guard.OWN_WORK_RESERVE  # the clone's export copies the weights
-                if watch.room() < needed:
-                    raise TfmemUsageError(
-                        f"calibration works in the kernel too (~{format_bytes(needed)} for this model), and the "
-                        f"process has {format_bytes(max(0, watch.room()))} left under the memory limit "
-                        f"({format_bytes(watch.limit)}) of %tfmem limit: free memory first (%tfmem free) or raise "
-                        "the limit; the what-if keeps its basis"
-                    )
+            needed = kernel_bytes(report)
+            if watch is not None and needed is not None and watch.room() < needed:
+                raise TfmemUsageError(
+                    f"calibration works in the kernel too (~{format_bytes(needed)} for this model), and the "
+                    f"process has {format_bytes(max(0, watch.room()))} left under the memory limit "
+                    f"({format_bytes(watch.limit)}) of %tfmem limit: free memory first (%tfmem free) or raise "
+                    "the limit; the what-if keeps its basis"
+                )
             return measured_basis(report, progress)
     except guard.OwnWorkStopped as exc:
         raise TfmemUsageError(

@@ -632,18 +632,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
         )
         for i in copies
     ]
-    rows = [
-        LiveTensor(
-            att.op_name(i),
-            att.layer_name(i),
-            att.phase_name(i),
-            DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
-            ev.string(int(ev.shape[i])),
-            int(ev.chunk[i]),
-            int(ev.requested[i]),
-        )
-        for i in idx
-    ]
+    rows = _live_tensors(ev, att, idx)
     info.batch_bytes_at_peak = _batch_bytes(rows, ctx)
     info.replica_batch_size = ctx.batch_size if info.batch_bytes_at_peak is not None else None
     if info.batch_bytes_at_peak is not None:
@@ -679,24 +668,46 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     info.by_op = _groups([((r.op,), r.chunk, r.requested) for r in traced], ("op",), top)
     info.by_phase = _groups([((r.phase,), r.chunk, r.requested) for r in rows], ("phase",), len(PHASES))
     info.xla_at_peak_bytes = sum(r.chunk for r in rows if r.op == XLA_OP)
-    held = _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
+    held, held_rows = _held_at_end(info, ev, att, freed_at, t_s, ctx, top, int(ev.chunk[pre_frees].sum()))
     if ctx.models is not None:
-        _by_line(info, trace, att, idx, rows[: len(idx)], ctx, top)
-        _held_by_line(info, trace, att, held, ctx, top)
+        found = _lines_of(trace, att, idx, rows[: len(idx)], ctx, top, eager=True)
+        if found is not None:
+            info.by_line, info.by_line_named_bytes, info.by_line_note = found.groups, found.named_bytes, found.note
+        # what the leak findings name: eager ops' tensors there are not paired with the op callback's lines
+        found = _lines_of(trace, att, held, held_rows, ctx, top, eager=False) if len(held) else None
+        if found is not None:
+            info.held_at_end_by_line = found.groups
     return info
 
 
-def _by_line(
-    info: TraceInfo,
+def _live_tensors(ev: MemoryEvents, att: Attributed, idx: np.ndarray) -> list[LiveTensor]:
+    """The allocations at `idx`, named the ways the report groups them."""
+    return [
+        LiveTensor(
+            att.op_name(i),
+            att.layer_name(i),
+            att.phase_name(i),
+            DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
+            ev.string(int(ev.shape[i])),
+            int(ev.chunk[i]),
+            int(ev.requested[i]),
+        )
+        for i in idx
+    ]
+
+
+def _lines_of(
     trace: Trace,
     att: Attributed,
     idx: np.ndarray,
     live: Sequence[LiveTensor],
     ctx: TraceContext,
     top: int,
-) -> None:
-    """The cell's own allocations live at the peak (`idx`, named as `live` names them) by the line of code that made
-    them (lines.py)."""
+    eager: bool,
+) -> lines.ByLine | None:
+    """The cell's own allocations at `idx` (named as `live` names them) by the line of code that made them
+    (lines.py): those live at the peak, or those still live when the trace ended. `eager`: pair eager ops' tensors
+    with the lines their op callback noted (`_eager_lines`)."""
     ev = trace.events
     copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
     hints = [
@@ -707,14 +718,12 @@ def _by_line(
         else None
         for i, tensor in zip(idx, live, strict=True)
     ]
-    eager = _eager_lines(trace, att, idx, hints, ctx)
+    made = _eager_lines(trace, att, idx, hints, ctx) if eager else {}
     rows = [
-        lines.TracedTensor(ev.string(int(ev.op[i])), *tensor, int(ev.t_ps[i]), hint, eager.get(int(i)))
+        lines.TracedTensor(ev.string(int(ev.op[i])), *tensor, int(ev.t_ps[i]), hint, made.get(int(i)))
         for i, tensor, hint in zip(idx, live, hints, strict=True)
     ]
-    found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
-    if found is not None:
-        info.by_line, info.by_line_named_bytes, info.by_line_note = found.groups, found.named_bytes, found.note
+    return lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
 
 
 def _eager_lines(
@@ -744,17 +753,11 @@ def _eager_lines(
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
-        starts = np.array([m[0] for m in merged], dtype=np.int64)
-        ends = np.array([m[1] for m in merged], dtype=np.int64)
-        at = np.searchsorted(starts, t, side="right") - 1
-        inside = (at >= 0) & (t <= ends[np.maximum(at, 0)])
+        inside = _interval_of(merged, t) >= 0
         pick, t = pick[~inside], t[~inside]
     if not ctx.windows:
         return {}
-    window_starts = np.array([int(a * PS) for a, _ in ctx.windows], dtype=np.int64)
-    window_ends = np.array([int(b * PS) for _, b in ctx.windows], dtype=np.int64)
-    window = np.searchsorted(window_starts, t, side="right") - 1
-    window[(window >= 0) & (t > window_ends[np.maximum(window, 0)])] = -1
+    window = _interval_of([(int(a * PS), int(b * PS)) for a, b in ctx.windows], t)
     allocations = [
         lines.EagerAllocation(int(i), int(w), lines.eager_op_type(names[int(ev.op[i])]), int(ev.requested[i]), int(ti))
         for i, w, ti in zip(pick, window, t, strict=True)
@@ -762,6 +765,16 @@ def _eager_lines(
     ]
     found = lines.match_eager(peak, allocations, recorded)
     return {i: found.get(i, lines.IN_FUNCTION) for i in peak}
+
+
+def _interval_of(intervals: Sequence[Sequence[int]], t: np.ndarray) -> np.ndarray:
+    """For each time in `t`, the index of the interval ([start, end], sorted and disjoint) that holds it; -1 where
+    none does."""
+    starts = np.array([a for a, _ in intervals], dtype=np.int64)
+    ends = np.array([b for _, b in intervals], dtype=np.int64)
+    at = np.searchsorted(starts, t, side="right") - 1
+    at[(at >= 0) & (t > ends[np.maximum(at, 0)])] = -1
+    return at
 
 
 def _held_at_end(
@@ -773,66 +786,21 @@ def _held_at_end(
     ctx: TraceContext,
     top: int,
     preexisting_freed: int,
-) -> np.ndarray:
+) -> tuple[np.ndarray, list[LiveTensor]]:
     """The cell's own allocations that no free in the trace ended, grouped as the peak is: what the cell had live
     when the trace stopped (the weights it built, a model's slots, tensors a name keeps; a trace that covered only
     the first steps also ends with that step's temporaries). A free lost in a gap between trace segments is taken
     back against the allocator's own count at the last event, as at the peak, net of the pre-existing tensors the
-    cell freed. Returns their indices (`_held_by_line` names their lines)."""
+    cell freed. Returns their indices and their rows (the leak findings' lines are resolved from them)."""
     n = len(ev)
     held = ev.is_alloc & (freed_at >= n)
     _drop_freed_in_gaps(held, ev, t_s, n - 1, info.preexisting_bytes - preexisting_freed, ctx.windows)
     idx = np.nonzero(held)[0]
     info.held_at_end_bytes = int(ev.chunk[idx].sum())
+    rows = _live_tensors(ev, att, idx)
     info.held_at_end = _groups(
-        [
-            (
-                (
-                    att.op_name(i),
-                    att.layer_name(i),
-                    att.phase_name(i),
-                    DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
-                    ev.string(int(ev.shape[i])),
-                ),
-                int(ev.chunk[i]),
-                int(ev.requested[i]),
-            )
-            for i in idx
-        ],
+        [((r.op, r.layer, r.phase, r.dtype, r.shape), r.chunk, r.requested) for r in rows],
         ("op", "layer", "phase", "dtype", "shape"),
         top,
     )
-    return idx
-
-
-def _held_by_line(info: TraceInfo, trace: Trace, att: Attributed, idx: np.ndarray, ctx: TraceContext, top: int) -> None:
-    """The cell's own allocations still live when the trace ended (`idx`, as `held_at_end` counts them) grouped by
-    the line of code that made them, as the peak's are (lines.py): what the leak findings name."""
-    if not len(idx):
-        return
-    ev = trace.events
-    copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
-    rows = []
-    for i in idx:
-        phase = att.phase_name(i)
-        rows.append(
-            lines.TracedTensor(
-                ev.string(int(ev.op[i])),
-                att.op_name(i),
-                att.layer_name(i),
-                phase,
-                DATA_TYPES.get(int(ev.dtype[i])) if ev.dtype[i] > 0 else None,
-                ev.string(int(ev.shape[i])),
-                int(ev.chunk[i]),
-                int(ev.requested[i]),
-                int(ev.t_ps[i]),
-                lines.HINT_XLA
-                if att.op[i] == xla
-                else lines.HINT_INPUT
-                if att.op[i] == copy or phase == "input"
-                else None,
-            )
-        )
-    found = lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
-    if found is not None:
-        info.held_at_end_by_line = found.groups
+    return idx, rows
