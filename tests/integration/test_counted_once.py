@@ -7,13 +7,8 @@ process (TensorFlow's allocator keeps its regions for the life of a process)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from fresh import run_python  # a fresh interpreter, this process's allocator settings left out
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -64,13 +59,7 @@ print(json.dumps({
 
 
 def _run(feed: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPU", "TF_ENABLE_ONEDNN"))}
-    env.update(FEED=feed, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CODE)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_python(CODE, {"FEED": feed, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 @pytest.mark.parametrize("feed", ["numpy", "tensor", "dataset", "pydataset"])

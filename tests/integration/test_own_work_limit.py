@@ -24,8 +24,24 @@ model.fit(x, y, batch_size=32, verbose=0)
 FIT = "model.fit(x, y, batch_size=32, verbose=0)"
 
 
+def above_now(mib: int) -> str:
+    return f"{psutil.Process().memory_info().rss // MiB + mib}MiB"
+
+
 def limit_above_now(mib: int) -> str:
-    return f"--limit {psutil.Process().memory_info().rss // MiB + mib}MiB"
+    return f"--limit {above_now(mib)}"
+
+
+def greedy_into(held: list[bytearray]):
+    """tfmem's own work as it would grow the process: real pages, 4 MiB at a time, up to 1 GiB."""
+
+    def greedy(report, *args, **kwargs):
+        for _ in range(256):
+            held.append(bytearray(b"\1" * (4 * MiB)))
+            time.sleep(0.005)
+        raise AssertionError("the watch did not stop it")
+
+    return greedy
 
 
 def test_calibration_without_room_under_the_limit_does_not_start(shell):
@@ -43,14 +59,7 @@ def test_calibration_without_room_under_the_limit_does_not_start(shell):
 def test_own_work_that_reaches_the_limit_is_stopped_and_the_cell_keeps_its_report(shell, monkeypatch):
     assert shell.run_cell(SETUP).success
     held: list[bytearray] = []
-
-    def greedy(report, *args, **kwargs):  # tfmem's own work as it would grow the process: real pages, 4 MiB at a time
-        for _ in range(256):
-            held.append(bytearray(b"\1" * (4 * MiB)))
-            time.sleep(0.005)
-        raise AssertionError("the watch did not stop it")
-
-    monkeypatch.setattr(calibration, "measured_basis", greedy)
+    monkeypatch.setattr(calibration, "measured_basis", greedy_into(held))
     # room for the calibration to start (the weights' 80 MiB), not for the 1 GiB it would grow by
     result = shell.run_cell(f"%%tfmem --as rep --calibrate --no-panel {limit_above_now(160)}\n{FIT}")
     grown = len(held) * 4
@@ -66,7 +75,7 @@ def test_own_work_that_reaches_the_limit_is_stopped_and_the_cell_keeps_its_repor
 
 
 def _limit_now(shell, mib: int) -> None:
-    shell.run_line_magic("tfmem", f"limit {psutil.Process().memory_info().rss // MiB + mib}MiB")
+    shell.run_line_magic("tfmem", f"limit {above_now(mib)}")
 
 
 def test_a_calibration_asked_later_without_room_under_the_session_limit_does_not_start(shell):
@@ -93,14 +102,7 @@ def test_a_calibration_asked_later_is_stopped_at_the_session_limit(shell, monkey
     assert shell.run_cell(f"%%tfmem --as rep --no-calibrate --no-panel\n{FIT}").success
     rep = shell.user_ns["rep"]
     held: list[bytearray] = []
-
-    def greedy(report, *args, **kwargs):  # the calibration as it would grow the process: real pages
-        for _ in range(256):
-            held.append(bytearray(b"\1" * (4 * MiB)))
-            time.sleep(0.005)
-        raise AssertionError("the watch did not stop it")
-
-    monkeypatch.setattr(calibration, "measured_basis", greedy)
+    monkeypatch.setattr(calibration, "measured_basis", greedy_into(held))
     _limit_now(shell, 160)
     try:
         with pytest.raises(TfmemUsageError, match="calibration stopped"):
