@@ -1,6 +1,7 @@
 """Accuracy and cost of the pre-flight: its prediction of a call's step at a large batch against the same call run
 for real, each model in a fresh process, by both of its bases side by side: the step replay (a clone's steps traced
-at two small odd batches, about 1/14 and 1/9 of the call's, replayed through the BFC simulator) and the line
+at two small odd batches, about 1/14 and 1/9 of the call's or smaller where such probes' steps would cost more than
+`preflight.REPLAY_PROBE_MACS`, replayed through the BFC simulator; the same uncapped as "replay at 1/10") and the line
 through two probe steps at 1/16 and 1/8 of the batch (what stands in where the replay cannot be used).
 
 For each model, one process builds it, trains one small batch (TensorFlow is running, as in a notebook), asks the
@@ -66,6 +67,22 @@ MODELS = {  # name -> (batch, code that builds m, x, y; or m and call(batch), fo
         x = np.random.rand(1024, 64, 64).astype("float32"); y = np.random.randint(0, 10, 1024)
     """,
     ),
+    # the replay's probes capped by their step's cost far below 1/10 of the batch (preflight.REPLAY_PROBE_MACS)
+    "mlp-wide": (
+        16384,
+        """
+        m = keras.Sequential([keras.Input((784,)), keras.layers.Dense(4096, activation="relu"),
+                              keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(10)])
+        x = np.random.rand(32768, 784).astype("float32"); y = np.random.randint(0, 10, 32768)
+    """,
+    ),
+    "gru": (
+        4096,
+        """
+        m = keras.Sequential([keras.Input((200, 32)), keras.layers.GRU(128), keras.layers.Dense(10)])
+        x = np.random.rand(8192, 200, 32).astype("float32"); y = np.random.randint(0, 10, 8192)
+    """,
+    ),
     # keras-io's DCGAN (benchmarks/custom_step_accuracy.py's, 32x32): a train_step of its own, two Adams not built
     # yet (never fitted: the step the pre-flight saves builds their slots). Only the replay: the line needs a clone
     "dcgan": (
@@ -84,6 +101,7 @@ tfmem_magic.prepare()
 import numpy as np, keras, tensorflow as tf
 from keras import layers
 from tfmem_magic.advise import preflight
+from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.errors import TfmemUsageError
 sys.path.insert(0, {here!r})
 {build}
@@ -95,8 +113,12 @@ batch = {batch}
 seen = {{}}
 
 def spy(model, what, use, threshold, rss, source, current, held):  # the cell's own pre-flight, forced to probe
-    for basis in ("replay", "probes"):  # side by side, before the call runs
+    capped = preflight.REPLAY_PROBE_MACS
+    for basis in ("replay", "replay at 1/10", "probes"):  # side by side, before the call runs
         started = time.perf_counter()
+        # the replay's probes at 1/10 of the batch whatever their steps cost
+        preflight.REPLAY_PROBE_MACS = 1e30 if basis == "replay at 1/10" else capped
+        SESSION.preflight_replays.clear()  # a refusal's replay is kept for the next call: each basis probes
         if basis == "probes":  # the line through two probe steps, as where the replay cannot be used
             def refuse(*args, **kwargs):
                 raise preflight.NoReplay("the benchmark's other basis")
@@ -116,7 +138,8 @@ r = p.report
 print(json.dumps({{basis: {{"step_predicted": info.step_bytes, "step_measured": r.tf_peak_bytes,
                            "rss_predicted": info.predicted_rss_bytes, "rss_measured": r.rss.peak_bytes,
                            "rss_before": info.rss_bytes, "probes": info.probe_batches, "seconds": info.seconds,
-                           "basis": info.basis, "note": info.replay_note}}
+                           "basis": info.basis if basis != "replay at 1/10" else basis,
+                           "note": info.replay_note}}
                   for basis, info in seen.items()}}))
 """
 

@@ -361,6 +361,7 @@ export interface PreflightInfo {
   seconds: number;
   tf_bytes: number;
   reusable_bytes: number;
+  floor_bytes: number;
   replay: ReplayCurve | null;
 }
 /**

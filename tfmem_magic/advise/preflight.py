@@ -52,7 +52,7 @@ from tfmem_magic.advise.bases import larger_order_peak, refused_call_start
 from tfmem_magic.advise.calibration import line_slope
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
-from tfmem_magic.analyze.modelinfo import describe_model
+from tfmem_magic.analyze.modelinfo import describe_model, forward_macs_per_sample
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
@@ -74,6 +74,11 @@ if TYPE_CHECKING:  # NumPy and the simulator: imported only when a pre-flight pr
 _log = logging.getLogger(__name__)
 
 REPLAY_FRACTION = 10  # the replay's probes run at about 0.7/REPLAY_FRACTION and 1.15/REPLAY_FRACTION of the batch
+# ... or smaller, where that would cost the larger probe's forward pass more multiply-adds than this a step: a
+# refusal's time is its probes' steps (docs/preflight.md, "Warm probes"), and the replay scales each tensor by a line
+# through two probes wherever they are. Not below REPLAY_PROBE_FLOOR
+REPLAY_PROBE_MACS = 1.5e9
+REPLAY_PROBE_FLOOR = 24
 # the step each checked call runs: what is saved for the probes when a clone cannot run it
 STEP_OF_CALL = {
     "fit": "train_step",
@@ -230,13 +235,14 @@ def check(
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
+    floor = parts_floor(use, train)  # what "fits" never counts less than, whatever the probes saw
     key = _inputs_key(model, call, use)  # before the probes change the model (an own step's export builds slots)
     kept = kept_replay(key, model, batch)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
         info.kept = True
-        _lower_bound_only(_judge(info, kept.step, tf_current, tf_held), fed)
+        _lower_bound_only(_judge(info, kept.step, tf_current, tf_held, floor), fed)
         if info.verdict == "refused":
             info.replay = kept.curve
         return info
@@ -255,7 +261,7 @@ def check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below = PREFLIGHT_GROWTH_LOW
-        _judge(info, step_at, tf_current, tf_held)  # a replay that fails on the way raises NoReplay too
+        _judge(info, step_at, tf_current, tf_held, floor)  # a replay that fails on the way raises NoReplay too
         _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
             if info.largest_batch:  # replayed itself, not between two batches: the what-if names it too
@@ -264,7 +270,7 @@ def check(
                 except NoReplay:  # the verdict stands; the curve interpolates there
                     pass
             info.replay = step_at.curve(batch)
-            _as_left(info, step_at, arrays, tf_held, began)
+            _as_left(info, step_at, arrays, tf_held, began, floor)
             keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
@@ -275,7 +281,10 @@ def check(
         info.replay_note = str(exc)
     line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
-    return _lower_bound_only(_judge(info, line, tf_current, tf_held), fed)
+    _judge(info, line, tf_current, tf_held, floor)
+    if info.verdict == "fits":  # the line missed a step by up to 80%, under: it never lets a call through as fitting
+        info.verdict = "uncertain"  # (docs/preflight.md, "A floor from the model's own parts"): the guard runs it
+    return _lower_bound_only(info, fed)
 
 
 def with_fed_shapes(use: ModelUse) -> tuple[ModelUse, FedShapes | None]:
@@ -419,7 +428,12 @@ def own_replayed_step(
 
 
 def _as_left(
-    info: PreflightInfo, step_at: Callable[[float], float], arrays: int, tf_held: int, began: tuple[int, int]
+    info: PreflightInfo,
+    step_at: Callable[[float], float],
+    arrays: int,
+    tf_held: int,
+    began: tuple[int, int],
+    floor: float | None = None,
 ) -> None:
     """A refusal judged again from the process as the pre-flight leaves it: the largest batch it names is judged
     where the next call will be, not where this one began. What the pre-flight did in the kernel (the model's own
@@ -433,7 +447,7 @@ def _as_left(
     info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
     info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
-    _judge(info, step_at, info.tf_bytes, held)
+    _judge(info, step_at, info.tf_bytes, held, floor)
     info.verdict = "refused"  # decided already: only the batch it names moves
 
 
@@ -443,22 +457,30 @@ def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
     return max(0.0, tf_current + step + extra - max(tf_held, tf_current))
 
 
-def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: int, tf_held: int) -> PreflightInfo:
+def _judge(
+    info: PreflightInfo,
+    step_at: Callable[[float], float],
+    tf_current: int,
+    tf_held: int,
+    floor: float | None = None,
+) -> PreflightInfo:
     """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits. The
     regions TF's allocator holds beyond what is in use count as reusable against a refusal (the low end), never
     for "fits" or the largest batch (the high end): which of the call's tensors they can hold is not known, and a
     batch named on them ran 0.6 GiB past its limit (docs/preflight.md, "Held regions count only against a
-    refusal")."""
+    refusal"). `floor`: the least a step holds per sample by the model's own outputs (parts_floor): "fits" and the
+    largest batch never count less; a refusal is the prediction's alone."""
     rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
 
-    def grows(b: float) -> float:  # the held regions reused first
-        return _growth(step_at(b), info.extra_bytes, tf_current, tf_held)
+    def judged(b: float) -> float:  # what "fits" and the largest batch count: never below the model's outputs
+        return max(step_at(b), (floor or 0.0) * b)
 
-    def grows_anew(b: float) -> float:  # none of them reused
-        return _growth(step_at(b), info.extra_bytes, tf_current, tf_current)
+    def grows_anew(b: float) -> float:  # none of the held regions reused
+        return _growth(judged(b), info.extra_bytes, tf_current, tf_current)
 
     info.step_bytes = round(step_at(batch))
-    growth = grows(batch)
+    info.floor_bytes = round((floor or 0.0) * batch)
+    growth = _growth(step_at(batch), info.extra_bytes, tf_current, tf_held)  # the held regions reused first
     info.predicted_rss_bytes = round(rss + growth)
     # the band is the prediction's error: it widens what the process grows by, not what it holds already
     if rss + growth * (1 - band_below(info)) > threshold:
@@ -467,7 +489,7 @@ def _judge(info: PreflightInfo, step_at: Callable[[float], float], tf_current: i
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
-    info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band) <= threshold, batch)
+    info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch)
     return info
 
 
@@ -495,7 +517,7 @@ def replayed_step(
     either)."""
     from tfmem_magic.analyze import step_replay  # NumPy and the simulator: only when a pre-flight probes
 
-    probes = step_replay.odd_probes(max(3, round(batch / REPLAY_FRACTION)), probe_runs.weight_dims(model))
+    probes = step_replay.odd_probes(replay_probe_target(model, use, batch), probe_runs.weight_dims(model))
     if probes[1] >= batch:
         raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
     on_gpu = _on_gpu()
@@ -532,6 +554,16 @@ def replayed_step(
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     return ReplayedStep(check, held + fed, "step" if saved is not None else "probes"), list(probes)
+
+
+def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:
+    """The batch the replay's two probes are placed around: 1/REPLAY_FRACTION of the call's, capped by what a
+    probe's step costs (REPLAY_PROBE_MACS; a model whose cost per sample is unknown is not capped)."""
+    target = max(3, round(batch / REPLAY_FRACTION))
+    macs = forward_macs_per_sample(model, use.structure)
+    if macs:
+        target = min(target, max(REPLAY_PROBE_FLOOR, int(REPLAY_PROBE_MACS / (1.15 * macs))))
+    return target
 
 
 # what a refused call's replay may spend on more batches for the report's what-if (advise/preflight.refused_basis):
@@ -688,6 +720,29 @@ def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
     return round(MODEL_MARGIN * (1.5 * per_sample * batch + gradients))
 
 
+# the share of its layers' outputs (and of what recurrent layers keep per time step) a training step holds at its
+# least: each output is a later layer's input, kept for its backward pass, but a fused or in-place op keeps fewer
+# (MobileNetV2's step held 79% of the sum). A prediction below it missed part of the step (docs/preflight.md, "A
+# floor from the model's own parts"). Layers whose output is a view of their input hold nothing of their own
+PARTS_FLOOR_TRAIN = 0.6
+_VIEWS = ("Flatten", "Reshape", "InputLayer", "Dropout", "Identity")
+
+
+def parts_floor(use: ModelUse, train: bool) -> float | None:
+    """The least one step holds per sample by the model's own layer outputs, no run: training keeps most of them
+    for its backward pass (PARTS_FLOOR_TRAIN of their sum with what recurrent layers keep per time step), and any
+    call makes at least its largest output. None where the model cannot be described or an output is open."""
+    info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
+    if info is None or not info.layers or any(_open_output(layer.output_shape) for layer in info.layers):
+        return None
+    outputs = [layer.activation_bytes_per_sample for layer in info.layers if layer.type.split(" ")[0] not in _VIEWS]
+    if not outputs:
+        return None
+    if not train:
+        return float(max(outputs))
+    return PARTS_FLOOR_TRAIN * (sum(outputs) + sum(layer.kept_bytes_per_sample for layer in info.layers))
+
+
 def _open_output(shape: str | None) -> bool:
     """A layer's output shape (modelinfo's text, "(None, 40, 64)") unknown, or with a dimension besides the batch
     that is not known: its bytes per sample were counted as 0."""
@@ -732,18 +787,31 @@ def _slots_to_build(model: KerasModel) -> int:
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 
-def _largest(fits: Callable[[int], bool], batch: int) -> int | None:
-    """The largest batch below `batch` that `fits` (monotone), as people type it; None if not even 1 does."""
-    if not fits(1):
+def _largest(need: Callable[[int], float], room: float, batch: int) -> int | None:
+    """The largest batch below `batch` whose `need` (growing with the batch) is within `room`, as people type it;
+    None if not even 1 is. Each `need` may be a replay of the whole step, so the next batch tried is where the line
+    through the bracket's two ends meets `room` (a step grows about linearly with the batch), aimed a little past
+    it toward the end that has not moved, and halved where one end moved twice in a row: the same answers as
+    halving the bracket, with 5 replays where that took 12 (a mean over 2,000 staircases: docs/preflight.md)."""
+    below = need(1) - room
+    if below > 0:
         return None
-    if fits(batch):
+    above = need(batch) - room
+    if above <= 0:
         return batch
-    low, high = 1, batch  # fits(low), not fits(high)
-    # until every batch left between them is typed as the same one (from 16 up, typeable_batch rounds to 8s): each
-    # `fits` may be a replay of the whole step
+    low, high, moved = 1, batch, 0  # need(low) fits, need(high) does not; moved: -1 low last, 1 high, 2 twice
+    # until every batch left between them is typed as the same one (from 16 up, typeable_batch rounds to 8s)
     while high - low > 1 and typeable_batch(high - 1) != typeable_batch(low):
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
+        if moved == 2:
+            mid = (low + high) // 2
+        else:
+            mid = round(low + (high - low) * -below / (above - below) + {-1: 4, 1: -4}.get(moved, 0))
+        mid = min(max(mid, low + 1), high - 1)
+        at = need(mid) - room
+        if at <= 0:
+            low, below, moved = mid, at, 2 if moved == -1 else -1
+        else:
+            high, above, moved = mid, at, 2 if moved == 1 else 1
     return typeable_batch(low)
 
 
@@ -792,6 +860,12 @@ def how_predicted(info: PreflightInfo) -> str:
     """How a pre-flight came to its prediction, and what it cost, in words."""
     batches = " and ".join(map(str, info.probe_batches))
     fed = f" ({info.fed_note})" if info.fed_note else ""
+    floor = (
+        f"; the step is judged at no less than the {format_bytes(info.floor_bytes)} the model's layer outputs alone "
+        f"hold at batch {info.batch_size}, more than the prediction: the probes missed part of the step"
+        if info.floor_bytes > info.step_bytes
+        else ""
+    )
     if info.basis == "model":
         return "no probes needed: the model's own parts, taken several times over, fit"
     if info.basis == "replay":
@@ -799,7 +873,7 @@ def how_predicted(info: PreflightInfo) -> str:
         again = " (the replay kept from this model's earlier refusal: no new probes)" if info.kept else ""
         return (
             f"{steps} at batches {batches}{fed} and replayed at batch {info.batch_size} through a "
-            f"simulation of TensorFlow's allocator{again}, {info.seconds:.1f} s"
+            f"simulation of TensorFlow's allocator{again}, {info.seconds:.1f} s{floor}"
         )
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
-    return f"predicted from one step of a clone at batches {batches}{fed}, {info.seconds:.1f} s{why}"
+    return f"predicted from one step of a clone at batches {batches}{fed}, {info.seconds:.1f} s{why}{floor}"

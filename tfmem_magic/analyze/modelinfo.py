@@ -71,8 +71,18 @@ def _recurrent_kept_bytes(layer: KerasLayer, input_shape: TFTensor = None) -> in
 def _internal_bytes(layer: KerasLayer) -> int:
     """Per-sample bytes of tensors a layer makes inside itself that its output does not show. Attention: the
     projected query, key and value, and the heads x query x key scores with their softmax."""
-    if type(layer).__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
+    dims = _attention_dims(layer)
+    if dims is None:
         return 0
+    heads, key_dim, t_q, t_k = dims
+    size = _dtype_size(getattr(layer, "compute_dtype", "float32"))
+    return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
+
+
+def _attention_dims(layer: KerasLayer) -> tuple[int, int, int, int] | None:
+    """An attention layer's heads, key size, query positions and key positions; None for any other layer."""
+    if type(layer).__name__ not in ("MultiHeadAttention", "GroupedQueryAttention"):
+        return None
     try:
         # Keras 3's properties, else the layer's config (public in both Kerases: tf_keras has no such properties)
         config = {} if getattr(layer, "num_heads", None) and getattr(layer, "key_dim", None) else layer.get_config()
@@ -82,10 +92,8 @@ def _internal_bytes(layer: KerasLayer) -> int:
         query = [int(d) for d in shapes["query_shape"][1:-1]]
         key = [int(d) for d in (shapes.get("key_shape") or shapes["value_shape"])[1:-1]]
     except (AttributeError, KeyError, TypeError, ValueError):
-        return 0
-    size = _dtype_size(getattr(layer, "compute_dtype", "float32"))
-    t_q, t_k = math.prod(query), math.prod(key)
-    return size * (heads * key_dim * (t_q + 2 * t_k) + 2 * heads * t_q * t_k)
+        return None
+    return heads, key_dim, math.prod(query), math.prod(key)
 
 
 def _attention_shapes(layer: KerasLayer) -> dict[str, TFTensor]:
@@ -395,3 +403,58 @@ def main_use(uses: list[ModelUse], applied: AppliedOptimizers = ()) -> ModelUse 
         return best, -params
 
     return min(alive, key=rank)
+
+
+# layers whose weights are looked up or scaled per element, not multiplied with the input: their cost is their output
+_LOOKUPS = ("Embedding", "BatchNormalization", "LayerNormalization", "GroupNormalization", "Normalization")
+
+
+def forward_macs_per_sample(model: KerasModel, structure: dict[str, Any] | None = None) -> int | None:
+    """About how many multiply-adds one sample's forward pass costs: each layer's weights times the positions it
+    applies them at (a Dense's outputs along a sequence, a convolution's output pixels, a recurrent layer's time
+    steps), attention's scores, and one per output element. What a probe's step costs grows with it
+    (advise/preflight.py caps the replay's probe batches by it). None where a layer's shapes are not known (a
+    subclassed model never called on symbolic inputs): nothing is capped then."""
+    fed = _fed_shapes(model, structure)
+    total = 0
+    for layer in _leaf_layers(model):
+        macs = _layer_macs(layer, fed.get(id(layer)))
+        if macs is None:
+            return None
+        total += macs
+    return total
+
+
+def _leaf_layers(layer: KerasLayer, depth: int = 0) -> list[KerasLayer]:
+    """A model's layers, a model used as a layer by its own."""
+    inner = getattr(layer, "layers", None) if _is_model(layer) and depth < 4 else None
+    if not inner:
+        return [] if depth == 0 else [layer]
+    return [leaf for sub in inner[:MAX_LAYERS] for leaf in _leaf_layers(sub, depth + 1)]
+
+
+def _layer_macs(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None) -> int | None:
+    if type(layer).__name__ == "InputLayer":
+        return 0
+    try:
+        output = fed[1] if fed is not None else layer.output.shape
+        dims = [int(d) for d in output[1:]]
+        params = int(layer.count_params())
+    except (AttributeError, TypeError, ValueError, IndexError):  # never called symbolically, not built, open dims
+        return None
+    elements = math.prod(dims)
+    kind = type(layer).__name__
+    if kind in _LOOKUPS or not params:
+        return elements
+    attention = _attention_dims(layer)
+    if attention is not None:  # the projections at every position, the scores and their weighted sum
+        heads, key_dim, t_q, t_k = attention
+        return params * max(t_q, t_k) + 2 * heads * key_dim * t_q * t_k + elements
+    recurrent = kind == "Bidirectional" or hasattr(layer, "cell")
+    if recurrent:
+        try:
+            steps = int((fed[0] if fed is not None else layer.input.shape)[1])
+        except (AttributeError, TypeError, ValueError, IndexError):
+            return None
+        return params * steps + elements
+    return params * math.prod(dims[:-1]) + elements

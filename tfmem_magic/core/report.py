@@ -298,6 +298,9 @@ class PreflightInfo:
     seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
     tf_bytes: int = 0  # TF's allocator in use (its main device) when the call began: the step's growth starts there
     reusable_bytes: int = 0  # TF's regions held then beyond that (its peak so far): filled before the process grows
+    # the least the step holds by the model's own layer outputs at batch_size (advise/preflight.parts_floor): "fits"
+    # and largest_batch never count less, where a prediction is below it (0: the model could not be described)
+    floor_bytes: int = 0
     # a refused call's step replay, at the batches replayed (advise/preflight.refused_basis: the report's what-if)
     replay: ReplayCurve | None = None
 
