@@ -5,7 +5,7 @@
  * renderer shows comes worded by the Python views in the bundle's `view` block (tfmem_magic.show.render.lab_view),
  * so that the lab renderer and the static HTML say the same.
  */
-import type { HeldView, PeakView, Report, ReportView, TimelineSeries } from './report';
+import type { HeldView, LineRow, Report, ReportView, TimelineSeries } from './report';
 
 export type Placement = 'below' | 'top';
 
@@ -123,12 +123,16 @@ export function timelineSvg(report: ReportBundle): string {
 }
 
 /** The "Held after" section: who holds TensorFlow memory at the cell's end, in the words the Python view chose
- * (`view.held`: headline, hint, and [name, kind, what it holds, bytes] rows). Empty when nothing is held. */
+ * (`view.held`: headline, hint, and [name, kind, what it holds, bytes] rows), and what the cell left live by the line
+ * of code that made it (`view.held.by_line`, absent where the trace did not cover the whole cell). Empty when
+ * neither is there. */
 export function heldHtml(held: HeldView | undefined): string {
-  if (!held || !Array.isArray(held.holders) || !held.holders.length) {
+  const holders = Array.isArray(held?.holders) ? held.holders : [];
+  const lines = Array.isArray(held?.by_line);
+  if (!held || (!holders.length && !lines)) {
     return '';
   }
-  const rows = held.holders
+  const rows = holders
     .map(
       row =>
         `<tr><td><code>${escapeHtml(row[0])}</code></td><td>${escapeHtml(row[1])}</td>` +
@@ -137,8 +141,11 @@ export function heldHtml(held: HeldView | undefined): string {
     .join('');
   return (
     `<h4>Held after the cell</h4><div class="tfmem-held">${escapeHtml(held.headline)}</div>` +
-    '<table class="tfmem-holders"><tr><th>held by</th><th>is</th><th>holds</th><th class="num">bytes</th></tr>' +
-    `${rows}</table>` +
+    (rows
+      ? '<table class="tfmem-holders"><tr><th>held by</th><th>is</th><th>holds</th><th class="num">bytes</th></tr>' +
+        `${rows}</table>`
+      : '') +
+    (lines ? byLineHtml(held.by_line, held.by_line_note, END_LINES) : '') +
     (held.hint ? `<div class="tfmem-muted">${escapeHtml(held.hint)}</div>` : '')
   );
 }
@@ -154,16 +161,21 @@ function peakRows(rows: { label: string; bytes: string; share: number }[] | unde
     .join('');
 }
 
-/** The "By line" table: each line of code that made what was live at the peak, with its text as code, its bytes,
- * its forward/backward split, its largest tensor and, for a layer's line, the line that made the layer; then what no
- * line made. The rows come worded by the Python view (`view.peak.by_line`, show/view.py by_line_rows), and the
- * markup is that of the static report's (tfmem_magic.show.render.by_line_html). Empty for a report without a
- * by-line view (quick mode, a saved trace, a bundle from an older tfmem_magic). */
-export function byLineHtml(peak: PeakView | undefined): string {
-  if (!peak || !Array.isArray(peak.by_line)) {
+/** What a by-line view groups, in the words of its heading (tfmem_magic.show.view.PEAK_LINES and END_LINES). */
+export const PEAK_LINES = 'what was live at the peak';
+export const END_LINES = 'what the cell left live at its end';
+
+/** A "By line" table: each line of code that made `what` the view groups (what was live at the peak:
+ * `view.peak.by_line`; what the cell left live: `view.held.by_line`), with its text as code, its bytes, its
+ * forward/backward split, its largest tensor and, for a layer's line, the line that made the layer; then `note`, what
+ * no line made. The rows come worded by the Python view (show/view.py by_line_rows), and the markup is that of the
+ * static report's (tfmem_magic.show.render.lines_html). Empty without rows (quick mode, a saved trace, a bundle from
+ * an older tfmem_magic). */
+export function byLineHtml(rows: LineRow[] | undefined, note: string | null | undefined, what: string): string {
+  if (!Array.isArray(rows)) {
     return '';
   }
-  const rows = peak.by_line
+  const cells = rows
     .map(row => {
       const code = row.code ? `<code>${escapeHtml(row.code)}</code>` : '';
       const made = escapeHtml(row.made_by) + (row.made_by_code ? `: <code>${escapeHtml(row.made_by_code)}</code>` : '');
@@ -176,16 +188,14 @@ export function byLineHtml(peak: PeakView | undefined): string {
       );
     })
     .join('');
-  const table = rows
+  const table = cells
     ? '<table class="tfmem-by-line"><tr><th>line</th><th>code</th><th class="num">bytes</th><th></th></tr>' +
-      `${rows}</table>`
-    : '<div class="tfmem-muted">No line of code made what was live at the peak.</div>';
-  const note = peak.by_line_note
-    ? `<div class="tfmem-muted tfmem-by-line-note">${escapeHtml(peak.by_line_note)}</div>`
-    : '';
+      `${cells}</table>`
+    : `<div class="tfmem-muted">No line of code made ${escapeHtml(what)}.</div>`;
+  const said = note ? `<div class="tfmem-muted tfmem-by-line-note">${escapeHtml(note)}</div>` : '';
   return (
-    '<div class="tfmem-by-line-view"><b>By line</b>: what was live at the peak, by the line of code that made it' +
-    `${table}${note}</div>`
+    `<div class="tfmem-by-line-view"><b>By line</b>: ${escapeHtml(what)}, by the line of code that made it` +
+    `${table}${said}</div>`
   );
 }
 
@@ -249,7 +259,7 @@ export function renderReportHtml(data: unknown, text?: unknown): string {
     if (view.peak.by_layer?.length) {
       parts.push(`<table class="tfmem-by-layer">${peakRows(view.peak.by_layer)}</table>`);
     }
-    parts.push(byLineHtml(view.peak));
+    parts.push(byLineHtml(view.peak.by_line, view.peak.by_line_note, PEAK_LINES));
   }
   parts.push(heldHtml(view.held));
   parts.push(timelineSvg(report));

@@ -565,7 +565,7 @@ export interface TimelineSeries {
   seconds: string;
 }
 /**
- * who holds TensorFlow memory at the cell's end (show/view.py held_view)
+ * who holds TensorFlow memory at the cell's end, and what the cell left live (show/view.py held_view)
  */
 export interface HeldView {
   headline: string;
@@ -574,4 +574,12 @@ export interface HeldView {
    * (name, what it is, what it holds, bytes)
    */
   holders: HolderRow[];
+  /**
+   * the lines of code that made the most of what the cell left live (show/view.py by_line_rows, end=True); absent where the trace did not cover the whole cell or resolved no lines
+   */
+  by_line?: LineRow[];
+  /**
+   * how much of it a line of code named, and what no line made (show/view.py held_by_line_note)
+   */
+  by_line_note?: string | null;
 }

@@ -48,6 +48,12 @@ const bundles: Record<string, Record<string, unknown>> = file ? JSON.parse(readF
       }
       if (view.held) {
         words.push(view.held.headline, ...view.held.holders.flat());
+        for (const row of view.held.by_line ?? []) {
+          words.push(row.label, row.code, row.bytes, row.split, row.largest, row.made_by, row.made_by_code);
+        }
+        if (view.held.by_line_note) {
+          words.push(view.held.by_line_note);
+        }
       }
       for (const word of words) {
         expect(html).toContain(escapeHtml(word));

@@ -166,6 +166,40 @@ describe('renderReportHtml', () => {
     expect(out).toContain('%tfmem free NAME');
     expect(renderReportHtml(REPORT)).not.toContain('Held after the cell');
   });
+  it('shows the lines of code that made what the cell left live under Held after, escaped', () => {
+    const row = {
+      label: 'In [2] line 3',
+      code: "keep.append('<script>alert(1)</script>' & y)",
+      bytes: '4 MiB',
+      share: 0.5,
+      split: '',
+      largest: 'largest: float32[1024,1024] RandomStandardNormal 4 MiB',
+      made_by: '',
+      made_by_code: ''
+    };
+    const note = '4 MiB of the 8 MiB the cell left live named by a line of code; not by a line: eager ops 4 MiB';
+    const held = { headline: 'TensorFlow held 8 MiB more after the cell than before it.', hint: null, holders: [] };
+    const out = renderReportHtml({
+      ...REPORT,
+      view: { ...REPORT.view, held: { ...held, by_line: [row], by_line_note: note } }
+    });
+    const section = out.split('<h4>Held after the cell</h4>')[1];
+    expect(section).toContain(
+      '<b>By line</b>: what the cell left live at its end, by the line of code that made it<table class="tfmem-by-line">'
+    );
+    expect(section).toContain(
+      '<td>In [2] line 3</td><td><code>keep.append(&#39;&lt;script&gt;alert(1)&lt;/script&gt;&#39; &amp; y)</code></td>' +
+        '<td class="num">4 MiB</td><td><span class="tfmem-bar" style="width:80px">'
+    );
+    expect(section).toContain('largest: float32[1024,1024] RandomStandardNormal 4 MiB');
+    expect(section).toContain(note);
+    expect(section).not.toContain('tfmem-holders'); // no name holds it: no holders table
+    expect(out).not.toContain('<script>');
+    const unnamed = renderReportHtml({ ...REPORT, view: { ...REPORT.view, held: { ...held, by_line: [] } } });
+    expect(unnamed).toContain('No line of code made what the cell left live at its end.');
+    // a trace that stopped early, or a bundle from an older tfmem_magic: no lines, and nothing held, no section
+    expect(renderReportHtml({ ...REPORT, view: { ...REPORT.view, held } })).not.toContain('Held after the cell');
+  });
   it('shows the lines of code that made the peak, their code as code, escaped', () => {
     const peak = {
       ...REPORT.view.peak,

@@ -129,6 +129,11 @@ def reports() -> dict[str, Report]:
             ],
             by_line_named_bytes=30 * MiB,
             by_line_note="30 MiB of the 64 MiB traced at the peak named by a line of code; not by a line: eager ops",
+            held_at_end_bytes=2 * MiB,
+            held_at_end_by_line=[
+                LineGroup(label="In [3] line 1", code="model = Sequential([Wide(), <Dense>])", bytes=MiB, count=2),
+                LineGroup(label="eager ops", kind="eager", bytes=MiB),
+            ],
         ),
         model=ModelInfo(
             name="mlp<x>", params=288906, param_bytes=288906 * 4, optimizer="Adam", batch_size=256, replicas=2
@@ -192,6 +197,7 @@ def test_view_blocks_match_the_schema_the_renderer_types_are_made_of():
     fit = bundles()["traced fit after a fix"][MIME_TYPE]["view"]
     assert {"model", "before_after", "peak", "timeline", "held"} <= set(fit)
     assert [row["label"] for row in fit["peak"]["by_line"]] == ["In [2] line 5"] and fit["peak"]["by_line_note"]
+    assert [row["label"] for row in fit["held"]["by_line"]] == ["In [3] line 1"] and fit["held"]["by_line_note"]
     assert [s["kind"] for s in fit["timeline"]] == ["trace", "rss"]
     gpu = bundles()["quick cell on a GPU"][MIME_TYPE]["view"]
     assert [(s["kind"], s.get("device")) for s in gpu["timeline"]] == [("device", "GPU:0"), ("rss", None)]

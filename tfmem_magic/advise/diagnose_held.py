@@ -13,6 +13,8 @@ from tfmem_magic.core.sizes import format_bytes
 HELD_MIN = 2**20  # bytes a holder must hold to be named in a finding
 LINE_MIN = 256 * 1024  # bytes a line of code must have made of what a cell left live to be named in a leak finding
 MAX_LEAK_LINES = 3  # lines named per leak finding
+# why an eager op's bytes left at a cell's end are named by no line (a leak finding and the Held-after view say it)
+EAGER_NO_LINE = "the trace keeps no stack for an eager op"
 LOOP_CALLS = 3  # calls of one kind in one cell that make a loop
 PREDICT_LOOP_CALLS = 5  # predict calls needed to tell RSS growth from noise
 PREDICT_RSS_STEP = 2**20  # RSS growth per predict call (the median) that counts as growing
@@ -85,7 +87,7 @@ def held_lines_words(report: Report) -> str:
     parts = [f"{g.label}" + (f" (`{g.code}`)" if g.code else "") + f" {format_bytes(g.bytes)}" for g in named]
     eager = sum(g.bytes for g in groups if g.kind == "eager")
     if eager >= LINE_MIN:
-        parts.append(f"eager ops {format_bytes(eager)} (no line: the trace keeps no stack for an eager op)")
+        parts.append(f"eager ops {format_bytes(eager)} (no line: {EAGER_NO_LINE})")
     return " Still live at the cell's end, by the line of code that made it: " + "; ".join(parts) + "."
 
 

@@ -235,7 +235,8 @@ def fix_widget(report: Report, index: int, fix: Fix, cell_id: str | None) -> wid
 
 
 def held_tab(report: Report) -> widgets.Widget:
-    """Who holds TensorFlow memory at the cell's end (the static twin's "Held after" section)."""
+    """Who holds TensorFlow memory at the cell's end, and the lines of code that made what the cell left live (the
+    static twin's "Held after" section)."""
     html = held_html(report)
     if not html:
         return _empty(

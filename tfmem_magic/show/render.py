@@ -17,6 +17,9 @@ from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, mai
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
+    END_LINES,
+    PEAK_LINES,
+    LineRow,
     ReportView,
     by_line_rows,
     error_site_text,
@@ -57,8 +60,15 @@ def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
     (TraceInfo.by_line_note). The words are view.by_line_rows', as every surface shows them."""
     if not t.by_line:
         return []
-    out = ["By line   what was live at the peak, by the line of code that made it"]
-    for row in by_line_rows(t, top):
+    return lines_text(by_line_rows(t, top), t.by_line_note, "By line", PEAK_LINES)
+
+
+def lines_text(rows: list[LineRow], note: str | None, title: str, what: str) -> list[str]:
+    """A by-line block of the text report (the peak's, or what the cell left live in "Held by line"): `what` the
+    block groups, then each line's bytes, label, code and split, its largest tensor and the line that made its layer;
+    then `note`, what no line made."""
+    out = [f"{title:<9} {what}, by the line of code that made it"]
+    for row in rows:
         code = f"  {_clip(row.code, 90)}" if row.code else ""
         split = f" ({row.split})" if row.split else ""
         out.append(f"  {row.bytes:>10}  {row.label}{code}{split}")
@@ -67,8 +77,8 @@ def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
         if row.made_by:
             made = f": {_clip(row.made_by_code, 70)}" if row.made_by_code else ""
             out.append(f"  {'':>10}    {row.made_by}{made}")
-    if t.by_line_note:
-        out.append(f"  {'':>10}  {t.by_line_note}")
+    if note:
+        out.append(f"  {'':>10}  {note}")
     return out
 
 
@@ -79,29 +89,49 @@ def by_line_html(t: TraceInfo) -> str:
     labextension/src/logic.ts (byLineHtml) writes the same markup from the view block's rows."""
     if not t.by_line:
         return ""
-    rows = []
-    for row in by_line_rows(t):
+    return lines_html(by_line_rows(t), t.by_line_note, PEAK_LINES)
+
+
+def lines_html(rows: list[LineRow], note: str | None, what: str) -> str:
+    """A "By line" table (the peak's, or what the cell left live in the "Held after" section): `what` it groups,
+    each line's row and a second row with what else is known of it, then `note`, what no line made."""
+    cells = []
+    for row in rows:
         width = round(120 * row.share)
         code = f"<code>{escape(row.code)}</code>" if row.code else ""
         made = escape(row.made_by) + (f": <code>{escape(row.made_by_code)}</code>" if row.made_by_code else "")
         more = " · ".join(x for x in (escape(row.split), escape(row.largest), made) if x)
-        rows.append(
+        cells.append(
             f"<tr><td>{escape(row.label)}</td><td>{code}</td><td class='num'>{escape(row.bytes)}</td>"
             f"<td><span class='tfmem-bar' style='width:{width}px'></span></td></tr>"
         )
         if more:  # a second row under the line: what else is known of it
-            rows.append(f"<tr class='tfmem-line-detail'><td></td><td colspan='3' class='tfmem-muted'>{more}</td></tr>")
+            cells.append(f"<tr class='tfmem-line-detail'><td></td><td colspan='3' class='tfmem-muted'>{more}</td></tr>")
     table = (
         "<table class='tfmem-by-line'><tr><th>line</th><th>code</th><th class='num'>bytes</th><th></th></tr>"
-        f"{''.join(rows)}</table>"
-        if rows
-        else "<div class='tfmem-muted'>No line of code made what was live at the peak.</div>"
+        f"{''.join(cells)}</table>"
+        if cells
+        else f"<div class='tfmem-muted'>No line of code made {escape(what)}.</div>"
     )
-    note = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(t.by_line_note)}</div>" if t.by_line_note else ""
+    said = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(note)}</div>" if note else ""
     return (
-        "<div class='tfmem-by-line-view'><b>By line</b>: what was live at the peak, by the line of code that made it"
-        f"{table}{note}</div>"
+        f"<div class='tfmem-by-line-view'><b>By line</b>: {escape(what)}, by the line of code that made it"
+        f"{table}{said}</div>"
     )
+
+
+def held_text(report: Report, top: int = 5) -> list[str]:
+    """The text report's "Held" line (who holds TensorFlow memory at the cell's end) and its "Held by line" block
+    (what the cell left live, by the line of code that made it: view.held_view's rows)."""
+    held = held_view(report)
+    if held is None:
+        return []
+    out = []
+    if held.holders:
+        out.append("Held      " + "; ".join(f"{name} ({kind}) {size}" for name, kind, _, size in held.holders[:top]))
+    if held.by_line is not None:
+        out.extend(lines_text(held.by_line[:top], held.by_line_note, "Held by line", END_LINES))
+    return out
 
 
 def render_text(
@@ -149,9 +179,7 @@ def render_text(
             times = f" ×{g.count}" if g.count > 1 else ""
             lines.append(f"  {format_bytes(g.bytes):>10}  {_group_label(g)} ({g.phase}){shape}{times}")
         lines.extend(by_line_text(t))
-    held = held_view(r)
-    if held is not None and held.holders:
-        lines.append("Held      " + "; ".join(f"{name} ({kind}) {size}" for name, kind, _, size in held.holders[:5]))
+    lines.extend(held_text(r))
     for key, was, now in before_after_rows(r):
         lines.append(f"Before/after  {key}: {was} → {now}")
     if r.model is not None:
@@ -318,7 +346,7 @@ def render_html(
 def held_html(report: Report) -> str:
     """The "Held after" section: who holds TensorFlow memory at the cell's end, and what the cell left live."""
     held = held_view(report)
-    if held is None or not (held.holders or held.left_by_cell):
+    if held is None or not (held.holders or held.left_by_cell or held.by_line is not None):
         return ""
     parts = [f"<h4>Held after the cell</h4><div class='tfmem-held'>{escape(held.headline)}</div>"]
     if held.holders:
@@ -331,6 +359,8 @@ def held_html(report: Report) -> str:
             "<table class='tfmem-holders'><tr><th>held by</th><th>is</th><th>holds</th>"
             f"<th class='num'>bytes</th></tr>{rows}</table>"
         )
+    if held.by_line is not None:
+        parts.append(lines_html(held.by_line, held.by_line_note, END_LINES))
     if held.left_by_cell:
         rows = "".join(
             f"<tr><td>{escape(name)}</td><td>{escape(phase)}</td><td class='num'>{escape(format_bytes(b))}</td></tr>"
@@ -526,8 +556,11 @@ def lab_view(report: Report, view: ReportView) -> dict[str, Any]:
             out["peak"]["by_line_note"] = t.by_line_note
     out["timeline"] = timeline_series(r)
     held = held_view(r)
-    if held is not None and held.holders:
+    if held is not None and (held.holders or held.by_line is not None):
         out["held"] = {"headline": held.headline, "hint": held.hint, "holders": [list(row) for row in held.holders]}
+        if held.by_line is not None:  # absent where the trace did not cover the whole cell or named no lines
+            out["held"]["by_line"] = [asdict(row) for row in held.by_line]
+            out["held"]["by_line_note"] = held.by_line_note
     return out
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from tfmem_magic.advise import bases, parts, prediction
+from tfmem_magic.advise.diagnose_held import EAGER_NO_LINE
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import ErrorSite, Knobs, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
@@ -284,6 +285,10 @@ class HeldView:
     holders: list[tuple[str, str, str, str]]  # (name, what it is, what it holds, bytes)
     left_by_cell: list[tuple[str, str, int]]  # (layer or op, phase, bytes) of the cell's allocations still live
     hint: str | None = None  # how to give it back
+    # what the cell left live, by the line of code that made it (TraceInfo.held_at_end_by_line, as by_line_rows words
+    # the peak's), and what no line made; None where the trace did not cover the whole cell or resolved no lines
+    by_line: list[LineRow] | None = None
+    by_line_note: str | None = None
 
 
 def held_view(report: Report) -> HeldView | None:
@@ -349,7 +354,16 @@ def held_view(report: Report) -> HeldView | None:
         )
     if not held.complete:
         headline += " The search of the notebook's names ran out of time: a holder may be missing."
-    return HeldView(headline, rows, left, hint)
+    view = HeldView(headline, rows, left, hint)
+    # only where the trace covered the whole cell: one that stopped early ends with a step's temporaries
+    if trace is not None and trace.complete and trace.held_at_end_by_line:
+        view.by_line, view.by_line_note = by_line_rows(trace, end=True), held_by_line_note(trace)
+    return view
+
+
+# what a by-line view groups, in the words of its heading (and of "No line of code made ..."), on every surface
+PEAK_LINES = "what was live at the peak"
+END_LINES = "what the cell left live at its end"
 
 
 @dataclass
@@ -380,14 +394,17 @@ def error_site_text(site: ErrorSite) -> str:
     return f"requested by {site.label}{code}{layer}"
 
 
-def by_line_rows(trace: TraceInfo | None, top: int = 10) -> list[LineRow]:
+def by_line_rows(trace: TraceInfo | None, top: int = 10, end: bool = False) -> list[LineRow]:
     """The `top` lines of code that had the most live at the peak (the groups of kind "line"; what no line made is
-    in TraceInfo.by_line_note), largest first."""
+    in TraceInfo.by_line_note), largest first; with `end`, those that made the most of what the cell still had live
+    when it ended (TraceInfo.held_at_end_by_line; what no line made: held_by_line_note), each's share of that."""
     if trace is None:
         return []
-    total = trace.peak_live_bytes
+    groups, total = (
+        (trace.held_at_end_by_line, trace.held_at_end_bytes) if end else (trace.by_line, trace.peak_live_bytes)
+    )
     rows = []
-    for g in [g for g in trace.by_line if g.kind == "line"][:top]:
+    for g in [g for g in groups if g.kind == "line"][:top]:
         if g.forward_bytes and g.backward_bytes:
             split = f"forward {format_bytes(g.forward_bytes)}, backward {format_bytes(g.backward_bytes)}"
         elif g.backward_bytes == g.bytes:
@@ -418,3 +435,21 @@ def by_line_rows(trace: TraceInfo | None, top: int = 10) -> list[LineRow]:
             )
         )
     return rows
+
+
+def held_by_line_note(trace: TraceInfo) -> str | None:
+    """How much of what the cell left live a line of code named, and what no line made (the groups of
+    TraceInfo.held_at_end_by_line of other kinds), as TraceInfo.by_line_note says it of the peak. An eager op's bytes
+    have no line here: the op callback's lines are paired with the peak's tensors only."""
+    groups = trace.held_at_end_by_line
+    total = sum(g.bytes for g in groups)
+    if not total:
+        return None
+    named = sum(g.bytes for g in groups if g.kind == "line")
+    rest = [
+        f"{g.label} {format_bytes(g.bytes)}" + (f" ({EAGER_NO_LINE})" if g.kind == "eager" else "")
+        for g in groups
+        if g.kind != "line"
+    ]
+    said = f"{format_bytes(named)} of the {format_bytes(total)} the cell left live named by a line of code"
+    return said + (f"; not by a line: {', '.join(rest)}" if rest else "") + "."
