@@ -337,3 +337,40 @@ def test_a_layers_memory_is_named_by_the_line_that_made_it(shell):
     # its activations [256, 4096], their gradient or its kernel's gradient [256, 4096]: 4 MiB each, whole
     assert big[0].label.endswith("line 3") and big[0].made_by == big[0].label, big[0]
     assert big[0].bytes >= 4 * MiB, big[0]
+
+
+def test_a_custom_layers_call_and_eager_ops_are_named_by_their_lines(shell):
+    """The by-line view on this stack beyond a built-in layer: a custom layer's `call` line names what it made in
+    the fit's graph, and eager ops (a list comprehension, a concat) run in the profiled cell are named by their
+    lines through the op callback (docs/lines.md, steps 2 and 7)."""
+    x, y = _data(512)
+    shell.user_ns.update(x=x, y=y, keras=keras, tf=tf)
+    cells = (
+        "class Wide(keras.layers.Layer):\n"
+        "    def build(self, shape):\n"
+        "        self.w = self.add_weight(shape=(shape[-1], 4096))\n"
+        "    def call(self, x):\n"
+        "        return tf.matmul(x, self.w)\n"
+        "class Square(keras.layers.Layer):\n"
+        "    def call(self, x):\n"
+        "        return x * x",
+        "model = keras.Sequential([keras.layers.Input((256,)), Wide(), Square(), keras.layers.Dense(10)])\n"
+        "model.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
+        "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)",
+        "%%tfmem --no-panel --as eager\n"
+        "parts = [tf.random.normal([1024, 1024]) + 1.0 for _ in range(8)]\n"
+        "whole = tf.concat(parts, 0)",
+    )
+    for cell in cells:
+        result = shell.run_cell(cell, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+    trace = shell.user_ns["rep"].trace
+    assert trace is not None
+    wide = [g for g in trace.by_line if g.kind == "line" and "tf.matmul(x, self.w)" in (g.code or "")]
+    assert wide, [(g.kind, g.label, g.code, g.layer, g.bytes) for g in trace.by_line]
+    assert wide[0].label.endswith("line 5") and wide[0].bytes >= 4 * MiB, wide[0]
+    eager = shell.user_ns["eager"].trace
+    assert eager is not None
+    named = {g.code: g.bytes for g in eager.by_line if g.kind == "line"}
+    assert any("tf.concat(parts, 0)" in code for code in named), eager.by_line
+    assert sum(named.values()) >= 60 * MiB, (named, eager.by_line_note)

@@ -80,17 +80,26 @@ def ran_here(made: EagerOps, name: str | bytes, outputs: tuple[Tensor, ...], gra
 def test_an_op_named_in_bytes_is_noted_by_its_name():
     """TensorFlow's generated op wrappers call `execute(b"MatMul", ...)` on their slow path: the callback gets bytes."""
     made = recorder()
-    ran_here(made, b"MatMul", (Tensor((4, 4)),))  # type: ignore[arg-type]
+    ran_here(made, b"MatMul", (Tensor((512, 512)),))  # type: ignore[arg-type]
     assert [o.op for o in made.ops] == ["MatMul"] and made.failed is None
+
+
+def test_an_op_whose_outputs_are_all_small_is_not_noted_and_its_allocations_say_why():
+    made = recorder()
+    ran_here(made, "MatMul", (Tensor((4, 4)),))  # 64 bytes: below MIN_NOTED_BYTES, no frame walked
+    ran_here(made, "Unpack", (Tensor((4, 4)), Tensor((512, 512))))  # one large output: the op and all its outputs
+    assert [o.op for o in made.ops] == ["Unpack"] and len(made.ops[0].outputs) == 2
+    found = lines.match_eager([0, 1], [alloc(0, "MatMul", 0.9, 64), alloc(1, "Unpack", 0.9, 64)], made)
+    assert found == {0: lines.TOO_SMALL, 1: lines.TOO_SMALL}  # a small size is never paired, noted or not
 
 
 def test_graph_ops_function_runs_and_a_paused_trace_are_not_noted():
     made = recorder()
-    ran_here(made, "MatMul", (Tensor((4, 4)),), graph=object())  # an op added to a graph being traced
-    ran_here(made, "__inference_step_12", (Tensor((4, 4)),))  # a tf.function ran: its ops are named from its graph
+    ran_here(made, "MatMul", (Tensor((512, 512)),), graph=object())  # an op added to a graph being traced
+    ran_here(made, "__inference_step_12", (Tensor((512, 512)),))  # a tf.function ran: its ops are named from its graph
     assert made.ops == []
     paused = recorder(recording=-1)
-    ran_here(paused, "MatMul", (Tensor((4, 4)),))
+    ran_here(paused, "MatMul", (Tensor((512, 512)),))
     assert paused.ops == []
 
 
@@ -105,17 +114,17 @@ def test_the_callback_never_raises_into_the_users_code():
     assert made._callback("MatMul", (), (), (Broken(),)) is None
     assert made.failed == "RuntimeError: a tensor TensorFlow cannot describe" and made.ops == []
     assert any("eager op's line" in f.what for f in fallbacks.recent())
-    ran_here(made, "MatMul", (Tensor((4, 4)),))  # off from then on
+    ran_here(made, "MatMul", (Tensor((512, 512)),))  # off from then on
     assert made.ops == []
     made.stop()  # never added: nothing to remove, no TensorFlow imported
-    assert made._callback("MatMul", (), (), (Tensor((4, 4)),)) is None
+    assert made._callback("MatMul", (), (), (Tensor((512, 512)),)) is None
 
 
 def test_the_records_stop_at_their_cap(monkeypatch):
     monkeypatch.setattr(eager_ops, "MAX_OPS", 2)
     made = recorder()
     for _ in range(3):
-        ran_here(made, "MatMul", (Tensor((4, 4)),))
+        ran_here(made, "MatMul", (Tensor((512, 512)),))
     assert len(made.ops) == 2 and made.full_from == 0
 
 

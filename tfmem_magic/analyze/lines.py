@@ -98,6 +98,7 @@ NOT_NOTED = "no op output of their type and size was noted (a variant or string 
 NOT_ONE_TO_ONE = "as many in the trace as noted outputs of their type and size is needed, or fewer of one line"
 OUT_OF_ORDER = "the trace's order differs from the order the ops ran in"
 NO_USER_FRAME = "run by no frame of your code"
+TOO_SMALL = f"smaller than {format_bytes(eager_ops.MIN_NOTED_BYTES)}: the op callback notes larger outputs only"
 IN_FUNCTION = "made while a tf.function ran, or outside the trace's segments"
 MAX_SCOPE_NODES = 256  # nodes of one name scope read to find its one line (Resolver.scope_line)
 # the path part after a control-flow node's name -> the attributes naming its functions
@@ -595,8 +596,10 @@ def match_eager(
     for key in want_keys:
         window, op_type, size = key
         allocated, ran = found.get(key, []), recorded.get(key, [])
-        if ops.full_from is not None and window >= ops.full_from:
-            why: str | None = f"more than {eager_ops.MAX_OPS:,} eager ops ran while the trace recorded"
+        if size < eager_ops.MIN_NOTED_BYTES:
+            why: str | None = TOO_SMALL
+        elif ops.full_from is not None and window >= ops.full_from:
+            why = f"more than {eager_ops.MAX_OPS:,} eager ops ran while the trace recorded"
         elif ops.failed is not None:
             why = f"the op callback failed ({ops.failed})"
         elif not ran:

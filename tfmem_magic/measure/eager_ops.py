@@ -2,7 +2,8 @@
 
 An eager op's allocation carries its op type alone in the trace: no node path, no stack. So while a traced cell
 runs, a TensorFlow op callback (`op_callbacks.add_op_callback`, what tfdbg2 uses) notes each eager op the cell's
-thread runs while a trace segment records: its type, its outputs' shapes and dtypes, the time, and the user's frame
+thread runs while a trace segment records, with an output of MIN_NOTED_BYTES or more: its type, its outputs'
+shapes and dtypes, the time, and the user's frame
 that ran it. analyze/lines.py `match_eager` then pairs the trace's eager allocations with these records by op type,
 bytes and order (docs/lines.md, "Eager ops").
 
@@ -33,6 +34,9 @@ _log = logging.getLogger(__name__)
 
 MAX_OPS = 200_000  # eager ops recorded per cell (~150 bytes each); past it, the rest of the trace is not matched
 MAX_CODES = 10_000  # code objects classified per cell
+# an op whose outputs are all smaller is not noted: the frame walk is most of the callback's cost, and the by-line
+# view is for what holds memory (docs/lines.md, "Cost": the eager loop's overhead with and without it)
+MIN_NOTED_BYTES = 256 << 10
 _LIBRARY, _USER, _ENTRY = 0, 1, 2
 # TensorFlow's DataType enum -> bytes per element, for the types whose tensors' bytes follow from their shapes
 DTYPE_BYTES = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 8: 8, 9: 8, 10: 1, 14: 2, 17: 2, 18: 16, 19: 2, 22: 4, 23: 8}
@@ -139,6 +143,9 @@ class EagerOps:
                 self.full_from = segment
             return
         t = time.perf_counter()
+        shapes = tuple((o._shape_tuple(), o._datatype_enum()) for o in outputs) if outputs else ()
+        if all((output_bytes(shape, dtype) or 0) < MIN_NOTED_BYTES for shape, dtype in shapes):
+            return
         kinds = self._kinds
         frame: FrameType | None = sys._getframe(2)  # the frame that ran the op (most often an op wrapper)
         keras = False
@@ -152,7 +159,6 @@ class EagerOps:
             if kind == _ENTRY:
                 keras = True
             frame = frame.f_back
-        shapes = tuple((o._shape_tuple(), o._datatype_enum()) for o in outputs) if outputs else ()
         if frame is None:
             self.ops.append(EagerOp(segment, op_type, None, 0, keras, t, shapes))
         else:
