@@ -362,6 +362,7 @@ export interface PreflightInfo {
   tf_bytes: number;
   reusable_bytes: number;
   replay: ReplayCurve | null;
+  by_line: LineGroup[];
 }
 /**
  * What TensorFlow still held when the cell ended, and who holds it.

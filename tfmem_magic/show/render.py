@@ -17,12 +17,15 @@ from tfmem_magic.core.report import MIME_TYPE, LiveGroup, Report, TraceInfo, mai
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.show.view import (
     BUDGET_SOURCES,
+    LineRow,
     ReportView,
     by_line_rows,
     error_site_text,
     guard_detail,
     held_view,
     knobs_text,
+    not_by_line,
+    preflight_line_rows,
     summary_items,
     trace_notes,
     verdict,
@@ -58,7 +61,15 @@ def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
     if not t.by_line:
         return []
     out = ["By line   what was live at the peak, by the line of code that made it"]
-    for row in by_line_rows(t, top):
+    out.extend(_line_rows_text(by_line_rows(t, top)))
+    if t.by_line_note:
+        out.append(f"  {'':>10}  {t.by_line_note}")
+    return out
+
+
+def _line_rows_text(rows: list[LineRow]) -> list[str]:
+    out = []
+    for row in rows:
         code = f"  {_clip(row.code, 90)}" if row.code else ""
         split = f" ({row.split})" if row.split else ""
         out.append(f"  {row.bytes:>10}  {row.label}{code}{split}")
@@ -67,8 +78,22 @@ def by_line_text(t: TraceInfo, top: int = 5) -> list[str]:
         if row.made_by:
             made = f": {_clip(row.made_by_code, 70)}" if row.made_by_code else ""
             out.append(f"  {'':>10}    {row.made_by}{made}")
-    if t.by_line_note:
-        out.append(f"  {'':>10}  {t.by_line_note}")
+    return out
+
+
+def preflight_by_line_text(report: Report, top: int = 5) -> list[str]:
+    """The text report's lines of a refusal (PreflightInfo.by_line): what the pre-flight's replay of the refused
+    call's step held at its peak, by the line of code that made it, in the By line block's words; then what no line
+    made. Empty where no line is named."""
+    info = report.preflight
+    rows = preflight_line_rows(info, top)
+    if info is None or not rows:
+        return []
+    out = [f"Refused   what the replayed step held at its peak at batch {info.batch_size}, by the line that made it"]
+    out.extend(_line_rows_text(rows))
+    rest = not_by_line(info.by_line)
+    if rest:
+        out.append(f"  {'':>10}  not by a line: {rest}.")
     return out
 
 
@@ -79,8 +104,35 @@ def by_line_html(t: TraceInfo) -> str:
     labextension/src/logic.ts (byLineHtml) writes the same markup from the view block's rows."""
     if not t.by_line:
         return ""
+    table = _line_table_html(by_line_rows(t)) or (
+        "<div class='tfmem-muted'>No line of code made what was live at the peak.</div>"
+    )
+    note = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(t.by_line_note)}</div>" if t.by_line_note else ""
+    return (
+        "<div class='tfmem-by-line-view'><b>By line</b>: what was live at the peak, by the line of code that made it"
+        f"{table}{note}</div>"
+    )
+
+
+def preflight_by_line_html(report: Report) -> str:
+    """The static report's lines of a refusal (PreflightInfo.by_line), in the By line table's markup; "" where no
+    line is named."""
+    info = report.preflight
+    table = _line_table_html(preflight_line_rows(info))
+    if info is None or not table:
+        return ""
+    rest = not_by_line(info.by_line)
+    note = f"<div class='tfmem-muted tfmem-by-line-note'>Not by a line: {escape(rest)}.</div>" if rest else ""
+    return (
+        "<div class='tfmem-by-line-view tfmem-preflight-by-line'><b>Refused</b>: what the pre-flight's replay of the "
+        f"step held at its peak at batch {info.batch_size}, by the line of code that made it{table}{note}</div>"
+    )
+
+
+def _line_table_html(lines: list[LineRow]) -> str:
+    """The By line table of `lines`; "" without any."""
     rows = []
-    for row in by_line_rows(t):
+    for row in lines:
         width = round(120 * row.share)
         code = f"<code>{escape(row.code)}</code>" if row.code else ""
         made = escape(row.made_by) + (f": <code>{escape(row.made_by_code)}</code>" if row.made_by_code else "")
@@ -91,16 +143,11 @@ def by_line_html(t: TraceInfo) -> str:
         )
         if more:  # a second row under the line: what else is known of it
             rows.append(f"<tr class='tfmem-line-detail'><td></td><td colspan='3' class='tfmem-muted'>{more}</td></tr>")
-    table = (
+    if not rows:
+        return ""
+    return (
         "<table class='tfmem-by-line'><tr><th>line</th><th>code</th><th class='num'>bytes</th><th></th></tr>"
         f"{''.join(rows)}</table>"
-        if rows
-        else "<div class='tfmem-muted'>No line of code made what was live at the peak.</div>"
-    )
-    note = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(t.by_line_note)}</div>" if t.by_line_note else ""
-    return (
-        "<div class='tfmem-by-line-view'><b>By line</b>: what was live at the peak, by the line of code that made it"
-        f"{table}{note}</div>"
     )
 
 
@@ -136,6 +183,7 @@ def render_text(
         lines.append(f"Error     {r.error.type}" + (f": {message}" if message else ""))
         if r.error.site is not None:
             lines.append(f"          {error_site_text(r.error.site)}")
+    lines.extend(preflight_by_line_text(r))
     t = r.trace
     if t is not None and t.events:
         lines.append(
@@ -243,6 +291,7 @@ def render_html(
         f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
         f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
         f"<table class='tfmem-summary'>{summary}</table>",
+        preflight_by_line_html(r),
         before_after_html(r),
     ]
     t = r.trace
