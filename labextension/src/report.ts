@@ -363,6 +363,7 @@ export interface PreflightInfo {
   reusable_bytes: number;
   floor_bytes: number;
   replay: ReplayCurve | null;
+  by_line: LineGroup[];
 }
 /**
  * What TensorFlow still held when the cell ended, and who holds it.

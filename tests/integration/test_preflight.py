@@ -324,3 +324,52 @@ def test_a_train_step_of_its_own_is_checked_on_that_step(gan_kernel):
     assert cell["error"] is None and r["status"] == "ok", (r["preflight"], pre, r["rss_peak"], r["notes"])
     assert r["rss_peak"] < 2 * 10**9
     assert r["preflight"]["verdict"] in ("fits", "uncertain")
+
+
+LINES_MODEL = """model = keras.Sequential([
+    keras.Input((64,)),
+    keras.layers.Dense(4096),
+    keras.layers.Dense(1),
+])
+model.compile("sgd", "mse")
+x = np.random.rand(16384, 64).astype("float32"); y = np.random.rand(16384, 1).astype("float32")
+model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+limit = psutil.Process().memory_info().rss + 200 * 2**20
+"""
+
+
+def test_a_refusal_names_the_line_that_made_the_layer_holding_its_peak(tmp_path_factory):
+    """A `Dense(4096)` made on line 3 of a cell, refused at batch 16384 (its output alone is 256 MiB): the refusal
+    names that line, with its code, from the replay of the clone's probes."""
+    k = Kernel(tmp_path_factory.mktemp("preflight-lines"))
+    try:
+        setup = k.run(
+            "%load_ext tfmem_magic\nimport json, psutil, numpy as np, keras, tfmem_magic\n"
+            f"print({MARK!r} + json.dumps(tfmem_magic.__file__))"
+        )
+        assert setup["error"] is None, setup["stdout"][-2000:]
+        print(f"\nthe kernel's tfmem_magic: {setup['data']}")
+        assert k.run(LINES_MODEL)["error"] is None  # In [2]: the Dense(4096) on its line 3
+        cell = k.run("%%tfmem --quick --limit {limit} --as r\nmodel.fit(x, y, batch_size=16384, epochs=1, verbose=0)")
+        r = k.run(
+            f"from tfmem_magic.show import render\nprint({MARK!r} + json.dumps({{'status': r.status, "
+            "'preflight': __import__('dataclasses').asdict(r.preflight), 'error': r.error and r.error.message, "
+            "'text': render.render_text(r)}))"
+        )["data"]
+    finally:
+        k.close()
+    assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+    pre = r["preflight"]
+    assert pre["verdict"] == "refused" and pre["basis"] == "replay", pre["replay_note"]
+    lines = [g for g in pre["by_line"] if g["kind"] == "line"]
+    print("\n" + r["error"] + "\n" + r["text"])
+    dense = next(g for g in lines if g["label"] == "In [2] line 3")
+    assert dense["code"] == "keras.layers.Dense(4096)," and dense["layer"].startswith("dense")
+    # its output [16384,4096], or its kernel's gradient [64,4096] (which tensors meet at the peak is the executor's
+    # order): at least one tensor it made, at the asked batch
+    assert dense["bytes"] >= 64 * 4096 * 4 and any("4096" in (t["shape"] or "") for t in dense["tensors"])
+    shapes = [t["shape"] or "" for g in pre["by_line"] for t in g["tensors"]]
+    assert not [s for s in shapes for b in pre["probe_batches"] if s.startswith(f"[{b},")]  # no probe's batch
+    assert "At the replay's peak: " in r["error"] and "In [2] line 3 (`keras.layers.Dense(4096),`)" in r["error"]
+    assert "Refused   what the replayed step held at its peak at batch 16384" in r["text"]
+    assert "In [2] line 3  keras.layers.Dense(4096)," in r["text"]

@@ -5,6 +5,7 @@ tests/integration/test_preflight.py."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,10 +15,10 @@ from test_fixes import report as fixes_report
 from tfmem_magic.advise import bands, diagnose_model, prediction, preflight
 from tfmem_magic.advise.preflight import NoReplay, line_through
 from tfmem_magic.analyze import step_replay
-from tfmem_magic.core.report import DeviceMemory, PreflightInfo, Report, RssInfo
+from tfmem_magic.core.report import DeviceMemory, LineGroup, PreflightInfo, Report, RssInfo
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure.instrument import ModelUse
-from tfmem_magic.show import view
+from tfmem_magic.show import render, view
 
 MiB = 2**20
 DATA = Path(__file__).parents[1] / "data" / "replay"  # a CNN's probe traces at batches 23 and 37 (test_step_replay)
@@ -59,14 +60,15 @@ def no_replay(monkeypatch):
     monkeypatch.setattr(preflight, "replayed_step", refuse)
 
 
-def recorded_traces(fed: int = 0):
-    """probe_runs.replay_traces, answered with the recorded CNN traces (the probes a call at batch 320 asks for)."""
+def recorded_traces(fed: int = 0, name: str = "cnn"):
+    """probe_runs.replay_traces, answered with the recorded CNN traces (or the MLP's: `name` "mlp-fit"), the probes a
+    call at batch 320 asks for."""
 
     def replay_traces(model, batches, train, structure, folder, **kwargs):
         assert batches == [23, 37] and kwargs["pipeline"]
         out = {}
         for b in batches:
-            events = step_replay.load_events(DATA / f"cnn-{b}.npz")
+            events = step_replay.load_events(DATA / f"{name}-{b}.npz")
             out[b] = str(Path(folder) / f"replay-{b}.npz")
             step_replay.save_events(events, out[b], fed_bytes=fed)
         return out
@@ -138,6 +140,81 @@ def test_a_call_refused_on_the_replay_names_the_replay_and_the_largest_batch_fit
     text = preflight.refusal(info, "--limit")
     assert "traced at batches 23 and 37 and replayed at batch 320" in text
     assert "(-20%/+40%: it holds" in text  # the replay's two ends: over by at most 20%, under by at most 40%
+
+
+MLP_CELL = """import keras
+model = keras.Sequential([
+    keras.layers.Dense(1024, activation="relu"),
+    keras.layers.Dense(1024, activation="relu"),
+    keras.layers.Dense(10),
+])
+"""
+
+
+class _Layer:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Sequential(_Model):
+    """The recorded MLP's model as the kernel holds it: its layers' names (the probes' clone keeps them), each made
+    on a line of a cell (`MLP_CELL`)."""
+
+    def __init__(self) -> None:
+        self.layers = [_Layer(name) for name in ("dense", "dense_1", "dense_2")]
+        self.name = "sequential"
+
+    def _flatten_layers(self, include_self=True, recursive=True):
+        return [self, *self.layers] if include_self else list(self.layers)
+
+
+def test_a_refusal_names_the_lines_that_made_the_layers_holding_its_replayed_peak(monkeypatch, tmp_path):
+    cell = tmp_path / "cell.py"
+    cell.write_text(MLP_CELL)
+    model = _Sequential()
+    sites = {id(model): 2, **{id(layer): 3 + i for i, layer in enumerate(model.layers)}}
+    noted = {key: (weakref.ref(x), str(cell), sites[id(x)]) for x in (model, *model.layers) for key in [id(x)]}
+    monkeypatch.setattr(preflight.SESSION, "layer_sites", noted)
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces(name="mlp-fit"))
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, _ = preflight.replayed_step(model, use, True, 320)
+    info = preflight.check(model, "fit", use, round(100 * MiB + at(320) * 0.6), rss=100 * MiB)
+    assert info.verdict == "refused" and info.basis == "replay"
+    # every tensor live at the larger op order's peak at 320, each in one group: the replay's events are the probe's
+    check = step_replay.checked(*(step_replay.load_events(DATA / f"mlp-fit-{b}.npz") for b in (23, 37)), 23, 37)
+    assert sum(g.bytes for g in info.by_line) == max(r.peak_bytes_in_use for r in check.peaks(320))
+    # the peak is in the backward pass and the optimizer's update: the two hidden layers' gradients are held
+    named = {g.label: g for g in info.by_line if g.kind == "line"}
+    assert set(named) == {"cell.py:3", "cell.py:4"}
+    first, second = named["cell.py:3"], named["cell.py:4"]
+    assert first.code == second.code == 'keras.layers.Dense(1024, activation="relu"),'
+    assert (first.layer, first.made_by, second.layer) == ("dense", "cell.py:3", "dense_1")
+    assert first.backward_bytes == first.bytes and first.tensors[0].shape == "[784,1024]"  # its kernel's gradient
+    # a gradient the probes made at [23,1024] and [37,1024], at the asked batch
+    grad = second.tensors[0]
+    assert (grad.op, grad.shape, grad.phase) == ("MatMul", "[320,1024]", "backward") and grad.bytes >= 320 * 4096
+    # the optimizer's and the input pipeline's tensors, and the probe's eager ops: what they are, no line
+    others = {g.kind: g for g in info.by_line if g.kind != "line"}
+    assert {"keras", "tf.data", "eager"} <= set(others) and all(g.code is None for g in others.values())
+    # the refusal's sentence: the top lines, each with its bytes and its code
+    text = preflight.refusal(info, "--limit")
+    top = sorted(named.values(), key=lambda g: -g.bytes)[0]
+    assert f"At the replay's peak: {top.label} (`{top.code}`) {format_bytes(top.bytes)}" in text
+    # the text report lists them as its By line block does
+    rep = fixes_report(status="refused")
+    rep.preflight = info
+    rendered = render.render_text(rep)
+    assert "Refused   what the replayed step held at its peak at batch 320" in rendered
+    assert 'cell.py:3  keras.layers.Dense(1024, activation="relu"),' in rendered
+    assert "not by a line: Keras internals" in rendered or "not by a line: eager ops" in rendered
+    assert "tfmem-preflight-by-line" in render.render_html(rep)
+
+
+def test_a_refusal_without_a_named_line_says_nothing_of_lines():
+    info = PreflightInfo(call="fit", batch_size=64, verdict="refused", basis="replay", largest_batch=32)
+    assert "At the replay's peak" not in preflight.refusal(info, "--limit")
+    info.by_line = [LineGroup(label="Keras internals", kind="keras", bytes=MiB)]
+    assert "At the replay's peak" not in preflight.refusal(info, "--limit")
 
 
 def test_the_replay_refuses_on_its_low_end_and_suggests_on_its_high_end(monkeypatch):

@@ -576,3 +576,11 @@ def test_a_mid_run_trace_whose_chunks_do_not_add_up_says_exactly_why_it_gets_no_
     assert not curve.passed and not curve.summed
     assert "replayed to" in curve.why_not and "begins mid-run" in curve.why_not
     assert "events missing from it" in curve.why_not
+
+
+def test_a_probes_shape_at_the_asked_batch():
+    # the dimensions `_masked` reads as the probe's batch, or a multiple of it (a flat workspace), at another batch
+    assert step_replay.shape_at("[37,1024]", 37, 1024) == "[1024,1024]"
+    assert step_replay.shape_at("[707296]", 23, 64) == f"[{30752 * 64}]"
+    assert step_replay.shape_at("[1024,10]", 37, 512) == "[1024,10]"
+    assert step_replay.shape_at(None, 37, 512) is None

@@ -55,7 +55,7 @@ from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeab
 from tfmem_magic.analyze.modelinfo import describe_model, forward_macs_per_sample
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
-from tfmem_magic.core.report import Basis, PreflightInfo, ReplayCurve, Report
+from tfmem_magic.core.report import Basis, LineGroup, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.core.types import KerasModel
@@ -69,6 +69,7 @@ from tfmem_magic.measure.model_print import fingerprint
 from tfmem_magic.measure.sampling import bytes_in_use
 
 if TYPE_CHECKING:  # NumPy and the simulator: imported only when a pre-flight probes
+    from tfmem_magic.analyze.lines import LayerRecord
     from tfmem_magic.analyze.step_replay import CheckedReplays
 
 _log = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ def check(
                 except NoReplay:  # the verdict stands; the curve interpolates there
                     pass
             info.replay = step_at.curve(batch)
+            info.by_line = replayed_lines(model, step_at, batch, own is None)
             _as_left(info, step_at, arrays, tf_held, began, floor)
             keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
         return info
@@ -285,6 +287,19 @@ def check(
     if info.verdict == "fits":  # the line missed a step by up to 80%, under: it never lets a call through as fitting
         info.verdict = "uncertain"  # (docs/preflight.md, "A floor from the model's own parts"): the guard runs it
     return _lower_bound_only(info, fed)
+
+
+def replayed_lines(model: KerasModel, step_at: ReplayedStep, batch: int, keras_step: bool) -> list[LineGroup]:
+    """A refused call's replayed peak by the line of code that made it (`PreflightInfo.by_line`): each layer's
+    tensors named by the line that made the kernel model's layer of that name (lines.layer_table). Empty where it
+    cannot be made (a fallback: the refusal stands without it)."""
+    from tfmem_magic.analyze.lines import layer_table
+
+    try:
+        return step_at.by_line(batch, layer_table([model]), keras_step)
+    except Exception as exc:  # noqa: BLE001 - the lines are one detail of the refusal
+        fallback(_log, "the lines of the refused call's replayed peak could not be named", exc)
+        return []
 
 
 def with_fed_shapes(use: ModelUse) -> tuple[ModelUse, FedShapes | None]:
@@ -600,6 +615,22 @@ class ReplayedStep:
             )
         return self._peaks[n]
 
+    def by_line(self, batch: int, layers: dict[str, LayerRecord], keras_step: bool) -> list[LineGroup]:
+        """What the larger op order held at its peak at `batch`, by the line of code that made it
+        (analysis.replayed_by_line: `layers` are the kernel model's, `keras_step` whether the probes ran Keras' own
+        step). That order is replayed once more: the verdict's replays kept their peaks only."""
+        from tfmem_magic.analyze.analysis import replayed_by_line
+
+        n = max(1, round(batch))
+        peaks = self._replayed(n)
+        replay = self._check.replays[0 if peaks[0] >= peaks[1] else 1]
+        if replay.events is None:
+            return []
+        result = replay.run(n)
+        return replayed_by_line(
+            replay.events, result.live_at_peak, replay.batch, n, replay.lines.slope, layers, keras_step
+        )
+
     def curve(self, batch: int, budget_s: float = CURVE_BUDGET_S) -> ReplayCurve:
         """The replay as the report keeps it: the batches replayed so far, and as many more of the calibration's
         grid up to twice `batch` as `budget_s` allows, nearest `batch` first (where shrink-batch and the sliders
@@ -829,9 +860,28 @@ def refusal(info: PreflightInfo, source: str) -> str:
         f"would reach ~{format_bytes(info.predicted_rss_bytes)} ({band_words(info)}: it holds "
         f"{format_bytes(info.rss_bytes)} now, the step needs ~{format_bytes(info.step_bytes)}"
         + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes else "")
-        + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {fix} "
-        f"({how_predicted(info)}; --no-preflight skips it.)"
+        + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {held_words(info)}"
+        f"{fix} ({how_predicted(info)}; --no-preflight skips it.)"
     )
+
+
+REFUSAL_LINES = 3  # lines of code a refusal names
+REFUSAL_CODE = 60  # characters of a line's text in a refusal
+
+
+def held_words(info: PreflightInfo) -> str:
+    """The lines of code that held the most at the replay's peak, in one sentence (with its trailing space), or ""
+    where no line is named."""
+    named = [g for g in info.by_line if g.kind == "line"][:REFUSAL_LINES]
+    if not named:
+        return ""
+
+    def one(g: LineGroup) -> str:
+        code = g.code or ""
+        code = code if len(code) <= REFUSAL_CODE else code[: REFUSAL_CODE - 1] + "…"
+        return f"{g.label}" + (f" (`{code}`)" if code else "") + f" {format_bytes(g.bytes)}"
+
+    return f"At the replay's peak: {', '.join(one(g) for g in named)}. "
 
 
 def band_below(info: PreflightInfo) -> float:

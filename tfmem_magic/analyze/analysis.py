@@ -27,7 +27,9 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmem_magic.analyze import lines
-from tfmem_magic.core.report import AllocatorUse, InputCopy, LiveGroup, TraceInfo
+from tfmem_magic.analyze.bfc import LiveAllocation
+from tfmem_magic.analyze.step_replay import shape_at
+from tfmem_magic.core.report import AllocatorUse, InputCopy, LineGroup, LiveGroup, TraceInfo
 from tfmem_magic.core.types import KerasModel, TFFunction
 from tfmem_magic.measure.eager_ops import EagerOps
 from tfmem_magic.measure.xplane import (
@@ -709,21 +711,22 @@ def _lines_of(
     (lines.py): those live at the peak, or those still live when the trace ended. `eager`: pair eager ops' tensors
     with the lines their op callback noted (`_eager_lines`)."""
     ev = trace.events
-    copy, xla = att.ops.index(INPUT_COPY_OP), att.ops.index(XLA_OP)
-    hints = [
-        lines.HINT_XLA
-        if att.op[i] == xla
-        else lines.HINT_INPUT
-        if att.op[i] == copy or tensor.phase == "input"
-        else None
-        for i, tensor in zip(idx, live, strict=True)
-    ]
+    hints = [_hint(att, i, tensor.phase) for i, tensor in zip(idx, live, strict=True)]
     made = _eager_lines(trace, att, idx, hints, ctx) if eager else {}
     rows = [
         lines.TracedTensor(ev.string(int(ev.op[i])), *tensor, int(ev.t_ps[i]), hint, made.get(int(i)))
         for i, tensor, hint in zip(idx, live, hints, strict=True)
     ]
     return lines.resolve_cell(rows, trace.spans, ctx.models or [], top, ctx.traced_functions)
+
+
+def _hint(att: Attributed, i: int | np.integer, phase: str) -> str | None:
+    """What the analysis knows a row is before any line is looked for: XLA's, the input's (lines.TracedTensor.hint)."""
+    if att.op[i] == att.ops.index(XLA_OP):
+        return lines.HINT_XLA
+    if att.op[i] == att.ops.index(INPUT_COPY_OP) or phase == "input":
+        return lines.HINT_INPUT
+    return None
 
 
 def _eager_lines(
@@ -804,3 +807,49 @@ def _held_at_end(
         top,
     )
     return idx, rows
+
+
+def replayed_by_line(
+    events: MemoryEvents,
+    live: Iterable[LiveAllocation],
+    probe: int,
+    batch: int,
+    grows: np.ndarray,
+    layers: dict[str, lines.LayerRecord],
+    keras_step: bool = True,
+    top: int = TOP_GROUPS,
+    cells: dict[str, int] | None = None,
+) -> list[LineGroup]:
+    """The tensors a step replay held at its peak (`live`: the replay's `live_at_peak`, each the index of its
+    allocation in the probe's `events`), grouped by the line of code that made them (docs/lines.md, "The lines of a
+    refusal"): each allocation attributed as a trace's is (`attribute_events`: its op path's layer and phase), a
+    layer's tensors named by the line that made the layer (`layers`: the kernel model's, `lines.layer_table`; the
+    probes' clone keeps its layer names), the rest by what they are (`lines.made_line`). Bytes are the replay's
+    chunks at `batch`; a shape is the probe's, its batch dimension (`probe`) written for `batch` where the allocation
+    grows with the batch (`grows`, per event: its line's slope is above 0)."""
+    att = attribute_events(Trace(events), TraceContext(layer_names=set(layers)))
+    rows = []
+    for a in live:
+        i = a.index
+        if not 0 <= i < len(events) or not events.is_alloc[i]:  # live before the probe's trace: nothing known
+            rows.append(lines.TracedTensor(None, "(untagged)", None, "other", None, None, a.chunk, a.requested, 0))
+            continue
+        tensor = _live_tensors(events, att, np.array([i]))[0]
+        shape = shape_at(tensor.shape, probe, batch) if grows[i] > 0 else tensor.shape
+        rows.append(
+            lines.TracedTensor(
+                events.string(int(events.op[i])),
+                tensor.op,
+                tensor.layer,
+                tensor.phase,
+                tensor.dtype,
+                shape,
+                a.chunk,
+                a.requested,
+                int(events.t_ps[i]),
+                _hint(att, i, tensor.phase),
+            )
+        )
+    resolver = lines.Resolver(layers, cells)
+    found = lines.by_line(rows, [], resolver, top, resolve=lambda row: lines.made_line(row, resolver, keras_step))
+    return found.groups

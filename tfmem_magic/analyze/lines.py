@@ -28,8 +28,10 @@ The method (docs/lines.md):
   node), graph ops not found in a function that ran (its function is gone).
 
 It runs at the cell's end, for the tensors live at the peak and for those still live when the trace ended (what the
-leak findings name). Each function's nodes and stacks are read once and kept (TensorFlow gives every concrete
-function a name of its own in a process).
+leak findings name), and after a pre-flight's refusal for what its step replay held at its peak (`made_line`: the
+probes' functions are in another process, so a layer's tensors are named by the line that made the layer). Each
+function's nodes and stacks are read once and kept (TensorFlow gives every concrete function a name of its own in a
+process).
 """
 
 from __future__ import annotations
@@ -454,6 +456,15 @@ class Resolver:
             return LineOf(LINE, made_by, made_by, layer_name)
         return LineOf(LAYER, None, made_by, layer_name)
 
+    def layer_line(self, layer_name: str) -> LineOf:
+        """A layer's tensor by the line that made the layer, built-in or custom (where its op's own line cannot be
+        read: `made_line`); a layer whose line was not noted is named by the layer alone."""
+        layer = self.layers.get(layer_name)
+        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        if made_by is not None:
+            return LineOf(LINE, made_by, made_by, layer_name)
+        return LineOf(LAYER, None, None, layer_name)
+
     def gradient_line(self, fn: Function, node: str, layer_name: str | None, top: Function) -> LineOf:
         """A gradient op's line: its forward op's; else the one line of the forward ops in its scope; else its own
         (the `tape.gradient` line of a custom step)."""
@@ -618,10 +629,16 @@ def match_eager(
 
 
 def by_line(
-    rows: Sequence[TracedTensor], spans: Iterable[Span], resolver: Resolver, top: int, others: Sequence[str] = ()
+    rows: Sequence[TracedTensor],
+    spans: Iterable[Span],
+    resolver: Resolver,
+    top: int,
+    others: Sequence[str] = (),
+    resolve: Callable[[TracedTensor], LineOf] | None = None,
 ) -> ByLine:
     """The rows grouped by what made them (see the module's docstring): the `top` largest groups. `others`: the
-    functions to look in (after those the trace saw run) for an op outside every run the trace kept."""
+    functions to look in (after those the trace saw run) for an op outside every run the trace kept. `resolve`: what
+    made a row where its functions are not in this process (a pre-flight probe's step: `made_line`)."""
     runs = _Runs(spans, others)
     resolved: dict[tuple[str | None, str | None, str | None, tuple[str, ...], EagerMade | str | None], LineOf] = {}
     groups: dict[tuple[object, ...], _Group] = {}
@@ -631,7 +648,7 @@ def by_line(
         key = (row.path, row.layer, row.hint, running, row.eager)
         of = resolved.get(key)
         if of is None:
-            of = resolved[key] = _resolve(row, running, runs, resolver)
+            of = resolved[key] = resolve(row) if resolve is not None else _resolve(row, running, runs, resolver)
         if of.kind == LINE and of.site is not None:
             made = of.made_by
             gkey: tuple[object, ...] = (
@@ -717,6 +734,27 @@ def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver:
     if row.layer is not None:
         return resolver.layer_only(row.layer)
     return LineOf(UNRESOLVED)
+
+
+def made_line(row: TracedTensor, resolver: Resolver, keras_step: bool) -> LineOf:
+    """What made a tensor of a step that ran in another process (the pre-flight's probes: their functions and
+    stacks are not here), from its attribution alone: a layer's tensor by the line that made the layer (a custom
+    layer's too: the line in its `call` is not known), the rest by what it is, never a guessed line. `keras_step`:
+    the probes ran Keras' own step (a clone's fit), where a graph op outside every layer is Keras' (its loss,
+    metrics, optimizer); in a step of the model's own such an op may be the user's code, and is `unresolved`."""
+    if row.hint == HINT_XLA:
+        return LineOf(XLA)
+    if row.hint == HINT_INPUT:
+        return LineOf(INPUT)
+    if row.path is None:
+        return LineOf(UNTAGGED)
+    if row.path.startswith("__inference_"):
+        return LineOf(FUNCTION)
+    if "/" not in row.path:  # an op type alone: an eager op of the probe's (the weights and slots it built)
+        return LineOf(EAGER)
+    if row.layer is not None:
+        return resolver.layer_line(row.layer)
+    return LineOf(KERAS) if keras_step or row.phase == "optimizer" else LineOf(UNRESOLVED)
 
 
 def _line_group(g: _Group) -> LineGroup:

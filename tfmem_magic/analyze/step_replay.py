@@ -109,6 +109,23 @@ def _masked(shape: str | None, batch: int) -> str | None:
     return "[" + ",".join(dims) + "]"
 
 
+def shape_at(shape: str | None, probe: int, batch: int) -> str | None:
+    """A probe's shape at another batch: each dimension `_masked` reads as the probe's batch (or a multiple of it)
+    written for `batch` (`[37,1024]` at probe 37 is `[1024,1024]` at 1024)."""
+    masked = _masked(shape, probe)
+    if masked is None or masked == shape or not masked.startswith("["):
+        return shape
+    dims = []
+    for part in masked.strip("[]").split(","):
+        if part == "B":
+            dims.append(str(batch))
+        elif part.endswith("B") and part[:-1].isdigit():
+            dims.append(str(int(part[:-1]) * batch))
+        else:
+            dims.append(part)
+    return "[" + ",".join(dims) + "]"
+
+
 # allocations' positions by (op, dtype, masked shape or rank)
 Keys = dict[tuple[str | None, int, str | int | None], list[int]]
 
@@ -283,6 +300,10 @@ class StepReplay:
     prepared: bfc.PreparedTrace
     lines: Lines
     own: bfc.SelfCheck
+    # the probe's events as traced (op, shape, dtype of each: a replay's `LiveAllocation.index` is a position in them,
+    # `prepare` keeps every event in order) and its batch; None for a saved trace's replay
+    events: MemoryEvents | None = None
+    batch: int = 0
 
     def run(self, batch: float) -> bfc.ReplayResult:
         return bfc.replay_prepared(self.prepared, requested=self.lines.sizes(batch), memory_limit=UNLIMITED)
@@ -352,7 +373,7 @@ def checked(
         growth = gpu_growth if (mine.allocator or "").startswith("GPU_") else None
         own = bfc.self_check(mine, allow_growth=growth, tolerance=OWN_TOLERANCE)
         assert own.prepared is not None
-        replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs, keyed), own))
+        replays.append(StepReplay(own.prepared, align(mine, theirs, b_mine, b_theirs, keyed), own, mine, b_mine))
         if not own.passed:
             where = (
                 f" (first divergence at event {own.first_divergence} of {own.events})"

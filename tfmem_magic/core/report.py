@@ -303,6 +303,10 @@ class PreflightInfo:
     floor_bytes: int = 0
     # a refused call's step replay, at the batches replayed (advise/preflight.refused_basis: the report's what-if)
     replay: ReplayCurve | None = None
+    # a refusal's replayed peak at batch_size, by the line of code that made it (docs/lines.md, "The lines of a
+    # refusal"): a layer's tensors by the line that made the layer; the rest by what they are. Empty where the
+    # replay was not used, or it was kept from an earlier refusal
+    by_line: list[LineGroup] = field(default_factory=list)
 
 
 @dataclass

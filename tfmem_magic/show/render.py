@@ -26,6 +26,8 @@ from tfmem_magic.show.view import (
     guard_detail,
     held_view,
     knobs_text,
+    not_by_line,
+    preflight_line_rows,
     summary_items,
     trace_notes,
     verdict,
@@ -92,9 +94,36 @@ def by_line_html(t: TraceInfo) -> str:
     return lines_html(by_line_rows(t), t.by_line_note, PEAK_LINES)
 
 
-def lines_html(rows: list[LineRow], note: str | None, what: str) -> str:
-    """A "By line" table (the peak's, or what the cell left live in the "Held after" section): `what` it groups,
-    each line's row and a second row with what else is known of it, then `note`, what no line made."""
+def preflight_by_line_text(report: Report, top: int = 5) -> list[str]:
+    """The text report's lines of a refusal (PreflightInfo.by_line): what the pre-flight's replay of the refused
+    call's step held at its peak, by the line of code that made it, in the By line block's words; then what no line
+    made. Empty where no line is named."""
+    info = report.preflight
+    rows = preflight_line_rows(info, top)
+    if info is None or not rows:
+        return []
+    rest = not_by_line(info.by_line)
+    what = f"what the replayed step held at its peak at batch {info.batch_size}"
+    return lines_text(rows, f"not by a line: {rest}." if rest else None, "Refused", what)
+
+
+def preflight_by_line_html(report: Report) -> str:
+    """The static report's lines of a refusal (PreflightInfo.by_line), in the By line table's markup; "" where no
+    line is named."""
+    info = report.preflight
+    rows = preflight_line_rows(info)
+    if info is None or not rows:
+        return ""
+    rest = not_by_line(info.by_line)
+    what = f"what the pre-flight's replay of the step held at its peak at batch {info.batch_size}"
+    table = lines_html(rows, f"Not by a line: {rest}." if rest else None, what, "Refused")
+    return f"<div class='tfmem-preflight-by-line'>{table}</div>"
+
+
+def lines_html(rows: list[LineRow], note: str | None, what: str, title: str = "By line") -> str:
+    """A "By line" table (the peak's, what the cell left live in the "Held after" section, or a refusal's replayed
+    peak under `title`): `what` it groups, each line's row and a second row with what else is known of it, then
+    `note`, what no line made."""
     cells = []
     for row in rows:
         width = round(120 * row.share)
@@ -115,7 +144,7 @@ def lines_html(rows: list[LineRow], note: str | None, what: str) -> str:
     )
     said = f"<div class='tfmem-muted tfmem-by-line-note'>{escape(note)}</div>" if note else ""
     return (
-        f"<div class='tfmem-by-line-view'><b>By line</b>: {escape(what)}, by the line of code that made it"
+        f"<div class='tfmem-by-line-view'><b>{escape(title)}</b>: {escape(what)}, by the line of code that made it"
         f"{table}{said}</div>"
     )
 
@@ -166,6 +195,7 @@ def render_text(
         lines.append(f"Error     {r.error.type}" + (f": {message}" if message else ""))
         if r.error.site is not None:
             lines.append(f"          {error_site_text(r.error.site)}")
+    lines.extend(preflight_by_line_text(r))
     t = r.trace
     if t is not None and t.events:
         lines.append(
@@ -271,6 +301,7 @@ def render_html(
         f"<div class='tfmem-report'><style>{_STYLE}</style><h4>{title}</h4>",
         f"<div class='tfmem-verdict tfmem-{view.level}'>{escape(view.verdict)}</div>",
         f"<table class='tfmem-summary'>{summary}</table>",
+        preflight_by_line_html(r),
         before_after_html(r),
     ]
     t = r.trace

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 from tfmem_magic.advise import bases, parts, prediction
 from tfmem_magic.advise.diagnose_held import EAGER_NO_LINE
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import ErrorSite, Knobs, Report, TraceInfo
+from tfmem_magic.core.report import ErrorSite, Knobs, LineGroup, PreflightInfo, Report, TraceInfo
 from tfmem_magic.core.sizes import format_bytes
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
@@ -400,9 +400,30 @@ def by_line_rows(trace: TraceInfo | None, top: int = 10, end: bool = False) -> l
     when it ended (TraceInfo.held_at_end_by_line; what no line made: held_by_line_note), each's share of that."""
     if trace is None:
         return []
-    groups, total = (
-        (trace.held_at_end_by_line, trace.held_at_end_bytes) if end else (trace.by_line, trace.peak_live_bytes)
-    )
+    if end:
+        return line_rows(trace.held_at_end_by_line, trace.held_at_end_bytes, top)
+    return line_rows(trace.by_line, trace.peak_live_bytes, top)
+
+
+def preflight_line_rows(info: PreflightInfo | None, top: int = 10) -> list[LineRow]:
+    """A refusal's replayed peak by line (PreflightInfo.by_line), as `by_line_rows` words a trace's: its share is
+    of the replayed peak."""
+    if info is None:
+        return []
+    return line_rows(info.by_line, sum(g.bytes for g in info.by_line), top)
+
+
+def not_by_line(groups: list[LineGroup]) -> str:
+    """What no line made, by what it is ("Keras internals (...) 7 MiB, eager ops 24 MiB"), or ""."""
+    by_label: dict[str, int] = {}
+    for g in groups:
+        if g.kind != "line":
+            by_label[g.label] = by_label.get(g.label, 0) + g.bytes
+    return ", ".join(f"{label} {format_bytes(size)}" for label, size in sorted(by_label.items(), key=lambda kv: -kv[1]))
+
+
+def line_rows(groups: list[LineGroup], total: int, top: int = 10) -> list[LineRow]:
+    """The `top` groups of kind "line" of `groups`, largest first, each with its share of `total` bytes."""
     rows = []
     for g in [g for g in groups if g.kind == "line"][:top]:
         if g.forward_bytes and g.backward_bytes:
