@@ -374,3 +374,24 @@ def test_a_custom_layers_call_and_eager_ops_are_named_by_their_lines(shell):
     named = {g.code: g.bytes for g in eager.by_line if g.kind == "line"}
     assert any("tf.concat(parts, 0)" in code for code in named), eager.by_line
     assert sum(named.values()) >= 60 * MiB, (named, eager.by_line_note)
+
+
+def test_each_layer_of_one_kind_keeps_its_own_bytes(shell):
+    """Layers named by Keras' counter (`dense`, `dense_1`, `dense_2`): each one's tensors go to it, on tf_keras too,
+    whose graph scopes are the layers' names as they are (analysis.bare_scope_layers)."""
+    x, y = _data(1024)
+    shell.user_ns.update(x=x[:, :64].copy(), y=y, keras=keras)
+    cells = (
+        "model = keras.Sequential([keras.layers.Input((64,)), keras.layers.Dense(2048), keras.layers.Dense(16), "
+        "keras.layers.Dense(10)])\n"
+        "model.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
+        "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=512, epochs=1, verbose=0)",
+    )
+    for cell in cells:
+        result = shell.run_cell(cell, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+    trace = shell.user_ns["rep"].trace
+    names = [layer.name for layer in shell.user_ns["model"].layers]
+    seen = {g.layer for g in trace.by_layer}
+    # the second layer's backward holds a [512, 2048] gradient of its input at the peak, the first its output
+    assert {names[0], names[1]} <= seen, (names, trace.by_layer)

@@ -381,3 +381,16 @@ def test_a_cpus_allocator_has_no_cudnn_workspaces():
     )
     assert "workspace" not in {g.phase for g in info.by_phase}
     assert analysis.CUBLAS_OPS.match("_FusedMatMul") and not analysis.CUBLAS_OPS.match("Conv2DBackpropInput")
+
+
+def test_a_tf_keras_layers_scope_is_its_name_as_it_is_and_a_keras_3_scope_is_made_unique() -> None:
+    names = {"dense", "dense_1", "dense_2"}
+    keras3 = analysis.TraceContext(layer_names=names)
+    tf_keras = analysis.TraceContext(layer_names=names, bare_layers=names)
+    path = "StatefulPartitionedCall/sequential/dense_1/MatMul"
+    # Keras 3 names the scope of the layer `dense` `dense_1` (made unique in the step's graph)
+    assert analysis.attribute_path(path, keras3).layer == "dense"
+    # tf_keras names it by the layer's name: `dense_1` is the second Dense
+    assert analysis.attribute_path(path, tf_keras).layer == "dense_1"
+    assert analysis.attribute_path("gradient_tape/sequential/dense_2/MatMul/MatMul_1", tf_keras).layer == "dense_2"
+    assert analysis.attribute_path("StatefulPartitionedCall/sequential/dense/BiasAdd", tf_keras).layer == "dense"

@@ -18,6 +18,7 @@ what the cell allocated while the trace was paused and still held at the peak is
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -29,9 +30,12 @@ import numpy as np
 from tfmem_magic.analyze import lines
 from tfmem_magic.analyze.bfc import LiveAllocation
 from tfmem_magic.analyze.step_replay import shape_at
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LineGroup, LiveGroup, TraceInfo
 from tfmem_magic.core.types import KerasModel, TFFunction
+from tfmem_magic.measure import kerases
 from tfmem_magic.measure.eager_ops import EagerOps
+from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.xplane import (
     DATA_TYPES,
     FUNCTION_SPAN,
@@ -49,6 +53,7 @@ TOP_GROUPS = 25
 
 WORKSPACE = "workspace"  # a GPU kernel's scratch space from cuDNN or cuBLAS (docs/gpu.md, "Workspaces")
 PHASES = ("forward", "backward", "optimizer", WORKSPACE, "input", "weights", "pre-existing", "untraced", "other")
+_log = logging.getLogger(__name__)
 _SUFFIX = re.compile(r"_\d+$")
 _INPUT_OPS = {
     "MakeIterator",
@@ -111,6 +116,9 @@ class TraceContext:
     models: list[KerasModel] | None = None
     traced_functions: list[TFFunction] = field(default_factory=list)  # the concrete functions the cell traced
     eager_ops: EagerOps | None = None  # the eager ops run while the trace recorded, with their lines (eager_ops.py)
+    # layers whose name scope is their name as it is (tf_keras' `dense_1` is the layer dense_1, where Keras 3's
+    # `dense_1` is the layer dense made unique): `bare_scope_layers`
+    bare_layers: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -129,8 +137,16 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
             return Attribution("initialize variables", None, "weights")
         return Attribution("function runtime", None, "other")
     # a scope grappler gave the nodes it made (`.../conv2d/ArithmeticOptimizer/AddOpsRewrite_add`) is no layer
-    scopes = [_SUFFIX.sub("", p) for p in parts[:-1] if not p.endswith(lines.GRAPPLER_SCOPES)]
-    layer = next((s for s in reversed(scopes) if s in ctx.layer_names), None)
+    raw = [p for p in parts[:-1] if not p.endswith(lines.GRAPPLER_SCOPES)]
+    scopes = [_SUFFIX.sub("", p) for p in raw]
+    layer = next(
+        (
+            r if r in ctx.bare_layers else s
+            for r, s in zip(reversed(raw), reversed(scopes), strict=True)
+            if r in ctx.bare_layers or s in ctx.layer_names
+        ),
+        None,
+    )
     if layer is None and ctx.layer_names == set():
         # nothing known about the model (a saved or captured trace): the enclosing scope is the best guess of a
         # layer, once the scopes of the op itself are dropped: a gradient's path names its forward op as a scope
@@ -151,6 +167,25 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
     else:
         phase = "other"
     return Attribution(op, layer, phase)
+
+
+def bare_scope_layers(models: Iterable[KerasModel]) -> set[str]:
+    """The names of the models' layers that tf_keras made: its graph names a layer's scope by the layer's name as
+    it is (`dense_1`), where Keras 3 makes the scope of `dense` unique as `dense_1`. On tf_keras a model of `dense`,
+    `dense_1` and `dense_2` had all its tensors put on `dense` before this was told apart."""
+    out: set[str] = set()
+    for model in models:
+        try:
+            layers = all_layers(model, include_self=True)
+        except Exception as exc:  # noqa: BLE001 - a model mid-construction: Keras 3's rule for its layers
+            fallback(_log, "a model's layers could not be walked for their scopes", exc)
+            continue
+        out |= {
+            layer.name
+            for layer in layers
+            if kerases.flavour_of(layer) == kerases.TF_KERAS and isinstance(getattr(layer, "name", None), str)
+        }
+    return out
 
 
 # ---- matching allocations and frees -----------------------------------------------------------------------------
@@ -827,7 +862,8 @@ def replayed_by_line(
     probes' clone keeps its layer names), the rest by what they are (`lines.made_line`). Bytes are the replay's
     chunks at `batch`; a shape is the probe's, its batch dimension (`probe`) written for `batch` where the allocation
     grows with the batch (`grows`, per event: its line's slope is above 0)."""
-    att = attribute_events(Trace(events), TraceContext(layer_names=set(layers)))
+    bare = {name for name, record in layers.items() if record.bare_scope}
+    att = attribute_events(Trace(events), TraceContext(layer_names=set(layers), bare_layers=bare))
     rows = []
     for a in live:
         i = a.index

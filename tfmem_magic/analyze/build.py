@@ -227,6 +227,7 @@ def step_dims(report: Report) -> set[int]:
 def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
     instr, tracer = m.instrumentation, m.tracer
     assert instr is not None and tracer is not None
+    models = _models(m)
     ctx = analysis.TraceContext(
         layer_names=set(instr.layer_names),
         input_array_bytes=set(instr.copy_roles),
@@ -235,7 +236,8 @@ def trace_info(m: Measured, report: Report, use: ModelUse | None) -> TraceInfo:
         batch_size=report.model.replica_batch if report.model is not None else None,
         weight_shapes=modelinfo.weight_shapes(use),
         step_dims=step_dims(report),
-        models=_models(m),
+        models=models,
+        bare_layers=analysis.bare_scope_layers(models),
         traced_functions=[f for ref in instr.traced_functions if (f := ref()) is not None],
         eager_ops=m.eager_ops,
     )

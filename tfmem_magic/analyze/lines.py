@@ -54,7 +54,7 @@ from tfmem_magic.core.report import ErrorSite, LineGroup, LineTensor
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.core.types import KerasModel, ProtoMessage, TFFunction, TFGraph
-from tfmem_magic.measure import code_sites, eager_ops
+from tfmem_magic.measure import code_sites, eager_ops, kerases
 from tfmem_magic.measure.eager_ops import EagerOps
 from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.xplane import FUNCTION_SPAN, Span
@@ -147,6 +147,7 @@ class Site:
 class LayerRecord:
     made_at: tuple[str, int] | None  # (file, line) that made it (None: made before tfmem was loaded)
     builtin: bool  # a class of Keras' own (its ops have no line of the user's inside the layer)
+    bare_scope: bool = False  # tf_keras': its ops' scope is its name as it is (analysis.bare_scope_layers)
 
 
 @dataclass(frozen=True)
@@ -507,7 +508,8 @@ def layer_table(models: Iterable[KerasModel]) -> dict[str, LayerRecord]:
             if not isinstance(name, str) or name in table:
                 continue
             module = (getattr(type(layer), "__module__", "") or "").split(".")[0]
-            table[name] = LayerRecord(code_sites.site_of(layer), module in ("keras", "tf_keras"))
+            bare = kerases.flavour_of(layer) == kerases.TF_KERAS
+            table[name] = LayerRecord(code_sites.site_of(layer), module in ("keras", "tf_keras"), bare)
     return table
 
 
