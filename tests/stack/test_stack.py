@@ -395,3 +395,13 @@ def test_each_layer_of_one_kind_keeps_its_own_bytes(shell):
     seen = {g.layer for g in trace.by_layer}
     # the second layer's backward holds a [512, 2048] gradient of its input at the peak, the first its output
     assert {names[0], names[1]} <= seen, (names, trace.by_layer)
+
+
+def test_an_ooms_request_is_named_by_its_line(shell):
+    """An allocation TensorFlow refuses names the line that asked for it (docs/lines.md, "The line of an OOM"), on
+    this stack (a 4 TiB request: the CPU allocator refuses it at once)."""
+    shell.user_ns.update(tf=tf)
+    shell.run_cell("%%tfmem --no-panel --as oom\nhuge = tf.random.normal([2**40])", store_history=True)
+    oom = shell.user_ns["oom"]
+    assert oom.status == "oom" and oom.error is not None and oom.error.site is not None, oom.error
+    assert "tf.random.normal([2**40])" in (oom.error.site.code or ""), oom.error.site
