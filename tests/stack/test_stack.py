@@ -405,3 +405,41 @@ def test_an_ooms_request_is_named_by_its_line(shell):
     oom = shell.user_ns["oom"]
     assert oom.status == "oom" and oom.error is not None and oom.error.site is not None, oom.error
     assert "tf.random.normal([2**40])" in (oom.error.site.code or ""), oom.error.site
+
+
+def test_a_custom_train_steps_line_is_named(shell):
+    """A custom `train_step`'s own line names the scratch tensor it makes (docs/lines.md), on this stack's Keras:
+    tf_keras' train function has it as a top-level node named `Tile`, looked for in the functions that ran where the
+    trace lost its run."""
+    x, y = _data(512)
+    shell.user_ns.update(x=x[:, :64].copy(), y=y.astype("float32"), keras=keras, tf=tf)
+    cells = (
+        "class Scratchy(keras.Model):\n"
+        "    def train_step(self, data):\n"
+        "        x, y = data\n"
+        "        scratch = tf.tile(tf.ones([1024, 1024]), [16, 1])\n"
+        "        with tf.GradientTape() as tape:\n"
+        "            pred = self(x, training=True)\n"
+        # not 0.0 *: a graph optimizer may drop the scratch tensor then
+        "            loss = tf.reduce_mean(tf.square(pred - y)) + 1e-12 * tf.reduce_sum(scratch)\n"
+        "        grads = tape.gradient(loss, self.trainable_variables)\n"
+        "        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))\n"
+        "        return {'loss': loss}",
+        "inputs = keras.Input((64,))\n"
+        "model = Scratchy(inputs, keras.layers.Dense(1)(keras.layers.Dense(64)(inputs)))\n"
+        "model.compile('sgd')",
+        "_ = tf.zeros([24, 1024, 1024]).numpy().sum(); del _",  # regions grown first (test_by_line says why)
+    )
+    for cell in cells:
+        result = shell.run_cell(cell, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+    for _ in range(3):  # which moment of the step is the peak varies from run to run
+        result = shell.run_cell(
+            "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)", store_history=True
+        )
+        assert result.success, result.error_in_exec
+        trace = shell.user_ns["rep"].trace
+        if any(g.shape == "[16384,1024]" for g in trace.at_peak):
+            break
+    tile = [g for g in trace.by_line if g.kind == "line" and "tf.tile(" in (g.code or "")]
+    assert tile and tile[0].label.endswith("line 4") and tile[0].bytes >= 64 * MiB, trace.by_line

@@ -225,6 +225,20 @@ def test_a_path_outside_every_run_is_looked_for_in_the_other_functions(functions
     assert found.groups[0].label == "In [2] line 3"
 
 
+def test_a_bare_name_no_eager_op_made_is_looked_for_as_a_node_of_the_functions_that_ran(functions, resolver):
+    """tf_keras' train function has top-level nodes named as op types (`Tile`): where the trace lost its run, the
+    allocation looks like an eager op's. With no eager op of its type and size noted, it is the function's node."""
+    lost = row("Tile", chunk=64 << 20, shape="[16384,1024]", t_ps=10**9)._replace(eager=lines.NOT_NOTED)
+    found = lines.by_line([lost], [], resolver, top=25, others=["inner"])
+    assert [(g.kind, g.label) for g in found.groups] == [("line", "In [2] line 5")]
+    # no op callback (quick mode, no API): an op type alone stays an eager op's, never a guessed node
+    alone = lines.by_line([lost._replace(eager=None)], [], resolver, top=25, others=["inner"])
+    assert [g.kind for g in alone.groups] == ["eager"]
+    # an eager op the callback noted is that op's
+    made = lost._replace(eager=(CELL_FIT, 1, False))
+    assert [g.label for g in lines.by_line([made], [], resolver, top=25, others=["inner"]).groups] == ["In [4] line 1"]
+
+
 def test_the_text_report_shows_the_top_lines_with_their_code():
     info = TraceInfo(
         by_line=[

@@ -699,9 +699,11 @@ def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver:
     # the function running at the time; a node path outside every run (the trace's segments start and stop
     # inside steps, and a run's event is kept only by the segment it ends in) is looked for in the functions that
     # ran, latest first, then in those the cell traced and its models hold. An op type with no path outside every
-    # run is an eager op's.
+    # run is an eager op's, unless no eager op of its type and size ran (the op callback noted none): then it is a
+    # function's node of that name whose run the trace lost (tf_keras' train function has top-level nodes such as
+    # `Tile`: docs/lines.md, "Layers of one kind on tf_keras")
     candidates = list(running)
-    if not candidates and "/" in row.path:
+    if not candidates and ("/" in row.path or row.eager == NOT_NOTED):
         candidates = runs.names
     deepest: tuple[int, Function, str] | None = None  # where the path's node would be, had the function one
     for name in candidates:
