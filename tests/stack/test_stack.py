@@ -313,6 +313,13 @@ def test_what_only_tensorflow_holds_is_what_free_gives_back(shell, capsys):
         assert freed < 0.05 * expected, freed
 
 
+def _run_cells(shell, cells):
+    """Each cell in the notebook's order, kept in its history (a line is named by the cell it is in): each must run."""
+    for cell in cells:
+        result = shell.run_cell(cell, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+
+
 def test_a_layers_memory_is_named_by_the_line_that_made_it(shell):
     """The by-line view (docs/lines.md) on this stack: a built-in layer's tensors at the peak are named by the line
     of the cell that made the layer, with that line's code."""
@@ -327,9 +334,7 @@ def test_a_layers_memory_is_named_by_the_line_that_made_it(shell):
         "model.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
         "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)",
     )
-    for cell in cells:
-        result = shell.run_cell(cell, store_history=True)
-        assert result.success, result.error_in_exec or result.error_before_exec
+    _run_cells(shell, cells)
     trace = shell.user_ns["rep"].trace
     assert trace is not None
     big = [g for g in trace.by_line if g.kind == "line" and "Dense(4096" in (g.code or "")]
@@ -361,9 +366,7 @@ def test_a_custom_layers_call_and_eager_ops_are_named_by_their_lines(shell):
         "parts = [tf.random.normal([1024, 1024]) + 1.0 for _ in range(8)]\n"
         "whole = tf.concat(parts, 0)",
     )
-    for cell in cells:
-        result = shell.run_cell(cell, store_history=True)
-        assert result.success, result.error_in_exec or result.error_before_exec
+    _run_cells(shell, cells)
     trace = shell.user_ns["rep"].trace
     assert trace is not None
     wide = [g for g in trace.by_line if g.kind == "line" and "tf.matmul(x, self.w)" in (g.code or "")]
@@ -387,9 +390,7 @@ def test_each_layer_of_one_kind_keeps_its_own_bytes(shell):
         "model.compile('sgd', keras.losses.SparseCategoricalCrossentropy(from_logits=True))",
         "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=512, epochs=1, verbose=0)",
     )
-    for cell in cells:
-        result = shell.run_cell(cell, store_history=True)
-        assert result.success, result.error_in_exec or result.error_before_exec
+    _run_cells(shell, cells)
     trace = shell.user_ns["rep"].trace
     names = [layer.name for layer in shell.user_ns["model"].layers]
     seen = {g.layer for g in trace.by_layer}
@@ -430,9 +431,7 @@ def test_a_custom_train_steps_line_is_named(shell):
         "model.compile('sgd')",
         "_ = tf.zeros([24, 1024, 1024]).numpy().sum(); del _",  # regions grown first (test_by_line says why)
     )
-    for cell in cells:
-        result = shell.run_cell(cell, store_history=True)
-        assert result.success, result.error_in_exec or result.error_before_exec
+    _run_cells(shell, cells)
     for _ in range(3):  # which moment of the step is the peak varies from run to run
         result = shell.run_cell(
             "%%tfmem --no-panel --as rep\nmodel.fit(x, y, batch_size=256, epochs=1, verbose=0)", store_history=True

@@ -525,8 +525,9 @@ def test_the_floor_is_a_share_of_the_layers_outputs_when_training_and_the_larges
     )
     use = ModelUse(model_ref=lambda: model, calls=["fit"], batch_size=64, feed="arrays")
     # a Flatten's output is a view of its input: not counted
-    assert preflight.parts_floor(use, True) == pytest.approx(preflight.PARTS_FLOOR_TRAIN * (4096 + 10) * 4)
-    assert preflight.parts_floor(use, False) == 4096 * 4
+    training, inferring = preflight.described(use, True), preflight.described(use, False)
+    assert preflight.parts_floor(training, True) == pytest.approx(preflight.PARTS_FLOOR_TRAIN * (4096 + 10) * 4)
+    assert preflight.parts_floor(inferring, False) == 4096 * 4
 
 
 def test_the_largest_batch_is_the_one_halving_finds_in_fewer_replays():

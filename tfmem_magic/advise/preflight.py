@@ -55,7 +55,7 @@ from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeab
 from tfmem_magic.analyze.modelinfo import describe_model, forward_macs_per_sample
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
-from tfmem_magic.core.report import Basis, LineGroup, PreflightInfo, ReplayCurve, Report
+from tfmem_magic.core.report import Basis, LineGroup, ModelInfo, PreflightInfo, ReplayCurve, Report
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.core.types import KerasModel
@@ -208,7 +208,8 @@ def check(
     began = (psutil.Process().memory_info().rss, bytes_in_use() or 0)  # what the pre-flight's own work adds: from here
     slots = _slots_to_build(model) if train else 0
     # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
-    generous = None if fed is not None else model_upper_bound(use, train, batch)
+    parts = described(use, train)  # the model's own parts: an upper bound that spares the probes, and a floor
+    generous = None if fed is not None else model_upper_bound(parts, train, batch)
     # "fits" never counts the allocator's held regions as reusable: which of the call's tensors they can hold is not
     # known (docs/preflight.md, "Held regions count only against a refusal")
     if generous is not None and rss + generous + slots + copies <= threshold:
@@ -236,7 +237,7 @@ def check(
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
     # the model's own, saved as train_step is
-    floor = parts_floor(use, train)  # what "fits" never counts less than, whatever the probes saw
+    floor = parts_floor(parts, train)  # what "fits" never counts less than, whatever the probes saw
     key = _inputs_key(model, call, use)  # before the probes change the model (an own step's export builds slots)
     kept = kept_replay(key, model, batch)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
@@ -737,14 +738,22 @@ def probed_step(
     return line_through(peaks), batches
 
 
-def model_upper_bound(use: ModelUse, train: bool, batch: int) -> int | None:
+def described(use: ModelUse, train: bool) -> ModelInfo | None:
+    """The model's own parts, as the call will use them (training counts the gradients and slots); None when the model
+    cannot be described, or a layer's output is not known yet (a subclassed model before its first call: its parts
+    would count nothing)."""
+    info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
+    if info is None or not info.layers or any(_open_output(layer.output_shape) for layer in info.layers):
+        return None
+    return info
+
+
+def model_upper_bound(info: ModelInfo | None, train: bool, batch: int) -> int | None:
     """A generous upper bound of one step's allocator growth from the model's own parts, no run: the layer outputs
     (training: with their gradients, TRAIN_ACTIVATION_FACTOR) at MODEL_MARGIN times, in chunks up to 1.5x, plus
     the gradients. The analytic basis misses by up to 73% on the benchmark's zoo (a recurrent layer's insides):
-    only a step far inside the limit is let through on it. None when the model cannot be described, or a layer's
-    output is not known yet (a subclassed model before its first call: its parts would count nothing)."""
-    info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
-    if info is None or not info.layers or any(_open_output(layer.output_shape) for layer in info.layers):
+    only a step far inside the limit is let through on it. None where `described` gave none."""
+    if info is None:
         return None
     per_sample = activation_bytes(info)
     gradients = info.trainable_bytes if train else 0
@@ -759,12 +768,11 @@ PARTS_FLOOR_TRAIN = 0.6
 _VIEWS = ("Flatten", "Reshape", "InputLayer", "Dropout", "Identity")
 
 
-def parts_floor(use: ModelUse, train: bool) -> float | None:
+def parts_floor(info: ModelInfo | None, train: bool) -> float | None:
     """The least one step holds per sample by the model's own layer outputs, no run: training keeps most of them
     for its backward pass (PARTS_FLOOR_TRAIN of their sum with what recurrent layers keep per time step), and any
-    call makes at least its largest output. None where the model cannot be described or an output is open."""
-    info = describe_model(replace(use, calls=[*use.calls, "fit"] if train and "fit" not in use.calls else use.calls))
-    if info is None or not info.layers or any(_open_output(layer.output_shape) for layer in info.layers):
+    call makes at least its largest output. None where `described` gave none."""
+    if info is None:
         return None
     outputs = [layer.activation_bytes_per_sample for layer in info.layers if layer.type.split(" ")[0] not in _VIEWS]
     if not outputs:

@@ -18,7 +18,6 @@ what the cell allocated while the trace was paused and still held at the peak is
 
 from __future__ import annotations
 
-import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -30,12 +29,9 @@ import numpy as np
 from tfmem_magic.analyze import lines
 from tfmem_magic.analyze.bfc import LiveAllocation
 from tfmem_magic.analyze.step_replay import shape_at
-from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import AllocatorUse, InputCopy, LineGroup, LiveGroup, TraceInfo
 from tfmem_magic.core.types import KerasModel, TFFunction
-from tfmem_magic.measure import kerases
 from tfmem_magic.measure.eager_ops import EagerOps
-from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.xplane import (
     DATA_TYPES,
     FUNCTION_SPAN,
@@ -53,7 +49,6 @@ TOP_GROUPS = 25
 
 WORKSPACE = "workspace"  # a GPU kernel's scratch space from cuDNN or cuBLAS (docs/gpu.md, "Workspaces")
 PHASES = ("forward", "backward", "optimizer", WORKSPACE, "input", "weights", "pre-existing", "untraced", "other")
-_log = logging.getLogger(__name__)
 _SUFFIX = re.compile(r"_\d+$")
 _INPUT_OPS = {
     "MakeIterator",
@@ -170,22 +165,15 @@ def attribute_path(path: str, ctx: TraceContext) -> Attribution:
 
 
 def bare_scope_layers(models: Iterable[KerasModel]) -> set[str]:
-    """The names of the models' layers that tf_keras made: its graph names a layer's scope by the layer's name as
-    it is (`dense_1`), where Keras 3 makes the scope of `dense` unique as `dense_1`. On tf_keras a model of `dense`,
-    `dense_1` and `dense_2` had all its tensors put on `dense` before this was told apart."""
-    out: set[str] = set()
-    for model in models:
-        try:
-            layers = all_layers(model, include_self=True)
-        except Exception as exc:  # noqa: BLE001 - a model mid-construction: Keras 3's rule for its layers
-            fallback(_log, "a model's layers could not be walked for their scopes", exc)
-            continue
-        out |= {
-            layer.name
-            for layer in layers
-            if kerases.flavour_of(layer) == kerases.TF_KERAS and isinstance(getattr(layer, "name", None), str)
-        }
-    return out
+    """The names of the models' layers that tf_keras made (`lines.LayerRecord.bare_scope`): its graph names a
+    layer's scope by the layer's name as it is (`dense_1`), where Keras 3 makes the scope of `dense` unique as
+    `dense_1`. On tf_keras a model of `dense`, `dense_1` and `dense_2` had all its tensors put on `dense` before this
+    was told apart."""
+    return _bare(lines.layer_table(models))
+
+
+def _bare(layers: dict[str, lines.LayerRecord]) -> set[str]:
+    return {name for name, record in layers.items() if record.bare_scope}
 
 
 # ---- matching allocations and frees -----------------------------------------------------------------------------
@@ -862,8 +850,7 @@ def replayed_by_line(
     probes' clone keeps its layer names), the rest by what they are (`lines.made_line`). Bytes are the replay's
     chunks at `batch`; a shape is the probe's, its batch dimension (`probe`) written for `batch` where the allocation
     grows with the batch (`grows`, per event: its line's slope is above 0)."""
-    bare = {name for name, record in layers.items() if record.bare_scope}
-    att = attribute_events(Trace(events), TraceContext(layer_names=set(layers), bare_layers=bare))
+    att = attribute_events(Trace(events), TraceContext(layer_names=set(layers), bare_layers=_bare(layers)))
     rows = []
     for a in live:
         i = a.index

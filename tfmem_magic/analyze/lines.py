@@ -147,7 +147,7 @@ class Site:
 class LayerRecord:
     made_at: tuple[str, int] | None  # (file, line) that made it (None: made before tfmem was loaded)
     builtin: bool  # a class of Keras' own (its ops have no line of the user's inside the layer)
-    bare_scope: bool = False  # tf_keras': its ops' scope is its name as it is (analysis.bare_scope_layers)
+    bare_scope: bool = False  # tf_keras': its ops' scope is its name as it is (analysis.TraceContext.bare_layers)
 
 
 @dataclass(frozen=True)
@@ -425,10 +425,14 @@ class Resolver:
             found = self._sites[key] = Site(file, line, label, code[:MAX_CODE])
         return found
 
+    def _layer(self, layer_name: str | None) -> tuple[LayerRecord | None, Site | None]:
+        """The layer of that name, and the line that made it where it was noted."""
+        layer = self.layers.get(layer_name) if layer_name is not None else None
+        return layer, self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+
     def line_of(self, fn: Function, node: str, layer_name: str | None) -> LineOf:
         """What made the node's tensors (see the module's docstring)."""
-        layer = self.layers.get(layer_name) if layer_name is not None else None
-        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        layer, made_by = self._layer(layer_name)
         if layer is not None and layer.builtin and made_by is not None:
             return LineOf(LINE, made_by, made_by, layer_name)  # whatever its stack: no line of the user's inside
         user, entry = fn.user_frame(node)
@@ -444,15 +448,13 @@ class Resolver:
     def eager_line(self, file: str, line: int, layer_name: str | None) -> LineOf:
         """An eager op's line, as its op callback recorded the user's frame that ran it; inside a layer's eager
         call, the line that made the layer beside it."""
-        layer = self.layers.get(layer_name) if layer_name is not None else None
-        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        _, made_by = self._layer(layer_name)
         return LineOf(LINE, self.site(file, line), made_by, layer_name)
 
     def layer_only(self, layer_name: str) -> LineOf:
         """A layer's tensor whose op was not found: a built-in layer's is named by the line that made the layer
         (as when it is found), a custom layer's only by its layer."""
-        layer = self.layers.get(layer_name)
-        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        layer, made_by = self._layer(layer_name)
         if layer is not None and layer.builtin and made_by is not None:
             return LineOf(LINE, made_by, made_by, layer_name)
         return LineOf(LAYER, None, made_by, layer_name)
@@ -460,8 +462,7 @@ class Resolver:
     def layer_line(self, layer_name: str) -> LineOf:
         """A layer's tensor by the line that made the layer, built-in or custom (where its op's own line cannot be
         read: `made_line`); a layer whose line was not noted is named by the layer alone."""
-        layer = self.layers.get(layer_name)
-        made_by = self.site(*layer.made_at) if layer is not None and layer.made_at is not None else None
+        _, made_by = self._layer(layer_name)
         if made_by is not None:
             return LineOf(LINE, made_by, made_by, layer_name)
         return LineOf(LAYER, None, None, layer_name)
@@ -685,7 +686,9 @@ def by_line(
     return ByLine(out, named, _note(groups.values(), named, unmatched))
 
 
-def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver: Resolver) -> LineOf:
+def _what_it_is(row: TracedTensor) -> LineOf | None:
+    """What a tensor is where no function can name it: XLA's, the input pipeline's, untagged, a function's own
+    runtime allocation; None for an op's tensor (a node path, or an op type alone)."""
     if row.hint == HINT_XLA:
         return LineOf(XLA)
     if row.hint == HINT_INPUT:
@@ -696,12 +699,20 @@ def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver:
         # tagged with a function's own name, no node: what the runtime allocates for the function as a whole (a
         # constant grappler folded, measured: a `tf.ones` of a train step), not one of its ops
         return LineOf(FUNCTION)
+    return None
+
+
+def _resolve(row: TracedTensor, running: tuple[str, ...], runs: _Runs, resolver: Resolver) -> LineOf:
+    known = _what_it_is(row)
+    if known is not None:
+        return known
+    assert row.path is not None  # an untagged tensor is known as one
     # the function running at the time; a node path outside every run (the trace's segments start and stop
     # inside steps, and a run's event is kept only by the segment it ends in) is looked for in the functions that
     # ran, latest first, then in those the cell traced and its models hold. An op type with no path outside every
     # run is an eager op's, unless no eager op of its type and size ran (the op callback noted none): then it is a
     # function's node of that name whose run the trace lost (tf_keras' train function has top-level nodes such as
-    # `Tile`: docs/lines.md, "Layers of one kind on tf_keras")
+    # `Tile`: docs/lines.md, "tf_keras' graph names")
     candidates = list(running)
     if not candidates and ("/" in row.path or row.eager == NOT_NOTED):
         candidates = runs.names
@@ -746,14 +757,10 @@ def made_line(row: TracedTensor, resolver: Resolver, keras_step: bool) -> LineOf
     layer's too: the line in its `call` is not known), the rest by what it is, never a guessed line. `keras_step`:
     the probes ran Keras' own step (a clone's fit), where a graph op outside every layer is Keras' (its loss,
     metrics, optimizer); in a step of the model's own such an op may be the user's code, and is `unresolved`."""
-    if row.hint == HINT_XLA:
-        return LineOf(XLA)
-    if row.hint == HINT_INPUT:
-        return LineOf(INPUT)
-    if row.path is None:
-        return LineOf(UNTAGGED)
-    if row.path.startswith("__inference_"):
-        return LineOf(FUNCTION)
+    known = _what_it_is(row)
+    if known is not None:
+        return known
+    assert row.path is not None  # an untagged tensor is known as one
     if "/" not in row.path:  # an op type alone: an eager op of the probe's (the weights and slots it built)
         return LineOf(EAGER)
     if row.layer is not None:

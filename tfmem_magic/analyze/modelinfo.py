@@ -206,14 +206,8 @@ def _layers(model: KerasModel, structure: dict[str, Any] | None = None) -> list[
     return out
 
 
-def _nested_layers(layer: KerasLayer, depth: int = 0) -> list[LayerInfo]:
-    inner = getattr(layer, "layers", None) if _is_model(layer) and depth < 4 else None
-    if not inner:
-        return []
-    out: list[LayerInfo] = []
-    for sub in inner[:MAX_LAYERS]:
-        out.extend(_nested_layers(sub, depth + 1) or [_layer_info(sub)])
-    return out
+def _nested_layers(layer: KerasLayer) -> list[LayerInfo]:
+    return [_layer_info(leaf) for leaf in _leaf_layers(layer)]
 
 
 def weight_shapes(use: ModelUse | None) -> set[str]:

@@ -3,9 +3,8 @@
 An eager op's allocation carries its op type alone in the trace: no node path, no stack. So while a traced cell
 runs, a TensorFlow op callback (`op_callbacks.add_op_callback`, what tfdbg2 uses) notes each eager op the cell's
 thread runs while a trace segment records, with an output of MIN_NOTED_BYTES or more: its type, its outputs'
-shapes and dtypes, the time, and the user's frame
-that ran it. analyze/lines.py `match_eager` then pairs the trace's eager allocations with these records by op type,
-bytes and order (docs/lines.md, "Eager ops").
+shapes and dtypes, the time, and the user's frame that ran it. analyze/lines.py `match_eager` then pairs the trace's
+eager allocations with these records by op type, bytes and order (docs/lines.md, "Eager ops").
 
 The user's frame is the innermost frame outside TensorFlow, Keras, tf_keras, tfmem, the standard library and
 site-packages (code_sites.is_user_file), found by walking `sys._getframe()` outwards, each code object classified
@@ -142,10 +141,10 @@ class EagerOps:
             if self.full_from is None:
                 self.full_from = segment
             return
-        t = time.perf_counter()
         shapes = tuple((o._shape_tuple(), o._datatype_enum()) for o in outputs) if outputs else ()
         if all((output_bytes(shape, dtype) or 0) < MIN_NOTED_BYTES for shape, dtype in shapes):
             return
+        t = time.perf_counter()
         kinds = self._kinds
         frame: FrameType | None = sys._getframe(2)  # the frame that ran the op (most often an op wrapper)
         keras = False
