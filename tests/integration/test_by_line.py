@@ -116,7 +116,7 @@ def test_a_custom_train_steps_line_is_named(shell):
         scratch = tf.tile(tf.ones([1024, 1024]), [16, 1])
         with tf.GradientTape() as tape:
             pred = self(x, training=True)
-            loss = self.compute_loss(y=y, y_pred=pred) + 0.0 * tf.reduce_sum(scratch)
+            loss = self.compute_loss(y=y, y_pred=pred) + 1e-12 * tf.reduce_sum(scratch)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(grads, self.trainable_variables)
         return {"loss": loss}

@@ -35,7 +35,7 @@ def over_limit(shell):
     shell.run_cell(OVER.format(limit=limit))
     report = pipeline.last_report()
     # a process that ran TF before reuses its allocator's regions, so the cell may fit or be stopped: either way
-    # the batch's predicted peak does not fit what the limit leaves, which is what the fixes answer
+    # the batch is what fills what the limit leaves, which is what the fixes answer
     assert "large-batch" in {f.id for f in report.findings}, report.findings
     yield shell, report
     shell.run_cell('keras.mixed_precision.set_global_policy("float32")')
@@ -88,12 +88,15 @@ def test_tfmem_fix_puts_the_code_into_the_next_cell(over_limit, capsys):
     shell, before = over_limit
     shell.run_line_magic("tfmem", "fix")
     listed = capsys.readouterr().out
-    assert "1. [shrink-batch]" in listed and f"report {before.number}" in listed
+    # in this process the replay may find batch 512 fits the limit after all (no shrink-batch then): the list is the
+    # report's, in its order (the fresh-process test above checks which fixes a new kernel gets)
+    first = before.fixes[0].id
+    assert f"1. [{first}]" in listed and f"report {before.number}" in listed
     shell.run_line_magic("tfmem", "fix grad-accumulation")
     assert shell.rl_next_input == next(f.code for f in before.fixes if f.id == "grad-accumulation")
     shell.run_line_magic("tfmem", f"fix 1 --report {before.number}")
     assert shell.rl_next_input == before.fixes[0].code
-    with pytest.raises(UsageError, match="has fixes 1 \\(shrink-batch\\)"):
+    with pytest.raises(UsageError, match=f"has fixes 1 \\({first}\\)"):
         shell.run_line_magic("tfmem", "fix 99")
     with pytest.raises(UsageError, match="no report '9999'"):
         shell.run_line_magic("tfmem", "fix 1 --report 9999")
