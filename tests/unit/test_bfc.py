@@ -353,6 +353,17 @@ def test_a_real_trace_whose_later_regions_lie_lower_replays_to_the_byte():
     """EfficientNetB0's fit in a fresh process (tests/data/regions-efficientnetb0.npz): eight regions, the five
     mmapped ones each lower than the one before. Learnt from a first replay, the regions' addresses overlapped and
     were dropped; the placements then parted from TensorFlow's at event 140,620 of 166,314 (peak +2.7%)."""
+    events = _efficientnet_events()
+    n = len(events)
+    check = bfc.self_check(events)
+    regions = check.prepared.region_addresses if check.prepared else []
+    assert len(regions) == 8 and regions[3:] == sorted(regions[3:], reverse=True) and regions[3] > regions[2]
+    assert check.events_exact == check.events == n == 166_314 and check.first_divergence is None
+    assert check.chunks_exact == check.placements_exact == check.allocations and check.passed
+
+
+def _efficientnet_events():
+    """EfficientNetB0's fit in a fresh process, as the tracer read it (tests/data/regions-efficientnetb0.npz)."""
     import numpy as np
 
     from tfmem_magic.measure.xplane import MemoryEvents
@@ -360,7 +371,7 @@ def test_a_real_trace_whose_later_regions_lie_lower_replays_to_the_byte():
     with np.load(Path(__file__).parent.parent / "data" / "regions-efficientnetb0.npz") as data:
         columns = {k: data[k] for k in ("is_alloc", "addr", "requested", "chunk", "live", "limit")}
     n = len(columns["addr"])
-    events = MemoryEvents(
+    return MemoryEvents(
         t_ps=np.arange(n, dtype=np.int64),
         dtype=np.ones(n, np.int64),
         op=np.full(n, -1, np.int32),
@@ -372,11 +383,22 @@ def test_a_real_trace_whose_later_regions_lie_lower_replays_to_the_byte():
         allocator="bfc_cpu_allocator_for_gpu",
         **columns,
     )
-    check = bfc.self_check(events)
-    regions = check.prepared.region_addresses if check.prepared else []
-    assert len(regions) == 8 and regions[3:] == sorted(regions[3:], reverse=True) and regions[3] > regions[2]
-    assert check.events_exact == check.events == n == 166_314 and check.first_divergence is None
-    assert check.chunks_exact == check.placements_exact == check.allocations and check.passed
+
+
+def test_the_peaks_alone_are_the_full_replays_peaks():
+    """bfc.replay_peaks (what the step replay's searches ask at each batch) gives replay_prepared's two peaks to the
+    byte on a real trace: at its own sizes, at sizes scaled as another batch's, and under a limit it runs out at."""
+    prepared = bfc.self_check(_efficientnet_events()).prepared
+    assert prepared is not None
+    full = bfc.replay_prepared(prepared)
+    assert bfc.replay_peaks(prepared) == (full.peak_bytes_in_use, full.peak_region_bytes)
+    scaled = [max(1, round(r * 1.7)) for r in prepared.requested]
+    full = bfc.replay_prepared(prepared, requested=scaled, memory_limit=bfc.UNLIMITED)
+    assert bfc.replay_peaks(prepared, scaled, bfc.UNLIMITED) == (full.peak_bytes_in_use, full.peak_region_bytes)
+    limit = full.peak_region_bytes // 2
+    short = bfc.replay_prepared(prepared, requested=scaled, memory_limit=limit)
+    assert short.oom_index is not None
+    assert bfc.replay_peaks(prepared, scaled, limit) == (short.peak_bytes_in_use, short.peak_region_bytes)
 
 
 # ---- the self-check on real traces -----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -445,7 +445,7 @@ def own_replayed_step(
 
 def _as_left(
     info: PreflightInfo,
-    step_at: Callable[[float], float],
+    step_at: ReplayedStep,
     arrays: int,
     tf_held: int,
     began: tuple[int, int],
@@ -463,7 +463,7 @@ def _as_left(
     info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
     info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
-    _judge(info, step_at, info.tf_bytes, held, floor)
+    _judge(info, step_at, info.tf_bytes, held, floor, step_at.replayed)  # about where the first search ended
     info.verdict = "refused"  # decided already: only the batch it names moves
 
 
@@ -479,13 +479,15 @@ def _judge(
     tf_current: int,
     tf_held: int,
     floor: float | None = None,
+    tried: Iterable[int] = (),
 ) -> PreflightInfo:
     """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits. The
     regions TF's allocator holds beyond what is in use count as reusable against a refusal (the low end), never
     for "fits" or the largest batch (the high end): which of the call's tensors they can hold is not known, and a
     batch named on them ran 0.6 GiB past its limit (docs/preflight.md, "Held regions count only against a
     refusal"). `floor`: the least a step holds per sample by the model's own outputs (parts_floor): "fits" and the
-    largest batch never count less; a refusal is the prediction's alone."""
+    largest batch never count less; a refusal is the prediction's alone. `tried`: the batches `step_at` answers
+    without a replay."""
     rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
 
     def judged(b: float) -> float:  # what "fits" and the largest batch count: never below the model's outputs
@@ -505,7 +507,7 @@ def _judge(
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
-    info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch)
+    info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch, tried)
     return info
 
 
@@ -584,7 +586,7 @@ def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:
 
 # what a refused call's replay may spend on more batches for the report's what-if (advise/preflight.refused_basis):
 # the batches the verdict and the largest batch asked are replayed already
-CURVE_BUDGET_S = 3.0
+CURVE_BUDGET_S = 1.5
 
 
 class ReplayedStep:
@@ -602,6 +604,11 @@ class ReplayedStep:
     def __call__(self, b: float) -> float:
         return max(0.0, max(self._replayed(b)[:2]) - self.fixed)
 
+    @property
+    def replayed(self) -> list[int]:
+        """The batches replayed so far (answered again without a replay)."""
+        return list(self._peaks)
+
     def _replayed(self, b: float) -> tuple[int, int, int]:
         n = max(1, round(b))
         if n not in self._peaks:
@@ -609,11 +616,7 @@ class ReplayedStep:
                 results = self._check.peaks(n)
             except Exception as exc:  # noqa: BLE001 - a bug of ours must not reach the user's fit: the probes' line stands in
                 raise NoReplay(f"its replay at batch {n} failed ({type(exc).__name__}: {str(exc)[:200]})") from exc
-            self._peaks[n] = (
-                int(results[0].peak_bytes_in_use),
-                int(results[1].peak_bytes_in_use),
-                max(int(r.peak_region_bytes) for r in results),
-            )
+            self._peaks[n] = (results[0][0], results[1][0], max(regions for _, regions in results))
         return self._peaks[n]
 
     def by_line(self, batch: int, layers: dict[str, LayerRecord], keras_step: bool) -> list[LineGroup]:
@@ -826,19 +829,29 @@ def _slots_to_build(model: KerasModel) -> int:
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 
-def _largest(need: Callable[[int], float], room: float, batch: int) -> int | None:
+def _largest(need: Callable[[int], float], room: float, batch: int, tried: Iterable[int] = ()) -> int | None:
     """The largest batch below `batch` whose `need` (growing with the batch) is within `room`, as people type it;
     None if not even 1 is. Each `need` may be a replay of the whole step, so the next batch tried is where the line
     through the bracket's two ends meets `room` (a step grows about linearly with the batch), aimed a little past
     it toward the end that has not moved, and halved where one end moved twice in a row: the same answers as
-    halving the bracket, with 5 replays where that took 12 (a mean over 2,000 staircases: docs/preflight.md)."""
-    below = need(1) - room
-    if below > 0:
-        return None
+    halving the bracket, with 5 replays where that took 12 (a mean over 2,000 staircases: docs/preflight.md).
+    `tried`: batches whose `need` costs nothing now (replayed already): the bracket starts from the closest of them,
+    so a search again under a little less room (a refusal judged as the pre-flight leaves the kernel) costs about
+    half the replays of the first (docs/preflight.md)."""
     above = need(batch) - room
     if above <= 0:
         return batch
-    low, high, moved = 1, batch, 0  # need(low) fits, need(high) does not; moved: -1 low last, 1 high, 2 twice
+    known = {b: need(b) - room for b in set(tried) if 1 <= b < batch}
+    high = min((b for b, at in known.items() if at > 0), default=batch)
+    above = known.get(high, above)
+    low = max((b for b, at in known.items() if at <= 0 and b < high), default=None)
+    if low is None:
+        low, below = 1, need(1) - room
+        if below > 0:
+            return None
+    else:
+        below = known[low]
+    moved = 0  # need(low) fits, need(high) does not; moved: -1 low last, 1 high, 2 twice
     # until every batch left between them is typed as the same one (from 16 up, typeable_batch rounds to 8s)
     while high - low > 1 and typeable_batch(high - 1) != typeable_batch(low):
         if moved == 2:

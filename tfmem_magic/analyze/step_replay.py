@@ -308,6 +308,10 @@ class StepReplay:
     def run(self, batch: float) -> bfc.ReplayResult:
         return bfc.replay_prepared(self.prepared, requested=self.lines.sizes(batch), memory_limit=UNLIMITED)
 
+    def peak(self, batch: float) -> tuple[int, int]:
+        """`run`'s peak bytes in use and peak region bytes alone (bfc.replay_peaks: no record of every event)."""
+        return bfc.replay_peaks(self.prepared, requested=self.lines.sizes(batch), memory_limit=UNLIMITED)
+
 
 def grid(
     cell_batch: int,
@@ -349,9 +353,9 @@ class CheckedReplays:
     curve: ReplayCurve
     started: float  # perf_counter at the start of the check: the curve's seconds count from it
 
-    def peaks(self, batch: float) -> list[bfc.ReplayResult]:
-        """Each probe's op order replayed at `batch`."""
-        return [r.run(batch) for r in self.replays]
+    def peaks(self, batch: float) -> list[tuple[int, int]]:
+        """Each probe's op order replayed at `batch`: its peak bytes in use and peak region bytes."""
+        return [r.peak(batch) for r in self.replays]
 
 
 def aligned_enough(count: float, share_of_bytes: float) -> bool:
@@ -398,7 +402,7 @@ def checked(
         )
     # each sequence at the other probe's sizes against that probe's traced peak: how much the order alone moves it
     cross: list[float] = [
-        (r.run(b).peak_bytes_in_use - other.own.traced_peak) / max(1, other.own.traced_peak)
+        (r.peak(b)[0] - other.own.traced_peak) / max(1, other.own.traced_peak)
         for r, other, b in ((first, second, high_batch), (second, first, low_batch))
     ]
     out = ReplayCurve(
@@ -434,14 +438,14 @@ def curve(
     out = check.curve
     if not out.why_not:
         timed = time.perf_counter()
-        check.replays[0].run(cell_batch)
+        check.replays[0].peak(cell_batch)
         per_replay = time.perf_counter() - timed
         for batch in batches or grid(cell_batch, (low_batch, high_batch), per_replay):
             results = check.peaks(batch)
             out.batches.append(batch)
-            out.peaks.append(int(results[0].peak_bytes_in_use))
-            out.second_peaks.append(int(results[1].peak_bytes_in_use))
-            out.region_peaks.append(max(int(r.peak_region_bytes) for r in results))
+            out.peaks.append(results[0][0])
+            out.second_peaks.append(results[1][0])
+            out.region_peaks.append(max(regions for _, regions in results))
         out.passed = True
     out.seconds = round(time.perf_counter() - check.started, 2)
     return out
@@ -542,14 +546,14 @@ def trace_curve(
     else:
         replay = StepReplay(own.prepared, lines, own)
         timed = time.perf_counter()
-        replay.run(batch)
+        replay.peak(batch)
         per_replay = time.perf_counter() - timed
         for b in batches or grid(batch, (batch, batch), per_replay, budget_s=TRACE_REPLAY_BUDGET_S):
-            result = replay.run(b)
+            peak, regions = replay.peak(b)
             out.batches.append(b)
-            out.peaks.append(int(result.peak_bytes_in_use))
+            out.peaks.append(peak)
             if own.prepared.allow_growth:
-                out.region_peaks.append(int(result.peak_region_bytes))
+                out.region_peaks.append(regions)
         out.second_peaks = list(out.peaks)  # one trace, one op order
         out.passed = True
     out.seconds = round(time.perf_counter() - started, 2)
