@@ -335,6 +335,9 @@ def capture(
 
     rows = []
     for part in remote.trace_workers(remote.parse_workers(workers), seconds, logdir):
+        if part.peaks is not None:  # a worker that must not be traced served its peaks
+            rows.append(cluster.WorkerRow(part.worker, cluster.peaks_report(part.peaks, part.worker)))
+            continue
         if part.path is None:
             rows.append(cluster.WorkerRow(part.worker, None, part.error))
             continue

@@ -4,6 +4,7 @@ not the chief (TensorFlow 2.21 can crash it when a capture ends: docs/capture-sa
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -32,15 +33,62 @@ def test_only_a_mirrored_worker_other_than_the_chief_is_refused(monkeypatch, con
     assert (remote.mwms_non_chief() is not None) is refused
 
 
-def test_the_refusal_warns_names_the_risk_and_serves_nothing(monkeypatch):
+def _no_allocator_switch(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(remote.environment, "prepare_allocator", lambda: SimpleNamespace(loaded_after_first_op=False))
+    monkeypatch.setattr(remote, "_serving", None)
+    monkeypatch.setattr(remote, "_peaks_server", None)
+    monkeypatch.delenv(remote.ALLOW_ENV, raising=False)
+
+
+def test_the_refusal_warns_names_the_risk_and_serves_peaks_where_its_cluster_reaches_it(monkeypatch):
+    """No profiler server: the worker's peaks, on the address TF_CONFIG names for it (loopback here), never on
+    every interface; a capture reads them over its window (tests/integration/test_cluster_capture.py)."""
+    _no_allocator_switch(monkeypatch)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = ["127.0.0.1:1", "127.0.0.1:2"]
+    config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    with pytest.warns(RuntimeWarning, match="not serving traces on this worker 1") as said:
+        assert remote.serve(port) == port
+    try:
+        message = str(said[0].message)
+        assert "allow_crash_risk=True" in message and "TraceMeRecorder::Consume" in message
+        assert f"peaks instead, on 127.0.0.1:{port} only" in message
+        assert remote._peaks_server is not None and remote._peaks_server.address == ("127.0.0.1", port)
+        answer = remote.read_peaks("127.0.0.1", port, 0.1)
+        assert answer is not None and answer["schema"] == remote.PEAKS_SCHEMA
+        assert answer["role"] == "worker 1 of a MultiWorkerMirroredStrategy job" and answer["rss_peak_bytes"] > 0
+        with socket.create_connection(("127.0.0.1", port)) as conn:  # only its one path answers
+            conn.sendall(b"GET /other HTTP/1.0\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.0 404")
+    finally:
+        remote._peaks_server.stop()
+
+
+def test_a_worker_whose_address_cannot_listen_serves_nothing_and_says_so(monkeypatch):
+    _no_allocator_switch(monkeypatch)
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": 1}})
     )
-    monkeypatch.delenv(remote.ALLOW_ENV, raising=False)
     with pytest.warns(RuntimeWarning, match="not serving traces on this worker 1") as said:
-        assert remote.serve(6009) is None
-    assert "allow_crash_risk=True" in str(said[0].message) and "TraceMeRecorder::Consume" in str(said[0].message)
+        assert remote.serve(6009) is None  # "h" is no address of this machine
+    assert "Its peaks are not served either: h:6009 could not listen" in str(said[0].message)
     assert remote.serving_port() is None
+
+
+def test_the_host_a_task_is_reached_at_is_read_from_tf_config(monkeypatch):
+    config = {"cluster": {"worker": ["10.0.0.2:2222", "[::1]:2223"]}, "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    assert remote.own_host() == "::1"
+    config["task"]["index"] = 0
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    assert remote.own_host() == "10.0.0.2"
+    monkeypatch.delenv("TF_CONFIG")
+    assert remote.own_host() == "127.0.0.1"
 
 
 def test_a_broken_tf_config_is_no_refusal(monkeypatch):

@@ -9,9 +9,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tfmem_magic.core.errors import TfmemUsageError
-from tfmem_magic.core.report import Report
+from tfmem_magic.core.report import DeviceMemory, EnvInfo, Report, RssInfo
 from tfmem_magic.core.sizes import format_bytes
 
 IMBALANCE = 1.25  # the worst worker's peak over the median worker's that is called an imbalance
@@ -101,6 +102,38 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
         if budget is not None and (row.peak_bytes or 0) >= 0.9 * budget[1]:
             view.findings.append(f"{row.worker} used {(row.peak_bytes or 0) / budget[1]:.0%} of {budget[0]}'s memory.")
     return view
+
+
+def peaks_report(peaks: dict[str, Any], worker: str) -> Report:
+    """The report of a worker that served its peaks instead of a trace (measure/remote.window_peaks: a
+    MultiWorkerMirroredStrategy worker other than the chief): TensorFlow's allocator and the process over the
+    capture's window, as a quick cell reports them; no breakdown."""
+    device = peaks.get("device")
+    tf = {}
+    if device and peaks.get("tf_peak_bytes") is not None:
+        start = int(peaks.get("tf_start_bytes") or 0)
+        tf[str(device)] = DeviceMemory(start, int(peaks["tf_peak_bytes"]), int(peaks.get("tf_end_bytes") or start))
+    role = peaks.get("role") or "a worker that serves no traces"
+    return Report(
+        label=worker,
+        mode="quick",
+        wall_s=float(peaks.get("seconds") or 0.0),
+        env=EnvInfo(tensorflow=peaks.get("tensorflow"), devices=list(tf)),
+        rss=RssInfo(
+            int(peaks.get("rss_start_bytes") or 0),
+            int(peaks.get("rss_peak_bytes") or 0),
+            int(peaks.get("rss_end_bytes") or 0),
+            str(peaks.get("rss_peak_source") or "sampled"),
+        ),
+        tf=tf,
+        notes=[
+            f"Peaks only: this is {role}, which tfmem does not trace (TensorFlow's profiler can crash such a "
+            "worker when a capture ends: docs/capture-safety.md). Its allocator's and process's peaks over the "
+            "capture's window were read without the profiler: no breakdown by op or layer."
+            + ("" if tf else " TensorFlow kept no allocator statistics there, or had not started yet.")
+        ],
+        started_at=float(peaks.get("started_at") or 0.0),
+    )
 
 
 def from_directory(folder: str | os.PathLike[str], read_trace: Callable[[Path], Report] | None = None) -> ClusterView:

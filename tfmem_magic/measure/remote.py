@@ -11,12 +11,16 @@ import logging
 import os
 import re
 import socket
+import sys
 import tempfile
 import threading
 import time
 import warnings
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
@@ -27,6 +31,7 @@ _log = logging.getLogger(__name__)
 DEFAULT_PORT = 6009
 _ADDRESS = re.compile(r"^(?:grpc://)?(?P<host>[^:/\s]+):(?P<port>\d{1,5})$")
 _serving: int | None = None
+_peaks_server: PeaksServer | None = None  # where serve() serves peaks instead of traces
 
 
 ALLOW_ENV = "TFMEM_ALLOW_MWMS_CAPTURE"  # "1": serve on a non-chief MultiWorkerMirroredStrategy worker anyway
@@ -55,22 +60,14 @@ def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | Non
     does nothing. The server listens on every interface without authentication (TensorFlow's own: no address or
     credentials can be given), so starting it logs a warning that says so and what keeps the port private (EXPOSED).
 
-    On a MultiWorkerMirroredStrategy worker other than the chief (read from TF_CONFIG), it does not start the
-    server and warns, returning None: a capture can crash such a worker, and the whole job with it (MWMS_RISK).
-    `allow_crash_risk=True` (or TFMEM_ALLOW_MWMS_CAPTURE=1) serves anyway. The chief is always served."""
+    On a MultiWorkerMirroredStrategy worker other than the chief (read from TF_CONFIG), it starts no profiler: a
+    capture can crash such a worker, and the whole job with it (MWMS_RISK). It serves the worker's peaks instead
+    (PeaksServer: TensorFlow's allocator and the process, over the capture's window, read without the profiler, on
+    the address TF_CONFIG names for this worker) and warns; None where even that cannot listen.
+    `allow_crash_risk=True` (or TFMEM_ALLOW_MWMS_CAPTURE=1) serves traces anyway. The chief is always traced."""
     global _serving
     if not 0 < int(port) < 65536:
         raise TfmemUsageError(f"serve(port={port}): give a TCP port, 1 to 65535 (6009 is usual)")
-    role = mwms_non_chief()
-    if role and not (allow_crash_risk or os.environ.get(ALLOW_ENV) == "1"):
-        warnings.warn(
-            f"tfmem_magic.serve(): not serving traces on this {role}. {MWMS_RISK}. Capture the chief, or "
-            f"save each worker's report (tfmem_magic.keras.MemoryMonitor / %tfmem cluster); "
-            f"serve(port, allow_crash_risk=True) or {ALLOW_ENV}=1 serves anyway.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
     if _serving is not None:
         if _serving != port:
             raise TfmemUsageError(
@@ -78,6 +75,29 @@ def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | Non
                 "profiler server per process"
             )
         return port
+    role = mwms_non_chief()
+    if role and not (allow_crash_risk or os.environ.get(ALLOW_ENV) == "1"):
+        environment.prepare_allocator()  # BFC: the CPU's plain allocator keeps no statistics to read
+        host = own_host()
+        try:
+            peaks = PeaksServer(host, int(port), role)
+        except OSError as exc:
+            served = f"Its peaks are not served either: {host}:{port} could not listen ({exc})."
+        else:
+            global _peaks_server
+            _serving, _peaks_server = int(port), peaks
+            peaks.start()
+            served = (
+                f"Serving its allocator's and process's peaks instead, on {host}:{port} only (the address TF_CONFIG "
+                "names for it): a capture reads them over its window, with no profiler and no trace."
+            )
+        warnings.warn(
+            f"tfmem_magic.serve(): not serving traces on this {role}. {MWMS_RISK}. {served} "
+            f"serve(port, allow_crash_risk=True) or {ALLOW_ENV}=1 serves traces anyway.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return _serving
     setup = environment.prepare_allocator()
     import tensorflow as tf
 
@@ -118,6 +138,140 @@ def mwms_non_chief() -> str | None:
     return f"worker {index} of a MultiWorkerMirroredStrategy job"
 
 
+def own_host() -> str:
+    """The host TF_CONFIG names for this task (the address its cluster reaches it at), else loopback."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        task = config["task"]
+        address = config["cluster"][task["type"]][int(task.get("index", 0))]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "127.0.0.1"
+    host = str(address).rsplit(":", 1)[0].strip("[]")
+    return host or "127.0.0.1"
+
+
+PEAKS_PATH = "/tfmem/peaks"
+PEAKS_SCHEMA = "tfmem.peaks/1"
+
+
+def window_peaks(seconds: float) -> dict[str, Any]:
+    """This process's peaks over the next `seconds`, read as MemoryMonitor reads a window (measure/window.py:
+    TensorFlow's peak counter and the kernel's RSS high-water mark, each reset at the window's start), with no
+    profiler: what a capture gets from a worker it must not trace. TensorFlow is read only where it runs already
+    (this may be a server thread: starting TensorFlow here could come before a strategy configured it)."""
+    from tfmem_magic.measure import window
+    from tfmem_magic.measure.sampling import bytes_in_use, process_rss
+
+    started = time.time()
+    device = None
+    if environment.tensorflow_initialized():
+        try:
+            device = window.stats_device(None, "capture")
+        except TfmemUsageError:  # no device keeps statistics: the process's peaks alone
+            device = None
+    tf_start = bytes_in_use(device) if device is not None else None
+    opened = window.PeakWindow(device)
+    time.sleep(seconds)
+    peaks = opened.close()
+    tf_version = sys.modules["tensorflow"].__version__ if device is not None else None
+    return {
+        "schema": PEAKS_SCHEMA,
+        "role": mwms_non_chief(),
+        "pid": os.getpid(),
+        "started_at": started,
+        "seconds": seconds,
+        "tensorflow": tf_version,
+        "device": device,
+        "tf_start_bytes": tf_start,
+        "tf_peak_bytes": peaks.tf_bytes,
+        "tf_end_bytes": bytes_in_use(device) if device is not None else None,
+        "rss_start_bytes": opened.rss_start,
+        "rss_peak_bytes": peaks.rss_bytes,
+        "rss_end_bytes": process_rss(),
+        "rss_peak_source": "hwm" if opened.hwm_reset else "sampled",
+    }
+
+
+class PeaksServer:
+    """A worker's peaks over HTTP (GET /tfmem/peaks?seconds=S answers `window_peaks(S)` as JSON), on one address
+    (`host`: the one its cluster reaches it at, never every interface), one reading at a time (each resets the
+    process-wide peak counters). Its threads are daemons: the worker's exit ends them."""
+
+    def __init__(self, host: str, port: int, role: str = "") -> None:
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                url = urlsplit(self.path)
+                try:
+                    seconds = float(parse_qs(url.query).get("seconds", ["2"])[0])
+                except ValueError:
+                    seconds = -1.0
+                if url.path != PEAKS_PATH or not 0.05 <= seconds <= 600:
+                    self.send_error(404 if url.path != PEAKS_PATH else 400)
+                    return
+                if not lock.acquire(blocking=False):
+                    self.send_error(409, "a capture is reading this worker's peaks already")
+                    return
+                try:
+                    # the status line goes first: the capturing side knows at once that peaks, not a trace, come
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.flush()
+                    self.wfile.write(json.dumps(window_peaks(seconds)).encode())
+                finally:
+                    lock.release()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the training's stderr stays its own
+                _log.debug("peaks server: " + format, *args)
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type(
+            "PeaksHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True}
+        )
+        self.server = server_class((host, port), Handler)
+        self.role = role
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        threading.Thread(target=self.server.serve_forever, name="tfmem-peaks-server", daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def read_peaks(host: str, port: int, seconds: float) -> dict[str, Any] | None:
+    """The worker's peaks over `seconds` where it serves them (`PeaksServer`), else None: a profiler server (or
+    anything else) answers there. TensorFlow's profiler server speaks gRPC: it closes a connection that begins with
+    HTTP/1 at once, before the trace is asked for."""
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(f"GET {PEAKS_PATH}?seconds={seconds:g} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        try:
+            first = conn.recv(12)
+        except OSError:
+            return None
+        if not first.startswith(b"HTTP/1."):
+            return None
+        conn.settimeout(seconds + 30)
+        data = bytearray(first)
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0]
+    if status_line.split()[1:2] != [b"200"]:
+        raise TfmemUsageError(f"the worker's peaks server answered {status_line.decode(errors='replace')}")
+    answer = json.loads(body)
+    if not isinstance(answer, dict) or answer.get("schema") != PEAKS_SCHEMA:
+        raise TfmemUsageError("the worker's peaks server answered something that is not tfmem's peaks")
+    return answer
+
+
 def parse_workers(text: str | list[str]) -> list[str]:
     """'host:port,host:port' (or a list) -> ['host:port', ...]; a clear error for anything else."""
     items = text if isinstance(text, list) else [w for w in re.split(r"[,\s]+", text) if w]
@@ -144,6 +298,7 @@ class Captured:
     worker: str
     path: Path | None = None
     error: str | None = None
+    peaks: dict[str, Any] | None = None  # a worker that serves its peaks, not traces (window_peaks' answer)
 
 
 def trace_workers(workers: list[str], seconds: float, logdir: str | os.PathLike[str] | None = None) -> list[Captured]:
@@ -163,9 +318,16 @@ def trace_workers(workers: list[str], seconds: float, logdir: str | os.PathLike[
             result.error = (
                 "unreachable: no profiler server answered there; start the worker with "
                 "tfmem_magic.serve(PORT) or `tfmem run --serve PORT` (a MultiWorkerMirroredStrategy "
-                "worker other than the chief does not serve unless asked to: a capture can crash it, "
-                "docs/capture-safety.md)"
+                "worker other than the chief serves its peaks, not traces, and nothing where its TF_CONFIG "
+                "address cannot listen: docs/capture-safety.md)"
             )
+            return
+        try:  # a MultiWorkerMirroredStrategy worker other than the chief serves its peaks only
+            result.peaks = read_peaks(host, int(port), seconds)
+        except (OSError, ValueError, TfmemUsageError) as exc:
+            result.error = f"its peaks could not be read ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+            return
+        if result.peaks is not None:
             return
         folder = base / result.worker.replace(":", "_")
         folder.mkdir(parents=True, exist_ok=True)
