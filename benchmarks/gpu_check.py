@@ -22,6 +22,18 @@ Scenarios and what each checks:
 - trace:    a fit at batch 32 recorded with TensorFlow's own profiler (as a user on a GPU machine would), read back
             with analyze_xplane(batch_size=32): the trace's own sequence replays (its self-check), and the what-if
             from it predicts batches 64 and 128 within its ±30% band of measured fits at those batches
+- workspace: a CNN's fit at batch 128: cuDNN's workspaces at the peak are their own phase ("workspace"), the
+            cudnn-workspace finding fires where they hold a tenth of the peak; then two fresh processes, TensorFlow's
+            default and TF_CUDNN_WORKSPACE_LIMIT_IN_MB at half the largest workspace (what the fix cell sets): the
+            cap's saving on the peak and its cost in step time (docs/gpu.md, "Workspaces")
+- firststep: a fresh model's first fit at batch 128 (autotuning inside it) against its steady fit, then the first
+            fit at batch 256 (a new batch autotunes again) against the what-if from the steady 128: how much a first
+            step holds over a steady one, and whether the what-if's judgement covers it (docs/gpu.md, "The first step")
+- preflight: the kernel holds the GPU as TensorFlow does by default (no memory growth) and a fit's batch cannot fit
+            the GPU: what the pre-flight says (its probes need GPU memory the kernel reserved), that it never says
+            "fits", and that the process lives on
+- peaks:    what a MultiWorkerMirroredStrategy worker other than the chief serves instead of traces
+            (measure/remote.window_peaks) while a fit runs on the GPU: GPU:0's allocator, its peak over the window
 """
 
 from __future__ import annotations
@@ -32,7 +44,37 @@ import subprocess
 import sys
 import time
 
-SCENARIOS = ("device", "xla", "oom", "whatif", "mixed", "fixes", "calibrate", "trace")
+SCENARIOS = (
+    "device",
+    "xla",
+    "oom",
+    "whatif",
+    "mixed",
+    "fixes",
+    "calibrate",
+    "trace",
+    "workspace",
+    "firststep",
+    "preflight",
+    "peaks",
+)
+# a fresh process's fit, for the workspace scenario (argv: batch; TF_CUDNN_WORKSPACE_LIMIT_IN_MB from its environment)
+FIT_IN_A_FRESH_PROCESS = """
+import json, sys, time
+sys.path.insert(0, {folder!r})
+import gpu_check, keras, tensorflow as tf
+batch = int(sys.argv[1])
+x, y = gpu_check._data()
+model = gpu_check._model(keras)
+model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)  # built, traced and autotuned
+device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+tf.config.experimental.reset_memory_stats(device)
+started = time.perf_counter()
+model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
+steps = len(x) // batch
+print(json.dumps({{"peak": tf.config.experimental.get_memory_info(device)["peak"],
+                  "step_ms": round(1000 * (time.perf_counter() - started) / steps, 2)}}))
+"""
 MiB = 2**20
 
 
@@ -234,7 +276,131 @@ def scenario(name: str) -> dict:
             rows=rows,
             ok=ok,
         )
+    elif name in CHECKS:
+        out.update(CHECKS[name](tfmem_magic, keras, tf))
     return out
+
+
+def _workspace(tfmem_magic, keras, tf) -> dict:
+    """cuDNN's workspaces at the peak, the finding, and the cap's saving and cost (see the module's docstring)."""
+    out: dict = {}
+    report = _fit(tfmem_magic, keras, 128, label="b128")
+    peak = max(1, report.main_device.peak_bytes)
+    spaces = [g for g in report.trace.at_peak if g.phase == "workspace"]
+    largest = max((g.bytes for g in spaces), default=0)
+    finding = next((f for f in report.findings if f.id == "cudnn-workspace"), None)
+    wanted = largest >= 0.1 * peak or largest >= 256 * MiB
+    cap_mb = max(1, largest // 2 // MiB)
+    runs = {}
+    for label, extra in (("default", {}), ("capped", {"TF_CUDNN_WORKSPACE_LIMIT_IN_MB": str(cap_mb)})):
+        done = subprocess.run(
+            [sys.executable, "-c", FIT_IN_A_FRESH_PROCESS.format(folder=os.path.dirname(__file__)), "128"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra},
+        )
+        lines = done.stdout.strip().splitlines()
+        runs[label] = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-300:]}
+    default, capped = runs["default"], runs["capped"]
+    out.update(
+        workspaces=[{"op": g.op, "layer": g.layer, "mib": round(g.bytes / MiB, 1)} for g in spaces[:4]],
+        largest_share=round(largest / peak, 3),
+        finding=finding.title if finding else None,
+        cap_mb=cap_mb,
+        runs=runs,
+        ok=bool(spaces)
+        and (finding is not None) == wanted
+        and "peak" in default
+        and "peak" in capped
+        and capped["peak"] <= default["peak"],
+    )
+    return out
+
+
+def _firststep(tfmem_magic, keras, tf) -> dict:
+    """A first step's peak against a steady one's, at two batches, and the what-if from the steady one."""
+    out: dict = {}
+    x, y = _data()
+    model = _model(keras)
+    rows = {}
+    for batch in (128, 256):
+        with tfmem_magic.profile(label=f"first b{batch}") as first:  # its first step: autotuning, if any, inside
+            model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
+        with tfmem_magic.profile(label=f"steady b{batch}") as steady:  # the same one step, tuned already
+            model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
+        rows[batch] = {"first": first.report.tf_peak_bytes, "steady": steady.report.tf_peak_bytes}
+        if batch == 128:
+            rows[128]["what_if_256"] = tfmem_magic.predict(steady.report, batch_size=256).peak_bytes
+    out.update(
+        main=first.report.main_device_name,
+        rows={b: {k: round(v / MiB, 1) if v else v for k, v in r.items()} for b, r in rows.items()},
+        first_over_steady=[round(r["first"] / max(1, r["steady"]), 2) for r in rows.values()],
+        what_if_256_over_first=round(rows[128]["what_if_256"] / max(1, rows[256]["first"]), 2),
+        ok=first.report.main_device_name == "GPU:0" and all(r["first"] >= r["steady"] for r in rows.values()),
+    )
+    return out
+
+
+def _preflight(tfmem_magic, keras, tf) -> dict:
+    """The pre-flight while the kernel holds the GPU (no memory growth) and the batch cannot fit it."""
+    out: dict = {}
+    import psutil
+
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))  # the kernel reserves the GPU: no memory growth
+    x, y = _data(256)
+    model = _model(keras)
+    model.fit(x[:32], y[:32], batch_size=32, epochs=1, verbose=0)
+    # a batch whose activations (batch x 62 x 62 x 64 floats: 32 GB each, four of them) fit no GPU's memory; its
+    # spec states the batch (drop_remainder), so the pre-flight reads it before anything is made
+    batch = 1 << 15
+    big = tf.data.Dataset.from_tensors((x[:1], y[:1])).repeat().unbatch().batch(batch, drop_remainder=True).take(1)
+    limit = psutil.Process().memory_info().rss + (8 << 30)
+    profiler = tfmem_magic.profile(label="preflight", limit_bytes=limit, preflight=True)
+    started = time.perf_counter()
+    try:
+        with profiler:
+            model.fit(big, epochs=1, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - a refusal or an OOM is raised through the report, as in a cell
+        out["raised"] = type(exc).__name__
+    report = profiler.report
+    info = report.preflight
+    alive = float(tf.reduce_sum(tf.ones((256, 256)))) == 65536.0
+    out.update(
+        on_gpu=on_gpu,
+        status=report.status,
+        verdict=info.verdict if info else None,
+        basis=info.basis if info else None,
+        notes=[n for n in report.notes if "re-flight" in n][:2],
+        seconds=round(time.perf_counter() - started, 1),
+        alive=alive,
+        ok=alive and on_gpu and (info is None or info.verdict != "fits") and report.status in ("refused", "oom"),
+    )
+    return out
+
+
+def _peaks(tfmem_magic, keras, tf) -> dict:
+    """What a worker that serves its peaks answers while a fit runs on the GPU."""
+    out: dict = {}
+    import threading
+
+    from tfmem_magic.measure import remote
+
+    x, y = _data()
+    model = _model(keras)
+    model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)
+    training = threading.Thread(target=lambda: model.fit(x, y, batch_size=64, epochs=2, verbose=0))
+    training.start()
+    answer = remote.window_peaks(1.0)
+    training.join()
+    out.update(
+        {k: answer[k] for k in ("device", "tf_start_bytes", "tf_peak_bytes", "rss_peak_bytes")},
+        ok=answer["device"] == "GPU:0" and (answer["tf_peak_bytes"] or 0) > (answer["tf_start_bytes"] or 0),
+    )
+    return out
+
+
+CHECKS = {"workspace": _workspace, "firststep": _firststep, "preflight": _preflight, "peaks": _peaks}
 
 
 def _budget(args: list[str]) -> float:

@@ -60,3 +60,19 @@ def test_the_trace_scenario_reads_back_what_tensorflows_profiler_recorded():
     replay = out["replay"]
     assert replay["passed"] or replay["why_not"], replay
     assert out["ok"] == (replay["passed"] and all(abs(r["error"]) <= 0.3005 for r in out["rows"])), out
+
+
+def test_the_scenarios_of_a_gpus_own_memory_run_on_a_cpu():
+    """The scenarios for what only a GPU shows (workspaces, the first step, the pre-flight while the kernel
+    holds the GPU, the peaks a worker serves instead of traces) run their code here; their GPU checks fail."""
+    workspace = scenario("workspace")
+    assert set(workspace["runs"]) == {"default", "capped"} and all("peak" in r for r in workspace["runs"].values())
+    assert workspace["workspaces"] == [] and workspace["ok"] is False  # no cuDNN on a CPU
+    first = scenario("firststep")
+    assert first["main"] == "CPU:0" and set(first["rows"]) == {"128", "256"} and first["ok"] is False
+    assert all(r["first"] > 1 and r["steady"] > 1 for r in first["rows"].values())
+    preflight = scenario("preflight")
+    assert preflight["alive"] and preflight["verdict"] == "refused" and preflight["status"] == "refused"
+    assert preflight["on_gpu"] is False and preflight["ok"] is False
+    peaks = scenario("peaks")
+    assert peaks["device"] == "CPU:0" and peaks["tf_peak_bytes"] > peaks["tf_start_bytes"] and peaks["ok"] is False
