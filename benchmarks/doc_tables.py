@@ -1,6 +1,7 @@
 """The docs' generated tables, rendered from the benchmarks' results files (benchmarks/results/*.json): the
-what-if's accuracy (docs/accuracy.md, from `benchmarks/predict_accuracy.py --out`) and the refusal's time
-(docs/preflight.md, from `benchmarks/refusal_time.py --out`).
+what-if's accuracy (docs/accuracy.md, from `benchmarks/predict_accuracy.py --out`), the refusal's time and the
+public programs' pre-flight (docs/preflight.md, from `benchmarks/refusal_time.py --out` and
+`benchmarks/public_programs.py --out`).
 
     python benchmarks/doc_tables.py            # print every block
     python benchmarks/doc_tables.py --write    # write each into its page, between its markers
@@ -261,6 +262,58 @@ def render_refusals(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_programs(results: dict) -> str:
+    """The public programs' block of docs/preflight.md (benchmarks/public_programs.py): per program, the oversized
+    call's refusal, the named batch's call under the same limit, its use of the room and xMem's figures for it."""
+    mib = 2**20
+    lines = [
+        f"Run: `{results['command']}` (TensorFlow {results['versions']['tensorflow']}, Keras "
+        f"{results['versions']['keras']}; the NER program on tf_keras; {results['versions']['cores']} cores). Each "
+        f"program in a fresh IPython shell, TensorFlow running, `%tfmem limit` at its RSS + "
+        f"{results['headroom_mib']} MiB; a new model per cell, one epoch of at most three steps.",
+        "",
+        "| program | oversized call: batch, verdict, seconds, optimizer steps run | batch named | its call: verdict "
+        "(kept replay?), status | process peak over the cell's start, of the room under the limit | xMem: "
+        "predicted growth's error | the prediction as the limit would run out |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    used, errors, over, runs_out = [], [], 0, 0
+    for row in results["programs"]:
+        if "error" in row:
+            lines.append(f"| {row['program']} | did not run: {row['error'].splitlines()[-1][:120]} | | | | | |")
+            continue
+        a, b, score = row["oversized"], row.get("named"), row.get("score") or {}
+        first = f"{a['batch']}, {a['verdict'] or 'not checked'}, {a['seconds']} s, {a['optimizer_steps']}"
+        if not b:
+            lines.append(f"| {row['program']} | {first} | none | | | | |")
+            continue
+        kept = "kept" if b["kept"] else "new probes"
+        grew = (b["hwm"] - b["rss_before"]) / mib
+        room = (row["limit_mib"] * mib - b["rss_before"]) / mib
+        used.append(score["used"])
+        over += bool(score["over_limit"])
+        if "error" in score:
+            errors.append(abs(score["error"]))
+            runs_out += bool(score["prediction_as_limit_runs_out"])
+        lines.append(
+            f"| {row['program']} | {first} | {a['named']} | {b['verdict'] or 'not checked'} ({kept}), "
+            f"{b['status']} | {grew:.0f} of {room:.0f} MiB: {score['used']:.0%}"
+            + (" (over the limit)" if score["over_limit"] else "")
+            + f" | {_pct(score['error']) if 'error' in score else ''} | "
+            + ("yes" if score.get("prediction_as_limit_runs_out") else "no" if "error" in score else "")
+            + " |"
+        )
+    if used:
+        lines += [
+            "",
+            f"The named batch's call used a median {statistics.median(used):.0%} of the room (lowest "
+            f"{min(used):.0%}, highest {max(used):.0%}); {over} of {len(used)} went past the limit. xMem: median "
+            f"error of the predicted growth {statistics.median(errors):.1%}; the prediction alone as the limit would "
+            f"have run out on {runs_out} of {len(errors)}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class Block:
     """A generated block: the page it sits in, the results file it renders, how."""
@@ -291,6 +344,7 @@ class Block:
 BLOCKS = [
     Block(ROOT / "docs" / "accuracy.md", ROOT / "benchmarks" / "results" / "predict_accuracy.json", render),
     Block(ROOT / "docs" / "preflight.md", ROOT / "benchmarks" / "results" / "refusal_time.json", render_refusals),
+    Block(ROOT / "docs" / "preflight.md", ROOT / "benchmarks" / "results" / "public_programs.json", render_programs),
 ]
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
-from fresh import run_in_fresh_shell
+from fresh import FRESH_SHELL, run_in_fresh_shell, run_python
 
 pytest.importorskip("tf_keras")
 pytestmark = pytest.mark.slow
@@ -53,3 +55,54 @@ def test_a_keras3_model_and_a_tf_keras_model_in_one_kernel():
     assert out["k2"]["env"] == "tf_keras" and out["k2"]["env_version"] == out["k2"]["version"], out["k2"]
     assert out["loop"]["ok"] and "optimizer.apply" in out["loop"]["calls"], out["loop"]
     assert out["loop"]["iterations"] == 3  # every pair reached the optimizer
+
+
+def test_a_tf_keras_model_not_built_yet_is_checked_before_its_first_fit():
+    """keras-io's NER Transformer on tf_keras: a subclassed model whose layer holds a Sequential with no input shape.
+    Before its first call tf_keras raises on `model.weights` (ValueError: weights not created yet), which made the
+    pre-flight of its first fit fail ("could not check") and the call run unchecked. Its variables are none yet."""
+    out = run_python(
+        FRESH_SHELL
+        + textwrap.dedent("""
+        import numpy as np, psutil, tf_keras
+        from tfmem_magic.measure import kerases
+
+        class Block(tf_keras.layers.Layer):
+            def __init__(self):
+                super().__init__()
+                self.ffn = tf_keras.Sequential([tf_keras.layers.Dense(64, activation="relu"),
+                                                tf_keras.layers.Dense(16)])
+            def call(self, x):
+                return self.ffn(x)
+
+        class Net(tf_keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.block = Block()
+                self.head = tf_keras.layers.Dense(4)
+            def call(self, x):
+                return self.head(self.block(x))
+
+        model = Net()
+        model.compile("adam", "sparse_categorical_crossentropy")
+        try:
+            model.weights
+            raised = None
+        except ValueError as exc:
+            raised = type(exc).__name__
+        before = len(kerases.variables_of(model))
+        x, y = np.random.rand(512, 32).astype("float32"), np.random.randint(0, 4, 512)
+        limit = psutil.Process().memory_info().rss + 2**30
+        sh.user_ns.update(model=model, x=x, y=y)
+        result = sh.run_cell(f"%%tfmem --quick --limit {limit} --as rep\\nmodel.fit(x, y, batch_size=64, epochs=1, "
+                             "verbose=0)")
+        rep = sh.user_ns["rep"]
+        print(json.dumps({"ok": result.success, "raised": raised, "before": before,
+                          "after": len(kerases.variables_of(model)),
+                          "verdict": rep.preflight and rep.preflight.verdict,
+                          "unchecked": [n for n in rep.notes if "could not check" in n]}))
+    """),
+        env={"TF_USE_LEGACY_KERAS": "1"},
+    )
+    assert out["ok"] and out["raised"] == "ValueError" and out["before"] == 0 and out["after"] == 6, out
+    assert out["verdict"] in ("fits", "uncertain") and not out["unchecked"], out

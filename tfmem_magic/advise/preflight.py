@@ -387,7 +387,7 @@ def _inputs_key(model: KerasModel, call: str, use: ModelUse) -> tuple[Any, ...]:
         printed or id(model),
         STEP_OF_CALL[call],
         shapes,
-        len(getattr(model, "trainable_weights", None) or ()),
+        len(kerases.variables_of(model, "trainable_weights")),
     )
 
 
@@ -568,7 +568,7 @@ def replayed_step(
     if saved is not None:  # every variable the saved step holds: the kernel holds them now (its trace built them)
         held = saved.variable_bytes
     else:
-        held = variable_bytes(getattr(model, "weights", []))
+        held = variable_bytes(kerases.variables_of(model))
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     return ReplayedStep(check, held + fed, "step" if saved is not None else "probes"), list(probes)
@@ -823,7 +823,7 @@ def _slots_to_build(model: KerasModel) -> int:
         return 0
     slots = OPTIMIZER_SLOTS.get(type(optimizer).__name__.lower(), 2)
     try:
-        expected = slots * variable_bytes(getattr(model, "trainable_variables", []))
+        expected = slots * variable_bytes(kerases.variables_of(model, "trainable_variables"))
     except ValueError:  # a tf_keras model not built yet (a nested Sequential raises): it has no weights yet either
         return 0
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0

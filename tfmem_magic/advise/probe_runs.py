@@ -520,7 +520,7 @@ def probes_grow_gpu() -> bool:
 def weight_dims(model: KerasModel) -> set[int]:
     """Every dimension of the model's weights: the step replay's probe batches avoid them (a probe batch equal to a
     layer's width makes its tensors ambiguous, step_replay.odd_probes)."""
-    return {int(d) for w in getattr(model, "weights", []) for d in getattr(w, "shape", ()) if d is not None}
+    return {int(d) for w in kerases.variables_of(model) for d in getattr(w, "shape", ()) if d is not None}
 
 
 GPU_BUSY = (

@@ -29,6 +29,7 @@ from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.sizes import variable_bytes
 from tfmem_magic.core.types import KerasModel, ParsedJSON, TFFunction, TFTensor
+from tfmem_magic.measure import kerases
 from tfmem_magic.measure.feeding import LEAF, complete, pack_batch
 
 _log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def loop_step(model: KerasModel) -> tuple[TFFunction, str, dict[str, Any]] | Non
     import tensorflow as tf
 
     kind = getattr(tf.types.experimental, "PolymorphicFunction", None) or tf.types.experimental.GenericFunction
-    wanted = {id(getattr(v, "_value", v)) for v in getattr(model, "trainable_variables", [])}
+    wanted = {id(getattr(v, "_value", v)) for v in kerases.variables_of(model, "trainable_variables")}
     if not wanted:
         return None
     found = None
@@ -227,7 +228,7 @@ def _distributed(model: KerasModel) -> bool:
     """Whether the model's variables were made under a tf.distribute strategy (mirrored, one per replica)."""
     import tensorflow as tf
 
-    for variable in list(getattr(model, "trainable_variables", []))[:1]:
+    for variable in kerases.variables_of(model, "trainable_variables")[:1]:
         return isinstance(getattr(variable, "_value", variable), tf.distribute.DistributedValues)
     return False
 

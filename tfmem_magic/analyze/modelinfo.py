@@ -215,7 +215,7 @@ def weight_shapes(use: ModelUse | None) -> set[str]:
     them, and must not be taken for tensors that carry the batch."""
     model = use.model_ref() if use is not None else None
     out = set()
-    for w in getattr(model, "weights", []) if model is not None else []:
+    for w in kerases.variables_of(model) if model is not None else []:
         try:
             out.add("[" + ",".join(str(int(d)) for d in w.shape) + "]")
         except (TypeError, ValueError):
@@ -232,7 +232,7 @@ def training_optimizers(
     as attributes that hold slots (a step traced in an earlier cell), else the model's own `optimizer` (Keras gives
     a model whose compile() named none an RMSprop that never trains anything). Labels are the attribute names."""
     try:
-        mine = {id(v) for v in getattr(model, "trainable_weights", [])}
+        mine = {id(v) for v in kerases.variables_of(model, "trainable_weights")}
     except TypeError:
         mine = set()
     own = getattr(model, "optimizer", None)
@@ -264,7 +264,7 @@ def _slot_variables(optimizer: KerasOptimizer) -> list[TFTensor]:
 def applied_optimizer(use: ModelUse, applied: AppliedOptimizers) -> KerasOptimizer | None:
     """The optimizer a custom loop applied to this model's trainable weights, if any."""
     try:
-        mine = {id(v) for v in getattr(use.model_ref(), "trainable_weights", [])}
+        mine = {id(v) for v in kerases.variables_of(use.model_ref(), "trainable_weights")}
     except TypeError:
         return None
     for ref, ids in applied:
@@ -286,8 +286,8 @@ def describe_model(
     model = use.model_ref()
     if model is None:
         return None
-    weights = list(getattr(model, "weights", []))
-    trainable = list(getattr(model, "trainable_weights", []))
+    weights = kerases.variables_of(model)
+    trainable = kerases.variables_of(model, "trainable_weights")
     calls = list(use.calls)
     looped = applied_optimizer(use, applied)
     trained_by_keras = any(c in ("fit", "train_on_batch") for c in calls)  # its optimizer runs inside those
@@ -372,7 +372,7 @@ def _param_count(variables: Iterable[TFTensor]) -> int:
 def _in_words(use: ModelUse) -> str:
     model = use.model_ref()
     try:
-        params = _param_count(getattr(model, "weights", []))
+        params = _param_count(kerases.variables_of(model))
     except (TypeError, ValueError):
         params = 0
     calls = ", ".join(c for c in use.calls) or "used"

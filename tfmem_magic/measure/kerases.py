@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 KERAS3, TF_KERAS = "keras", "tf_keras"
 LEGACY_ENV = "TF_USE_LEGACY_KERAS"
@@ -85,3 +86,13 @@ def _installed(name: str) -> bool:
         return find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def variables_of(obj: object, kind: str = "weights") -> list[Any]:
+    """`obj.weights` (or another list of its variables: "trainable_weights", "trainable_variables"), [] where it has
+    none. tf_keras raises ValueError where a model is not built yet and holds a Sequential with no input shape
+    (keras-io's NER Transformer before its first call): its variables do not exist yet, so there are none."""
+    try:
+        return list(getattr(obj, kind, None) or ())
+    except (ValueError, RuntimeError):
+        return []

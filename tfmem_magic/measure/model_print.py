@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.types import JSONValue, KerasLayer, KerasModel
+from tfmem_magic.measure import kerases
 
 _log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def _layers(model: KerasModel) -> Iterable[Any] | None:
 def _weights(obj: KerasLayer) -> list[list[JSONValue]]:
     return [
         [list(getattr(w, "shape", ()) or ()), str(getattr(w, "dtype", "")), bool(getattr(w, "trainable", True))]
-        for w in getattr(obj, "weights", None) or ()
+        for w in kerases.variables_of(obj)
     ]
 
 
