@@ -349,7 +349,7 @@ def scored(row: dict) -> dict:
     room = max(1, limit - b["rss_before"])
     grew = b["hwm"] - b["rss_before"]
     out = {"used": round(grew / room, 3), "over_limit": b["hwm"] > limit}
-    if b["predicted_growth"]:
+    if b["predicted_growth"] is not None:  # 0 where it counted the regions TensorFlow holds as reused
         out["error"] = round(b["predicted_growth"] / max(1, grew) - 1, 3)
         out["prediction_as_limit_runs_out"] = grew > b["predicted_growth"]
     return out
