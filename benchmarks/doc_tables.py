@@ -280,7 +280,8 @@ def render_programs(results: dict) -> str:
     used, errors, over, runs_out = [], [], 0, 0
     for row in results["programs"]:
         if "error" in row:
-            lines.append(f"| {row['program']} | did not run: {row['error'].splitlines()[-1][:120]} | | | | | |")
+            said = (row["error"].strip().splitlines() or ["no output"])[-1][:120]
+            lines.append(f"| {row['program']} | did not run: {said} | | | | | |")
             continue
         a, b, score = row["oversized"], row.get("named"), row.get("score") or {}
         first = f"{a['batch']}, {a['verdict'] or 'not checked'}, {a['seconds']} s, {a['optimizer_steps']}"
@@ -307,9 +308,13 @@ def render_programs(results: dict) -> str:
         lines += [
             "",
             f"The named batch's call used a median {statistics.median(used):.0%} of the room (lowest "
-            f"{min(used):.0%}, highest {max(used):.0%}); {over} of {len(used)} went past the limit. xMem: median "
-            f"error of the predicted growth {statistics.median(errors):.1%}; the prediction alone as the limit would "
-            f"have run out on {runs_out} of {len(errors)}.",
+            f"{min(used):.0%}, highest {max(used):.0%}); {over} of {len(used)} went past the limit."
+            + (
+                f" xMem: median error of the predicted growth {statistics.median(errors):.1%}; the prediction alone "
+                f"as the limit would have run out on {runs_out} of {len(errors)}."
+                if errors
+                else ""
+            ),
         ]
     return "\n".join(lines) + "\n"
 

@@ -22,10 +22,11 @@ Scenarios and what each checks:
 - trace:    a fit at batch 32 recorded with TensorFlow's own profiler (as a user on a GPU machine would), read back
             with analyze_xplane(batch_size=32): the trace's own sequence replays (its self-check), and the what-if
             from it predicts batches 64 and 128 within its ±30% band of measured fits at those batches
-- workspace: a CNN's fit at batch 128: cuDNN's workspaces at the peak are their own phase ("workspace"), the
-            cudnn-workspace finding fires where they hold a tenth of the peak; then two fresh processes, TensorFlow's
-            default and TF_CUDNN_WORKSPACE_LIMIT_IN_MB at half the largest workspace (what the fix cell sets): the
-            cap's saving on the peak and its cost in step time (docs/gpu.md, "Workspaces")
+- workspace: first two fresh processes (before this one reserves the GPU), TensorFlow's default and
+            TF_CUDNN_WORKSPACE_LIMIT_IN_MB at half the largest workspace the default's profiled fit held (what the fix
+            cell sets): the cap's saving on the peak and its cost in step time; then a CNN's fit at batch 128 here:
+            cuDNN's workspaces at the peak are their own phase ("workspace"), the cudnn-workspace finding fires where
+            they hold a tenth of the peak (docs/gpu.md, "Workspaces")
 - firststep: a fresh model's first fit at batch 128 (autotuning inside it) against its steady fit, then the first
             fit at batch 256 (a new batch autotunes again) against the what-if from the steady 128: how much a first
             step holds over a steady one, and whether the what-if's judgement covers it (docs/gpu.md, "The first step")
@@ -58,12 +59,14 @@ SCENARIOS = (
     "preflight",
     "peaks",
 )
-# a fresh process's fit, for the workspace scenario (argv: batch; TF_CUDNN_WORKSPACE_LIMIT_IN_MB from its environment)
+# a fresh process's fit, for the workspace scenario (argv: batch, "trace" or "plain"; the cap from its environment)
 FIT_IN_A_FRESH_PROCESS = """
 import json, sys, time
 sys.path.insert(0, {folder!r})
+import tfmem_magic
+tfmem_magic.prepare()
 import gpu_check, keras, tensorflow as tf
-batch = int(sys.argv[1])
+batch, traced = int(sys.argv[1]), sys.argv[2] == "trace"
 x, y = gpu_check._data()
 model = gpu_check._model(keras)
 model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)  # built, traced and autotuned
@@ -71,9 +74,13 @@ device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 tf.config.experimental.reset_memory_stats(device)
 started = time.perf_counter()
 model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-steps = len(x) // batch
-print(json.dumps({{"peak": tf.config.experimental.get_memory_info(device)["peak"],
-                  "step_ms": round(1000 * (time.perf_counter() - started) / steps, 2)}}))
+out = {{"peak": tf.config.experimental.get_memory_info(device)["peak"],
+       "step_ms": round(1000 * (time.perf_counter() - started) / (len(x) // batch), 2)}}
+if traced:  # the largest workspace at a profiled fit's peak: what the fix's cap is half of
+    with tfmem_magic.profile(label="workspaces") as p:
+        model.fit(x[:2 * batch], y[:2 * batch], batch_size=batch, epochs=1, verbose=0)
+    out["largest_workspace"] = max((g.bytes for g in p.report.trace.at_peak if g.phase == "workspace"), default=0)
+print(json.dumps(out))
 """
 MiB = 2**20
 
@@ -283,39 +290,49 @@ def scenario(name: str) -> dict:
 
 def _workspace(tfmem_magic, keras, tf) -> dict:
     """cuDNN's workspaces at the peak, the finding, and the cap's saving and cost (see the module's docstring)."""
-    out: dict = {}
+    # the fresh processes first: this one reserves the GPU at its first op (no memory growth), and cuDNN sizes its
+    # workspaces to the memory left free. The cap is half the largest workspace at a default process's peak
+    default = _fit_in_a_fresh_process({}, trace=True)
+    cap_mb = max(1, int(default.get("largest_workspace") or 0) // 2 // MiB)
+    capped = _fit_in_a_fresh_process({"TF_CUDNN_WORKSPACE_LIMIT_IN_MB": str(cap_mb)})
     report = _fit(tfmem_magic, keras, 128, label="b128")
     peak = max(1, report.main_device.peak_bytes)
     spaces = [g for g in report.trace.at_peak if g.phase == "workspace"]
     largest = max((g.bytes for g in spaces), default=0)
     finding = next((f for f in report.findings if f.id == "cudnn-workspace"), None)
     wanted = largest >= 0.1 * peak or largest >= 256 * MiB
-    cap_mb = max(1, largest // 2 // MiB)
-    runs = {}
-    for label, extra in (("default", {}), ("capped", {"TF_CUDNN_WORKSPACE_LIMIT_IN_MB": str(cap_mb)})):
-        done = subprocess.run(
-            [sys.executable, "-c", FIT_IN_A_FRESH_PROCESS.format(folder=os.path.dirname(__file__)), "128"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra},
-        )
-        lines = done.stdout.strip().splitlines()
-        runs[label] = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-300:]}
-    default, capped = runs["default"], runs["capped"]
-    out.update(
-        workspaces=[{"op": g.op, "layer": g.layer, "mib": round(g.bytes / MiB, 1)} for g in spaces[:4]],
-        largest_share=round(largest / peak, 3),
-        finding=finding.title if finding else None,
-        cap_mb=cap_mb,
-        runs=runs,
-        ok=bool(spaces)
+    return {
+        "workspaces": [{"op": g.op, "layer": g.layer, "mib": round(g.bytes / MiB, 1)} for g in spaces[:4]],
+        "largest_share": round(largest / peak, 3),
+        "finding": finding.title if finding else None,
+        "cap_mb": cap_mb,
+        "runs": {"default": default, "capped": capped},
+        "ok": bool(spaces)
         and (finding is not None) == wanted
         and "peak" in default
         and "peak" in capped
         and capped["peak"] <= default["peak"],
+    }
+
+
+def _fit_in_a_fresh_process(extra: dict, trace: bool = False) -> dict:
+    """FIT_IN_A_FRESH_PROCESS's answer at batch 128 (its peak and step time; with `trace`, the largest workspace at
+    its profiled fit's peak), or {"error": ...}."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FIT_IN_A_FRESH_PROCESS.format(folder=os.path.dirname(os.path.abspath(__file__))),
+            "128",
+            "trace" if trace else "plain",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **extra},
     )
-    return out
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-300:]}
 
 
 def _firststep(tfmem_magic, keras, tf) -> dict:
@@ -329,7 +346,7 @@ def _firststep(tfmem_magic, keras, tf) -> dict:
             model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
         with tfmem_magic.profile(label=f"steady b{batch}") as steady:  # the same one step, tuned already
             model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
-        rows[batch] = {"first": first.report.tf_peak_bytes, "steady": steady.report.tf_peak_bytes}
+        rows[batch] = {"first": first.report.tf_peak_bytes or 0, "steady": steady.report.tf_peak_bytes or 0}
         if batch == 128:
             rows[128]["what_if_256"] = tfmem_magic.predict(steady.report, batch_size=256).peak_bytes
     out.update(
@@ -389,9 +406,16 @@ def _peaks(tfmem_magic, keras, tf) -> dict:
     x, y = _data()
     model = _model(keras)
     model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0)
-    training = threading.Thread(target=lambda: model.fit(x, y, batch_size=64, epochs=2, verbose=0))
+    done = threading.Event()
+
+    def train() -> None:  # until the window has closed, whatever the device's speed
+        while not done.is_set():
+            model.fit(x[:256], y[:256], batch_size=64, epochs=1, verbose=0)
+
+    training = threading.Thread(target=train)
     training.start()
     answer = remote.window_peaks(1.0)
+    done.set()
     training.join()
     out.update(
         {k: answer[k] for k in ("device", "tf_start_bytes", "tf_peak_bytes", "rss_peak_bytes")},

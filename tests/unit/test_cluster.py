@@ -135,3 +135,40 @@ def test_a_folders_traces_are_read_by_the_reader_given(tmp_path):
     view = from_directory(tmp_path, read_trace=lambda path: read.append(path.name) or worker("w0", 60))
     assert read == ["w0.xplane.pb"] and [r.worker for r in view.rows] == ["w0", "w1"]
     assert view.worst.worker == "w0"
+
+
+def test_a_worker_that_served_its_peaks_is_a_row_with_no_breakdown():
+    """A MultiWorkerMirroredStrategy worker other than the chief serves its peaks, not a trace (measure/remote.py):
+    its row has the allocator's and the process's peaks, the heavier worker is named from them, and a worker whose
+    TensorFlow kept no statistics is shown without figures and said so."""
+    from tfmem_magic.analyze.cluster import peaks_report
+
+    served = {
+        "schema": "tfmem.peaks/1",
+        "role": "worker 1 of a MultiWorkerMirroredStrategy job",
+        "seconds": 1.0,
+        "tensorflow": "2.21.0",
+        "device": "CPU:0",
+        "tf_start_bytes": 40 * MiB,
+        "tf_peak_bytes": 90 * MiB,
+        "tf_end_bytes": 41 * MiB,
+        "rss_start_bytes": 900 * MiB,
+        "rss_peak_bytes": 950 * MiB,
+        "rss_end_bytes": 910 * MiB,
+        "rss_peak_source": "hwm",
+    }
+    heavy = peaks_report(served, "w1:6009")
+    assert heavy.mode == "quick" and heavy.trace is None and heavy.tf_peak_bytes == 50 * MiB
+    assert heavy.rss.peak_bytes == 950 * MiB and heavy.notes[0].startswith("Peaks only: this is worker 1")
+    blind = peaks_report({**served, "device": None, "tf_peak_bytes": None}, "w2:6009")
+    view = cluster_view(
+        [WorkerRow("w0:6009", worker("w0", 20)), WorkerRow("w1:6009", heavy), WorkerRow("w2:6009", blind)]
+    )
+    assert view.worst.worker == "w1:6009"
+    assert any(f.startswith("Imbalance: w1:6009 peaked at 90 MiB") for f in view.findings), view.findings
+    assert any(f.startswith("w2:6009: no TensorFlow allocator figures") for f in view.findings), view.findings
+    text = cluster_text(view)
+    assert "no breakdown (no trace)" in text
+    line = next(row for row in text.splitlines() if row.startswith("w2:6009"))
+    assert "0 B" not in line, line
+    assert "<table>" in cluster_html(view)

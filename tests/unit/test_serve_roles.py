@@ -62,6 +62,10 @@ def test_the_refusal_warns_names_the_risk_and_serves_peaks_where_its_cluster_rea
         answer = remote.read_peaks("127.0.0.1", port, 0.1)
         assert answer is not None and answer["schema"] == remote.PEAKS_SCHEMA
         assert answer["role"] == "worker 1 of a MultiWorkerMirroredStrategy job" and answer["rss_peak_bytes"] > 0
+        # a reading that fails is said to the capture, not printed on the job's stderr
+        monkeypatch.setattr(remote, "window_peaks", lambda seconds: 1 / 0)
+        with pytest.raises(remote.TfmemUsageError, match="could not read its peaks: ZeroDivisionError"):
+            remote.read_peaks("127.0.0.1", port, 0.1)
         with socket.create_connection(("127.0.0.1", port)) as conn:  # only its one path answers
             conn.sendall(b"GET /other HTTP/1.0\r\n\r\n")
             assert conn.recv(4096).startswith(b"HTTP/1.0 404")

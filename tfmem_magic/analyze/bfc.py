@@ -86,6 +86,8 @@ def _bin_of_chunk(nbytes: int) -> int:
     """bin_for_size for a chunk or a rounded request (at least 256 bytes), without its max(): the simulator's hot
     path asks it for every allocation and free."""
     b = (nbytes >> MIN_ALLOCATION_BITS).bit_length() - 1
+    if b < 0:  # a 0-byte remainder of a split (no internal fragmentation allowed): bin 0, as BinNumForSize says
+        return 0
     return b if b < NUM_BINS else NUM_BINS - 1
 
 

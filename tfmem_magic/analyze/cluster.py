@@ -70,6 +70,12 @@ def cluster_view(rows: list[WorkerRow]) -> ClusterView:
     failed = [r for r in rows if r.report is None]
     for row in failed:
         view.findings.append(f"{row.worker}: no report ({row.error or 'nothing captured'}); the others are shown.")
+    for row in rows:
+        if row.report is not None and row.peak_bytes is None:
+            view.findings.append(
+                f"{row.worker}: no TensorFlow allocator figures (TensorFlow had not started there, or its allocator "
+                f"keeps no statistics); its process peaked at {format_bytes(row.report.rss.peak_bytes)}."
+            )
     measured = view.measured
     for row in measured:
         env = row.report.env if row.report is not None else None

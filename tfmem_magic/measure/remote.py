@@ -219,7 +219,14 @@ class PeaksServer:
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
                     self.wfile.flush()
-                    self.wfile.write(json.dumps(window_peaks(seconds)).encode())
+                    try:
+                        answer = window_peaks(seconds)
+                    except Exception as exc:  # noqa: BLE001 - said to the capture, never a traceback on the job's stderr
+                        fallback(_log, "the peaks of a capture's window could not be read", exc)
+                        answer = {"schema": PEAKS_SCHEMA, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    self.wfile.write(json.dumps(answer).encode())
+                except OSError:  # the capturing side went away
+                    pass
                 finally:
                     lock.release()
 
@@ -251,10 +258,12 @@ def read_peaks(host: str, port: int, seconds: float) -> dict[str, Any] | None:
     anything else) answers there. TensorFlow's profiler server speaks gRPC: it closes a connection that begins with
     HTTP/1 at once, before the trace is asked for."""
     with socket.create_connection((host, port), timeout=5) as conn:
-        conn.sendall(f"GET {PEAKS_PATH}?seconds={seconds:g} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
         try:
-            first = conn.recv(12)
-        except OSError:
+            conn.sendall(f"GET {PEAKS_PATH}?seconds={seconds:g} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            first = b""
+            while len(first) < 7 and (chunk := conn.recv(12 - len(first))):
+                first += chunk
+        except OSError:  # closed or reset: not tfmem's server (TensorFlow's gRPC server may reset it)
             return None
         if not first.startswith(b"HTTP/1."):
             return None
@@ -269,6 +278,8 @@ def read_peaks(host: str, port: int, seconds: float) -> dict[str, Any] | None:
     answer = json.loads(body)
     if not isinstance(answer, dict) or answer.get("schema") != PEAKS_SCHEMA:
         raise TfmemUsageError("the worker's peaks server answered something that is not tfmem's peaks")
+    if answer.get("error"):
+        raise TfmemUsageError(f"the worker could not read its peaks: {answer['error']}")
     return answer
 
 

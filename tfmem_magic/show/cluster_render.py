@@ -24,10 +24,10 @@ def _cells(view: ClusterView) -> list[list[str]]:
             [
                 row.worker + (" (worst)" if row is worst and len(view.rows) > 1 else ""),
                 row.device or "-",
-                format_bytes(row.peak_bytes or 0),
-                format_bytes(row.growth_bytes or 0),
+                format_bytes(row.peak_bytes) if row.peak_bytes is not None else "-",
+                format_bytes(row.growth_bytes) if row.growth_bytes is not None else "-",
                 f"{trace.peak_time_s:.2f} s" if trace is not None and trace.events else "-",
-                row.dominant or "-",
+                row.dominant or ("-" if trace is not None else "no breakdown (no trace)"),
                 format_bytes(budget[1]) if budget else "-",
             ]
         )
