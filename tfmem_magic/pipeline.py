@@ -138,6 +138,7 @@ class Profiler:
                 self._analyse_and_advise(report, measured)
                 self._calibrate(report, watch)
         except guard.OwnWorkStopped:
+            _keep_the_oom_finding(report)
             limit = format_bytes(g.limit) if g is not None else "?"
             report.notes.append(
                 f"tfmem stopped its own work on this cell (the analysis or the calibration) as the process reached "
@@ -317,6 +318,21 @@ class Profiler:
         new_models = m.instrumentation.new_models if m.instrumentation else 0
         SESSION.add_run(key, diagnose.run_summary(report, new_models))
         return previous
+
+
+def _keep_the_oom_finding(report: Report) -> None:
+    """A cell stopped for memory keeps its oom finding (what stopped it, and that the kernel and its variables live)
+    where tfmem's own work was stopped at the limit before the findings: a cell that ends holding what reached the
+    limit stops that work at once. Its words cost nothing against the limit."""
+    if not report.stopped_for_memory or any(f.id == "oom" for f in report.findings):
+        return
+    try:
+        finding = diagnose.out_of_memory(report)
+    except Exception as err:  # noqa: BLE001 - the report keeps its measured numbers and its note
+        fallback(_log, "the out-of-memory finding could not be made", err)
+        return
+    if finding is not None:
+        report.findings.insert(0, finding)
 
 
 def profile(label: str = "", mode: Mode = "trace", **kwargs: OptionValue) -> Profiler:

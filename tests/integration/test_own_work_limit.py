@@ -113,3 +113,25 @@ def test_a_calibration_asked_later_is_stopped_at_the_session_limit(shell, monkey
         shell.run_line_magic("tfmem", "limit off")
     assert grown < 160, grown
     assert rep.whatif_basis is not None and rep.whatif_basis.name == "analytic"
+
+
+def test_a_cell_stopped_for_memory_keeps_its_oom_finding_when_its_analysis_is_stopped(shell, monkeypatch):
+    """A cell that ends holding what reached the limit stops tfmem's analysis at once: its report still says it ran
+    out and that the kernel and its variables are intact (the oom finding), with the note."""
+    from tfmem_magic import pipeline
+    from tfmem_magic.measure.guard import OwnWorkStopped
+
+    def stopped(self, report, measured):
+        raise OwnWorkStopped("the process reached the limit")
+
+    monkeypatch.setattr(pipeline.Profiler, "_analyse_and_advise", stopped)
+    result = shell.run_cell(
+        f"%%tfmem --as rep --no-panel {limit_above_now(200)}\nkept = []\nwhile True:\n"
+        "    kept.append(bytearray(b'\\1' * (4 * 2**20)))"
+    )
+    shell.user_ns.pop("kept", None)
+    assert not result.success
+    rep = shell.user_ns["rep"]
+    assert rep.stopped_for_memory, rep.status
+    assert any(n.startswith("tfmem stopped its own work on this cell") for n in rep.notes), rep.notes
+    assert [f.id for f in rep.findings][:1] == ["oom"] and "variables are intact" in rep.findings[0].evidence
