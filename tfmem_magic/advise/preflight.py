@@ -822,10 +822,8 @@ def _slots_to_build(model: KerasModel) -> int:
     if optimizer is None:
         return 0
     slots = OPTIMIZER_SLOTS.get(type(optimizer).__name__.lower(), 2)
-    try:
-        expected = slots * variable_bytes(kerases.variables_of(model, "trainable_variables"))
-    except ValueError:  # a tf_keras model not built yet (a nested Sequential raises): it has no weights yet either
-        return 0
+    # a tf_keras model not built yet has no variables yet (kerases.variables_of): nothing to expect
+    expected = slots * variable_bytes(kerases.variables_of(model, "trainable_variables"))
     return expected if variable_bytes(optimizer_variables(optimizer)) < expected / 2 else 0
 
 

@@ -78,16 +78,11 @@ def rounded_bytes(nbytes: int) -> int:
 
 
 def bin_for_size(nbytes: int) -> int:
-    """`BinNumForSize`: floor(log2(max(bytes, 256) / 256)), capped at the last bin."""
-    return min(NUM_BINS - 1, (max(nbytes, MIN_ALLOCATION_SIZE) >> MIN_ALLOCATION_BITS).bit_length() - 1)
-
-
-def _bin_of_chunk(nbytes: int) -> int:
-    """bin_for_size for a chunk or a rounded request (at least 256 bytes), without its max(): the simulator's hot
-    path asks it for every allocation and free."""
-    b = (nbytes >> MIN_ALLOCATION_BITS).bit_length() - 1
-    if b < 0:  # a 0-byte remainder of a split (no internal fragmentation allowed): bin 0, as BinNumForSize says
+    """`BinNumForSize`: floor(log2(max(bytes, 256) / 256)), capped at the last bin. Written without min()/max(): the
+    simulator asks it for every allocation and free."""
+    if nbytes < MIN_ALLOCATION_SIZE:
         return 0
+    b = (nbytes >> MIN_ALLOCATION_BITS).bit_length() - 1
     return b if b < NUM_BINS else NUM_BINS - 1
 
 
@@ -295,7 +290,7 @@ class BFCSimulator:
         """`FindChunkPtr`: the first chunk of at least `rounded` bytes, scanning from its bin upwards. Within the
         request's own bin the chunks are sorted by size, so a bisect finds the smallest that fits; in every higher
         bin all chunks fit and the first is the smallest."""
-        start = _bin_of_chunk(rounded)
+        start = bin_for_size(rounded)
         keys = self._bins[start]
         i = bisect.bisect_left(keys, (rounded, -1))
         if i < len(keys):
@@ -341,7 +336,7 @@ class BFCSimulator:
 
     def _insert_free(self, chunk: _Chunk) -> None:
         """`InsertFreeChunk`."""
-        b = _bin_of_chunk(chunk.size)
+        b = bin_for_size(chunk.size)
         chunk.bin = b
         bisect.insort(self._bins[b], (chunk.size, chunk.ptr))
         self._free[chunk.ptr] = chunk

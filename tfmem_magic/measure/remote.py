@@ -80,7 +80,7 @@ def serve(port: int = DEFAULT_PORT, allow_crash_risk: bool = False) -> int | Non
         environment.prepare_allocator()  # BFC: the CPU's plain allocator keeps no statistics to read
         host = own_host()
         try:
-            peaks = PeaksServer(host, int(port), role)
+            peaks = PeaksServer(host, int(port))
         except OSError as exc:
             served = f"Its peaks are not served either: {host}:{port} could not listen ({exc})."
         else:
@@ -122,12 +122,8 @@ def mwms_non_chief() -> str | None:
     """'worker 1 of a MultiWorkerMirroredStrategy job' when TF_CONFIG makes this process a worker that is not its
     chief in a job without parameter servers (MWMS's cluster: workers, maybe a chief), else None. Read from the
     environment only: the strategy is not built yet when serve() runs."""
-    try:
-        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        return None
-    cluster, task = config.get("cluster") or {}, config.get("task") or {}
-    if not isinstance(cluster, dict) or not isinstance(task, dict) or "ps" in cluster:
+    cluster, task = _tf_config()
+    if "ps" in cluster:
         return None
     kind, index = task.get("type"), task.get("index", 0)
     workers = cluster.get("worker") or []
@@ -138,12 +134,21 @@ def mwms_non_chief() -> str | None:
     return f"worker {index} of a MultiWorkerMirroredStrategy job"
 
 
-def own_host() -> str:
-    """The host TF_CONFIG names for this task (the address its cluster reaches it at), else loopback."""
+def _tf_config() -> tuple[dict[str, Any], dict[str, Any]]:
+    """TF_CONFIG's cluster and task ({} each where it is unset or unreadable)."""
     try:
         config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-        task = config["task"]
-        address = config["cluster"][task["type"]][int(task.get("index", 0))]
+    except ValueError:
+        return {}, {}
+    cluster, task = (config.get("cluster"), config.get("task")) if isinstance(config, dict) else (None, None)
+    return (cluster if isinstance(cluster, dict) else {}), (task if isinstance(task, dict) else {})
+
+
+def own_host() -> str:
+    """The host TF_CONFIG names for this task (the address its cluster reaches it at), else loopback."""
+    cluster, task = _tf_config()
+    try:
+        address = cluster[task["type"]][int(task.get("index", 0))]
     except (ValueError, KeyError, IndexError, TypeError):
         return "127.0.0.1"
     host = str(address).rsplit(":", 1)[0].strip("[]")
@@ -197,7 +202,7 @@ class PeaksServer:
     (`host`: the one its cluster reaches it at, never every interface), one reading at a time (each resets the
     process-wide peak counters). Its threads are daemons: the worker's exit ends them."""
 
-    def __init__(self, host: str, port: int, role: str = "") -> None:
+    def __init__(self, host: str, port: int) -> None:
         lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -234,11 +239,8 @@ class PeaksServer:
                 _log.debug("peaks server: " + format, *args)
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        server_class = type(
-            "PeaksHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True}
-        )
-        self.server = server_class((host, port), Handler)
-        self.role = role
+        server_class = type("PeaksHTTPServer", (ThreadingHTTPServer,), {"address_family": family})
+        self.server = server_class((host, port), Handler)  # ThreadingHTTPServer's request threads are daemons
 
     @property
     def address(self) -> tuple[str, int]:
