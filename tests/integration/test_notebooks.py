@@ -109,7 +109,9 @@ def test_batch_size_notebook(tmp_path):
     assert refused.preflight.verdict == "refused" and refused.error.type == "PreflightRefused"
     assert refused.rss.peak_bytes < refused.guard.limit_bytes  # nothing of the call ran
     # its what-if predicts from the pre-flight's replay, and names the refusal's batch
-    assert f"±35% (replay basis); largest batch that fits: {refused.preflight.largest_batch}\n" in text
+    said = next((t for t in text.splitlines() if t.startswith("batch 512: TF peak")), "no what-if printed")
+    pre = refused.preflight
+    assert said.endswith(f"±35% (replay basis); largest batch that fits: {pre.largest_batch}"), (said, pre.replay_note)
     assert fitted.status == "ok" and fitted.model.batch_size == refused.preflight.largest_batch
     assert fitted.rss.peak_bytes <= fitted.guard.limit_bytes
 

@@ -378,6 +378,30 @@ def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(mon
     assert prediction.predict(again, batch_size=200).peak_bytes == prediction.predict(rep, batch_size=200).peak_bytes
 
 
+def test_the_what_if_names_the_refusals_batch_where_it_is_asked_the_refusals_question(monkeypatch):
+    info, rep = _refused(monkeypatch)
+    curve = info.replay
+    assert curve is not None and info.largest_batch is not None
+    # a staircase that dips above the named batch (a probe's op order can put a tensor in a region better there):
+    # the what-if's own search, between the replayed batches, lands on another batch
+    dip = next(b for b in curve.batches if b > info.largest_batch + 16)
+    k = curve.batches.index(dip)
+    low = curve.batches.index(info.largest_batch)
+    curve.peaks[k], curve.second_peaks[k] = curve.peaks[low], curve.second_peaks[low]
+    rep.whatif_basis = preflight.refused_basis(rep, prediction.analytic_basis(rep))
+    basis, now = rep.whatif_basis, prediction.predict(rep)
+    searched = prediction.largest_batch(
+        basis, basis.knobs, now.budget_bytes, now.error_band, now.process_margin, now.measured_peak, rep
+    )
+    assert searched is not None and searched > info.largest_batch
+    # asked the refusal's question, it names the refusal's batch (the finding, the fix and the panel read it)
+    assert now.largest_batch == info.largest_batch
+    assert prediction.predict(rep, batch_size=64).largest_batch == info.largest_batch
+    # another question (a budget given) is searched on the replay
+    other = prediction.predict(rep, tf_budget=now.budget_bytes)
+    assert other.largest_batch == searched
+
+
 def test_only_a_call_refused_on_the_replay_gives_its_basis(monkeypatch):
     info, rep = _refused(monkeypatch)
     basis = prediction.analytic_basis(rep)

@@ -157,6 +157,11 @@ class Kind(ABC):
         one to judge against; None where it is."""
         return None
 
+    def named_batch(self, knobs: Knobs, report: Report) -> int | None:
+        """The largest batch this kind has named already at these knobs under its own budget (`judged_budget`),
+        which the what-if names again; None where it has named none and the what-if searches its own."""
+        return None
+
     def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
         """The peak 'fits' and the largest batch judge at `knobs`: the predicted one (`peak_at`), unless the kind
         knows of a higher moment than the step it predicts (a saved trace's first step: `FromTrace`)."""
@@ -405,6 +410,17 @@ class PreflightAnchored(Replayable):
                 else "."
             )
         )
+
+    def named_batch(self, knobs: Knobs, report: Report) -> int | None:
+        """The batch the refusal named, where the what-if is asked the refusal's question (the call's knobs but its
+        batch, under the budget the pre-flight judged it against): the refusal searched the replay itself, the
+        what-if has it between the batches replayed, and where a probe's staircase is not monotone two searches
+        can name two batches (docs/preflight.md, "One answer")."""
+        pre = report.preflight
+        same = replace(knobs, batch_size=self.basis.knobs.batch_size) == self.basis.knobs
+        if pre is None or not same or self.judged_budget(report) is None:
+            return None
+        return pre.largest_batch
 
 
 class PreflightOwnStep(PreflightAnchored):
