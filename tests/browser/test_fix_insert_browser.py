@@ -37,7 +37,12 @@ def click_fix(page, cell_index: int, fix_id: str) -> None:
     panel.get_by_role("tab", name="Fixes").click()
     fix = panel.locator(".widget-vbox", has=page.locator(f"code:text-is('{fix_id}')")).last
     count_before = len(cell_sources(page))  # Shift+Enter on the last cell may have added an empty one
-    fix.locator("button.widget-button").click()
+    button = fix.locator("button.widget-button")
+    try:
+        button.scroll_into_view_if_needed(timeout=60_000)  # a windowed notebook (Notebook 7) renders what is in view
+    except Exception:  # noqa: BLE001 - a timeout of any kind: what the panel shows says why
+        raise AssertionError(f"no {fix_id} button in the panel; it shows: {panel.inner_text()[-1500:]}") from None
+    button.click()
     try:
         page.wait_for_function(
             f"window.jupyterapp.shell.currentWidget.content.widgets.length === {count_before + 1}", timeout=30_000
