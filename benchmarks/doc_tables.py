@@ -272,7 +272,8 @@ def render_programs(results: dict) -> str:
         f"program in a fresh IPython shell, TensorFlow running, `%tfmem limit` at its RSS + "
         f"{results['headroom_mib']} MiB; a new model per cell, one epoch of at most three steps.",
         "",
-        "| program | oversized call: batch, verdict, seconds, optimizer steps run | batch named | its call: verdict "
+        "| program | oversized call: batch, verdict, seconds, optimizer steps run | batch named (regions TF held "
+        "beyond its bytes in use, which it is judged without) | its call: verdict "
         "(kept replay?), status | process peak over the cell's start, of the room under the limit | xMem: "
         "predicted growth's error | the prediction as the limit would run out |",
         "|---|---|---|---|---|---|---|",
@@ -296,14 +297,33 @@ def render_programs(results: dict) -> str:
         if "error" in score:
             errors.append(abs(score["error"]))
             runs_out += bool(score["prediction_as_limit_runs_out"])
+        held = a.get("reusable") or 0  # not in the runs before it was recorded
+        named = f"{a['named']}" + (f" ({held / mib:.0f} MiB of regions held)" if held >= mib else "")
         lines.append(
-            f"| {row['program']} | {first} | {a['named']} | {b['verdict'] or 'not checked'} ({kept}), "
+            f"| {row['program']} | {first} | {named} | {b['verdict'] or 'not checked'} ({kept}), "
             f"{b['status']} | {grew:.0f} of {room:.0f} MiB: {score['used']:.0%}"
             + (" (over the limit)" if score["over_limit"] else "")
             + f" | {_pct(score['error']) if 'error' in score else ''} | "
             + ("yes" if score.get("prediction_as_limit_runs_out") else "no" if "error" in score else "")
             + " |"
         )
+    restarted = [row for row in results["programs"] if row.get("after_restart")]
+    for row in restarted:
+        a, c = row["oversized"], row["after_restart"]
+        if "run" not in c:
+            lines += ["", f"After a restart, {row['program']}: did not run."]
+            continue
+        run, limit = c["run"], c["limit_mib"] * mib
+        grew, room = run["hwm"] - run["rss_before"], max(1, limit - run["rss_before"])
+        lines += [
+            "",
+            f"After a restart, {row['program']}: its refusal said TensorFlow held {a['reusable'] / mib:.0f} MiB of "
+            f"regions beyond its bytes in use and that about {a['restart']} would be judged to fit without them. "
+            f"In a fresh process (the program's data and code, not its own fit, the same {c['limit_mib']} MiB "
+            f"limit) that call was judged {run['verdict'] or 'not checked'} and ended {run['status']}; the process "
+            f"grew by {grew / mib:.0f} of the {room / mib:.0f} MiB of room: {grew / room:.0%}"
+            + (" (over the limit)." if run["hwm"] > limit else "."),
+        ]
     if used:
         lines += [
             "",

@@ -358,6 +358,7 @@ export interface PreflightInfo {
   kept: boolean;
   own_step: string;
   largest_batch: number | null;
+  restart_batch: number | null;
   seconds: number;
   tf_bytes: number;
   reusable_bytes: number;

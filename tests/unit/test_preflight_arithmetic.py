@@ -279,6 +279,30 @@ def test_the_allocators_free_regions_absorb_the_growth(monkeypatch, no_replay):
     assert info.predicted_rss_bytes == 2000 * MiB + (100 + 1024 - 900) * MiB
 
 
+def test_a_refusal_says_what_batch_a_restart_would_let_it_name_where_held_regions_cost_it(monkeypatch, no_replay):
+    """The held regions never count for the named batch; where they are large, the refusal says what a restart gives
+    back and the batch judged without them, as this call was."""
+    monkeypatch.setattr(
+        preflight.probe_runs, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+    )
+    # 1 MiB per sample, 2000 MiB held now of which 800 MiB are TF's regions beyond its 100 MiB in use
+    info = preflight.check(
+        _Model(), "fit", _use(1024), 2100 * MiB, rss=2000 * MiB, tf_current=100 * MiB, tf_held=900 * MiB
+    )
+    assert info.verdict == "refused" and info.reusable_bytes == 800 * MiB
+    band = 1 + bands.PROBE_LINE_BAND
+    assert info.largest_batch == preflight.typeable_batch(int(100 / band))  # the regions not counted
+    assert info.restart_batch == preflight.typeable_batch(int(900 / band))  # the process 800 MiB lower
+    text = preflight.refusal(info, "--limit")
+    assert "holds 800 MiB of regions from earlier steps" in text and f"then about {info.restart_batch}" in text
+    # held regions too small to change much: nothing said
+    small = preflight.check(
+        _Model(), "fit", _use(1024), 2100 * MiB, rss=2000 * MiB, tf_current=100 * MiB, tf_held=130 * MiB
+    )
+    assert small.verdict == "refused" and small.restart_batch is None
+    assert "kernel restart" not in preflight.refusal(small, "--limit")
+
+
 def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to_do():
     info = PreflightInfo(
         call="fit",

@@ -508,7 +508,19 @@ def _judge(
     else:
         info.verdict = "uncertain"
     info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch, tried)
+    held = info.reusable_bytes
+    if info.verdict == "refused" and held >= RESTART_HINT_BYTES:
+        # the held regions are resident: without them the process would start that much lower, judged alike
+        known = step_at.replayed if isinstance(step_at, ReplayedStep) else tried  # the first search's, replayed
+        after = _largest(lambda b: rss - held + grows_anew(b) * (1 + band), threshold, batch, known)
+        if after is not None and after > (info.largest_batch or 0):
+            info.restart_batch = after
     return info
+
+
+# the least of held regions a refusal names a batch without: below it, what a restart gives back is too little to
+# change the batch much (docs/preflight.md, "After a restart")
+RESTART_HINT_BYTES = 64 << 20
 
 
 class NoReplay(Exception):
@@ -880,7 +892,20 @@ def refusal(info: PreflightInfo, source: str) -> str:
         f"{format_bytes(info.rss_bytes)} now, the step needs ~{format_bytes(info.step_bytes)}"
         + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes else "")
         + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {held_words(info)}"
-        f"{fix} ({how_predicted(info)}; --no-preflight skips it.)"
+        f"{fix}{restart_words(info)} ({how_predicted(info)}; --no-preflight skips it.)"
+    )
+
+
+def restart_words(info: PreflightInfo) -> str:
+    """Where the held regions cost the named batch: what a restart gives back and the batch judged without them
+    (with its leading space), or ""."""
+    if not info.restart_batch:
+        return ""
+    return (
+        f" TensorFlow's allocator holds {format_bytes(info.reusable_bytes)} of regions from earlier steps beyond "
+        "what it uses now, and the batch named does not count on them (which of the step's tensors they could "
+        f"hold is not known); a kernel restart gives them back, and then about {info.restart_batch} would be "
+        "judged to fit, as this call was judged."
     )
 
 

@@ -295,6 +295,9 @@ class PreflightInfo:
     # the model's own step the probes ran, where a clone's fit would not train it ("GAN.train_step"); "": a clone's
     own_step: str = ""
     largest_batch: int | None = None  # the largest batch whose upper estimate fits, as people type it
+    # a refusal's largest batch as it would be judged without the regions TF's allocator holds beyond its bytes in
+    # use (a kernel restart gives them back), where that is larger: docs/preflight.md, "After a restart"
+    restart_batch: int | None = None
     seconds: float = 0.0  # what the pre-flight cost (the probe process, TensorFlow's start-up included)
     tf_bytes: int = 0  # TF's allocator in use (its main device) when the call began: the step's growth starts there
     reusable_bytes: int = 0  # TF's regions held then beyond that (its peak so far): filled before the process grows
