@@ -262,6 +262,12 @@ def render_refusals(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grow_words(grew: int, room: int, over: bool) -> str:
+    """What a call grew the process by, of the room it had under the limit: "963 of 1524 MiB: 63%"."""
+    mib = 2**20
+    return f"{grew / mib:.0f} of {room / mib:.0f} MiB: {grew / room:.0%}" + (" (over the limit)" if over else "")
+
+
 def render_programs(results: dict) -> str:
     """The public programs' block of docs/preflight.md (benchmarks/public_programs.py): per program, the oversized
     call's refusal, the named batch's call under the same limit, its use of the room and xMem's figures for it."""
@@ -308,22 +314,31 @@ def render_programs(results: dict) -> str:
             + " |"
         )
     restarted = [row for row in results["programs"] if row.get("after_restart")]
+    if restarted:
+        lines += [
+            "",
+            "Where a refusal said what a restart would let it name, that batch ran in another fresh process as after "
+            "a restart (the program's data and code again, not its own fit, the same limit):",
+            "",
+            "| program | regions held at the refusal | batch named | about, after a restart | that call after a "
+            "restart: how it was checked, status | process peak over the cell's start, of the room under the "
+            "limit |",
+            "|---|---|---|---|---|---|",
+        ]
     for row in restarted:
         a, c = row["oversized"], row["after_restart"]
+        first = f"| {row['program']} | {a['reusable'] / mib:.0f} MiB | {a['named']} | {a['restart']} |"
         if "run" not in c:
-            lines += ["", f"After a restart, {row['program']}: did not run."]
+            lines.append(f"{first} did not run | |")
             continue
         run, limit = c["run"], c["limit_mib"] * mib
         grew, room = run["hwm"] - run["rss_before"], max(1, limit - run["rss_before"])
-        lines += [
-            "",
-            f"After a restart, {row['program']}: its refusal said TensorFlow held {a['reusable'] / mib:.0f} MiB of "
-            f"regions beyond its bytes in use and that about {a['restart']} would be judged to fit without them. "
-            f"In a fresh process (the program's data and code, not its own fit, the same {c['limit_mib']} MiB "
-            f"limit) that call was judged {run['verdict'] or 'not checked'} and ended {run['status']}; the process "
-            f"grew by {grew / mib:.0f} of the {room / mib:.0f} MiB of room: {grew / room:.0%}"
-            + (" (over the limit)." if run["hwm"] > limit else "."),
-        ]
+        checked = (
+            f"pre-flight: {run['verdict']}"
+            if run["verdict"]
+            else "the limit capped TensorFlow's allocator (set before its first op: no pre-flight)"
+        )
+        lines.append(f"{first} {checked}, {run['status']} | {grow_words(grew, room, run['hwm'] > limit)} |")
     if used:
         lines += [
             "",

@@ -152,6 +152,16 @@ def test_a_long_error_is_cut_after_its_last_whole_sentence_or_at_a_word_with_an_
     rep.error = ErrorInfo(type="PreflightRefused", message=refusal)
     oom = diagnose.out_of_memory(rep)
     assert oom.evidence == refusal.splitlines()[0] + " The kernel and your variables are intact."
+    # a refusal that says more (the lines at its replay's peak, the batch a restart would let it name) keeps it
+    longer = refusal.replace(
+        "for a ready cell.",
+        "for a ready cell. TensorFlow's allocator holds 283 MiB of regions from earlier steps beyond what it uses "
+        "now, and the batch named does not count on them (which of the step's tensors they could hold is not "
+        "known); a kernel restart gives them back, and then about 440 would be judged to fit, as this call was "
+        "judged.",
+    )
+    rep.status, rep.error = "refused", ErrorInfo(type="PreflightRefused", message=longer)
+    assert "then about 440 would be judged to fit" in diagnose.out_of_memory(rep).evidence
 
 
 def test_a_step_that_ran_on_past_the_guard_says_how_far():
