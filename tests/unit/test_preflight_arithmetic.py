@@ -303,6 +303,34 @@ def test_a_refusal_says_what_batch_a_restart_would_let_it_name_where_held_region
     assert "kernel restart" not in preflight.refusal(small, "--limit")
 
 
+def test_judged_again_as_the_pre_flight_leaves_the_kernel_a_refusal_says_only_the_restart_it_still_has():
+    """_as_left judges a refusal again from where the pre-flight leaves the kernel (more of TF in use, so fewer held
+    regions): a restart batch from the first judgement must not outlive it."""
+    info = PreflightInfo(
+        call="fit",
+        batch_size=1024,
+        rss_bytes=2000 * MiB,
+        threshold_bytes=2100 * MiB,
+        band=0.4,
+        band_below=0.2,
+        tf_bytes=100 * MiB,
+        reusable_bytes=800 * MiB,
+    )
+    step = lambda b: b * MiB  # noqa: E731 - a step of 1 MiB per sample
+    preflight._judge(info, step, 100 * MiB, 900 * MiB)
+    assert info.verdict == "refused" and info.restart_batch == preflight.typeable_batch(int(900 / 1.4))
+    # judged again: the pre-flight's own work took 780 MiB more of TF in use, 20 MiB of regions are left held
+    info.tf_bytes, info.reusable_bytes = 880 * MiB, 20 * MiB
+    preflight._judge(info, step, 880 * MiB, 900 * MiB, decided=True)
+    assert info.verdict == "refused" and info.restart_batch is None
+    assert "kernel restart" not in preflight.refusal(info, "--limit")
+    # the restart would let the call's own batch run: said so, not as "about 1024"
+    info.reusable_bytes, info.threshold_bytes = 1900 * MiB, 3000 * MiB
+    preflight._judge(info, step, 100 * MiB, 2000 * MiB, decided=True)
+    assert info.restart_batch == 1024
+    assert "then this call's batch (1024) would be judged to fit" in preflight.refusal(info, "--limit")
+
+
 def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to_do():
     info = PreflightInfo(
         call="fit",
@@ -424,6 +452,9 @@ def test_the_what_if_names_the_refusals_batch_where_it_is_asked_the_refusals_que
     # another question (a budget given) is searched on the replay
     other = prediction.predict(rep, tf_budget=now.budget_bytes)
     assert other.largest_batch == searched
+    # where the refusal found not even the smallest batch fits, the what-if says so too
+    info.largest_batch = None
+    assert prediction.predict(rep).largest_batch is None and other.largest_batch is not None
 
 
 def test_only_a_call_refused_on_the_replay_gives_its_basis(monkeypatch):

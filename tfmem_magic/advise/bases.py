@@ -157,10 +157,11 @@ class Kind(ABC):
         one to judge against; None where it is."""
         return None
 
-    def named_batch(self, knobs: Knobs, report: Report) -> int | None:
-        """The largest batch this kind has named already at these knobs under its own budget (`judged_budget`),
-        which the what-if names again; None where it has named none and the what-if searches its own."""
-        return None
+    def named_batch(self, knobs: Knobs, report: Report) -> tuple[bool, int | None]:
+        """(whether this kind has named the largest batch at these knobs under its own budget already,
+        `judged_budget`, and that batch: None where not even the smallest fits), which the what-if names again;
+        (False, None) where the what-if searches its own."""
+        return False, None
 
     def judged_peak(self, knobs: Knobs, report: Report | None = None) -> float:
         """The peak 'fits' and the largest batch judge at `knobs`: the predicted one (`peak_at`), unless the kind
@@ -411,16 +412,16 @@ class PreflightAnchored(Replayable):
             )
         )
 
-    def named_batch(self, knobs: Knobs, report: Report) -> int | None:
-        """The batch the refusal named, where the what-if is asked the refusal's question (the call's knobs but its
-        batch, under the budget the pre-flight judged it against): the refusal searched the replay itself, the
-        what-if has it between the batches replayed, and where a probe's staircase is not monotone two searches
-        can name two batches (docs/preflight.md, "One answer")."""
+    def named_batch(self, knobs: Knobs, report: Report) -> tuple[bool, int | None]:
+        """The batch the refusal named (None: not even the smallest), where the what-if is asked the refusal's
+        question (the call's knobs but its batch, under the budget the pre-flight judged it against): the refusal
+        searched the replay itself, the what-if has it between the batches replayed, and where a probe's staircase
+        is not monotone two searches can name two batches (docs/preflight.md, "One answer")."""
         pre = report.preflight
         same = replace(knobs, batch_size=self.basis.knobs.batch_size) == self.basis.knobs
         if pre is None or not same or self.judged_budget(report) is None:
-            return None
-        return pre.largest_batch
+            return False, None
+        return True, pre.largest_batch
 
 
 class PreflightOwnStep(PreflightAnchored):

@@ -195,7 +195,7 @@ def out_of_memory(report: Report) -> Finding | None:
     if not parts:
         message = report.error.message if report.error else ""
         # a refusal says more (the lines at the replay's peak, the batch a restart would let it name): whole
-        most = 1000 if report.status == "refused" else 600
+        most = 1500 if report.status == "refused" else 600
         parts.append(clip_message(message, most) if message else "An out-of-memory error stopped the cell.")
     parts.append("The kernel and your variables are intact.")
     refused = report.status == "refused"

@@ -556,7 +556,11 @@ def predict(
     notes += _margin_notes(kind, margin, band, measured)
     parts = parts_at(basis, knobs)
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
-    named = kind.named_batch(knobs, report) if tf_budget is None else None  # a refusal's, named again
+    named, largest = kind.named_batch(knobs, report) if tf_budget is None else (False, None)  # a refusal's
+    if budget is None:
+        largest = None
+    elif not named:
+        largest = largest_batch(basis, knobs, budget, band, extra, measured, report)
     return WhatIf(
         peak_bytes=peak,
         basis=kind.label(knobs),
@@ -566,9 +570,7 @@ def predict(
         knobs=knobs,
         budget_bytes=budget,
         fits=None if budget is None else fits_within(judged, budget, measured, band, extra),
-        largest_batch=None
-        if budget is None
-        else named or largest_batch(basis, knobs, budget, band, extra, measured, report),
+        largest_batch=largest,
         notes=notes,
         fit_margin=margin,
         process_margin=extra,

@@ -266,14 +266,12 @@ def check(
         _judge(info, step_at, tf_current, tf_held, floor)  # a replay that fails on the way raises NoReplay too
         _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
-            if info.largest_batch:  # replayed itself, not between two batches: the what-if names it too
-                try:
-                    step_at(info.largest_batch)
-                except NoReplay:  # the verdict stands; the curve interpolates there
-                    pass
+            _replay_named(info, step_at)
             info.replay = step_at.curve(batch)
             info.by_line = replayed_lines(model, step_at, batch, own is None)
             _as_left(info, step_at, arrays, tf_held, began, floor)
+            _replay_named(info, step_at)  # the batch named as the pre-flight leaves the kernel: in the curve too
+            info.replay = step_at.curve(batch, budget_s=0.0)
             keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
@@ -288,6 +286,15 @@ def check(
     if info.verdict == "fits":  # the line missed a step by up to 80%, under: it never lets a call through as fitting
         info.verdict = "uncertain"  # (docs/preflight.md, "A floor from the model's own parts"): the guard runs it
     return _lower_bound_only(info, fed)
+
+
+def _replay_named(info: PreflightInfo, step_at: ReplayedStep) -> None:
+    """The batch a refusal names, replayed itself rather than between two batches: the what-if names it too."""
+    if info.largest_batch:
+        try:
+            step_at(info.largest_batch)
+        except NoReplay:  # the verdict stands; the curve interpolates there
+            pass
 
 
 def replayed_lines(model: KerasModel, step_at: ReplayedStep, batch: int, keras_step: bool) -> list[LineGroup]:
@@ -463,8 +470,7 @@ def _as_left(
     info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
     info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
-    _judge(info, step_at, info.tf_bytes, held, floor, step_at.replayed)  # about where the first search ended
-    info.verdict = "refused"  # decided already: only the batch it names moves
+    _judge(info, step_at, info.tf_bytes, held, floor, step_at.replayed, decided=True)  # near the first search
 
 
 def _growth(step: float, extra: int, tf_current: int, tf_held: int) -> float:
@@ -480,6 +486,7 @@ def _judge(
     tf_held: int,
     floor: float | None = None,
     tried: Iterable[int] = (),
+    decided: bool = False,
 ) -> PreflightInfo:
     """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits. The
     regions TF's allocator holds beyond what is in use count as reusable against a refusal (the low end), never
@@ -487,7 +494,8 @@ def _judge(
     batch named on them ran 0.6 GiB past its limit (docs/preflight.md, "Held regions count only against a
     refusal"). `floor`: the least a step holds per sample by the model's own outputs (parts_floor): "fits" and the
     largest batch never count less; a refusal is the prediction's alone. `tried`: the batches `step_at` answers
-    without a replay."""
+    without a replay. `decided`: the call is refused already (judged again as the pre-flight leaves the kernel):
+    only the batches it names move."""
     rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
 
     def judged(b: float) -> float:  # what "fits" and the largest batch count: never below the model's outputs
@@ -507,12 +515,18 @@ def _judge(
         info.verdict = "fits"
     else:
         info.verdict = "uncertain"
+    if decided:
+        info.verdict = "refused"
     info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch, tried)
-    held = info.reusable_bytes
-    if info.verdict == "refused" and held >= RESTART_HINT_BYTES:
-        # the held regions are resident: without them the process would start that much lower, judged alike
+    info.restart_batch, held = None, info.reusable_bytes
+    # on a CPU the held regions are resident: without them the process would start that much lower, judged alike
+    # (on a GPU they are the GPU's, not the process's)
+    if info.verdict == "refused" and held >= RESTART_HINT_BYTES and not _on_gpu():
         known = step_at.replayed if isinstance(step_at, ReplayedStep) else tried  # the first search's, replayed
-        after = _largest(lambda b: rss - held + grows_anew(b) * (1 + band), threshold, batch, known)
+        try:
+            after = _largest(lambda b: rss - held + grows_anew(b) * (1 + band), threshold, batch, known)
+        except NoReplay:  # a hint: the refusal stands without it
+            after = None
         if after is not None and after > (info.largest_batch or 0):
             info.restart_batch = after
     return info
@@ -901,11 +915,16 @@ def restart_words(info: PreflightInfo) -> str:
     (with its leading space), or ""."""
     if not info.restart_batch:
         return ""
+    then = (
+        f"this call's batch ({info.batch_size})"
+        if info.restart_batch >= info.batch_size
+        else f"about {info.restart_batch}"
+    )
     return (
         f" TensorFlow's allocator holds {format_bytes(info.reusable_bytes)} of regions from earlier steps beyond "
         "what it uses now, and the batch named does not count on them (which of the step's tensors they could "
-        f"hold is not known); a kernel restart gives them back, and then about {info.restart_batch} would be "
-        "judged to fit, as this call was judged."
+        f"hold is not known); a kernel restart gives them back, and then {then} would be judged to fit, as this "
+        "call was judged."
     )
 
 
