@@ -262,10 +262,11 @@ def render_refusals(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def grow_words(grew: int, room: int, over: bool) -> str:
-    """What a call grew the process by, of the room it had under the limit: "963 of 1524 MiB: 63%"."""
+def grow_words(grew: float, room: float, share: float, over: bool) -> str:
+    """What a call grew the process by (bytes), of the room it had under the limit, and that share: "963 of 1524
+    MiB: 63%", with " (over the limit)" where it went past it."""
     mib = 2**20
-    return f"{grew / mib:.0f} of {room / mib:.0f} MiB: {grew / room:.0%}" + (" (over the limit)" if over else "")
+    return f"{grew / mib:.0f} of {room / mib:.0f} MiB: {share:.0%}" + (" (over the limit)" if over else "")
 
 
 def render_programs(results: dict) -> str:
@@ -296,8 +297,7 @@ def render_programs(results: dict) -> str:
             lines.append(f"| {row['program']} | {first} | none | | | | |")
             continue
         kept = "kept" if b["kept"] else "new probes"
-        grew = (b["hwm"] - b["rss_before"]) / mib
-        room = (row["limit_mib"] * mib - b["rss_before"]) / mib
+        grew, room = b["hwm"] - b["rss_before"], row["limit_mib"] * mib - b["rss_before"]
         used.append(score["used"])
         over += bool(score["over_limit"])
         if "error" in score:
@@ -307,8 +307,7 @@ def render_programs(results: dict) -> str:
         named = f"{a['named']}" + (f" ({held / mib:.0f} MiB of regions held)" if held >= mib else "")
         lines.append(
             f"| {row['program']} | {first} | {named} | {b['verdict'] or 'not checked'} ({kept}), "
-            f"{b['status']} | {grew:.0f} of {room:.0f} MiB: {score['used']:.0%}"
-            + (" (over the limit)" if score["over_limit"] else "")
+            f"{b['status']} | {grow_words(grew, room, score['used'], score['over_limit'])}"
             + f" | {_pct(score['error']) if 'error' in score else ''} | "
             + ("yes" if score.get("prediction_as_limit_runs_out") else "no" if "error" in score else "")
             + " |"
@@ -338,7 +337,9 @@ def render_programs(results: dict) -> str:
             if run["verdict"]
             else "the limit capped TensorFlow's allocator (set before its first op: no pre-flight)"
         )
-        lines.append(f"{first} {checked}, {run['status']} | {grow_words(grew, room, run['hwm'] > limit)} |")
+        lines.append(
+            f"{first} {checked}, {run['status']} | {grow_words(grew, room, grew / room, run['hwm'] > limit)} |"
+        )
     if used:
         lines += [
             "",
