@@ -9,6 +9,7 @@ import weakref
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 from test_fixes import report as fixes_report
 
@@ -303,10 +304,10 @@ def test_a_refusal_says_what_batch_a_restart_would_let_it_name_where_held_region
     assert "kernel restart" not in preflight.refusal(small, "--limit")
 
 
-def test_judged_again_as_the_pre_flight_leaves_the_kernel_a_refusal_says_only_the_restart_it_still_has():
-    """_as_left judges a refusal again from where the pre-flight leaves the kernel (more of TF in use, so fewer held
-    regions): a restart batch from the first judgement must not outlive it."""
-    info = PreflightInfo(
+def _held_regions_call() -> PreflightInfo:
+    """A call at batch 1024 with 100 MiB of room under the threshold, in a kernel whose TF allocator holds 800 MiB
+    of regions beyond its 100 MiB in use."""
+    return PreflightInfo(
         call="fit",
         batch_size=1024,
         rss_bytes=2000 * MiB,
@@ -316,6 +317,12 @@ def test_judged_again_as_the_pre_flight_leaves_the_kernel_a_refusal_says_only_th
         tf_bytes=100 * MiB,
         reusable_bytes=800 * MiB,
     )
+
+
+def test_judged_again_as_the_pre_flight_leaves_the_kernel_a_refusal_says_only_the_restart_it_still_has():
+    """_as_left judges a refusal again from where the pre-flight leaves the kernel (more of TF in use, so fewer held
+    regions): a restart batch from the first judgement must not outlive it."""
+    info = _held_regions_call()
     step = lambda b: b * MiB  # noqa: E731 - a step of 1 MiB per sample
     preflight._judge(info, step, 100 * MiB, 900 * MiB)
     assert info.verdict == "refused" and info.restart_batch == preflight.typeable_batch(int(900 / 1.4))
@@ -329,6 +336,39 @@ def test_judged_again_as_the_pre_flight_leaves_the_kernel_a_refusal_says_only_th
     preflight._judge(info, step, 100 * MiB, 2000 * MiB, decided=True)
     assert info.restart_batch == 1024
     assert "then this call's batch (1024) would be judged to fit" in preflight.refusal(info, "--limit")
+
+
+class _AskedStep:
+    """A step of 1 MiB per sample that notes each batch asked (each a replay, where the real step replays)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def __call__(self, b: float) -> float:
+        n = max(1, round(b))
+        if n not in self.asked:
+            self.asked.append(n)
+        return n * MiB
+
+    @property
+    def replayed(self) -> list[int]:
+        return list(self.asked)
+
+
+def test_on_the_replays_path_the_restart_batch_is_searched_once_as_the_pre_flight_leaves_the_kernel():
+    """The replay's refusal is judged twice (as the call began, then as the pre-flight leaves the kernel): the
+    batch a restart would let it name is searched by the second judgement only, even where nothing grew between."""
+    info = _held_regions_call()
+    step = _AskedStep()
+    preflight._judge(info, step, 100 * MiB, 900 * MiB, hint=False)
+    assert info.verdict == "refused" and info.restart_batch is None
+    first = len(step.asked)
+    # began above where the process is now: nothing grew since the call began
+    began = (psutil.Process().memory_info().rss + 1024 * MiB, 1024 * MiB)
+    preflight._as_left(info, step, 0, 900 * MiB, began)  # type: ignore[arg-type] - replayed and called as the step
+    assert info.verdict == "refused" and info.restart_batch == preflight.typeable_batch(int(900 / 1.4))
+    assert info.rss_bytes == 2000 * MiB and info.reusable_bytes == 800 * MiB
+    assert len(step.asked) > first  # the hint's own search, seeded with the first one's batches
 
 
 def test_the_refusal_says_what_was_predicted_against_what_is_allowed_and_what_to_do():

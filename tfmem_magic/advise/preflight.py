@@ -263,7 +263,8 @@ def check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below = PREFLIGHT_GROWTH_LOW
-        _judge(info, step_at, tf_current, tf_held, floor)  # a replay that fails on the way raises NoReplay too
+        # a replay that fails on the way raises NoReplay too; a refusal's restart hint waits for _as_left's judgement
+        _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
             _replay_named(info, step_at)
@@ -465,11 +466,11 @@ def _as_left(
     refusal, 144 (docs/preflight.md, 'The next call at the named batch')."""
     rss_grew = psutil.Process().memory_info().rss - began[0]
     tf_grew = (bytes_in_use() or 0) - began[1]
-    if rss_grew <= 0 and tf_grew <= 0:
-        return
     info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
-    info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays  # what saving built is held now
+    if rss_grew > 0 or tf_grew > 0:  # what saving built is held now
+        info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays
+    # judged again even where nothing grew: the first judgement left the restart hint to this one (one search of it)
     _judge(info, step_at, info.tf_bytes, held, floor, step_at.replayed, decided=True)  # near the first search
 
 
@@ -487,6 +488,7 @@ def _judge(
     floor: float | None = None,
     tried: Iterable[int] = (),
     decided: bool = False,
+    hint: bool = True,
 ) -> PreflightInfo:
     """The verdict at the call's batch with the basis' band, and the largest batch whose upper estimate fits. The
     regions TF's allocator holds beyond what is in use count as reusable against a refusal (the low end), never
@@ -495,7 +497,8 @@ def _judge(
     refusal"). `floor`: the least a step holds per sample by the model's own outputs (parts_floor): "fits" and the
     largest batch never count less; a refusal is the prediction's alone. `tried`: the batches `step_at` answers
     without a replay. `decided`: the call is refused already (judged again as the pre-flight leaves the kernel):
-    only the batches it names move."""
+    only the batches it names move. `hint`: a refusal searches the batch a restart would let it name (False where
+    a judgement from where the pre-flight leaves the kernel follows and searches it)."""
     rss, threshold, band, batch = info.rss_bytes, info.threshold_bytes, info.band, info.batch_size
 
     def judged(b: float) -> float:  # what "fits" and the largest batch count: never below the model's outputs
@@ -521,7 +524,7 @@ def _judge(
     info.restart_batch, held = None, info.reusable_bytes
     # on a CPU the held regions are resident: without them the process would start that much lower, judged alike
     # (on a GPU they are the GPU's, not the process's)
-    if info.verdict == "refused" and held >= RESTART_HINT_BYTES and not _on_gpu():
+    if hint and info.verdict == "refused" and held >= RESTART_HINT_BYTES and not _on_gpu():
         known = step_at.replayed if isinstance(step_at, ReplayedStep) else tried  # the first search's, replayed
         try:
             after = _largest(lambda b: rss - held + grows_anew(b) * (1 + band), threshold, batch, known)
