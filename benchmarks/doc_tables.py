@@ -227,7 +227,38 @@ def render(results: dict) -> str:
                 f"{1 - statistics.median(mine):.0%} left unused; lowest {min(mine):.0%}, highest {max(mine):.0%}); "
                 f"{over} of {len(mine)} ran over it."
             )
-    return "\n".join(lines) + "\n"
+    outside = render_outside(results)
+    return "\n".join(lines + (["", *outside] if outside else [])) + "\n"
+
+
+def render_outside(results: dict) -> list[str]:
+    """What the fresh runs grew the process by besides TensorFlow's peak, per batch: the part a process margin
+    covers. Its rise over the second-smallest batch (the cell's batch is not run fresh) is set against TF's peak
+    at the same batch, as the margin is."""
+    batches = sorted({int(b) for model in results["models"] for b in model["runs"]})
+    if len(batches) < 3 or not all("grown" in model for model in results["models"]):
+        return []  # no rise above a base batch to show
+    base = str(batches[1])
+    lines = [
+        "| model | the process grew by besides TensorFlow's peak at batch "
+        + " / ".join(map(str, batches))
+        + f" (median of the fresh runs) | its most above batch {base}'s, of TensorFlow's peak there |",
+        "|---|---|---|",
+    ]
+    for model in results["models"]:
+        outside = {
+            b: statistics.median(grown - tf for tf, grown in zip(model["runs"][b], model["grown"][b], strict=True))
+            for b in model["runs"]
+        }
+        tf_peak = {b: statistics.median(model["runs"][b]) for b in model["runs"]}
+        above = [((outside[b] - outside[base]) / tf_peak[b], int(b)) for b in model["runs"] if int(b) > int(base)]
+        share, at = max(above)
+        lines.append(
+            f"| {model['model']} | "
+            + " / ".join(f"{outside[str(b)] / 2**20:.0f}" for b in batches)
+            + f" MiB | {_pct(share)} (at {at}) |"
+        )
+    return lines
 
 
 def render_refusals(results: dict) -> str:
