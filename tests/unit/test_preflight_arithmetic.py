@@ -243,6 +243,33 @@ def test_where_the_replay_cannot_be_used_the_probes_line_stands_in_and_says_why(
     assert "the replay was not used: its self-check failed" in preflight.refusal(info, "--limit")
 
 
+def test_the_call_at_the_batch_a_line_refusal_names_is_judged_on_that_line_without_new_probes(monkeypatch, no_replay):
+    """Where the replay could not be used, the refusal's probes' line is kept for the model and its inputs: the call
+    at the batch it names is judged on that line (as the refusal judged it), not on two new probes; a batch above
+    the refused one probes again."""
+    probed: list[list[int]] = []
+
+    def probe_peaks(model, batches, *args, **kwargs):
+        probed.append(list(batches))
+        return {b: (b * MiB, b * MiB) for b in batches}
+
+    monkeypatch.setattr(preflight.probe_runs, "probe_peaks", probe_peaks)
+    monkeypatch.setattr(preflight.SESSION, "preflight_replays", {})
+    model = _Model()
+    refused = preflight.check(model, "fit", _use(1024), 600 * MiB, rss=100 * MiB)
+    assert refused.verdict == "refused" and refused.basis == "probes" and not refused.kept and len(probed) == 1
+    named = refused.largest_batch
+    assert named is not None and named < 1024
+    again = preflight.check(model, "fit", _use(named), 600 * MiB, rss=100 * MiB)
+    assert len(probed) == 1, probed  # no new probes
+    assert again.kept and again.basis == "probes" and again.probe_batches == refused.probe_batches
+    assert again.verdict == "uncertain" and again.largest_batch == named  # the line never says "fits"
+    assert again.replay_note == "its self-check failed"
+    assert "the line kept from this model's earlier refusal: no new probes" in preflight.how_predicted(again)
+    above = preflight.check(model, "fit", _use(2048), 600 * MiB, rss=100 * MiB)
+    assert len(probed) == 2 and not above.kept
+
+
 def _use(batch: int) -> ModelUse:
     return ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=batch, feed="dataset")
 

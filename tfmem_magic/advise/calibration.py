@@ -460,7 +460,7 @@ def auto_calibration(report: Report) -> tuple[bool, str] | None:
     if report.status != "ok" or report.whatif_basis is None or not names_a_batch:
         return None
     pre = report.preflight
-    if pre is not None and pre.kept and pre.verdict in ("fits", "uncertain"):
+    if pre is not None and pre.kept and pre.basis == "replay" and pre.verdict in ("fits", "uncertain"):
         # the batch an earlier refusal named, judged on that refusal's replay: new probes would judge it a third time
         return False, (
             "the pre-flight replayed this call's step already (an earlier refusal's replay) and judged its batch on "

@@ -240,6 +240,10 @@ def check(
     floor = parts_floor(parts, train)  # what "fits" never counts less than, whatever the probes saw
     key = _inputs_key(model, call, use)  # before the probes change the model (an own step's export builds slots)
     kept = kept_replay(key, model, batch)
+    if kept is not None and kept.line is not None:  # a refusal's probes' line: judged as that refusal judged
+        info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
+        info.probe_batches, info.replay_note, info.kept = kept.probes, kept.replay_note, True
+        return _line_verdict(info, kept.line, tf_current, tf_held, floor, fed)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
@@ -283,9 +287,25 @@ def check(
         info.replay_note = str(exc)
     line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
+    _line_verdict(info, line, tf_current, tf_held, floor, fed)
+    if info.verdict == "refused":  # the call at the batch it names is judged on this line, not on new probes
+        keep_replay(key, model, call, use, info, line=line)
+    return info
+
+
+def _line_verdict(
+    info: PreflightInfo,
+    line: Callable[[float], float],
+    tf_current: int,
+    tf_held: int,
+    floor: float | None,
+    fed: FedShapes | None,
+) -> PreflightInfo:
+    """The verdict on the probes' line: never "fits" (the line missed a step by up to 80%, under: docs/preflight.md,
+    "A floor from the model's own parts"): the guard runs what it does not refuse."""
     _judge(info, line, tf_current, tf_held, floor)
-    if info.verdict == "fits":  # the line missed a step by up to 80%, under: it never lets a call through as fitting
-        info.verdict = "uncertain"  # (docs/preflight.md, "A floor from the model's own parts"): the guard runs it
+    if info.verdict == "fits":
+        info.verdict = "uncertain"
     return _lower_bound_only(info, fed)
 
 
@@ -363,13 +383,20 @@ class KeptReplay:
     refusal names is judged as the refusal judged it (docs/preflight.md, 'The next call at the named batch')."""
 
     model: weakref.ref[KerasModel]  # the model replayed (kept on the model alone: gone, its replay goes)
-    curve: ReplayCurve  # the batches replayed (probe one's and probe two's op orders)
+    curve: ReplayCurve | None  # the batches replayed (probe one's and probe two's op orders)
     fixed: int  # what the probe process held that the kernel holds already (off every replayed peak)
     probes: list[int]
     own_step: str
     by_print: bool = False  # kept for every model of its fingerprint (measure/model_print.py), not this one alone
+    # where the replay could not be used: the probes' line the refusal was judged on (bytes the steps add at a
+    # batch), the refused batch it judges up to, and why the replay was not used
+    line: Callable[[float], float] | None = None
+    refused: int = 0
+    replay_note: str = ""
 
     def covers(self, batch: int) -> bool:
+        if self.curve is None:  # a line: from the smaller probe to the refused batch (a named batch is below it)
+            return bool(self.probes) and self.probes[0] <= batch <= self.refused
         xs = self.curve.batches
         if batch in xs:
             return True
@@ -380,6 +407,8 @@ class KeptReplay:
     def step(self, b: float) -> float:
         """The bytes the call's steps add at batch `b`: the larger op order's replayed peak (interpolated between
         the batches replayed, in a line past them), less what the kernel holds already."""
+        if self.curve is None:
+            return self.line(b) if self.line is not None else 0.0
         return max(0.0, larger_order_peak(self.curve, b) - self.fixed)
 
 
@@ -405,11 +434,13 @@ def keep_replay(
     call: str,
     use: ModelUse,
     info: PreflightInfo,
-    curve: ReplayCurve,
-    fixed: int,
+    curve: ReplayCurve | None = None,
+    fixed: int = 0,
+    line: Callable[[float], float] | None = None,
 ) -> None:
     """Keep the replay under `key`, the model's as the pre-flight began (a model built again is in that state), and
-    under its key now (the same model, whose state the pre-flight may have moved: its own step's slots built)."""
+    under its key now (the same model, whose state the pre-flight may have moved: its own step's slots built). Where
+    the replay could not be used, the probes' `line` the refusal was judged on is kept instead."""
     try:
         ref = weakref.ref(model)
     except TypeError:
@@ -419,7 +450,17 @@ def keep_replay(
         del kept[old]
     for k in dict.fromkeys([key, _inputs_key(model, call, use)]):
         kept.pop(k, None)  # a dict keeps its insertion order: the newest last
-        kept[k] = KeptReplay(ref, curve, fixed, list(info.probe_batches), info.own_step, by_print=isinstance(k[0], str))
+        kept[k] = KeptReplay(
+            ref,
+            curve,
+            fixed,
+            list(info.probe_batches),
+            info.own_step,
+            by_print=isinstance(k[0], str),
+            line=line,
+            refused=info.batch_size,
+            replay_note=info.replay_note or "",
+        )
     while len(kept) > KEPT_MOST:
         del kept[next(iter(kept))]
 
@@ -992,4 +1033,5 @@ def how_predicted(info: PreflightInfo) -> str:
             f"simulation of TensorFlow's allocator{again}, {info.seconds:.1f} s{floor}"
         )
     why = f"; the replay was not used: {info.replay_note}" if info.replay_note else ""
-    return f"predicted from one step of a clone at batches {batches}{fed}, {info.seconds:.1f} s{why}{floor}"
+    again = " (the line kept from this model's earlier refusal: no new probes)" if info.kept else ""
+    return f"predicted from one step of a clone at batches {batches}{fed}{again}, {info.seconds:.1f} s{why}{floor}"
