@@ -270,6 +270,27 @@ def test_the_call_at_the_batch_a_line_refusal_names_is_judged_on_that_line_witho
     assert len(probed) == 2 and not above.kept
 
 
+def test_a_replay_that_fails_after_its_verdict_leaves_the_line_nothing_of_its_own(monkeypatch):
+    """The replay judged the call, then failed (its curve for the report): the probes' line stands in with its own
+    band, and no replay or lines of the failed one are left in the verdict, nor in what is kept of it."""
+
+    class _FailsLate(_AskedStep):
+        fixed = 0
+
+        def curve(self, *args, **kwargs):
+            raise NoReplay("its replay at batch 1024 failed")
+
+    monkeypatch.setattr(preflight, "replayed_step", lambda *a, **k: (_FailsLate(), [64, 128]))
+    monkeypatch.setattr(
+        preflight.probe_runs, "probe_peaks", lambda model, batches, *a, **k: {b: (b * MiB, b * MiB) for b in batches}
+    )
+    monkeypatch.setattr(preflight.SESSION, "preflight_replays", {})
+    info = preflight.check(_Model(), "fit", _use(1024), 600 * MiB, rss=100 * MiB)
+    assert info.verdict == "refused" and info.basis == "probes" and info.replay is None and info.by_line == []
+    assert preflight.band_words(info) == f"±{bands.PROBE_LINE_BAND:.0%}"
+    assert info.replay_note == "its replay at batch 1024 failed"
+
+
 def _use(batch: int) -> ModelUse:
     return ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=batch, feed="dataset")
 

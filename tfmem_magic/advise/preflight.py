@@ -285,6 +285,8 @@ def check(
                 f"the model's own step, saved ({own}), ran in two probe processes, and its replay cannot be used: {exc}"
             ) from exc
         info.replay_note = str(exc)
+        # what the replay's path set before it failed is not the line's (its low end, its replay and lines)
+        info.band_below, info.replay, info.by_line = 0.0, None, []
     line, info.probe_batches = probed_step(model, use, train, batch)
     info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
     _line_verdict(info, line, tf_current, tf_held, floor, fed)
@@ -396,7 +398,7 @@ class KeptReplay:
 
     def covers(self, batch: int) -> bool:
         if self.curve is None:  # a line: from the smaller probe to the refused batch (a named batch is below it)
-            return bool(self.probes) and self.probes[0] <= batch <= self.refused
+            return self.line is not None and bool(self.probes) and self.probes[0] <= batch <= self.refused
         xs = self.curve.batches
         if batch in xs:
             return True
