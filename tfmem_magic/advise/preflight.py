@@ -241,9 +241,8 @@ def check(
     key = _inputs_key(model, call, use)  # before the probes change the model (an own step's export builds slots)
     kept = kept_replay(key, model, batch)
     if kept is not None and kept.line is not None:  # a refusal's probes' line: judged as that refusal judged
-        info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
         info.probe_batches, info.replay_note, info.kept = kept.probes, kept.replay_note, True
-        return _line_verdict(info, kept.line, tf_current, tf_held, floor, fed)
+        return _line_verdict(info, kept.line, slots + copies, tf_current, tf_held, floor, fed)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
@@ -288,8 +287,7 @@ def check(
         # what the replay's path set before it failed is not the line's (its low end, its replay and lines)
         info.band_below, info.replay, info.by_line = 0.0, None, []
     line, info.probe_batches = probed_step(model, use, train, batch)
-    info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, slots + copies
-    _line_verdict(info, line, tf_current, tf_held, floor, fed)
+    _line_verdict(info, line, slots + copies, tf_current, tf_held, floor, fed)
     if info.verdict == "refused":  # the call at the batch it names is judged on this line, not on new probes
         keep_replay(key, model, call, use, info, line=line)
     return info
@@ -298,13 +296,16 @@ def check(
 def _line_verdict(
     info: PreflightInfo,
     line: Callable[[float], float],
+    extra: int,
     tf_current: int,
     tf_held: int,
     floor: float | None,
     fed: FedShapes | None,
 ) -> PreflightInfo:
-    """The verdict on the probes' line: never "fits" (the line missed a step by up to 80%, under: docs/preflight.md,
-    "A floor from the model's own parts"): the guard runs what it does not refuse."""
+    """The verdict on the probes' line, its band, with `extra` the call adds besides the step (the slots it builds,
+    the arrays' copies): never "fits" (the line missed a step by up to 80%, under: docs/preflight.md, "A floor from
+    the model's own parts"): the guard runs what it does not refuse."""
+    info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, extra
     _judge(info, line, tf_current, tf_held, floor)
     if info.verdict == "fits":
         info.verdict = "uncertain"
