@@ -115,7 +115,9 @@ def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
     for index in (3, 4, 5):
         outputs = nb.cells[index].outputs
         errors = [o.ename for o in outputs if o.output_type == "error"]
-        assert errors in (["ResourceExhaustedError"], ["MemoryLimitExceeded"])  # one error: the user's traceback
+        shown = [o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs]
+        # one error: the user's traceback
+        assert errors in (["ResourceExhaustedError"], ["MemoryLimitExceeded"]), (index, shown)
         report = next(Report.from_dict(o.data[MIME_TYPE]) for o in outputs if MIME_TYPE in o.get("data", {}))
         assert report.status == "oom" and report.guard.source == "%tfmem limit"
         assert report.guard.allocator_limit_bytes and "allocator" in report.guard.layers

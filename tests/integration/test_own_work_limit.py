@@ -74,6 +74,18 @@ def test_own_work_that_reaches_the_limit_is_stopped_and_the_cell_keeps_its_repor
     assert again.success and shell.user_ns["rep2"].status == "ok"
 
 
+def run_until_stopped_holding_it(shell):
+    """A cell that grows the process until the guard stops it, and keeps what it grew: its report."""
+    assert shell.run_cell("import tensorflow as tf").success  # the limit is set above a process that has it loaded
+    result = shell.run_cell(
+        f"%%tfmem --as rep --no-panel {limit_above_now(200)}\nkept = []\nwhile True:\n"
+        "    kept.append(bytearray(b'\\1' * (4 * 2**20)))"
+    )
+    shell.user_ns.pop("kept", None)
+    assert not result.success
+    return shell.user_ns["rep"]
+
+
 def _limit_now(shell, mib: int) -> None:
     shell.run_line_magic("tfmem", f"limit {above_now(mib)}")
 
@@ -116,8 +128,8 @@ def test_a_calibration_asked_later_is_stopped_at_the_session_limit(shell, monkey
 
 
 def test_a_cell_stopped_for_memory_keeps_its_oom_finding_when_its_analysis_is_stopped(shell, monkeypatch):
-    """A cell that ends holding what reached the limit stops tfmem's analysis at once: its report still says it ran
-    out and that the kernel and its variables are intact (the oom finding), with the note."""
+    """Where tfmem's analysis of a cell stopped for memory is stopped itself, the report still says it ran out and
+    that the kernel and its variables are intact (the oom finding), with the note."""
     from tfmem_magic import pipeline
     from tfmem_magic.measure.guard import OwnWorkStopped
 
@@ -125,13 +137,28 @@ def test_a_cell_stopped_for_memory_keeps_its_oom_finding_when_its_analysis_is_st
         raise OwnWorkStopped("the process reached the limit")
 
     monkeypatch.setattr(pipeline.Profiler, "_analyse_and_advise", stopped)
-    result = shell.run_cell(
-        f"%%tfmem --as rep --no-panel {limit_above_now(200)}\nkept = []\nwhile True:\n"
-        "    kept.append(bytearray(b'\\1' * (4 * 2**20)))"
-    )
-    shell.user_ns.pop("kept", None)
-    assert not result.success
-    rep = shell.user_ns["rep"]
+    rep = run_until_stopped_holding_it(shell)
     assert rep.stopped_for_memory, rep.status
     assert any(n.startswith("tfmem stopped its own work on this cell") for n in rep.notes), rep.notes
     assert [f.id for f in rep.findings][:1] == ["oom"] and "variables are intact" in rep.findings[0].evidence
+
+
+def test_a_cell_that_ends_holding_what_reached_the_limit_is_still_analysed(shell, monkeypatch):
+    """The cell keeps what reached the limit, so the process is past the own-work line as the analysis starts: the
+    analysis runs (however long it takes: a loaded machine's is slower than the watch's sampling) and the report has
+    its findings, with no note of a stop."""
+    from tfmem_magic import pipeline
+
+    analysed = []
+    original = pipeline.Profiler._analyse_and_advise
+
+    def slow(self, report, measured):
+        time.sleep(0.3)
+        original(self, report, measured)
+        analysed.append(True)
+
+    monkeypatch.setattr(pipeline.Profiler, "_analyse_and_advise", slow)
+    rep = run_until_stopped_holding_it(shell)
+    assert rep.stopped_for_memory and analysed, rep.notes
+    assert not any(n.startswith("tfmem stopped its own work") for n in rep.notes), rep.notes
+    assert [f.id for f in rep.findings][:1] == ["oom"]

@@ -72,12 +72,15 @@ def test_a_known_allocation_is_measured():
         rep = sh.user_ns["rep"]
         print(json.dumps({"status": rep.status, "complete": rep.env.allocator_complete, "peak": rep.tf_peak_bytes,
                           "events": rep.trace.events, "keras": rep.env.keras_package,
-                          "ops": [[g.op, g.bytes] for g in rep.trace.at_peak[:2]]}))
+                          "ops": [[g.op, g.requested_bytes, g.bytes] for g in rep.trace.at_peak[:2]]}))
     """)
     assert out["status"] == "ok" and out["complete"] and out["events"] > 0
     # x and y (32 MiB each) are live together at the peak
     assert 62 * MiB <= out["peak"] <= 70 * MiB, out
-    assert [bytes_ for _, bytes_ in out["ops"]] == [32 * MiB, 32 * MiB], out
+    assert [requested for _, requested, _ in out["ops"]] == [32 * MiB, 32 * MiB], out
+    # BFC hands out a free chunk whole when splitting it would leave less than the request (a 32 MiB + 256 B chunk
+    # where a 256 B tensor's chunk was merged with a freed 32 MiB one): the chunk is the request or a little more
+    assert all(32 * MiB <= chunk < 64 * MiB for _, _, chunk in out["ops"]), out
     assert out["keras"] == EXPECTED_KERAS
 
 

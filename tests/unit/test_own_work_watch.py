@@ -46,3 +46,21 @@ def test_work_within_the_limit_runs_and_no_stop_lands_after_it():
 def test_no_limit_watches_nothing():
     with guard.own_work_within(None) as watch:
         assert watch is None
+
+
+def test_where_the_process_is_past_the_line_already_only_tfmems_own_growth_is_stopped():
+    """A cell stopped for memory leaves the process at the limit (it keeps what reached it): the report's analysis
+    still runs, however long it takes, and tfmem's own growth past where it started is what gets stopped."""
+    rss = psutil.Process().memory_info().rss
+    limit = rss - 8 * MiB  # the cell left the process past the limit
+    chunks: list[bytearray] = []
+    with guard.own_work_within(limit) as watch:
+        assert watch is not None and watch.room() <= guard.OWN_WORK_RESERVE  # no room for a calibration
+        time.sleep(10 * guard.OWN_WORK_INTERVAL_S)  # an analysis slower than the sampling interval
+        grow(chunks, 4)
+    assert watch.tripped_rss == 0
+    with pytest.raises(guard.OwnWorkStopped), guard.own_work_within(limit) as watch:
+        grow(chunks, 400)
+    assert watch.tripped_rss >= watch.threshold
+    assert len(chunks) * 4 < 200, len(chunks)  # it did not run on to its end
+    chunks.clear()

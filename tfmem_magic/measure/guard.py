@@ -282,15 +282,19 @@ class OwnWorkStopped(KeyboardInterrupt):
 class OwnWorkWatch:
     """Samples the process's RSS while tfmem works in the kernel on the user's behalf, and stops that work (an
     OwnWorkStopped raised in its thread) when the process reaches `limit` - OWN_WORK_RESERVE: the limit's promise
-    is the process's, tfmem's own work included. `peak` is the highest RSS it saw."""
+    is the process's, tfmem's own work included. Where the user's code left the process at that line or past it (a
+    cell stopped for memory keeps what reached the limit), the line is OWN_WORK_RESERVE above where the work starts:
+    tfmem's own growth is what it stops, not the cell's, so an out-of-memory cell still gets its findings and fixes
+    (which leaves no room for a calibration). `peak` is the highest RSS it saw."""
 
     def __init__(self, limit: int) -> None:
+        self._process = psutil.Process()
         self.limit = limit
-        self.threshold = limit - OWN_WORK_RESERVE
+        self.start_rss = int(self._process.memory_info().rss)
+        self.threshold = max(limit - OWN_WORK_RESERVE, self.start_rss + OWN_WORK_RESERVE)
         self.peak = 0
         self.tripped_rss = 0
         self._thread_id = threading.get_ident()
-        self._process = psutil.Process()
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._armed = False
