@@ -104,12 +104,13 @@ def predict(
     calibrate: bool = False,
     replicas: int | None = None,
 ) -> WhatIf:
-    """The TF peak over the cell's baseline had the cell run with these knobs, without running it: `peak_bytes`,
-    its `basis`, `error_band`, `split` by part, whether it `fits` the report's budget and the `largest_batch` that
-    does. `batch_size` is the batch the model learns from (the global one with `replicas=n`, a data-parallel
-    strategy: the answer is one replica's); `accumulation_steps=k` runs batch_size / k samples per step;
-    `input_scale=2` twice the input elements per sample. `calibrate=True` first trains a clone of the model at three
-    batch sizes in a fresh process (seconds, once per report: the measured basis is saved with it)."""
+    """The TF peak over the cell's baseline had the cell run with these knobs, without running it: `peak_bytes`, its
+    `basis`, `error_band` (the band's low side: `below`), `split` by part, whether it `fits` the report's budget and
+    the `largest_batch` that does. `batch_size` is the batch the model learns from (the global one with
+    `replicas=n`, a data-parallel strategy: the answer is one replica's); `accumulation_steps=k` runs batch_size / k
+    samples per step; `input_scale=2` twice the input elements per sample. `calibrate=True` first trains a clone of
+    the model at three batch sizes in a fresh process (seconds, once per report: the measured basis is saved with
+    it)."""
     from tfmem_magic.advise import prediction
 
     if calibrate:

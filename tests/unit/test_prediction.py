@@ -509,3 +509,41 @@ def test_a_saved_traces_first_step_above_its_peak_is_what_fits_and_the_largest_b
     mem.lifetime_peak_bytes = mem.peak_bytes  # the trace holds it: judged as before
     assert prediction.predict(trace, tf_budget=int(1.5 * step)).fits is True
     assert prediction.predict(trace).largest_batch == before.largest_batch
+
+
+def test_a_calibrated_bands_low_side_reaches_the_analytic_low_end_and_its_high_end_stays():
+    """Where the analytic basis predicts lower than the calibrated one, the band reaches down to the analytic low end
+    (two estimates that disagree leave the truth between them: docs/accuracy.md); what 'fits' judges, the high end,
+    and the largest batch do not move. Where the analytic basis is higher, the band is the same both ways."""
+    import gzip
+    from pathlib import Path
+
+    from tfmem_magic.core.report import Report
+    from tfmem_magic.show import render
+
+    zoo = Path(__file__).parents[1] / "data" / "prediction_zoo" / "replay-small_cnn-32-1f5120e7.json.gz"
+    rep = Report.from_json(gzip.decompress(zoo.read_bytes()).decode())
+    analytic = prediction.Analytic(prediction.analytic_basis(rep))
+    seen = {"wider": 0, "same": 0}
+    for batch in (2, 8, 16, 32, 64, 128):
+        w = prediction.predict(rep, batch_size=batch)
+        assert w.basis == "replay" and w.error_band == bands.CLONE_REPLAY_BAND
+        low = analytic.peak_at(replace(rep.whatif_basis.knobs, batch_size=batch)) * (1 - bands.ANALYTIC_BAND)
+        if low < w.peak_bytes * (1 - w.error_band):
+            seen["wider"] += 1
+            assert w.below > w.error_band and abs(w.peak_bytes * (1 - w.below) - low) <= 1e-3 * w.peak_bytes
+            assert render.band_text(w) == f"+{w.error_band:.0%}/−{w.below:.0%}"
+        else:
+            seen["same"] += 1
+            assert w.below == w.error_band and render.band_text(w) == f"±{w.error_band:.0%}"
+        # the high end judges: the same verdict and largest batch as a band the same both ways
+        if w.budget_bytes is not None:
+            judged = prediction.fits_within(
+                w.peak_bytes, w.budget_bytes, w.measured_peak, w.error_band, w.process_margin
+            )
+            assert w.fits == judged
+    assert seen["wider"] > 0
+    # the analytic basis' own band is the same both ways
+    rep.whatif_basis = prediction.analytic_basis(rep)
+    w = prediction.predict(rep, batch_size=8)
+    assert w.basis == "analytic" and w.below == w.error_band == bands.ANALYTIC_BAND

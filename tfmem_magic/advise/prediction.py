@@ -45,7 +45,16 @@ from tfmem_magic.advise.bands import (
     PROFILER_SHARE_JUDGED,
     TYPICAL_FRAGMENTATION,
 )
-from tfmem_magic.advise.bases import Kind, Replayable, kind_of, refused_call_start, trace_replay_words
+from tfmem_magic.advise.bases import (
+    Analytic,
+    Kind,
+    Replayable,
+    anchored_on_preflight,
+    from_trace,
+    kind_of,
+    refused_call_start,
+    trace_replay_words,
+)
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, POLICIES, gradient_copies, growth_ratio, parts_at
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, Knobs, ModelInfo, Prediction, Report
@@ -82,7 +91,7 @@ class WhatIf:
 
     peak_bytes: int
     basis: str
-    error_band: float  # relative: 0.3 = the true peak is expected within ±30%
+    error_band: float  # relative: 0.3 = the true peak is expected within ±30% (its high end: what "fits" judges)
     split: dict[str, int]  # weights, gradients, optimizer, activations, input, other (requested bytes)
     fragmentation_ratio: float
     knobs: Knobs  # the settings predicted for
@@ -94,6 +103,14 @@ class WhatIf:
     # a CPU's process budget: a peak above `measured_peak` (the cell's; 0 where it stopped early) is judged with this
     process_margin: float = 0.0
     measured_peak: float = 0.0
+    # the band's low side where it is wider than `error_band` (a calibrated basis the analytic one predicts lower
+    # than: `band_below`); 0: `error_band` both ways
+    error_band_below: float = 0.0
+
+    @property
+    def below(self) -> float:
+        """The band's low side: the true peak is expected down to peak × (1 - below)."""
+        return max(self.error_band, self.error_band_below)
 
     def margin_at(self, peak: float) -> float:
         """The margin another peak of these knobs' curve (another batch) is judged with."""
@@ -565,6 +582,7 @@ def predict(
         peak_bytes=peak,
         basis=kind.label(knobs),
         error_band=band,
+        error_band_below=band_below(report, basis, knobs, peak, band),
         split={k: max(0, round(v)) if k != "other" else round(v) for k, v in parts.items()},
         fragmentation_ratio=round(peak / requested if requested > 0 else basis.fragmentation, 3),
         knobs=knobs,
@@ -576,6 +594,24 @@ def predict(
         process_margin=extra,
         measured_peak=measured,
     )
+
+
+def band_below(report: Report, basis: Basis, knobs: Knobs, peak: int, band: float) -> float:
+    """The low side of a calibrated prediction's band: where the analytic basis predicts lower, it reaches down to
+    the analytic low end. Two estimates of the same step that disagree leave the truth anywhere between them, and the
+    calibrated basis' misses on the zoo were all above the fresh runs, where the analytic one was closer (docs/
+    accuracy.md). The high end, which "fits" and the largest batch judge, stays the calibrated one's. 0 where the
+    band is the same both ways."""
+    if basis.name not in CALIBRATED or anchored_on_preflight(basis) or from_trace(basis) or peak <= 0:
+        return 0.0
+    try:
+        analytic = Analytic(analytic_basis(report))
+        analytic.check(knobs)
+        low = analytic.peak_at(knobs) * (1 - analytic.band(knobs))
+    except TfmemUsageError:  # the analytic basis does not answer these knobs: the calibrated band stands
+        return 0.0
+    below = 1 - low / peak
+    return round(below, 4) if below > band else 0.0
 
 
 def _asked(

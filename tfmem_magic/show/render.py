@@ -221,7 +221,7 @@ def render_text(
         lines.append(f"Fix {i}     [{fix.id}] {fix.title}{after}; in a notebook: %tfmem fix {i} --report {r.number}")
     for label, w in view.whatifs:
         fits = "" if w.fits is None else " " + fits_words(w)
-        lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis}){fits}")
+        lines.append(f"What if   {label}: TF peak {format_bytes(w.peak_bytes)} {band_text(w)} ({w.basis}){fits}")
     for note in view.notes:
         lines.append(f"Note      {note}")
     return "\n".join(lines)
@@ -431,6 +431,13 @@ def split_bar(w: prediction.WhatIf, scale: int) -> str:
     return f"<div style='width:100%;background:rgba(128,128,128,.12);line-height:0'>{segs}</div>"
 
 
+def band_text(w: prediction.WhatIf) -> str:
+    """The band beside a prediction: "±15%", or "+15%/−33%" where its low side is wider (`WhatIf.below`)."""
+    if w.below > w.error_band:
+        return f"+{w.error_band:.0%}/−{w.below:.0%}"
+    return f"±{w.error_band:.0%}"
+
+
 def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
     """ "fits" / "does NOT fit", and the margin where it is not the band shown beside the peak (a CPU's process
     budget judges a peak above the cell's with +40%: bands.PROCESS_MARGIN)."""
@@ -440,9 +447,7 @@ def fits_words(w: prediction.WhatIf, no: str = "does NOT fit") -> str:
 
 def whatif_summary(w: prediction.WhatIf) -> str:
     """One sentence: the prediction, its band and basis, the budget and the largest batch."""
-    text = (
-        f"Predicted TF peak {format_bytes(w.peak_bytes)} ±{w.error_band:.0%} ({w.basis} basis, {knobs_text(w.knobs)})"
-    )
+    text = f"Predicted TF peak {format_bytes(w.peak_bytes)} {band_text(w)} ({w.basis} basis, {knobs_text(w.knobs)})"
     if w.budget_bytes is not None:
         text += f"; {format_bytes(w.budget_bytes)} available: " + fits_words(w)
         if w.largest_batch is not None and w.largest_batch >= prediction.MAX_BATCH:
@@ -462,7 +467,7 @@ def whatif_html(report: Report, rows: list[tuple[str, prediction.WhatIf]] | None
     scale = max([w.peak_bytes for _, w in rows] + [rows[0][1].budget_bytes or 0])
     body = "".join(
         f"<tr><td>{escape(label)}</td><td class='num'>{escape(format_bytes(w.peak_bytes))}</td>"
-        f"<td class='num'>±{w.error_band:.0%}</td><td>{'' if w.fits is None else fits_words(w, 'no')}</td>"
+        f"<td class='num'>{band_text(w)}</td><td>{'' if w.fits is None else fits_words(w, 'no')}</td>"
         f"<td style='width:40%'>{split_bar(w, scale)}</td></tr>"
         for label, w in rows
     )

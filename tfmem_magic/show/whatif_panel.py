@@ -12,7 +12,7 @@ from tfmem_magic.advise import bases, calibration, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
-from tfmem_magic.show.render import SPLIT_COLORS, fits_words, split_bar, whatif_html, whatif_summary
+from tfmem_magic.show.render import SPLIT_COLORS, band_text, fits_words, split_bar, whatif_html, whatif_summary
 from tfmem_magic.show.view import ReportView, view_of
 
 OPTIMIZER_CHOICES = [
@@ -192,7 +192,7 @@ def whatif_result_html(w: prediction.WhatIf, base: prediction.WhatIf, asked: str
     notes = "".join(f"<div class='tfmem-empty'>{escape(n)}</div>" for n in w.notes)
     return (
         f"<div style='margin:6px 0'><span style='font-size:18px;font-weight:600'>"
-        f"{escape(format_bytes(w.peak_bytes))}</span> ±{w.error_band:.0%}{escape(change)} {verdict}</div>"
+        f"{escape(format_bytes(w.peak_bytes))}</span> {band_text(w)}{escape(change)} {verdict}</div>"
         f"{split_bar(w, scale)}{budget}<div style='margin-top:6px'>{escape(whatif_summary(w))}</div>"
         f"<table>{parts}<tr><td>× fragmentation</td><td class='num'>{w.fragmentation_ratio:.2f}</td></tr>"
         f"</table>{notes}"
