@@ -7,9 +7,9 @@ batch at or above one that has just run out of memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from tfmem_magic.advise.prediction import basis_of, peak_at, predict, typeable_batch
+from tfmem_magic.advise.prediction import predict, typeable_batch
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.sizes import format_bytes
 
@@ -71,8 +71,9 @@ def fitting_batch(report: Report, budget: int) -> FittingBatch | None:
             now.error_band,
             now.basis,
         )
-    # the margin the search judged that batch with (+40% above the cell's peak on a CPU)
-    margin = now.margin_at(peak_at(basis_of(report), replace(now.knobs, batch_size=fit)))
+    # the margin the search judged that batch with (+40% above the cell's peak on a CPU; below the cell's batch a
+    # calibrated band that spans the analytic one's high end: prediction.judged_band)
+    margin = predict(report, tf_budget=budget, batch_size=max(1, fit)).fit_margin
     return FittingBatch(
         max(1, fit),
         "whatif",
