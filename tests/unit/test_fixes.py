@@ -276,12 +276,15 @@ def test_a_calibration_writes_the_fixes_again_on_its_basis(monkeypatch):
     calibration.measured_basis(rep, replay=False)
     measured = by_id(rep.fixes)["shrink-batch"]
     new = _batch(measured)
-    assert new == prediction.predict(rep).largest_batch != _batch(analytic)  # the measured basis, with its ±10%
+    # the measured basis, its band spanning the analytic one's high end below the cell's batch where that is higher
+    # (prediction.judged_band): here the analytic basis decides, and names the same batch
+    assert new == prediction.predict(rep).largest_batch
     assert "measured basis" in measured.why and f"Batch 256 → {new}" in measured.why
     assert measured.predicted_peak_bytes == prediction.predict(rep, batch_size=new).peak_bytes
-    # the finding says the same batch as the fix, on the same basis
+    # the finding says the same batch as the fix, on the same basis, with the margin that batch was judged with
     (finding,) = [f for f in rep.findings if f.id == "large-batch"]
-    margin = prediction.predict(rep).error_band
+    margin = prediction.predict(rep, batch_size=new, tf_budget=prediction.budget_for_tf(rep)).fit_margin
+    assert margin > prediction.predict(rep).error_band  # wider than the measured basis' own ±10%
     assert f"(with a {margin:.0%} margin, measured basis) is {new}." in finding.evidence
     assert model is not None
 

@@ -233,7 +233,15 @@ def test_the_replay_moves_the_cells_measured_peak_by_what_it_finds_between_the_b
     measured = rep.whatif_basis.measured_peak
     assert prediction.predict(rep).peak_bytes == measured  # its own settings: its measurement
     w = prediction.predict(rep, batch_size=8)
-    assert w.basis == "replay" and w.error_band == bands.CLONE_REPLAY_BAND
+    # below the cell's batch the band spans the analytic one's high end where that is higher (prediction.judged_band)
+    assert w.basis == "replay" and w.error_band == prediction.judged_band(
+        bands.CLONE_REPLAY_BAND,
+        w.peak_bytes,
+        prediction.analytic_beside(rep, rep.whatif_basis),
+        rep.whatif_basis,
+        w.knobs,
+    )
+    assert prediction.predict(rep, batch_size=64).error_band == bands.CLONE_REPLAY_BAND  # above it, the replay's own
     assert w.peak_bytes == measured - 24 * MiB
     assert prediction.predict(rep, batch_size=64).peak_bytes == measured + 32 * MiB + 8 * MiB  # the staircase too
     assert prediction.predict(rep, batch_size=36).peak_bytes == measured + 4 * MiB  # interpolated
