@@ -53,7 +53,9 @@ def test_first_profile_notebook_teaches_what_it_says(tmp_path):
     assert first.label == "batch 128" and small.label == "batch 32"
     for report in (first, small):
         assert report.status == "ok" and report.env.allocator_complete  # loaded before TF: BFC
-        assert {"conv_a", "pool_a", "conv_b"} <= {g.layer for g in report.trace.by_layer}
+        # the convolutions hold the most at the peak; pool_a's output (conv_b's input) is live there only when the
+        # peak comes before conv_b's backward frees it, which moves from run to run (a CI run had it gone)
+        assert {"conv_a", "conv_b"} <= {g.layer for g in report.trace.by_layer}
         assert report.model.name == "first_cnn"
     # what the notebook teaches: activations scale with the batch (4x smaller batch, much smaller activations),
     # the weights and optimizer state do not. Counted on the tensors with the batch dimension, the most live at once:
