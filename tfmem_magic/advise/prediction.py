@@ -113,7 +113,9 @@ class WhatIf:
         return max(self.error_band, self.error_band_below)
 
     def margin_at(self, peak: float) -> float:
-        """The margin another peak of these knobs' curve (another batch) is judged with."""
+        """The margin another peak of these knobs' curve (another batch) is judged with, in this band. Below the
+        cell's batch a calibrated band can be wider there (`judged_band`): `predict` at that batch gives its
+        `fit_margin`."""
         return judging_margin(peak, self.measured_peak, self.error_band, self.process_margin)
 
     def to_dict(self) -> dict[str, Any]:
@@ -446,10 +448,10 @@ def largest_batch(
 
     def fits(batch: int) -> bool:
         at = replace(knobs, batch_size=batch)
+        # the judged peak is the predicted one wherever a basis stands `beside` (a saved trace's, which has none,
+        # is the only kind that judges a higher moment)
         peak = kind.judged_peak(at, report)
-        return fits_within(
-            peak, budget, measured, judged_band(band, kind.peak_at(at), beside, basis, at), process_margin
-        )
+        return fits_within(peak, budget, measured, judged_band(band, peak, beside, basis, at), process_margin)
 
     step = knobs.split
     if not fits(step):
