@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import nbformat
 import psutil
@@ -86,6 +87,36 @@ net.fit(np.zeros((640, 8), "float32"), np.zeros((640, 4), "float32"), batch_size
     shell.user_ns["Grows"].hoard.clear()
 
 
+def test_the_watchdog_cannot_land_in_the_display_of_the_cells_own_error(shell, monkeypatch, capsys):
+    """The cell's own error ended it (TensorFlow's allocator refusing a request, here a ValueError) as the process
+    passed the limit: the watchdog fires while IPython formats that error. Its exception must not land there (IPython
+    then showed "Unexpected exception formatting exception" and the cell had no error output): the guard closes
+    before the display, and the report does not say the watchdog stopped the cell."""
+    from tfmem_magic.measure import guard
+
+    opened: list[guard.Guard] = []
+    monkeypatch.setattr(guard.Guard, "open", lambda g, real=guard.Guard.open: (opened.append(g), real(g))[1])
+    formatter = shell.InteractiveTB
+    real_format = formatter.structured_traceback
+
+    def fires_then_formats(*args, **kwargs):
+        g = opened[-1]
+        sampler = threading.Thread(target=g.observe, args=(g.threshold + 1,))
+        sampler.start()
+        sampler.join()
+        sum(range(10**6))  # Python code, where a delivered exception would land
+        return real_format(*args, **kwargs)
+
+    monkeypatch.setattr(formatter, "structured_traceback", fires_then_formats)
+    limit = psutil.Process().memory_info().rss + 2**30
+    result = shell.run_cell(f"%%tfmem --quick --limit {limit}\nraise ValueError('the cells own error')")
+    out = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, ValueError), out
+    assert "the cells own error" in out and "Unexpected exception" not in out, out
+    report = pipeline.last_report()
+    assert report.status == "error" and report.guard.tripped_by is None
+
+
 @pytest.mark.slow
 def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
     cells = [
@@ -117,7 +148,7 @@ def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
         errors = [o.ename for o in outputs if o.output_type == "error"]
         shown = [o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs]
         # one error: the user's traceback
-        assert errors in (["ResourceExhaustedError"], ["MemoryLimitExceeded"]), (index, shown)
+        assert errors in (["ResourceExhaustedError"], ["MemoryLimitExceeded"]), f"cell {index}:\n" + "\n".join(shown)
         report = next(Report.from_dict(o.data[MIME_TYPE]) for o in outputs if MIME_TYPE in o.get("data", {}))
         assert report.status == "oom" and report.guard.source == "%tfmem limit"
         assert report.guard.allocator_limit_bytes and "allocator" in report.guard.layers

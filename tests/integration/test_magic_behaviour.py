@@ -89,6 +89,23 @@ def test_an_interrupt_on_an_instruction_without_a_line_still_shows_its_traceback
     assert pipeline.last_report().status == "interrupted"
 
 
+def test_a_chained_exception_without_a_line_still_shows_the_cells_traceback(shell, capsys):
+    """The same entry in an exception the cell's error chains to (the guard's watchdog can land on such an
+    instruction while TensorFlow raises its own error): IPython formats the chain too, and failed on it ("Unexpected
+    exception formatting exception"), leaving the cell with no error output."""
+    cell = (
+        "%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
+        "_lost = types.TracebackType(None, _here, 10**6, -1)\n"
+        "try:\n    raise KeyError('the first').with_traceback(_lost)\n"
+        "except KeyError:\n    raise ValueError('the second')"
+    )
+    result = shell.run_cell(cell)
+    out = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, ValueError), out
+    assert "the first" in out and "the second" in out, out
+    assert "Unexpected exception" not in out and "AssertionError" not in out, out
+
+
 def test_user_profiler_running_falls_back_to_quick(shell, tmp_path):
     import tensorflow as tf
 

@@ -32,7 +32,7 @@ from tfmem_magic.show import frontend
 from tfmem_magic.show.figures import timeline_png
 from tfmem_magic.show.render import compare_html, compare_text, mime_bundle, watch_html, watch_line
 from tfmem_magic.show.status import fallbacks_text, fixes_text, history_text, status_text
-from tfmem_magic.show.tracebacks import numbered_traceback
+from tfmem_magic.show.tracebacks import number_chained, numbered_traceback
 from tfmem_magic.show.view import view_of
 
 _log = logging.getLogger(__name__)
@@ -427,8 +427,10 @@ def resolve_report(ref: str, what: str, namespace: dict[str, Any]) -> Report:
 
 def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, repair: bool) -> Callable[[], None]:
     """Route the shell's tracebacks through `profiler` while its cell runs, so that a second press of stop does not
-    cut the display short. `repair` (the magic's cells) also shows the guard's own exception instead of pybind11's
-    tangle, and gives every traceback entry a line number (see numbered_traceback). Returns what undoes it."""
+    cut the display short, and so that the guard closes before the cell's error is shown. `repair` (the magic's
+    cells) also shows the guard's own exception instead of pybind11's
+    tangle, and gives every traceback entry a line number, the chained exceptions' too (see numbered_traceback). Returns
+    what undoes it."""
     show: Callable[..., None]  # IPython's showtraceback, called with the arguments IPython gave ours
     show, own = shell.showtraceback, vars(shell).get("showtraceback")
 
@@ -438,7 +440,10 @@ def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, re
         **kwargs: object,
     ) -> None:
         etype, value, tb = exc_tuple or sys.exc_info()
+        profiler.leave_user_code(value)  # first: nothing of the guard's may land in the display
         clean, shown = (profiler.untangle(value), numbered_traceback(tb)) if repair else (value, tb)
+        if repair:
+            number_chained(value)
         with profiler.showing_error(value):
             if clean is value and shown is tb:
                 return show(exc_tuple, *rest, **kwargs)

@@ -200,6 +200,7 @@ class Guard:
         self._process = psutil.Process()
         self._lock = threading.Lock()
         self._armed = False  # closed until the user's code runs
+        self.delivered = False  # the watchdog's exception landed in the cell's thread
 
     def message(self, rss: int, where: str) -> str:
         over = "passed its memory limit" if self.threshold == self.limit else "grew past its memory limit"
@@ -216,10 +217,21 @@ class Guard:
             raise MemoryLimitExceeded(self.message(rss, where))
 
     def observe(self, rss: int) -> None:
-        """The watchdog (layer 3), from the sampler thread."""
-        if rss > self.threshold and self._claim("watchdog", rss):
+        """The watchdog (layer 3), from the sampler thread. The claim and the raise are one step under the lock, so
+        that `close()` (which takes the lock) comes either first, and nothing is raised, or after, and cancels it."""
+        if rss <= self.threshold:
+            return
+        with self._lock:
+            if not self._claim_locked("watchdog", rss):
+                return
             detail = self.message(rss, "in Python code")
-            exc_type = type("MemoryLimitExceeded", (MemoryLimitExceeded,), {"detail": detail})
+            watched = self
+
+            def landed(exc: MemoryLimitExceeded, *args: object) -> None:  # Python makes it where it lands
+                MemoryLimitExceeded.__init__(exc, *args)
+                watched.delivered = True
+
+            exc_type = type("MemoryLimitExceeded", (MemoryLimitExceeded,), {"detail": detail, "__init__": landed})
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exc_type))
 
     def untangle(self, exc: BaseException | None) -> BaseException | None:
@@ -249,20 +261,39 @@ class Guard:
         with self._lock:
             self._armed = True
 
-    def close(self) -> None:
+    def close(self, ended: BaseException | None = None) -> None:
         """The user's code ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must
-        not land in tfmem's code or the next cell). Called from the cell's thread; safe to call again."""
-        with self._lock:
-            self._armed = False
-        if threading.get_ident() == self._thread_id:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+        not land in tfmem's code, in IPython's display of the cell's error, or in the next cell). Called from the
+        cell's thread; safe to call again. `ended` is the exception the user's code ended with, where it raised one.
+
+        The watchdog's exception can still land here, in close's own Python code, before it cancels: where the
+        user's code ended by itself with an error (TensorFlow's allocator refused a request as the watchdog fired),
+        that error stands and the trip is undone; where it ended without one, the cell is stopped at its end (the
+        exception is raised from here). A trip whose exception never landed is undone too: nothing stopped the cell."""
+        late: MemoryLimitExceeded | None = None
+        while True:
+            try:
+                with self._lock:
+                    self._armed = False
+                    if threading.get_ident() == self._thread_id:
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+                break
+            except MemoryLimitExceeded as exc:  # the watchdog's, landed before it was cancelled: one per guard
+                late = exc
+        if self.tripped_by == "watchdog" and (not self.delivered or (late is not None and ended is not None)):
+            self.tripped_by, self.tripped_rss = None, 0
+        elif late is not None:
+            raise late
 
     def _claim(self, layer: str, rss: int) -> bool:
         with self._lock:
-            if self.tripped_by is not None or not self._armed:
-                return False
-            self.tripped_by, self.tripped_rss = layer, rss
-            return True
+            return self._claim_locked(layer, rss)
+
+    def _claim_locked(self, layer: str, rss: int) -> bool:
+        if self.tripped_by is not None or not self._armed:
+            return False
+        self.tripped_by, self.tripped_rss = layer, rss
+        return True
 
 
 # ---- tfmem's own work after a cell --------------------------------------------------------------------------------

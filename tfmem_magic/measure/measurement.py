@@ -300,18 +300,23 @@ class Measurement:
     def user_code(self) -> Iterator[None]:
         """The window in which the guard's watchdog may raise into this thread: the user's code, nothing of ours."""
         self.open_guard()
+        ended: BaseException | None = None
         try:
             yield
+        except BaseException as exc:
+            ended = exc
+            raise
         finally:
-            self.close_guard()
+            self.close_guard(ended)
 
     def open_guard(self) -> None:
         if self.guard is not None:
             self.guard.open()
 
-    def close_guard(self) -> None:
+    def close_guard(self, ended: BaseException | None = None) -> None:
+        """The user's code ended (with `ended`, where known): see Guard.close."""
         if self.guard is not None:
-            self.guard.close()
+            self.guard.close(ended)
 
     # ---- disarming ------------------------------------------------------------------------------------------
     def _unwind(self) -> dict[str, Any]:

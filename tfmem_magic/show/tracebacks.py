@@ -26,3 +26,20 @@ def numbered_traceback(tb: types.TracebackType | None) -> types.TracebackType | 
             )
         rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, line)
     return rebuilt
+
+
+def number_chained(exc: BaseException | None) -> None:
+    """Give the tracebacks of the exceptions chained to `exc` (its cause and context, theirs, ...) a line number on
+    every entry, in place: IPython formats them too, and one entry without a line (an exception that landed on an
+    instruction without one, as the guard's watchdog's can while TensorFlow raises its own) fails its formatter."""
+    seen = {id(exc)}
+    todo = [exc.__cause__, exc.__context__] if exc is not None else []
+    while todo:
+        chained = todo.pop()
+        if chained is None or id(chained) in seen:
+            continue
+        seen.add(id(chained))
+        shown = numbered_traceback(chained.__traceback__)
+        if shown is not chained.__traceback__:
+            chained.__traceback__ = shown
+        todo += [chained.__cause__, chained.__context__]
