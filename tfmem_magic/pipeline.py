@@ -96,10 +96,11 @@ class Profiler:
         """The user's code starts now (finish() ends it): the guard's watchdog may raise from here on."""
         self._measurement.open_guard()
 
-    def leave_user_code(self, ended: BaseException | None) -> None:
+    def leave_user_code(self, ended: BaseException | None, late: BaseException | None = None) -> None:
         """The user's code ended, with `ended` where it raised (its error is about to be shown): the guard's watchdog
-        raises no more, so its exception cannot land in the display of that error (see Guard.close)."""
-        self._measurement.close_guard(ended)
+        raises no more, so its exception cannot land in the display of that error (see Guard.close). `late`: the
+        watchdog's exception, where the caller caught it landing before the guard could cancel it."""
+        self._measurement.close_guard(ended, late)
 
     def swallowed_stop(self) -> KeyboardInterrupt | None:
         """Call when the user's code ended without an error: the KeyboardInterrupt to end it with, if stop was pressed
@@ -131,7 +132,8 @@ class Profiler:
             self._measurement.close_guard(exc)
         except MemoryLimitExceeded as late:  # the watchdog's exception arrived as the cell ended
             exc = exc or late
-            self._measurement.close_guard(exc)  # the close it cut short
+            with contextlib.suppress(MemoryLimitExceeded):  # the report is built whatever lands
+                self._measurement.close_guard(exc, late)  # the close it cut short
         exc = self.untangle(exc)  # callers that show the exception untangle it too; the report must not depend on it
         measured = self._measurement.stop()
         self.xspaces = measured.xspaces

@@ -117,6 +117,32 @@ def test_the_watchdog_cannot_land_in_the_display_of_the_cells_own_error(shell, m
     assert report.status == "error" and report.guard.tripped_by is None
 
 
+def test_a_nested_cells_error_does_not_end_the_guard(shell, capsys):
+    """A cell whose code runs another cell that fails goes on after that cell's error is shown: the guard stays
+    armed, and the watchdog still stops the loop that follows."""
+    import tensorflow  # noqa: F401 - running, as in a notebook: the limit leaves room for the cell alone
+
+    limit = psutil.Process().memory_info().rss + 300 * MiB
+    cell = f"""%%tfmem --quick --limit {limit}
+import numpy as np, time
+get_ipython().run_cell("1 / 0")
+hoard = []
+for _ in range(200):
+    hoard.append(np.ones(8 * 2**20, np.uint8))
+    time.sleep(0.01)
+"""
+    result = shell.run_cell(cell)
+    out = capsys.readouterr().out
+    try:
+        assert "ZeroDivisionError" in out, out
+        assert isinstance(result.error_in_exec, MemoryLimitExceeded), out
+        report = pipeline.last_report()
+        assert report.status == "oom" and report.guard.tripped_by == "watchdog"
+        assert len(shell.user_ns["hoard"]) < 100
+    finally:
+        shell.user_ns.pop("hoard", None)
+
+
 @pytest.mark.slow
 def test_kernel_survives_tensorflow_ooms_with_the_allocator_limit(tmp_path):
     cells = [

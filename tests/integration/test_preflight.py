@@ -112,21 +112,52 @@ m2.compile("adam", "sparse_categorical_crossentropy")
 """
 
 
-def test_a_cell_that_builds_its_model_again_is_judged_from_the_refusals_replay(kernel):
-    """The cell a refusal stopped builds its model and fits; run again at the batch the refusal named, it builds a new
-    model of the same fingerprint (measure/model_print.py), judged from the refusal's replay without new probes."""
-    cell, r = fit(kernel, 0, code=BUILD + "m2.fit(x, y, batch_size=1024, epochs=1, verbose=0)")
+def refused_then_named(kernel: Kernel, build: str, name: str) -> tuple[dict, dict, dict]:
+    """A cell that builds model `name` (`build`) and fits at batch 1024, refused; then the same cell at the batch the
+    refusal named. Returns the refusal's pre-flight, the second call's and its report."""
+    cell, r = fit(kernel, 0, code=build + f"{name}.fit(x, y, batch_size=1024, epochs=1, verbose=0)")
     assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
     refused = r["preflight"]
-    assert refused["basis"] == "replay" and not refused["kept"], refused
+    assert not refused["kept"], refused
     named = refused["largest_batch"]
-    print(f"\nthe model built again: refused at 1024, named {named}")
-    cell, r = fit(kernel, 0, code=BUILD + f"m2.fit(x, y, batch_size={named}, epochs=1, verbose=0)")
+    print(f"\n{name} built again: refused at 1024 ({refused['basis']}), named {named}")
+    cell, r = fit(kernel, 0, code=build + f"{name}.fit(x, y, batch_size={named}, epochs=1, verbose=0)")
     assert cell["error"] is None and r["status"] == "ok", (cell["stdout"][-2000:], r["notes"])
     again = r["preflight"]
     assert again["kept"] and again["probe_batches"] == refused["probe_batches"], again
-    assert again["verdict"] in ("fits", "uncertain") and r["rss_peak"] < LIMIT
+    assert r["rss_peak"] < LIMIT
+    return refused, again, r
+
+
+def test_a_cell_that_builds_its_model_again_is_judged_from_the_refusals_replay(kernel):
+    """The cell a refusal stopped builds its model and fits; run again at the batch the refusal named, it builds a new
+    model of the same fingerprint (measure/model_print.py), judged from the refusal's replay without new probes."""
+    refused, again, r = refused_then_named(kernel, BUILD, "m2")
+    assert refused["basis"] == "replay" and again["verdict"] in ("fits", "uncertain")
     assert not any(n.startswith("Calibrated") for n in r["notes"]), r["notes"]
+
+
+BUILD_SUBCLASSED = """
+class Net(keras.Model):
+    def __init__(self, width=64):
+        super().__init__()
+        self.convs = [keras.layers.Conv2D(width, 3, activation="relu") for _ in range(2)]
+        self.pool, self.flat, self.head = keras.layers.MaxPool2D(), keras.layers.Flatten(), keras.layers.Dense(10)
+
+    def call(self, x):
+        for conv in self.convs:
+            x = self.pool(conv(x))
+        return self.head(self.flat(x))
+
+m3 = Net()
+m3.compile("adam", "sparse_categorical_crossentropy")
+"""
+
+
+def test_a_cell_that_builds_a_subclassed_model_again_is_judged_from_the_refusals_replay(kernel):
+    """The same with a subclassed model, not built when fit is called (keras-io's NER Transformer builds its model in
+    the cell): its fingerprint is read from its layers' settings, so the named batch is judged without new probes."""
+    refused_then_named(kernel, BUILD_SUBCLASSED, "m3")
 
 
 def test_no_preflight_leaves_the_call_to_the_guard(kernel):

@@ -36,7 +36,7 @@ def run_python_for(seconds: float) -> None:
 
 
 class FiresOnClose:
-    """The guard's lock, where the watchdog fires just as close() takes it: its exception lands in close."""
+    """The guard's lock, where the watchdog of `g` fires just as close() takes it: its exception lands in close."""
 
     def __init__(self, g: guard.Guard) -> None:
         self.g, self.lock, self.fired = g, g._lock, False
@@ -85,3 +85,34 @@ def test_after_close_the_watchdog_raises_nothing():
     watchdog_fires(g)
     run_python_for(0.2)
     assert g.tripped_by is None and not g.delivered
+
+
+def test_a_late_exception_the_caller_caught_after_the_cells_own_error_undoes_the_trip():
+    g = over_the_line()
+    with pytest.raises(MemoryLimitExceeded) as landed:
+        watchdog_fires(g)
+        run_python_for(2.0)
+    own_error = RuntimeError("OOM when allocating tensor")
+    g.close(ended=own_error, late=landed.value)
+    assert g.tripped_by is None
+
+
+def test_a_late_exception_that_ended_the_cell_keeps_the_trip():
+    g = over_the_line()
+    with pytest.raises(MemoryLimitExceeded) as landed:
+        watchdog_fires(g)
+        run_python_for(2.0)
+    g.close(ended=landed.value, late=landed.value)
+    assert g.tripped_by == "watchdog"
+
+
+def test_an_outer_guards_exception_goes_through_an_inner_guards_close():
+    outer, inner = over_the_line(), over_the_line()
+    inner._lock = FiresOnClose(outer)  # type: ignore[assignment]  # the outer's watchdog fires as the inner closes
+    inner._lock.lock = threading.Lock()  # type: ignore[attr-defined]
+    with pytest.raises(MemoryLimitExceeded) as stopped:
+        inner.close(ended=ValueError("the inner cell's own error"))
+    assert type(stopped.value) is outer._raised and outer.tripped_by == "watchdog"
+    assert inner.tripped_by is None
+    outer.close(ended=stopped.value)
+    assert outer.tripped_by == "watchdog"

@@ -1,5 +1,5 @@
 """A model's fingerprint (measure/model_print.py): the same model built again has the same one, and anything its step's
-memory depends on changes it; a model it cannot read whole has none (its replay stays keyed on the object)."""
+memory depends on changes it, a model not built yet included."""
 
 from __future__ import annotations
 
@@ -60,13 +60,31 @@ def test_a_layer_class_written_again_with_other_code_changes_it():
     assert fingerprint(model(Twice)) != fingerprint(model(Four))
 
 
-def test_an_unbuilt_subclassed_model_has_none():
-    class Net(keras.Model):
-        def __init__(self, width):
-            super().__init__()
-            self.dense = keras.layers.Dense(width)
+class Net(keras.Model):
+    """A subclassed model, not built until it is called: no weights to read."""
 
-        def call(self, x):
-            return self.dense(x)
+    def __init__(self, width: int = 8, scale: int = 2, blocks: dict | None = None, heads: int = 2):
+        super().__init__()
+        self.dense = keras.layers.Dense(width)
+        self.attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=4)  # heads: a private attribute
+        self._scale = scale  # private, read by call: part of the step
+        self.blocks = blocks or {"depth": 2}
 
-    assert fingerprint(Net(8)) is None  # its sizes are not known before it is called
+    def call(self, x):
+        return keras.ops.tile(self.dense(x), [1, self._scale])
+
+
+def test_an_unbuilt_subclassed_model_is_printed_from_its_layers_settings():
+    assert Net().weights == []
+    assert fingerprint(Net()) is not None and fingerprint(Net()) == fingerprint(Net())
+
+
+@pytest.mark.parametrize("other", [{"width": 16}, {"scale": 4}, {"blocks": {"depth": 3}}, {"heads": 4}], ids=str)
+def test_an_unbuilt_models_settings_change_it_its_private_ones_and_nested_ones_too(other):
+    assert fingerprint(Net(**other)) != fingerprint(Net())
+
+
+def test_an_unbuilt_model_is_another_state_than_the_same_model_built():
+    built = Net()
+    built(np.zeros((2, 4), "float32"))
+    assert fingerprint(built) is not None and fingerprint(built) != fingerprint(Net())

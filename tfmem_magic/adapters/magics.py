@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -19,7 +19,7 @@ from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_args, write_outputs
 from tfmem_magic.advise import fixes, probe_runs
 from tfmem_magic.analyze import lines
-from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
@@ -427,12 +427,13 @@ def resolve_report(ref: str, what: str, namespace: dict[str, Any]) -> Report:
 
 def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, repair: bool) -> Callable[[], None]:
     """Route the shell's tracebacks through `profiler` while its cell runs, so that a second press of stop does not
-    cut the display short, and so that the guard closes before the cell's error is shown. `repair` (the magic's
-    cells) also shows the guard's own exception instead of pybind11's
-    tangle, and gives every traceback entry a line number, the chained exceptions' too (see numbered_traceback). Returns
-    what undoes it."""
+    cut the display short, and so that the guard closes before the error that ends the cell is shown (not before a
+    nested cell's, after which the cell's code goes on). `repair` (the magic's cells) also shows the guard's own
+    exception instead of pybind11's tangle, and gives every traceback entry a line number, the chained exceptions'
+    too (see numbered_traceback). Returns what undoes it."""
     show: Callable[..., None]  # IPython's showtraceback, called with the arguments IPython gave ours
     show, own = shell.showtraceback, vars(shell).get("showtraceback")
+    depth = _cells_running()  # the cell that runs this one's code (the magic's), or none (watch mode's hook)
 
     def showtraceback(
         exc_tuple: tuple[type[BaseException], BaseException, TracebackType | None] | None = None,
@@ -440,7 +441,11 @@ def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, re
         **kwargs: object,
     ) -> None:
         etype, value, tb = exc_tuple or sys.exc_info()
-        profiler.leave_user_code(value)  # first: nothing of the guard's may land in the display
+        if kwargs.get("running_compiled_code") and _cells_running() == depth + 1:  # the error that ends the cell
+            try:  # first: nothing of the guard's may land in the display
+                profiler.leave_user_code(value)
+            except MemoryLimitExceeded as late:  # the watchdog's, landed before the guard could cancel it
+                profiler.leave_user_code(value, late)
         clean, shown = (profiler.untangle(value), numbered_traceback(tb)) if repair else (value, tb)
         if repair:
             number_chained(value)
@@ -460,6 +465,20 @@ def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, re
             shell.showtraceback = own  # an earlier instance patch, put back
 
     return restore
+
+
+def _cells_running() -> int:
+    """How many cells IPython is running at this point of the stack (its `run_code` frames: a cell's code run from
+    another cell's is one more). The error that ends the profiled cell is shown one level below where its tracebacks
+    were routed; a nested cell's error is shown deeper (and the profiled cell's code goes on after it)."""
+    depth = 0
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "run_code" and frame.f_globals.get("__name__") == "IPython.core.interactiveshell":
+            depth += 1
+        frame = frame.f_back
+    return depth
 
 
 def _slim_older(bundle: dict[str, Any]) -> None:

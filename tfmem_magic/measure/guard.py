@@ -201,6 +201,7 @@ class Guard:
         self._lock = threading.Lock()
         self._armed = False  # closed until the user's code runs
         self.delivered = False  # the watchdog's exception landed in the cell's thread
+        self._raised: type[MemoryLimitExceeded] | None = None  # the class of the watchdog's exception, once raised
 
     def message(self, rss: int, where: str) -> str:
         over = "passed its memory limit" if self.threshold == self.limit else "grew past its memory limit"
@@ -232,6 +233,7 @@ class Guard:
                 watched.delivered = True
 
             exc_type = type("MemoryLimitExceeded", (MemoryLimitExceeded,), {"detail": detail, "__init__": landed})
+            self._raised = exc_type
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(exc_type))
 
     def untangle(self, exc: BaseException | None) -> BaseException | None:
@@ -261,29 +263,42 @@ class Guard:
         with self._lock:
             self._armed = True
 
-    def close(self, ended: BaseException | None = None) -> None:
+    def close(self, ended: BaseException | None = None, late: BaseException | None = None) -> None:
         """The user's code ended: no more trips, and a watchdog exception not yet delivered is cancelled (it must
         not land in tfmem's code, in IPython's display of the cell's error, or in the next cell). Called from the
-        cell's thread; safe to call again. `ended` is the exception the user's code ended with, where it raised one.
+        cell's thread; safe to call again. `ended` is the exception the user's code ended with, where it raised one;
+        `late`, the watchdog's exception where it landed after that code but before close could cancel it (the
+        caller caught it).
 
-        The watchdog's exception can still land here, in close's own Python code, before it cancels: where the
-        user's code ended by itself with an error (TensorFlow's allocator refused a request as the watchdog fired),
-        that error stands and the trip is undone; where it ended without one, the cell is stopped at its end (the
-        exception is raised from here). A trip whose exception never landed is undone too: nothing stopped the cell."""
-        late: MemoryLimitExceeded | None = None
+        The watchdog's exception can land in close's own code too, before it cancels. Where the user's code ended by
+        itself with an error (TensorFlow's allocator refused a request as the watchdog fired), that error stands and
+        the trip is undone; where it ended without one, the cell is stopped at its end (the exception is raised from
+        here). A trip whose exception never landed is undone too: nothing stopped the cell. Another guard's
+        exception (an outer cell's) is neither caught nor cancelled."""
+        if late is not None and type(late) is not self._raised:
+            raise late
         while True:
             try:
                 with self._lock:
                     self._armed = False
-                    if threading.get_ident() == self._thread_id:
+                    if self._pending() and threading.get_ident() == self._thread_id:
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
                 break
-            except MemoryLimitExceeded as exc:  # the watchdog's, landed before it was cancelled: one per guard
-                late = exc
-        if self.tripped_by == "watchdog" and (not self.delivered or (late is not None and ended is not None)):
+            except MemoryLimitExceeded as exc:
+                if type(exc) is not self._raised:  # not this guard's: it goes on
+                    raise
+                late = exc  # this guard's, landed before it was cancelled: one per guard
+        landed = self.delivered or _raised_in(ended, self._raised)
+        if self.tripped_by == "watchdog" and (
+            not landed or (late is not None and ended is not None and ended is not late)
+        ):
             self.tripped_by, self.tripped_rss = None, 0
-        elif late is not None:
+        elif late is not None and ended is None:
             raise late
+
+    def _pending(self) -> bool:
+        """This guard's watchdog raised and its exception has not landed (yet)."""
+        return self.tripped_by == "watchdog" and not self.delivered
 
     def _claim(self, layer: str, rss: int) -> bool:
         with self._lock:
@@ -294,6 +309,17 @@ class Guard:
             return False
         self.tripped_by, self.tripped_rss = layer, rss
         return True
+
+
+def _raised_in(exc: BaseException | None, raised: type[BaseException] | None) -> bool:
+    """Whether an exception of class `raised` is `exc` or in its chain (its cause and context, theirs...)."""
+    seen: set[int] = set()
+    while raised is not None and exc is not None and id(exc) not in seen:
+        if type(exc) is raised:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # ---- tfmem's own work after a cell --------------------------------------------------------------------------------

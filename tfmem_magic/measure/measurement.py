@@ -313,10 +313,10 @@ class Measurement:
         if self.guard is not None:
             self.guard.open()
 
-    def close_guard(self, ended: BaseException | None = None) -> None:
+    def close_guard(self, ended: BaseException | None = None, late: BaseException | None = None) -> None:
         """The user's code ended (with `ended`, where known): see Guard.close."""
         if self.guard is not None:
-            self.guard.close(ended)
+            self.guard.close(ended, late)
 
     # ---- disarming ------------------------------------------------------------------------------------------
     def _unwind(self) -> dict[str, Any]:

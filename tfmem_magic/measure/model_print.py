@@ -4,10 +4,12 @@ so a step replay made for one judges the other (advise/preflight.py, KeptReplay)
 and calls `fit` at the batch a refusal named is judged from the refusal's replay, without new probes.
 
 Safe side first: every part read is something the step's memory can depend on (each layer's class and the code of
-classes outside Keras, its plain settings, its weights' shapes and dtypes, the optimizer's class, settings and
-whether its slots exist, the dtype policy, the compile flags); where any part cannot be read (an unbuilt model, no
-layer list), there is no fingerprint and the replay stays keyed on the model object alone (docs/preflight.md, "The
-next call at the named batch")."""
+classes outside Keras, its plain settings and Keras config, its weights' shapes and dtypes, the optimizer's class,
+settings and whether its slots exist, the dtype policy, the compile flags). A subclassed model not built yet has no
+weights: its layers' classes, settings and configs stand for them (the key it is kept under holds the inputs'
+shapes, which decide the weights' sizes with those settings). Where any part cannot be read (no layer list), there
+is no fingerprint and the replay stays keyed on the model object alone (docs/preflight.md, "The next call at the
+named batch")."""
 
 from __future__ import annotations
 
@@ -31,19 +33,29 @@ _OWN_PACKAGES = ("keras", "tf_keras", "tensorflow")
 
 
 def _plain(value: object) -> JSONValue:
-    """`value` if it is a plain setting (a number, a string, a tuple or list of them), else None (not read)."""
+    """`value` if it is a plain setting (a number, a string; a tuple, list or string-keyed dict of plain settings),
+    else None (not read)."""
     if isinstance(value, _PLAIN):
         return cast(JSONValue, value)
-    if isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value):
-        return [cast(JSONValue, v) for v in value]
+    if isinstance(value, (tuple, list)):
+        items = [_plain(v) for v in value]
+        return items if all(i is not None or v is None for i, v in zip(items, value, strict=True)) else None
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        entries = {k: _plain(v) for k, v in value.items()}
+        return entries if all(entries[k] is not None or v is None for k, v in value.items()) else None
     return None
 
 
 def _settings(obj: object) -> dict[str, Any]:
-    """The object's public plain attributes: a layer's units, rate, heads, strides, activation name..."""
+    """The object's public plain attributes: a layer's units, rate, heads, strides, activation name... and for a
+    class outside Keras, also the private ones its own code names (`self._scale = 4`): Keras' own private attributes
+    (numbered names among them) are left out, the user's are not."""
     out: dict[str, Any] = {}
+    own = _own_names(type(obj))
     for key, value in sorted(vars(obj).items()):
-        if key.startswith("_") or key in _PER_INSTANCE or key.endswith("_names"):  # input_names: ['input_11']
+        if key in _PER_INSTANCE or key.endswith("_names"):  # input_names: ['input_11']
+            continue
+        if key.startswith("_") and key not in own:
             continue
         plain = _plain(value)
         if plain is not None:
@@ -63,6 +75,29 @@ def _code_digest(code: types.CodeType, into: hashlib._Hash) -> None:
             into.update(repr(const).encode())
 
 
+def _user_classes(cls: type) -> list[type]:
+    """The classes of `cls`'s MRO written outside Keras and TensorFlow (the user's)."""
+    return [k for k in cls.__mro__ if k is not object and k.__module__.split(".")[0] not in _OWN_PACKAGES]
+
+
+def _code_names(code: types.CodeType, into: set[str]) -> None:
+    into.update(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_names(const, into)
+
+
+def _own_names(cls: type) -> frozenset[str]:
+    """The names the methods of `cls`'s user classes use (the attributes they set and read among them)."""
+    names: set[str] = set()
+    for klass in _user_classes(cls):
+        for value in vars(klass).values():
+            code = getattr(getattr(value, "__func__", value), "__code__", None)
+            if isinstance(code, types.CodeType):
+                _code_names(code, names)
+    return frozenset(names)
+
+
 def _class_print(cls: type) -> str:
     """A class's name; for a class outside Keras and TensorFlow (the user's layer or model), also a digest of its
     methods' code: a class written again with other code is another class to the replay."""
@@ -70,9 +105,7 @@ def _class_print(cls: type) -> str:
     if cls.__module__.split(".")[0] in _OWN_PACKAGES:
         return name
     digest = hashlib.sha1()
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in _OWN_PACKAGES or klass is object:
-            continue
+    for klass in _user_classes(cls):
         for key, value in sorted(vars(klass).items()):
             function = getattr(value, "__func__", value)
             code = getattr(function, "__code__", None)
@@ -111,17 +144,51 @@ def _loss_print(loss: object) -> JSONValue:
     return [_class_print(type(loss)), _settings(loss) if hasattr(loss, "__dict__") else None]
 
 
+def _loose(value: object, names: frozenset[str]) -> JSONValue:
+    """`value` as JSON, with the layers' per-instance `names` ("dense_3") left out and anything not plain (an
+    object in a config) by its class's name."""
+    if isinstance(value, str):
+        return "<a layer's name>" if value in names else value
+    if isinstance(value, _PLAIN):
+        return cast(JSONValue, value)
+    if isinstance(value, (tuple, list)):
+        return [_loose(v, names) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _loose(v, names) for k, v in value.items()}
+    return f"<{type(value).__qualname__}>"
+
+
+def _config(layer: KerasLayer, names: frozenset[str]) -> JSONValue:
+    """A layer's Keras config (`get_config`: Keras' own layers keep settings such as MultiHeadAttention's heads in
+    private attributes, which an unbuilt layer's weights do not show yet), or None for a model (its layers are
+    read one by one) and for a layer whose config cannot be read."""
+    if hasattr(type(layer), "fit"):
+        return None
+    try:
+        return _loose(layer.get_config(), names)
+    except Exception:  # noqa: BLE001 - a user's layer without a config: its settings and code stand for it
+        return None
+
+
 def fingerprint(model: KerasModel) -> str | None:
     """The model's fingerprint (module docstring), or None where it cannot be read whole."""
     try:
         layers = _layers(model)
-        weights = _weights(model)
-        if not layers or not weights:  # unbuilt: a subclassed model's sizes are not known until it is called
+        if not layers:
             return None
+        weights = _weights(model)  # none for an unbuilt model: its layers' settings and the inputs' shapes decide
+        names = frozenset(str(getattr(layer, "name", "")) for layer in layers)
         optimizer = getattr(model, "optimizer", None)
         parts = {
+            "built": bool(weights),
             "layers": [
-                [_class_print(type(layer)), _settings(layer), [w[:2] for w in _weights(layer)]] for layer in layers
+                [
+                    _class_print(type(layer)),
+                    _settings(layer),
+                    _config(layer, names),
+                    [w[:2] for w in _weights(layer)],
+                ]
+                for layer in layers
             ],
             "weights": weights,
             "policy": str(getattr(getattr(model, "dtype_policy", None), "name", "")),
