@@ -117,6 +117,12 @@ def test_the_profile_tab_shows_our_cpu_memory_profile(board, page):
     print(f"xprof shows {shown} of {sorted(peaks)}; the trace's peak is in {host}")
     page.get_by_text("Profile-window Peak Memory Usage").wait_for(timeout=30_000)
     body = page.locator("body").inner_text()
+    if shown not in peaks:
+        # xprof opened on its "ALL_HOSTS" entry (at random, in CI): its converter reads one segment at a time (a
+        # memory profile of several asserts in xspace_to_tool_data), so the page shows one segment's, not a sum
+        assert shown == "ALL_HOSTS", (shown, sorted(peaks))
+        assert any(f"{peak / 2**20:.2f} MiB" in body for peak in peaks.values()), (peaks, body[:2000])
+        return
     assert f"{peaks[shown] / 2**20:.2f} MiB" in body, (shown, sorted(peaks), body[:2000])
 
 
