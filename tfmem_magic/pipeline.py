@@ -96,11 +96,14 @@ class Profiler:
         """The user's code starts now (finish() ends it): the guard's watchdog may raise from here on."""
         self._measurement.open_guard()
 
-    def leave_user_code(self, ended: BaseException | None, late: BaseException | None = None) -> None:
+    def leave_user_code(self, ended: BaseException | None) -> None:
         """The user's code ended, with `ended` where it raised (its error is about to be shown): the guard's watchdog
-        raises no more, so its exception cannot land in the display of that error (see Guard.close). `late`: the
-        watchdog's exception, where the caller caught it landing before the guard could cancel it."""
-        self._measurement.close_guard(ended, late)
+        raises no more, so its exception cannot land in the display of that error (see Guard.close). Where it lands
+        before the guard could cancel it, it is caught here and the guard closed with it: `ended` stands."""
+        try:
+            self._measurement.close_guard(ended)
+        except MemoryLimitExceeded as late:
+            self._measurement.close_guard(ended, late)
 
     def swallowed_stop(self) -> KeyboardInterrupt | None:
         """Call when the user's code ended without an error: the KeyboardInterrupt to end it with, if stop was pressed

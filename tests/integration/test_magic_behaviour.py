@@ -72,19 +72,25 @@ def test_keyboard_interrupt_is_reported_as_interrupted(shell):
     assert pipeline.last_report().status == "interrupted"
 
 
+# a cell's code that builds `_lost`: a traceback entry on an instruction without a line (tb_lineno None)
+LOST_ENTRY = (
+    "%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
+    "_lost = types.TracebackType(None, _here, 10**6, -1)\nassert _lost.tb_lineno is None\n"
+)
+
+
+def shown_error(shell, capsys, cell: str) -> tuple[BaseException | None, str]:
+    """Run `cell`; its error and what the shell printed."""
+    result = shell.run_cell(cell)
+    return result.error_in_exec, capsys.readouterr().out
+
+
 def test_an_interrupt_on_an_instruction_without_a_line_still_shows_its_traceback(shell, capsys):
     """A Ctrl-C can land where Python 3.11 has no line number (seen once in CI, in TF's function.py): the
     traceback entry's tb_lineno is None and IPython's formatter fails on an assert, so the user saw IPython's
     internal AssertionError and the kernel did not report the cell failed. Here the entry is built the same way."""
-    cell = (
-        "%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
-        "_lost = types.TracebackType(None, _here, 10**6, -1)\n"
-        "assert _lost.tb_lineno is None\n"
-        "raise KeyboardInterrupt().with_traceback(_lost)"
-    )
-    result = shell.run_cell(cell)
-    out = capsys.readouterr().out
-    assert isinstance(result.error_in_exec, KeyboardInterrupt), out
+    error, out = shown_error(shell, capsys, LOST_ENTRY + "raise KeyboardInterrupt().with_traceback(_lost)")
+    assert isinstance(error, KeyboardInterrupt), out
     assert "KeyboardInterrupt" in out and "AssertionError" not in out and "format_record" not in out, out
     assert pipeline.last_report().status == "interrupted"
 
@@ -93,15 +99,13 @@ def test_a_chained_exception_without_a_line_still_shows_the_cells_traceback(shel
     """The same entry in an exception the cell's error chains to (the guard's watchdog can land on such an
     instruction while TensorFlow raises its own error): IPython formats the chain too, and failed on it ("Unexpected
     exception formatting exception"), leaving the cell with no error output."""
-    cell = (
-        "%%tfmem --quick\nimport sys, types\n_here = sys._getframe()\n"
-        "_lost = types.TracebackType(None, _here, 10**6, -1)\n"
-        "try:\n    raise KeyError('the first').with_traceback(_lost)\n"
-        "except KeyError:\n    raise ValueError('the second')"
+    error, out = shown_error(
+        shell,
+        capsys,
+        LOST_ENTRY + "try:\n    raise KeyError('the first').with_traceback(_lost)\n"
+        "except KeyError:\n    raise ValueError('the second')",
     )
-    result = shell.run_cell(cell)
-    out = capsys.readouterr().out
-    assert isinstance(result.error_in_exec, ValueError), out
+    assert isinstance(error, ValueError), out
     assert "the first" in out and "the second" in out, out
     assert "Unexpected exception" not in out and "AssertionError" not in out, out
 

@@ -19,7 +19,7 @@ from tfmem_magic import pipeline
 from tfmem_magic.adapters.arguments import CellArgs, build_parser, parse_cell_args, write_outputs
 from tfmem_magic.advise import fixes, probe_runs
 from tfmem_magic.analyze import lines
-from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
+from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.report import Report
 from tfmem_magic.core.session import CALIBRATE_MODES, HISTORY_BYTES, HISTORY_SIZE, SESSION, WHOLE_REPORTS
@@ -442,10 +442,7 @@ def show_tracebacks_through(shell: IPythonShell, profiler: pipeline.Profiler, re
     ) -> None:
         etype, value, tb = exc_tuple or sys.exc_info()
         if kwargs.get("running_compiled_code") and _cells_running() == depth + 1:  # the error that ends the cell
-            try:  # first: nothing of the guard's may land in the display
-                profiler.leave_user_code(value)
-            except MemoryLimitExceeded as late:  # the watchdog's, landed before the guard could cancel it
-                profiler.leave_user_code(value, late)
+            profiler.leave_user_code(value)  # first: nothing of the guard's may land in the display
         clean, shown = (profiler.untangle(value), numbered_traceback(tb)) if repair else (value, tb)
         if repair:
             number_chained(value)

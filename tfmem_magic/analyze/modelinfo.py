@@ -134,10 +134,6 @@ def _layer_info(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None = None)
     )
 
 
-def _is_model(layer: KerasLayer) -> bool:
-    return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(layer).__mro__)
-
-
 def _open(shape: TFTensor) -> bool:
     try:
         return any(d is None for d in list(shape)[1:])
@@ -421,7 +417,7 @@ def forward_macs_per_sample(model: KerasModel, structure: dict[str, Any] | None 
 
 def _leaf_layers(layer: KerasLayer, depth: int = 0) -> list[KerasLayer]:
     """A model's layers, a model used as a layer by its own."""
-    inner = getattr(layer, "layers", None) if _is_model(layer) and depth < 4 else None
+    inner = getattr(layer, "layers", None) if kerases.is_model(layer) and depth < 4 else None
     if not inner:
         return [] if depth == 0 else [layer]
     return [leaf for sub in inner[:MAX_LAYERS] for leaf in _leaf_layers(sub, depth + 1)]

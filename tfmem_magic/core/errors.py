@@ -1,6 +1,7 @@
 """One base exception for the package; usage errors carry the fix in their message."""
 
 import re
+from collections.abc import Iterator
 
 
 class TfmemError(Exception):
@@ -32,6 +33,19 @@ class PreflightRefused(MemoryLimitExceeded):
 
 class MemoryGrowthWarning(UserWarning):
     """TensorFlow's peak grew run after run (epochs of a fit, repeated cells): something is kept between them."""
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and every exception chained to it (its cause and context, theirs...), each once; none for None."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [current.__cause__, current.__context__]
 
 
 def clip_message(message: str, limit: int) -> str:

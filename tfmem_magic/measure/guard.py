@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError
+from tfmem_magic.core.errors import MemoryLimitExceeded, TfmemUsageError, exception_chain
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes
 from tfmem_magic.measure import environment
@@ -288,7 +288,7 @@ class Guard:
                 if type(exc) is not self._raised:  # not this guard's: it goes on
                     raise
                 late = exc  # this guard's, landed before it was cancelled: one per guard
-        landed = self.delivered or _raised_in(ended, self._raised)
+        landed = self.delivered or any(type(e) is self._raised for e in exception_chain(ended))
         if self.tripped_by == "watchdog" and (
             not landed or (late is not None and ended is not None and ended is not late)
         ):
@@ -309,17 +309,6 @@ class Guard:
             return False
         self.tripped_by, self.tripped_rss = layer, rss
         return True
-
-
-def _raised_in(exc: BaseException | None, raised: type[BaseException] | None) -> bool:
-    """Whether an exception of class `raised` is `exc` or in its chain (its cause and context, theirs...)."""
-    seen: set[int] = set()
-    while raised is not None and exc is not None and id(exc) not in seen:
-        if type(exc) is raised:
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 # ---- tfmem's own work after a cell --------------------------------------------------------------------------------

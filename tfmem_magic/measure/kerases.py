@@ -52,6 +52,11 @@ def flavour_of(obj: object) -> str:
     return in_use()
 
 
+def is_model(obj: object) -> bool:
+    """Whether `obj` is a Keras model (a Model, Functional or Sequential of either Keras), not a plain layer."""
+    return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(obj).__mro__)
+
+
 def in_use() -> str:
     """The Keras a user's `tf.keras` code gets: tf_keras under TF_USE_LEGACY_KERAS when it is installed."""
     if legacy_requested() and (module(TF_KERAS) is not None or _installed(TF_KERAS)):

@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 from tfmem_magic.core.fallbacks import fallback
@@ -87,14 +87,20 @@ def _code_names(code: types.CodeType, into: set[str]) -> None:
             _code_names(const, into)
 
 
+def _methods(cls: type) -> Iterator[tuple[str, types.CodeType]]:
+    """(name, code) of each method of `cls`'s user classes, by name within each class."""
+    for klass in _user_classes(cls):
+        for key, value in sorted(vars(klass).items()):
+            code = getattr(getattr(value, "__func__", value), "__code__", None)
+            if isinstance(code, types.CodeType):
+                yield key, code
+
+
 def _own_names(cls: type) -> frozenset[str]:
     """The names the methods of `cls`'s user classes use (the attributes they set and read among them)."""
     names: set[str] = set()
-    for klass in _user_classes(cls):
-        for value in vars(klass).values():
-            code = getattr(getattr(value, "__func__", value), "__code__", None)
-            if isinstance(code, types.CodeType):
-                _code_names(code, names)
+    for _, code in _methods(cls):
+        _code_names(code, names)
     return frozenset(names)
 
 
@@ -105,13 +111,9 @@ def _class_print(cls: type) -> str:
     if cls.__module__.split(".")[0] in _OWN_PACKAGES:
         return name
     digest = hashlib.sha1()
-    for klass in _user_classes(cls):
-        for key, value in sorted(vars(klass).items()):
-            function = getattr(value, "__func__", value)
-            code = getattr(function, "__code__", None)
-            if isinstance(code, types.CodeType):
-                digest.update(key.encode())
-                _code_digest(code, digest)
+    for key, code in _methods(cls):
+        digest.update(key.encode())
+        _code_digest(code, digest)
     return f"{name}#{digest.hexdigest()[:16]}"
 
 
@@ -162,7 +164,7 @@ def _config(layer: KerasLayer, names: frozenset[str]) -> JSONValue:
     """A layer's Keras config (`get_config`: Keras' own layers keep settings such as MultiHeadAttention's heads in
     private attributes, which an unbuilt layer's weights do not show yet), or None for a model (its layers are
     read one by one) and for a layer whose config cannot be read."""
-    if hasattr(type(layer), "fit"):
+    if kerases.is_model(layer):
         return None
     try:
         return _loose(layer.get_config(), names)

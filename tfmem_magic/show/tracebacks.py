@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import types
 
+from tfmem_magic.core.errors import exception_chain
+
 
 def numbered_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
     """`tb`, with a line number on every entry. A Ctrl-C that lands on an instruction without a line (Python 3.11+)
@@ -32,14 +34,9 @@ def number_chained(exc: BaseException | None) -> None:
     """Give the tracebacks of the exceptions chained to `exc` (its cause and context, theirs, ...) a line number on
     every entry, in place: IPython formats them too, and one entry without a line (an exception that landed on an
     instruction without one, as the guard's watchdog's can while TensorFlow raises its own) fails its formatter."""
-    seen = {id(exc)}
-    todo = [exc.__cause__, exc.__context__] if exc is not None else []
-    while todo:
-        chained = todo.pop()
-        if chained is None or id(chained) in seen:
+    for chained in exception_chain(exc):
+        if chained is exc:  # its own traceback is the caller's to repair (it may be shown with another)
             continue
-        seen.add(id(chained))
         shown = numbered_traceback(chained.__traceback__)
         if shown is not chained.__traceback__:
             chained.__traceback__ = shown
-        todo += [chained.__cause__, chained.__context__]
