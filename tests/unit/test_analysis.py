@@ -257,6 +257,22 @@ def test_the_moments_below_are_the_ones_a_smaller_batch_would_peak_at():
     assert analysis._moments_below(np.array([0, 900, 900]), np.array([100, 1000, 990]), peak=1, chunks=1.0) == []
 
 
+def test_the_busiest_moment_does_not_count_a_tensor_whose_free_the_trace_lost_past_the_peak():
+    # two steps of a recurrent layer: step 1 allocates A (400) and B (300), peaks at event 1, frees B; A's free fell
+    # in a trace pause. Step 2 allocates C (500) and D (300): its own busiest moment holds 800, not 1200
+    requested = np.array([400, 300, 300, 500, 300, 500, 300])
+    carrying = np.array([True, True, False, True, True, False, False])  # events 2, 5, 6 are frees
+    n = len(requested)
+    freed_at = np.array([n, 2, n, 5, 6, n, n])  # A never freed in the trace
+    live_at_peak = np.array([True, True, False, False, False, False, False])
+    most, held = analysis._busiest(requested, carrying, freed_at, live_at_peak, peak=1)
+    assert (most, held) == (4, 800)
+    # counted past the peak, A would make step 2 hold 1200 (and a slope half again too steep)
+    assert analysis._running(requested, carrying & ((freed_at < n) | live_at_peak), freed_at).max() == 1200
+    # a step whose peak is its last event: the tensor live at the peak counts there, as it is
+    assert analysis._busiest(requested[:2], carrying[:2], np.array([2, 2]), np.array([True, True]), peak=1) == (1, 700)
+
+
 def test_a_moment_holding_bytes_the_trace_never_saw_is_not_taken_for_a_line():
     rows = [
         (10, True, 300, 300, 0xA, 0, 0),

@@ -503,6 +503,21 @@ def _running(sizes: np.ndarray, counted: np.ndarray, freed_at: np.ndarray) -> np
     return np.cumsum(delta)
 
 
+def _busiest(
+    requested: np.ndarray, carrying: np.ndarray, freed_at: np.ndarray, live_at_peak: np.ndarray, peak: int
+) -> tuple[int, int]:
+    """The event after which the `carrying` allocations hold the most requested bytes, and those bytes. One the
+    trace never freed counts only where it is live at the peak (else a free lost between two trace segments would
+    keep it live), and only up to the peak: a step's tensors whose frees a trace pause lost are not live in the
+    next step, and counted there an LSTM's busiest moment held 1.7x its step's tensors (docs/what-if.md, "Two
+    moments, two lines")."""
+    n = len(requested)
+    until = np.where((freed_at >= n) & live_at_peak, peak + 1, freed_at)
+    running = _running(requested, carrying & ((freed_at < n) | live_at_peak), until)
+    most = int(np.argmax(running))
+    return most, int(max(running[most], 0))
+
+
 def _batch_carrying(ev: MemoryEvents, att: Attributed, ctx: TraceContext) -> np.ndarray | None:
     """The allocations in tensors that carry the batch dimension (those `_batch_bytes` counts at the peak); None
     without a batch large enough to tell. A step can peak at a moment that holds few of them (a GRU's, in half the
@@ -663,11 +678,7 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     if info.batch_bytes_at_peak is not None:
         carrying = _batch_carrying(ev, att, ctx)
         if carrying is not None:
-            # allocations never freed in the trace count only where they are live at the peak (else a free lost
-            # between two trace segments would keep them live)
-            running = _running(ev.requested, carrying & ((freed_at < n) | live_at_peak), freed_at)
-            most = int(np.argmax(running))
-            info.batch_bytes_most = int(max(running[most], 0))
+            most, info.batch_bytes_most = _busiest(ev.requested, carrying, freed_at, live_at_peak, peak)
             info.live_at_batch_most_bytes = int(ev.live[most])
             ended = _segment_freed(ev, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
             segments = _running(ev.requested, carrying, ended)
