@@ -509,8 +509,8 @@ def _busiest(
     """The event after which the `carrying` allocations hold the most requested bytes, and those bytes. One the
     trace never freed counts only where it is live at the peak (else a free lost between two trace segments would
     keep it live), and only up to the peak: a step's tensors whose frees a trace pause lost are not live in the
-    next step, and counted there an LSTM's busiest moment held 1.4x its step's tensors (docs/what-if.md, "Two
-    moments, two lines")."""
+    next step, and counted there an LSTM's busiest moment held 1.4x its step's tensors (docs/what-if.md, "A free
+    lost in a pause")."""
     n = len(requested)
     until = np.where((freed_at >= n) & live_at_peak, peak + 1, freed_at)
     running = _running(requested, carrying & ((freed_at < n) | live_at_peak), until)
