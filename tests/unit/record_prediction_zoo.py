@@ -2,6 +2,7 @@
 
     TFMEM_DUMP_REPORTS=/tmp/zoo .venv/bin/python -m pytest -p no:cacheprovider tests/integration/...
     .venv/bin/python tests/unit/record_prediction_zoo.py /tmp/zoo
+    .venv/bin/python tests/unit/record_prediction_zoo.py --answers   # the same reports, their answers again
 
 The first line writes every report the tests made as JSON (tests/conftest.py). This script keeps those with a model
 or a what-if basis, one per kind of cell (model, batch, basis, trace or not, pre-flight, status, precision and
@@ -29,7 +30,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from test_fixes import report as fixes_report  # noqa: E402
-from test_prediction_zoo import EXPECTED, ZOO, answers, load  # noqa: E402
+from test_prediction_zoo import EXPECTED, ZOO, answers, load, names  # noqa: E402
 from test_preflight_arithmetic import _refused  # noqa: E402
 
 import tfmem_magic  # noqa: E402
@@ -225,13 +226,22 @@ def main(folder: Path) -> None:
         old.unlink()
     for name, report in sorted(zoo.items()):
         (ZOO / f"{name}.json.gz").write_bytes(gzip.compress(report.to_json().encode(), mtime=0))
-    expected = {name: answers(load(name)) for name in sorted(zoo)}
+    record_answers(sorted(zoo))
+
+
+def record_answers(names: list[str]) -> None:
+    """What the advice makes of each stored report, into expected.json.gz (a change that means to change answers
+    records them again on the same reports)."""
+    expected = {name: answers(load(name)) for name in names}
     text = json.dumps(expected, sort_keys=True, indent=1)
     EXPECTED.write_bytes(gzip.compress(text.encode(), mtime=0))
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     size = sum(p.stat().st_size for p in ZOO.glob("*.json.gz"))
-    print(f"{len(zoo)} reports, {sum(len(a) for a in expected.values())} answers ({digest}), {size / 2**20:.2f} MiB")
+    print(f"{len(names)} reports, {sum(len(a) for a in expected.values())} answers ({digest}), {size / 2**20:.2f} MiB")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[1:] == ["--answers"]:
+        record_answers(names())
+    else:
+        main(Path(sys.argv[1]))

@@ -257,20 +257,39 @@ def test_the_moments_below_are_the_ones_a_smaller_batch_would_peak_at():
     assert analysis._moments_below(np.array([0, 900, 900]), np.array([100, 1000, 990]), peak=1, chunks=1.0) == []
 
 
-def test_the_busiest_moment_does_not_count_a_tensor_whose_free_the_trace_lost_past_the_peak():
-    # two steps of a recurrent layer: step 1 allocates A (400) and B (300), peaks at event 1, frees B; A's free fell
-    # in a trace pause. Step 2 allocates C (500) and D (300): its own busiest moment holds 800, not 1200
-    requested = np.array([400, 300, 300, 500, 300, 500, 300])
-    carrying = np.array([True, True, False, True, True, False, False])  # events 2, 5, 6 are frees
-    n = len(requested)
-    freed_at = np.array([n, 2, n, 5, 6, n, n])  # A never freed in the trace
+def test_the_busiest_moment_ends_a_tensor_whose_free_a_pause_lost_with_its_segment():
+    # two steps of a recurrent layer, each in its own trace segment: step 1 allocates A (400) and B (300), peaks at
+    # event 1, frees B; A's free fell in the pause after it. Step 2 allocates C (500) and D (300): its own busiest
+    # moment holds 800, not 1200
+    rows = [
+        (10, True, 400, 400, 0xA, 0, 0),  # A: never freed in the trace
+        (20, True, 300, 300, 0xB, 0, 0),  # <- the peak
+        (30, False, 300, 300, 0xB, -1, 0),
+        (60, True, 500, 500, 0xC, 0, 0),
+        (70, True, 300, 300, 0xD, 0, 0),  # <- step 2's busiest moment
+        (80, False, 500, 500, 0xC, -1, 0),
+        (90, False, 300, 300, 0xD, -1, 0),
+    ]
+    ev = make_trace(rows, strings=STRINGS).events
+    freed_at, _ = analysis.match_frees(ev)
+    n, peak = len(ev), 1
     live_at_peak = np.array([True, True, False, False, False, False, False])
-    most, held = analysis._busiest(requested, carrying, freed_at, live_at_peak, peak=1)
-    assert (most, held) == (4, 800)
-    # counted past the peak, A would make step 2 hold 1200 (and a slope half again too steep)
-    assert analysis._running(requested, carrying & ((freed_at < n) | live_at_peak), freed_at).max() == 1200
-    # a step whose peak is its last event: the tensor live at the peak counts there, as it is
-    assert analysis._busiest(requested[:2], carrying[:2], np.array([2, 2]), np.array([True, True]), peak=1) == (1, 700)
+
+    def busiest(windows: list[tuple[float, float]]) -> tuple[int, int]:
+        ended = analysis._segment_freed(
+            ev, freed_at, live_at_peak, analysis._window_ends(ev.t_ps / 10**12, windows), peak
+        )
+        running = analysis._running(ev.requested, ev.is_alloc, ended)
+        return int(np.argmax(running)), int(running.max())
+
+    assert busiest([(0.0, 0.00004), (0.00005, 0.0001)]) == (4, 800)
+    # counted to the trace's end, A would make step 2 hold 1200 (and a slope half again too steep)
+    assert analysis._running(ev.requested, ev.is_alloc, freed_at).max() == 1200 and freed_at[0] == n
+    # in a trace without pauses nothing was lost: A persists into step 2, and step 2 holds it
+    assert busiest([(0.0, 0.0001)]) == (4, 1200)
+    # a tensor live at the peak is live through it, even where its segment's end came before the peak's event
+    early = analysis._segment_freed(ev, freed_at, live_at_peak, np.array([1, 2, 3, 7, 7, 7, 7]), peak)
+    assert early[0] == peak + 1
 
 
 def test_a_moment_holding_bytes_the_trace_never_saw_is_not_taken_for_a_line():
@@ -315,11 +334,12 @@ def test_a_free_lost_in_a_pause_ends_the_tensor_where_its_segment_ends():
     window_ends = analysis._window_ends(ev.t_ps / 10**12, [(0.0, 0.00003), (0.00004, 0.0001)])
     assert window_ends.tolist() == [2, 2, 5, 5, 5]
     nothing_at_peak = np.zeros(5, dtype=bool)
-    ended = analysis._segment_freed(ev, freed_at, nothing_at_peak, window_ends)
+    ended = analysis._segment_freed(ev, freed_at, nothing_at_peak, window_ends, peak=1)
     # A ends with its segment (index 2), not at the reuse of its address; B keeps its real free; D the trace's end
     assert ended.tolist()[:3] == [2, 2, 5] and ended[4] == 5
-    # what is live at the peak keeps the peak's own accounting
-    assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends)[0] == 3
+    # what is live at the peak is live through it, and ends with its segment after it
+    assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends, 1)[0] == 2
+    assert analysis._segment_freed(ev, freed_at, np.array([True, False, False, False, False]), window_ends, 3)[0] == 4
 
 
 def test_grapplers_scopes_are_never_a_layer_where_the_models_layers_are_known_either():

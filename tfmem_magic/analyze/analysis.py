@@ -503,21 +503,6 @@ def _running(sizes: np.ndarray, counted: np.ndarray, freed_at: np.ndarray) -> np
     return np.cumsum(delta)
 
 
-def _busiest(
-    requested: np.ndarray, carrying: np.ndarray, freed_at: np.ndarray, live_at_peak: np.ndarray, peak: int
-) -> tuple[int, int]:
-    """The event after which the `carrying` allocations hold the most requested bytes, and those bytes. One the
-    trace never freed counts only where it is live at the peak (else a free lost between two trace segments would
-    keep it live), and only up to the peak: a step's tensors whose frees a trace pause lost are not live in the
-    next step, and counted there an LSTM's busiest moment held 1.4x its step's tensors (docs/what-if.md, "A free
-    lost in a pause")."""
-    n = len(requested)
-    until = np.where((freed_at >= n) & live_at_peak, peak + 1, freed_at)
-    running = _running(requested, carrying & ((freed_at < n) | live_at_peak), until)
-    most = int(np.argmax(running))
-    return most, int(max(running[most], 0))
-
-
 def _batch_carrying(ev: MemoryEvents, att: Attributed, ctx: TraceContext) -> np.ndarray | None:
     """The allocations in tensors that carry the batch dimension (those `_batch_bytes` counts at the peak); None
     without a batch large enough to tell. A step can peak at a moment that holds few of them (a GRU's, in half the
@@ -556,16 +541,17 @@ def _window_ends(t_s: np.ndarray, windows: list[tuple[float, float]]) -> np.ndar
 
 
 def _segment_freed(
-    ev: MemoryEvents, freed_at: np.ndarray, live_at_peak: np.ndarray, window_ends: np.ndarray
+    ev: MemoryEvents, freed_at: np.ndarray, live_at_peak: np.ndarray, window_ends: np.ndarray, peak: int
 ) -> np.ndarray:
     """When each allocation ended, a free lost in a pause taken as coming when its trace segment ended: an
     allocation with no free in the trace, or whose address was allocated again before any free (`match_frees`
     takes that allocation as its end), is live until the end of its segment, not to the end of the trace or to
     some later segment's reuse. A segment that stopped inside a step leaves that step's tensors unfreed, and the
-    allocator's total there holds them. What is live at the peak keeps the peak's own accounting."""
+    allocator's total there holds them. What is live at the peak is live through it (the peak's own accounting)."""
     n = len(ev)
-    lost = ev.is_alloc & ((freed_at >= n) | ev.is_alloc[np.minimum(freed_at, n - 1)]) & ~live_at_peak
-    return np.where(lost, np.minimum(freed_at, window_ends), freed_at)
+    lost = ev.is_alloc & ((freed_at >= n) | ev.is_alloc[np.minimum(freed_at, n - 1)])
+    ended = np.where(lost, np.minimum(freed_at, window_ends), freed_at)
+    return np.where(lost & live_at_peak, np.maximum(ended, peak + 1), ended)
 
 
 # how far (a share of the cell's own bytes at the peak) the bytes a moment holds unseen by the trace may differ from
@@ -678,10 +664,14 @@ def summarize(trace: Trace, ctx: TraceContext, top: int = TOP_GROUPS) -> TraceIn
     if info.batch_bytes_at_peak is not None:
         carrying = _batch_carrying(ev, att, ctx)
         if carrying is not None:
-            most, info.batch_bytes_most = _busiest(ev.requested, carrying, freed_at, live_at_peak, peak)
-            info.live_at_batch_most_bytes = int(ev.live[most])
-            ended = _segment_freed(ev, freed_at, live_at_peak, _window_ends(t_s, ctx.windows))
+            # the moment holding the most batch-carrying bytes, each live until its (maybe lost) free: counted to the
+            # trace's end, a step's tensors whose frees a pause lost stayed live in the next step, and an LSTM's
+            # busiest moment held 1.4x its step's tensors (docs/what-if.md, "A free lost in a pause")
+            ended = _segment_freed(ev, freed_at, live_at_peak, _window_ends(t_s, ctx.windows), peak)
             segments = _running(ev.requested, carrying, ended)
+            most = int(np.argmax(segments))
+            info.batch_bytes_most = int(max(segments[most], 0))
+            info.live_at_batch_most_bytes = int(ev.live[most])
             chunks = info.allocated_at_peak_bytes / max(info.requested_at_peak_bytes, 1)
             accounted = _accounted(ev, ended, pre_frees, info.preexisting_bytes, peak)
             info.moments_below = _moments_below(segments, ev.live, peak, max(1.0, chunks), accounted)
