@@ -1,7 +1,8 @@
-"""The pre-flight on stand-ins of five public programs, as a new user meets it: the program's own code (model,
+"""The pre-flight on stand-ins of public programs, as a new user meets it: the program's own code (model,
 loss, how it feeds fit) with synthetic data of the same shapes (the programs' datasets are not reachable here).
 
     python benchmarks/public_programs.py [--programs anomaly,denoise,cifar,unet,ner] [--out FILE]
+    python benchmarks/public_programs.py --programs seq2seq,vit --out benchmarks/results/public_programs_more.json
 
 Each program runs in a fresh IPython shell with the extension loaded, in its own process: its data and model code,
 then one fit at its own batch outside tfmem (TensorFlow is running, as in a notebook), then `%tfmem limit` at the
@@ -270,6 +271,125 @@ PROGRAMS: dict[str, dict[str, object]] = {
         """,
         "fit": "model.fit(batches({batch}), epochs=1, steps_per_epoch=3, verbose=0)",
     },
+    # keras-io "Character-level recurrent sequence-to-sequence model": two inputs of one-hot characters with an open
+    # time dimension, an encoder LSTM whose states start the decoder's, RMSprop, a validation split
+    "seq2seq": {
+        "own": 64,
+        "over": 8000,
+        "setup": """
+            import numpy as np, keras
+            # the example's first 10000 pairs of fra.txt: 71 input and 93 target characters, at most 15 and 59 long
+            num_samples, num_encoder_tokens, num_decoder_tokens = 10000, 71, 93
+            max_encoder_seq_length, max_decoder_seq_length, latent_dim = 15, 59, 256
+            rng = np.random.default_rng(0)
+            encoder_input_data = np.zeros((num_samples, max_encoder_seq_length, num_encoder_tokens), dtype="float32")
+            decoder_input_data = np.zeros((num_samples, max_decoder_seq_length, num_decoder_tokens), dtype="float32")
+            decoder_target_data = np.zeros((num_samples, max_decoder_seq_length, num_decoder_tokens), dtype="float32")
+            rows = np.arange(num_samples)[:, None]
+            encoder_input_data[rows, np.arange(max_encoder_seq_length),
+                               rng.integers(0, num_encoder_tokens, (num_samples, max_encoder_seq_length))] = 1.0
+            chars = rng.integers(0, num_decoder_tokens, (num_samples, max_decoder_seq_length + 1))
+            decoder_input_data[rows, np.arange(max_decoder_seq_length), chars[:, :-1]] = 1.0
+            decoder_target_data[rows, np.arange(max_decoder_seq_length), chars[:, 1:]] = 1.0
+            def build():
+                encoder_inputs = keras.Input(shape=(None, num_encoder_tokens))
+                encoder = keras.layers.LSTM(latent_dim, return_state=True)
+                encoder_outputs, state_h, state_c = encoder(encoder_inputs)
+                encoder_states = [state_h, state_c]
+                decoder_inputs = keras.Input(shape=(None, num_decoder_tokens))
+                decoder_lstm = keras.layers.LSTM(latent_dim, return_sequences=True, return_state=True)
+                decoder_outputs, _, _ = decoder_lstm(decoder_inputs, initial_state=encoder_states)
+                decoder_dense = keras.layers.Dense(num_decoder_tokens, activation="softmax")
+                decoder_outputs = decoder_dense(decoder_outputs)
+                model = keras.Model([encoder_inputs, decoder_inputs], decoder_outputs)
+                model.compile(optimizer="rmsprop", loss="categorical_crossentropy", metrics=["accuracy"])
+                return model
+        """,
+        "fit": "model.fit([encoder_input_data, decoder_input_data], decoder_target_data, batch_size={batch}, "
+        "epochs=1, validation_split=0.2, steps_per_epoch=3, verbose=0)",
+    },
+    # keras-io "Image classification with Vision Transformer" on CIFAR-100's shapes: augmentation layers (a
+    # Normalization adapted on the data, Resizing to 72), a Patches layer of keras.ops.image.extract_patches, a
+    # PatchEncoder with a position Embedding, eight MultiHeadAttention blocks, a 2048-1024 head, AdamW
+    "vit": {
+        "own": 256,
+        "over": 4096,
+        "setup": """
+            import numpy as np, keras
+            from keras import layers, ops
+            num_classes, input_shape = 100, (32, 32, 3)
+            rng = np.random.default_rng(0)
+            x_train = rng.integers(0, 256, (5000, 32, 32, 3)).astype("uint8")
+            y_train = rng.integers(0, num_classes, (5000, 1))
+            learning_rate, weight_decay = 0.001, 0.0001
+            image_size, patch_size = 72, 6
+            num_patches = (image_size // patch_size) ** 2
+            projection_dim, num_heads = 64, 4
+            hidden_dim = projection_dim * num_heads
+            transformer_units = [hidden_dim * 2, hidden_dim]
+            transformer_layers = 8
+            mlp_head_units = [2048, 1024]
+            data_augmentation = keras.Sequential([
+                layers.Normalization(),
+                layers.Resizing(image_size, image_size),
+                layers.RandomFlip("horizontal"),
+                layers.RandomRotation(factor=0.02),
+                layers.RandomZoom(height_factor=0.2, width_factor=0.2),
+            ], name="data_augmentation")
+            data_augmentation.layers[0].adapt(x_train)
+            def mlp(x, hidden_units, dropout_rate):
+                for units in hidden_units:
+                    x = layers.Dense(units, activation=keras.activations.gelu)(x)
+                    x = layers.Dropout(dropout_rate)(x)
+                return x
+            class Patches(layers.Layer):
+                def __init__(self, patch_size):
+                    super().__init__()
+                    self.patch_size = patch_size
+                def call(self, images):
+                    input_shape = ops.shape(images)
+                    batch_size, height, width, channels = input_shape[0], input_shape[1], input_shape[2], input_shape[3]
+                    num_patches_h, num_patches_w = height // self.patch_size, width // self.patch_size
+                    patches = keras.ops.image.extract_patches(images, size=self.patch_size)
+                    return ops.reshape(patches, (batch_size, num_patches_h * num_patches_w,
+                                                 self.patch_size * self.patch_size * channels))
+            class PatchEncoder(layers.Layer):
+                def __init__(self, num_patches, projection_dim):
+                    super().__init__()
+                    self.num_patches = num_patches
+                    self.projection = layers.Dense(units=projection_dim)
+                    self.position_embedding = layers.Embedding(input_dim=num_patches, output_dim=projection_dim)
+                def call(self, patch):
+                    positions = ops.expand_dims(ops.arange(start=0, stop=self.num_patches, step=1), axis=0)
+                    return self.projection(patch) + self.position_embedding(positions)
+            def build():
+                inputs = keras.Input(shape=input_shape)
+                augmented = data_augmentation(inputs)
+                patches = Patches(patch_size)(augmented)
+                encoded_patches = PatchEncoder(num_patches, hidden_dim)(patches)
+                for _ in range(transformer_layers):
+                    x1 = layers.LayerNormalization(epsilon=1e-6)(encoded_patches)
+                    attention_output = layers.MultiHeadAttention(num_heads=num_heads, key_dim=projection_dim,
+                                                                 dropout=0.1)(x1, x1)
+                    x2 = layers.Add()([attention_output, encoded_patches])
+                    x3 = layers.LayerNormalization(epsilon=1e-6)(x2)
+                    x3 = mlp(x3, hidden_units=transformer_units, dropout_rate=0.1)
+                    encoded_patches = layers.Add()([x3, x2])
+                representation = layers.LayerNormalization(epsilon=1e-6)(encoded_patches)
+                representation = layers.Flatten()(representation)
+                representation = layers.Dropout(0.5)(representation)
+                features = mlp(representation, hidden_units=mlp_head_units, dropout_rate=0.5)
+                logits = layers.Dense(num_classes)(features)
+                model = keras.Model(inputs=inputs, outputs=logits)
+                model.compile(optimizer=keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=weight_decay),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                                       keras.metrics.SparseTopKCategoricalAccuracy(5, name="top-5-accuracy")])
+                return model
+        """,
+        "fit": "model.fit(x=x_train, y=y_train, batch_size={batch}, epochs=1, validation_split=0.1, steps_per_epoch=3, "
+        "verbose=0)",
+    },
 }
 
 WORKER = """
@@ -354,6 +474,12 @@ def one(name: str, after_restart: tuple[int, int] | None = None) -> dict:
     return {"program": name, **json.loads(lines[-1])}
 
 
+def on_tf_keras(name: str) -> bool:
+    """Whether the program runs on tf_keras (Keras 2) rather than Keras 3."""
+    env = PROGRAMS[name].get("env")
+    return isinstance(env, dict) and "TF_USE_LEGACY_KERAS" in env
+
+
 def scored(row: dict) -> dict:
     """Row figures: B's use of the room under the limit, and xMem's two figures for B's pre-flight."""
     b = row.get("named")
@@ -381,6 +507,7 @@ def main() -> None:
         "command": f"python benchmarks/public_programs.py --programs {args.programs}",
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__, "cores": os.cpu_count()},
         "headroom_mib": HEADROOM_MIB,
+        "tf_keras": [name for name in args.programs.split(",") if on_tf_keras(name)],
         "programs": [],
     }
     for name in args.programs.split(","):
