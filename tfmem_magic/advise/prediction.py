@@ -324,7 +324,7 @@ def traced_per_sample(report: Report, at_peak: bool = True) -> float | None:
     # peak are traced but never carry the batch, and counted in they diluted it (a MobileNetV2 cell at 8x its batch:
     # -20%, +4% with the step's: docs/what-if.md, "Where the trace missed the peak's tensors")
     step = seen - sum(c.requested_bytes for c in trace.input_copies if c.live_at_peak)
-    step -= sum(g.requested_bytes for g in trace.by_phase if g.phase == "optimizer")
+    step -= _requested_in_phase(report, "optimizer")
     share = trace.batch_bytes_at_peak / max(step, trace.batch_bytes_at_peak, 1)
     return (trace.batch_bytes_at_peak + share * untraced) / trace.replica_batch_size
 
@@ -364,8 +364,13 @@ def _copy_in_untraced(report: Report) -> int:
 
 def _untraced_at_peak(report: Report) -> int:
     """Bytes live at the traced peak that were allocated while the trace was paused."""
+    return _requested_in_phase(report, "untraced")
+
+
+def _requested_in_phase(report: Report, phase: str) -> int:
+    """Requested bytes live at the traced peak in one phase of the trace's breakdown (0 without a trace)."""
     trace = report.trace
-    return 0 if trace is None else sum(g.requested_bytes for g in trace.by_phase if g.phase == "untraced")
+    return 0 if trace is None else sum(g.requested_bytes for g in trace.by_phase if g.phase == phase)
 
 
 def _fragmentation(report: Report) -> float:
@@ -525,11 +530,7 @@ def outside_tf_bytes(report: Report) -> int:
     512), so it comes off the budget whole, not scaled (docs/what-if.md, "The budget is the process's")."""
     if report.on_gpu or report.main_device is None or report.rss.peak_bytes <= 0:
         return 0
-    left = grown_outside_tf(report, PROFILER_SHARE_JUDGED)
-    profiler = report.trace.profiler_rss_bytes if report.trace is not None else 0
-    if profiler > grown_outside_tf(report, 0.0):  # the estimate is loose: it says nothing of the profiler's share
-        return max(0, left, _outside_as_tf_peaked(report))
-    return max(0, left)
+    return max(0, grown_outside_tf(report, PROFILER_SHARE_JUDGED), _outside_as_tf_peaked(report))
 
 
 # how far from the traced peak (seconds, on the cell's clock) an RSS sample still shows the process as TF peaked: a
@@ -538,13 +539,16 @@ NEAR_PEAK_S = 0.1
 
 
 def _outside_as_tf_peaked(report: Report) -> int:
-    """What the process held besides TensorFlow's allocator as the traced peak came: its RSS samples within
-    NEAR_PEAK_S of it, less TF's peak (0 without a traced peak or samples there). What comes off a budget where the
-    profiler's upper estimate exceeds all the cell grew by besides TF: half of it then left a GRU cell 19 MiB where
-    its fresh runs grow 52 MiB besides TF, and the batch it named ran 9% over its budget (docs/what-if.md, "The
-    budget is the process's"). As TF peaked the export had not run; the recorder's memory is in it, the safe side."""
+    """What the process held besides TensorFlow's allocator as the traced peak came, where the profiler's upper
+    estimate exceeds all the cell grew by besides TF (it then says nothing of the profiler's share): its RSS samples
+    within NEAR_PEAK_S of the peak, less TF's peak; 0 elsewhere, and without a traced peak or samples there. Half
+    such an estimate left a GRU cell 19 MiB where its fresh runs grow 52 MiB besides TF, and the batch it named ran 9%
+    over its budget (docs/what-if.md, "The budget is the process's"). As TF peaked the export had not run; the
+    recorder's memory is in it, the safe side."""
     trace = report.trace
     if trace is None or not trace.events or report.tf_peak_bytes is None or refused_call_start(report) is not None:
+        return 0
+    if trace.profiler_rss_bytes <= grown_outside_tf(report, 0.0):
         return 0
     near = [rss for t, rss in report.rss.samples if abs(t - trace.peak_time_s) <= NEAR_PEAK_S]
     return round(max(near)) - report.rss.baseline_bytes - max(0, report.tf_peak_bytes) if near else 0
