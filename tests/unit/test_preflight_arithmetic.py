@@ -643,6 +643,18 @@ def test_a_steps_cost_per_sample_is_each_layers_weights_times_where_it_applies_t
     layer = att.layers[-1]
     assert forward_macs_per_sample(att) == layer.count_params() * 128 + 2 * 4 * 16 * 128 * 128 + 128 * 64
 
+    # an encoder-decoder (keras-io's seq2seq): the decoder's LSTM takes [sequence, h, c], each LSTM returns its
+    # states, and the time dimension is open; its steps are the ones the cell fed, a layer's first input and output
+    enc_in, dec_in = keras.Input((None, 71)), keras.Input((None, 93))
+    _, h, c = keras.layers.LSTM(32, return_state=True)(enc_in)
+    seq, _, _ = keras.layers.LSTM(32, return_sequences=True, return_state=True)(dec_in, initial_state=[h, c])
+    s2s = keras.Model([enc_in, dec_in], keras.layers.Dense(93)(seq))
+    fed = {"x": [{"__tfmem_leaf__": [[16, 71], "float32"]}, {"__tfmem_leaf__": [[59, 93], "float32"]}]}
+    encoder, decoder, dense = s2s.layers[2], s2s.layers[3], s2s.layers[4]
+    assert forward_macs_per_sample(s2s, fed) == (
+        encoder.count_params() * 16 + 32 + decoder.count_params() * 59 + 59 * 32 + dense.count_params() * 59 + 59 * 93
+    )
+
     class Never(keras.Model):  # a subclassed model never called on symbolic inputs: its layers' shapes are unknown
         def __init__(self):
             super().__init__()

@@ -119,6 +119,35 @@ def test_tiny_unnamed_rows_one_probe_made_more_of_are_left_out_of_the_share_only
     assert step_replay.align(big, unshaped_events(step + [300] * 23), 37, 23).negligible == 0
 
 
+def named_events(rows: list[tuple[str, str, int]]):
+    """Allocations of (op, shape, bytes), each freed right after."""
+    events = unshaped_events([size for _, _, size in rows])
+    strings = sorted({name for op, shape, _ in rows for name in (op, shape)})
+    events.strings = strings
+    events.op = np.repeat(np.array([strings.index(op) for op, _, _ in rows], np.int32), 2)
+    events.shape = np.repeat(np.array([strings.index(shape) for _, shape, _ in rows], np.int32), 2)
+    return events
+
+
+def test_more_of_an_op_in_one_probe_than_the_other_is_sized_by_its_matched_siblings():
+    # a GradientTape loop's Adam update: TensorFlow forwarded a temporary's input buffer in place of allocating it
+    # in one probe and not in the other (it depends on the threads' timing), so 0-4 of its `Square` and `Sub`
+    # temporaries per variable, an 11 MB kernel's among them: 8% of the bytes unmatched in one run
+    kernel = [("adam/Square_2", "[21632,128]", 11_075_584)]
+    batch = [("conv/Relu", "[23,26,26,32]", 23 * 86528)]
+    low = named_events(kernel * 3 + batch * 2)
+    high = named_events(kernel + [("conv/Relu", "[37,26,26,32]", 37 * 86528)])
+    lines = step_replay.align(low, high, 23, 37)
+    assert (lines.aligned, lines.by_siblings, lines.allocations) == (2, 3, 5)
+    assert lines.aligned_share() == (1.0, 1.0)
+    # each keeps the line of its kind: the kernel's temporaries their size, the activations the batch's
+    assert lines.sizes(256)[::2] == [11_075_584] * 3 + [256 * 86528] * 2  # the allocations (each free after)
+    # an op the other probe never made is not excused
+    other = named_events(kernel + [("adam/Sub_10", "[21632,128]", 11_075_584)])
+    lone = step_replay.align(other, named_events(kernel), 23, 37)
+    assert lone.by_siblings == 0 and lone.aligned_share()[0] == 0.5
+
+
 def test_a_batch_copy_only_one_probe_made_grows_with_the_batch():
     # the CNN's probe at 37 holds two copies of its [37,64,64,3] input with no shape, the probe at 23 none
     # (TensorFlow copies a NumPy array only when it is not aligned as it needs): they grow with the batch
@@ -478,9 +507,12 @@ def test_mixed_float16_probes_whose_loss_scale_skipped_an_apply_still_replay():
     differ = counts(high) - counts(low) + (counts(low) - counts(high))
     in_cond = sum(n for op, n in differ.items() if "/cond/" in (op or ""))
     assert in_cond >= 0.9 * sum(differ.values()) and in_cond > 100
-    # this pair (recorded from a run that passed) sits just over the count rule: 95.3%
-    count, share = step_replay.align(high, low, 117, 71).aligned_share()
-    assert 0.95 <= count < 0.96 and share > 0.99
+    # this pair (recorded from a run that passed) sat just over the count rule, 95.3% matched one to one; the rest
+    # are more of an op, dtype and shape that did match, sized by those siblings
+    lines = step_replay.align(high, low, 117, 71)
+    assert 0.95 <= lines.aligned / lines.allocations < 0.96
+    count, share = lines.aligned_share()
+    assert count > 0.99 and share > 0.99
     assert step_replay.curve(low, high, 71, 117, 1024).passed
     # the pair a pre-flight refused in one run of ten (not recorded): 93% by count, 98.9% by bytes; an unmatched
     # allocation keeps its size, so at most 1.1% of the bytes is scaled wrong, against the replay's -20% band

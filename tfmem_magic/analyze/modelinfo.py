@@ -48,6 +48,13 @@ RECURRENT_KEPT_PER_STEP_UNIT = {"LSTM": 8.4, "GRU": 7.5, "SimpleRNN": 1.2}
 _RECURRENT_CELLS = {"LSTMCell": "LSTM", "GRUCell": "GRU", "SimpleRNNCell": "SimpleRNN"}
 
 
+def _first(tensors: TFTensor) -> TFTensor:
+    """A layer's main input or output where it has several: an LSTM given initial states takes [sequence, h, c],
+    one returning its states gives [output, h, c]. Read as a whole, the sequence-to-sequence encoder-decoder of
+    keras-io had no shapes, so no cost per sample: its pre-flight's probes were not capped (docs/preflight.md)."""
+    return tensors[0] if isinstance(tensors, list | tuple) and tensors else tensors
+
+
 def _recurrent_kept_bytes(layer: KerasLayer, input_shape: TFTensor = None) -> int:
     """Per-sample bytes a recurrent layer keeps for its backward pass: every time step's gates and states.
     `input_shape`: the layer's input as the cell fed it, when the model leaves the sequence length open."""
@@ -60,7 +67,7 @@ def _recurrent_kept_bytes(layer: KerasLayer, input_shape: TFTensor = None) -> in
     if kind not in RECURRENT_KEPT_PER_STEP_UNIT:
         return 0
     try:
-        steps = int((input_shape if input_shape is not None else outer.input.shape)[1])
+        steps = int((input_shape if input_shape is not None else _first(outer.input).shape)[1])
         units = int(getattr(layer, "units", None) or layer.cell.units)
     except (AttributeError, TypeError, ValueError, IndexError):  # variable-length sequences: the trace tells
         return 0
@@ -109,7 +116,7 @@ def _layer_info(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None = None)
     """`fed`: the layer's input and output shapes as the cell's batches made them (see _fed_shapes), when the model
     left a dimension open."""
     try:
-        shape = fed[1] if fed is not None else layer.output.shape
+        shape = fed[1] if fed is not None else _first(layer.output).shape
     except (AttributeError, ValueError):
         shape = None
     per_sample = 0
@@ -151,7 +158,7 @@ def _fed_shapes(model: KerasModel, structure: dict[str, Any] | None) -> dict[int
     fed = feeding.structure_leaves((structure or {}).get("x"))
     try:
         inputs = list(model.inputs)
-        if not fed or len(fed) != len(inputs) or not any(_open(layer.output.shape) for layer in layers):
+        if not fed or len(fed) != len(inputs) or not any(_open(_first(layer.output).shape) for layer in layers):
             return {}
         x = (structure or {}).get("x")
         if isinstance(x, dict) and feeding.LEAF not in x:  # dict inputs go to the Input of the same name
@@ -164,7 +171,7 @@ def _fed_shapes(model: KerasModel, structure: dict[str, Any] | None) -> dict[int
     kept, ends = [], []
     for layer in layers:
         try:
-            pair = [layer.input, layer.output]
+            pair = [_first(layer.input), _first(layer.output)]
         except (AttributeError, ValueError):  # a shared layer, a layer never called
             continue
         if not all(hasattr(t, "shape") for t in pair):  # an InputLayer's input is [] in Keras 3.3 (3.15 raises)
@@ -427,7 +434,7 @@ def _layer_macs(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None) -> int
     if type(layer).__name__ == "InputLayer":
         return 0
     try:
-        output = fed[1] if fed is not None else layer.output.shape
+        output = fed[1] if fed is not None else _first(layer.output).shape
         dims = [int(d) for d in output[1:]]
         params = int(layer.count_params())
     except (AttributeError, TypeError, ValueError, IndexError):  # never called symbolically, not built, open dims
@@ -443,7 +450,7 @@ def _layer_macs(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None) -> int
     recurrent = kind == "Bidirectional" or hasattr(layer, "cell")
     if recurrent:
         try:
-            steps = int((fed[0] if fed is not None else layer.input.shape)[1])
+            steps = int((fed[0] if fed is not None else _first(layer.input).shape)[1])
         except (AttributeError, TypeError, ValueError, IndexError):
             return None
         return params * steps + elements
