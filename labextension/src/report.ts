@@ -324,6 +324,7 @@ export interface ReplayCurve {
   source: string;
   scaled: number;
   negligible: number;
+  sized: number;
   summed: boolean;
 }
 /**

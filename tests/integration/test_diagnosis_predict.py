@@ -98,8 +98,8 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
     # the step replay (two fresh probe processes traced from their first allocation) predicts the batch knob
     assert measured.basis == "replay" and measured.error_band == bands.CLONE_REPLAY_BAND, rep.whatif_basis.replay
     curve = rep.whatif_basis.replay
-    # most allocations matched one to one (the rest: more of an op whose buffer TensorFlow forwarded in one probe,
-    # sized by their siblings: step_replay.aligned_enough)
+    # most allocations matched one to one (the rest, where TensorFlow forwarded a buffer in one probe and not the
+    # other, keep a size known at any batch: step_replay.aligned_enough)
     assert curve.passed and curve.own_error < 0.01 and curve.aligned >= 0.9 * curve.allocations
     assert any(n.startswith("Replayed:") for n in measured.notes)
     assert guess.basis == "analytic" and guess.error_band == bands.ANALYTIC_BAND

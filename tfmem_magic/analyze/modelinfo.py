@@ -187,7 +187,7 @@ def _fed_shapes(model: KerasModel, structure: dict[str, Any] | None) -> dict[int
         return {}
 
     def shape(spec: TFTensor) -> tuple[TFTensor, ...] | None:
-        return tuple(spec.shape) if hasattr(spec, "shape") else None  # a layer with several inputs: not needed
+        return tuple(spec.shape) if hasattr(spec, "shape") else None  # no shape: unknown, as an open one
 
     return {id(layer): (shape(specs[2 * i]), shape(specs[2 * i + 1])) for i, layer in enumerate(kept)}
 

@@ -167,13 +167,13 @@ class Lines:
     # requested bytes of probe one's allocations, and of those that found no match (the negligible left out)
     allocated_bytes: int = 0
     unaligned_bytes: int = 0
-    # of the unmatched, those sized by a matched allocation of the same op, dtype and shape (batch masked): one probe
-    # made more of them than the other (`_sized_by_siblings`), yet each is that shape, so the line is theirs
-    by_siblings: int = 0
+    # of the unmatched, those whose size at any batch is known all the same (`_sized_unmatched`): their shape carries
+    # no batch, or a matched allocation of their op, dtype and shape gives its line. The share counts them as matched
+    sized: int = 0
 
     def aligned_share(self) -> tuple[float, float]:
         """The share of the allocations that found their match, by count and by bytes (the negligible left out)."""
-        count = (self.aligned + self.by_siblings) / max(1, self.allocations - self.negligible)
+        count = (self.aligned + self.sized) / max(1, self.allocations - self.negligible)
         return count, 1 - self.unaligned_bytes / max(1, self.allocated_bytes)
 
     def sizes(self, batch: float) -> list[int]:
@@ -208,10 +208,11 @@ def align(
     slope = np.zeros(len(low), np.float64)
     matched_low: set[int] = set()
     matched_high: set[int] = set()
+    siblings: set[int] = set()
     for masked in (True, False):
         others = keys(high, high_batch, masked)
         for key, rows in keys(low, low_batch, masked).items():
-            mine = [i for i in rows if i not in matched_low]
+            mine = [i for i in rows if i not in matched_low and i not in siblings]
             theirs = [j for j in others.get(key, []) if j not in matched_high]
             n = min(len(mine), len(theirs))
             if not n:
@@ -235,7 +236,8 @@ def align(
             intercept[left] = a - s * low_batch
             matched_low.update(left.tolist())
             matched_high.update(right.tolist())
-    siblings = _sized_by_siblings(keys(low, low_batch, True), matched_low, slope, intercept)
+        if masked:  # lines from this pass alone: one paired by rank alone may join two shapes
+            siblings = _sized_unmatched(low, keys(low, low_batch, True), matched_low, slope, intercept)
     for i in _batch_sized_unshaped(low, low_batch, matched_low):
         slope[i], intercept[i] = low.requested[i] / low_batch, 0.0
     small = [
@@ -256,24 +258,34 @@ def align(
     )
 
 
-def _sized_by_siblings(keys: Keys, matched: set[int], slope: np.ndarray, intercept: np.ndarray) -> set[int]:
-    """Unmatched allocations under a key (op, dtype, shape with the batch masked) some of whose allocations did match:
-    they get their matched siblings' line. The count of one op's allocations can differ between two runs of one step
-    where TensorFlow forwards an input's buffer to the output in place of allocating (it can when nothing else holds
-    the input, which depends on the threads' timing): a GradientTape loop's Adam update made 0-4 of its `Square` and
-    `Sub` temporaries per variable, an 11 MB kernel's among them: a CI run matched 94.9% of its allocations one to
-    one with over 2% of the bytes unmatched, and the replay was refused (docs/bfc-replay.md)."""
+def _sized_unmatched(
+    events: MemoryEvents, keys: Keys, matched: set[int], slope: np.ndarray, intercept: np.ndarray
+) -> set[int]:
+    """Unmatched allocations whose size at any batch is known all the same: those whose shape carries no batch
+    dimension (their own size, the line they have), and under a key (op, dtype, shape with the batch masked) some of
+    whose allocations matched, as many more as matched and of their size (their matched siblings' line). The count
+    of one op's allocations can differ between two runs of one step where TensorFlow forwards an input's buffer to
+    the output in place of allocating (it can when nothing else holds the input, which depends on the threads'
+    timing): a GradientTape loop's Adam update made 0-4 of its `Square` and `Sub` temporaries per variable in each
+    probe, an 11 MB kernel's among them, and a CI run that matched 94.9% of its allocations one to one with over 2%
+    of the bytes unmatched refused the replay (docs/bfc-replay.md). What carries the batch and has no matched kind
+    (another graph: a retrace, another algorithm), or no shape, stays unmatched; so do more siblings than matched (a
+    probe that ran a step more than the other)."""
     out: set[int] = set()
     for (_, _, form), rows in keys.items():
         if not isinstance(form, str) or not form.startswith("["):  # no shape: buffers of any size
             continue
+        if all(part.isdigit() for part in form.strip("[]").split(",") if part):  # no dimension is the batch's
+            out.update(i for i in rows if i not in matched)
+            continue
         done = [i for i in rows if i in matched]
         if not done:
             continue
-        for i in rows:
-            if i not in matched:
-                slope[i], intercept[i] = slope[done[0]], intercept[done[0]]
-                out.add(i)
+        size = events.requested[done[0]]
+        extra = [i for i in rows if i not in matched and events.requested[i] == size][: len(done)]
+        for i in extra:
+            slope[i], intercept[i] = slope[done[0]], intercept[done[0]]
+        out.update(extra)
     return out
 
 
@@ -437,6 +449,7 @@ def checked(
         allocations=first.lines.allocations,
         aligned=first.lines.aligned,
         negligible=first.lines.negligible,
+        sized=first.lines.sized,
         own_error=round(max(abs(r.own.peak_error) for r in replays), 5),
         cross_error=round(cross[0] if abs(cross[0]) >= abs(cross[1]) else cross[1], 5),
         traced_peaks=[int(first.own.traced_peak), int(second.own.traced_peak)],

@@ -506,6 +506,9 @@ class ReplayCurve:
     scaled: int = 0  # a saved trace's allocations whose shape carries the batch (the ones that were scaled)
     # of probe one's unmatched allocations, those the alignment's share leaves out (step_replay.Lines.negligible)
     negligible: int = 0
+    # ... and those whose size at any batch is known all the same, counted as matched in the share (no batch in their
+    # shape, or a matched allocation of their op, dtype and shape: step_replay.Lines.sized)
+    sized: int = 0
     # a saved trace that begins mid-run, whose sequence the simulator could not give back: its chunks summed over the
     # bytes in use at its start instead, without the allocator's placement (step_replay.SummedTrace)
     summed: bool = False
