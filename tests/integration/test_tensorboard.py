@@ -16,6 +16,7 @@ from fresh import fresh_env
 
 import tfmem_magic
 from tfmem_magic.adapters import cli
+from tfmem_magic.analyze import saved_trace
 
 pytest.importorskip("tensorboard")
 pytestmark = pytest.mark.slow
@@ -95,9 +96,11 @@ def test_the_profile_tab_opens_our_cpu_trace(traced):
     assert len(written.xplanes) == len(xspaces) >= 1
     assert all(p.parent.parent.name == "profile" and p.name.endswith(".xplane.pb") for p in written.xplanes)
     peaks = []
-    for path in written.xplanes:  # one "host" per traced segment
+    for path in written.xplanes:  # one "host" per traced segment (under load a later one can hold no allocation)
         data, _ = xprof.xspace_to_tool_data([str(path)], "memory_profile", {})
         allocators = json.loads(data)["memoryProfilePerAllocator"]
+        if not allocators:
+            continue
         assert report.trace.allocator in allocators, list(allocators)
         peaks.append(int(allocators[report.trace.allocator]["profileSummary"]["peakStats"]["peakBytesInUse"]))
     # xprof reads the same allocator events: its peak is the trace's, to the byte
@@ -186,8 +189,15 @@ def test_our_own_cpu_trace_reads_back_from_the_logdir_with_the_traced_peak(trace
     (session,) = written.run_dir.glob("plugins/profile/*")
     assert cli.main(["show", str(session)]) == 0
     out = capsys.readouterr().out
-    back = [tfmem_magic.analyze_xplane(path) for path in written.xplanes]  # one report per segment, as printed
-    assert all(path.name in out for path in written.xplanes)
+    # one report per segment, as printed; a segment that recorded no allocation (under load) is named as skipped
+    back = []
+    for path in written.xplanes:
+        assert path.name in out
+        try:
+            back.append(tfmem_magic.analyze_xplane(path))
+        except saved_trace.NoMemoryEvents:
+            assert f"{path.name}: no memory events" in out
+    assert back
     assert {r.trace.allocator for r in back} == {report.trace.allocator}
     assert max(r.trace.peak_live_bytes for r in back) == report.trace.peak_live_bytes
     assert max(r.main_device.peak_bytes for r in back) == report.trace.peak_live_bytes

@@ -95,9 +95,19 @@ def _cluster(ns: argparse.Namespace) -> int:
 def _show(ns: argparse.Namespace) -> int:
     """A saved report, or a saved trace (a .xplane.pb, or a folder of them: one report per file)."""
     if saved_trace.is_xspace_path(ns.report):
-        traces = saved_trace.xspace_files(ns.report)
-        reports = [pipeline.analyze_xplane(f, ns.device, label=f.name, batch_size=ns.batch_size) for f in traces]
-        files: list[Path | None] = list(traces)
+        files: list[Path | None] = []
+        reports = []
+        for f in saved_trace.xspace_files(ns.report):
+            try:
+                reports.append(pipeline.analyze_xplane(f, ns.device, label=f.name, batch_size=ns.batch_size))
+            except saved_trace.NoMemoryEvents:
+                if Path(ns.report).is_file():
+                    raise
+                print(f"{f.name}: no memory events (a trace segment can record none): skipped")
+                continue
+            files.append(f)
+        if not reports:
+            raise TfmemUsageError(f"no trace under {ns.report} has memory events: record one with the profiler")
     else:
         if ns.device or ns.batch_size:
             raise TfmemUsageError(

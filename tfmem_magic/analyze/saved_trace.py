@@ -31,6 +31,11 @@ def is_xspace_path(path: str | Path) -> bool:
     return p.is_dir() or p.name.endswith(SUFFIXES)
 
 
+class NoMemoryEvents(TfmemUsageError):
+    """A profiler trace with no allocation in it: one segment of a paused trace can hold none (tfmem show skips it
+    among a folder's others)."""
+
+
 def xspace_files(path: str | Path) -> list[Path]:
     """The XSpace files at `path`: the file itself, or every one under a folder (one per host and capture)."""
     p = Path(path)
@@ -70,7 +75,7 @@ def bare_report(
             "tensorflow (or tensorflow-cpu) here, or read it where TensorFlow is installed"
         )
     if not len(trace.events):
-        raise TfmemUsageError(
+        raise NoMemoryEvents(
             f"{p} has no memory events: record it with the TensorFlow profiler on a host with "
             "TensorFlow 2.x (tf.profiler.experimental.start or TensorBoard's capture), which "
             "records allocations by default"
