@@ -399,6 +399,34 @@ def render_programs(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_gpu(results: dict) -> str:
+    """benchmarks/gpu_from_cpu.py: two public T4 steps against what their CPU rebuilds predicted for that GPU."""
+    mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    lines = [
+        "| model | T4 step | its workspace | CPU step here | predicted for the T4 (workspace) | T4 vs predicted "
+        "| band | T4's first step | 'fits' judged | tensors matched |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in results["models"]:
+        below, above = m["band"]
+        lines.append(
+            f"| {m['model']} | {mib(m['gpu_step'])} | {mib(m['gpu_workspace_at_peak'])} | {mib(m['cpu_step'])} "
+            f"| {mib(m['predicted'])} ({mib(m['predicted_workspace'])}) | {m['gpu_step'] / m['predicted'] - 1:+.0%} "
+            f"| -{below:.0%} / +{above:.0%}: {'holds it' if m['in_band'] else 'misses'} "
+            f"| {mib(m['gpu_lifetime_over_start'])} | {mib(m['upper'])}: {'fits' if m['fits'] else m['fits']} "
+            f"| {mib(m['tensors_matched'])} of the T4's {mib(m['tensors_gpu'])} (the CPU's {mib(m['tensors_cpu'])}) |"
+        )
+    lines.append("")
+    for m in results["models"]:
+        only = lambda rows: ", ".join(f"{k} {mib(v)}" for k, v in rows) or "none"  # noqa: E731
+        lines.append(
+            f"- {m['model']} ({m['source']}): TensorFlow's limit {m['gpu_limit']:,} B, reckoned {m['limit_reckoned']:,}"
+            f" B; largest batch named {m['largest_batch']:,}. Only on the T4: {only(m['gpu_only'])}. Only on the "
+            f"CPU: {only(m['cpu_only'])}."
+        )
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class Block:
     """A generated block: the page it sits in, the results file it renders, how."""
@@ -434,6 +462,7 @@ BLOCKS = [
     Block(
         ROOT / "docs" / "preflight.md", ROOT / "benchmarks" / "results" / "public_programs_more.json", render_programs
     ),
+    Block(ROOT / "docs" / "gpu.md", ROOT / "benchmarks" / "results" / "gpu_from_cpu.json", render_gpu),
 ]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tfmem_magic._version import __version__
+from tfmem_magic.advise.gpu_target import GpuTarget
 from tfmem_magic.advise.prediction import WhatIf, WhatIfKnobs
 from tfmem_magic.core.errors import (
     MemoryGrowthWarning,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluat
 __all__ = [
     "__version__",
     "AllocatorSetup",
+    "GpuTarget",
     "MIME_TYPE",
     "MemoryGrowthWarning",
     "MemoryLimitExceeded",
@@ -77,7 +79,11 @@ __all__ = [
 
 
 def largest_batch(
-    report: Report, budget: int | str | None = None, calibrate: bool = False, **knobs: Unpack[WhatIfKnobs]
+    report: Report,
+    budget: int | str | None = None,
+    calibrate: bool = False,
+    gpu: int | str | GpuTarget | None = None,
+    **knobs: Unpack[WhatIfKnobs],
 ) -> int | None:
     """The largest batch (as people type it: 152, not 159) whose predicted peak, upper end of its error band
     included, fits `budget`: the memory the cell may use in all, in bytes or as "16GB" / "1.5GiB" (the process's on
@@ -85,11 +91,16 @@ def largest_batch(
     GPU's memory for TensorFlow, as its allocator's limit says, on a GPU). By default the report's own
     budget (available RAM, the container's limit or your --limit). Other knobs as `predict` takes them (precision,
     optimizer, accumulation_steps...); `calibrate=True` measures the slope first. None when not even the smallest
-    batch fits. `predict(report, batch_size=n)` gives the prediction at that batch, with its band (the margin)."""
+    batch fits. `predict(report, batch_size=n)` gives the prediction at that batch, with its band (the margin).
+    `gpu="16GB"` (or a GpuTarget): for that GPU, from a report measured on a CPU (see `predict`)."""
     from tfmem_magic.advise.prediction import largest_fitting_batch
 
     if calibrate:
         _calibrate(report)
+    if gpu is not None:
+        if budget is not None:
+            raise TfmemUsageError("largest_batch: give budget= or gpu=, not both (a GPU's budget is its memory)")
+        return predict(report, gpu=gpu, **knobs).largest_batch
     total = parse_size(budget) if isinstance(budget, str) else budget
     return largest_fitting_batch(report, total, **knobs)
 
@@ -103,6 +114,7 @@ def predict(
     input_scale: float = 1.0,
     calibrate: bool = False,
     replicas: int | None = None,
+    gpu: int | str | GpuTarget | None = None,
 ) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs, without running it: `peak_bytes`, its
     `basis`, `error_band` (the band's low side: `below`), `split` by part, whether it `fits` the report's budget and
@@ -110,20 +122,26 @@ def predict(
     `replicas=n`, a data-parallel strategy: the answer is one replica's); `accumulation_steps=k` runs batch_size / k
     samples per step; `input_scale=2` twice the input elements per sample. `calibrate=True` first trains a clone of
     the model at three batch sizes in a fresh process (seconds, once per report: the measured basis is saved with
-    it)."""
+    it). `gpu="16GB"` (the card's memory, or a `GpuTarget` with its compute capability and cuDNN's workspace cap):
+    the step on that GPU, modelled from a report measured on a CPU; `fits` is None where only the GPU's autotuner
+    could tell (docs/gpu.md, "From a CPU run to a GPU")."""
     from tfmem_magic.advise import prediction
 
     if calibrate:
         _calibrate(report)
-    return prediction.predict(
-        report,
-        batch_size=batch_size,
-        policy=policy,
-        optimizer=optimizer,
-        accumulation_steps=accumulation_steps,
-        input_scale=input_scale,
-        replicas=replicas,
-    )
+    knobs: WhatIfKnobs = {
+        "batch_size": batch_size,
+        "policy": policy,
+        "optimizer": optimizer,
+        "accumulation_steps": accumulation_steps,
+        "input_scale": input_scale,
+        "replicas": replicas,
+    }
+    if gpu is not None:
+        from tfmem_magic.advise.gpu_target import predict_on_gpu
+
+        return predict_on_gpu(report, gpu, **knobs)
+    return prediction.predict(report, **knobs)
 
 
 def _calibrate(report: Report) -> None:

@@ -237,6 +237,7 @@ export interface LayerInfo {
   output_shape: string | null;
   activation_bytes_per_sample: number;
   kept_bytes_per_sample: number;
+  input_bytes_per_sample: number;
 }
 export interface Finding {
   id: string;

@@ -12,7 +12,7 @@ import pytest
 from fresh import run_in_fresh_shell, run_python
 
 import tfmem_magic
-from tfmem_magic.advise import bands, prediction
+from tfmem_magic.advise import bands, gpu_target, prediction
 from tfmem_magic.core.errors import TfmemUsageError
 
 MiB = 2**20
@@ -72,6 +72,11 @@ def test_model_introspection_of_a_fit(tf_shell):
     assert model.optimizer_built_in_cell and model.optimizer_bytes >= 2 * 4 * params
     conv_a = next(layer for layer in model.layers if layer.name == "conv_a")
     assert conv_a.output_shape == "(None, 30, 30, 32)" and conv_a.activation_bytes_per_sample == 30 * 30 * 32 * 4
+    assert conv_a.input_bytes_per_sample == 32 * 32 * 3 * 4
+    # the cell's step modelled for a GPU: a typical cuDNN workspace on its largest convolution (docs/gpu.md)
+    gpu = tfmem_magic.predict(rep, gpu="16GB")
+    io = max(la.input_bytes_per_sample + la.activation_bytes_per_sample for la in model.layers if la.type == "Conv2D")
+    assert gpu.split["workspace"] == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * io * 64) and gpu.fits is True
     assert rep.prediction.basis == "analytic" and rep.prediction.per_sample_bytes > 0
     # run again on the same model: its weights and slots are not this cell's memory any more
     rep2, _ = cell(tf_shell, "m.fit(x, y, batch_size=64, verbose=0)")

@@ -392,7 +392,10 @@ WORKSPACE_ROWS = [
     (True, GRAD + "Conv2DBackpropFilter", 1, "[3,3,3,32]", "output", 3_584, 0x400),  # the gradient itself
     (True, "StatefulPartitionedCall/sequential/conv2d/Conv2D", 4, "[256,4]", "temp", 1_024, 0x500),  # 2-D: a tensor
     (True, "StatefulPartitionedCall/sequential/conv2d/Conv2D", 4, "[4096]", "output", 4_096, 0x600),  # an output
-    (True, "StatefulPartitionedCall/sequential/conv2d/BiasAdd", 4, "[8192]", "temp", 8_192, 0x700),  # no scratch op
+    (True, "StatefulPartitionedCall/sequential/conv2d/Cast", 4, "[8192]", "temp", 8_192, 0x700),  # no scratch op
+    # grappler's fused kernels are named after their last node: _FusedConv2D (conv2d_1/Relu), _FusedMatMul (dense_1)
+    (True, "StatefulPartitionedCall/sequential/conv2d_1/Relu", 4, "[32145408]", "temp", 32_145_408, 0x800),
+    (True, "StatefulPartitionedCall/sequential/dense_1/BiasAdd", 4, "[65536]", "temp", 65_536, 0x900),
 ]
 
 
@@ -402,12 +405,17 @@ def test_a_gpu_kernels_cudnn_or_cublas_workspace_is_its_own_phase_keeping_its_op
     activation; a uint8 tensor of another shape, region or op is not (docs/gpu.md, "Workspaces")."""
     info = analysis.summarize(gpu_events(WORKSPACE_ROWS), analysis.TraceContext())
     phases = {g.phase: g.bytes for g in info.by_phase}
-    assert phases["workspace"] == 64_552_960 + 4_194_304
+    assert phases["workspace"] == 64_552_960 + 4_194_304 + 32_145_408 + 65_536
     assert phases["backward"] == 3_584 and phases["forward"] == 29_491_200 + 1_024 + 4_096 + 8_192
     rows = {(g.op, g.layer, g.phase, g.dtype, g.shape): g.bytes for g in info.at_peak}
     assert rows[("Conv2DBackpropFilter", "conv2d", "workspace", "uint8", "[64552960]")] == 64_552_960
     assert rows[("MatMul", "dense", "workspace", "uint8", "[4194304]")] == 4_194_304
+    assert rows[("BiasAdd", "dense", "workspace", "uint8", "[65536]")] == 65_536
+    assert rows[("Relu", "conv2d", "workspace", "uint8", "[32145408]")] == 32_145_408
     assert {g.layer for g in info.by_layer} >= {"conv2d", "dense"}  # a workspace still counts for its layer
+    # cuDNN's (under TF_CUDNN_WORKSPACE_LIMIT_IN_MB) or cuBLAS's (no cap): by the op, or a fused kernel's scope
+    assert analysis.is_cudnn_workspace("Relu", "conv2d_1") and analysis.is_cudnn_workspace("Conv2DBackpropFilter", None)
+    assert not analysis.is_cudnn_workspace("BiasAdd", "dense_1") and not analysis.is_cudnn_workspace("MatMul", "conv")
 
 
 def test_a_cpus_allocator_has_no_cudnn_workspaces():

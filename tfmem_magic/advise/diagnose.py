@@ -253,7 +253,10 @@ def gpu_workspaces(report: Report) -> Finding | None:
     trace = report.trace
     if trace is None or not any(g.phase == "workspace" for g in trace.by_phase):
         return None
-    from tfmem_magic.analyze.analysis import CUBLAS_OPS, WORKSPACE  # NumPy: only for a trace that has workspaces
+    from tfmem_magic.analyze.analysis import (
+        WORKSPACE,
+        is_cudnn_workspace,
+    )  # NumPy: only for a trace that has workspaces
 
     total = sum(g.bytes for g in trace.by_phase if g.phase == WORKSPACE)
     peak = trace.peak_live_bytes
@@ -261,7 +264,7 @@ def gpu_workspaces(report: Report) -> Finding | None:
     if not total or (share < MIN_WORKSPACE_SHARE and total < MIN_WORKSPACE_BYTES):
         return None
     groups = sorted((g for g in trace.at_peak if g.phase == WORKSPACE), key=lambda g: -g.bytes)
-    cudnn = any(not CUBLAS_OPS.match(g.op or "") for g in groups)
+    cudnn = any(is_cudnn_workspace(g.op, g.layer) for g in groups)
     listed = "; ".join(
         f"{' · '.join(x for x in (g.layer, g.op) if x)} {g.dtype or 'uint8'}{g.shape or ''} {format_bytes(g.bytes)}"
         + (f" ({g.count} buffers)" if g.count > 1 else "")
@@ -282,7 +285,7 @@ def gpu_workspaces(report: Report) -> Finding | None:
             "The trials of a process's first step hold each algorithm's workspace in turn: that step can peak "
             "above this one."
         )
-    if not cudnn or any(CUBLAS_OPS.match(g.op or "") for g in groups):
+    if not cudnn or any(not is_cudnn_workspace(g.op, g.layer) for g in groups):
         parts.append("TensorFlow puts no cap on cuBLAS's matrix-product workspaces: no variable limits them.")
     return Finding(
         id="cudnn-workspace",

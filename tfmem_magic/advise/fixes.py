@@ -481,9 +481,12 @@ def cudnn_workspace_limit(report: Report, ctx: FixContext) -> Fix | None:
     trace = report.trace
     if trace is None or not report.on_gpu:
         return None
-    from tfmem_magic.analyze.analysis import CUBLAS_OPS, WORKSPACE  # NumPy: only for a trace that has workspaces
+    from tfmem_magic.analyze.analysis import (
+        WORKSPACE,
+        is_cudnn_workspace,
+    )  # NumPy: only for a trace that has workspaces
 
-    cudnn = [g for g in trace.at_peak if g.phase == WORKSPACE and not CUBLAS_OPS.match(g.op or "")]
+    cudnn = [g for g in trace.at_peak if g.phase == WORKSPACE and is_cudnn_workspace(g.op, g.layer)]
     if not cudnn:
         return None
     largest = max(g.bytes // max(g.count, 1) for g in cudnn)

@@ -584,6 +584,7 @@ def predict(
     input_scale: float = 1.0,
     replicas: int | None = None,
     tf_budget: int | None = None,
+    host: bool = True,
 ) -> WhatIf:
     """The TF peak over the cell's baseline had the cell run with these knobs (the quantity the report measured).
 
@@ -593,7 +594,8 @@ def predict(
     batch_size / n samples, and all-reduce buffers. The basis is the report's (`basis_of`: the measured one once
     calibration.measured_basis ran, which `tfmem_magic.predict(..., calibrate=True)` does); its kind
     (advise/bases.py) gives the peak, the band and its notes. `tf_budget` replaces what the TF peak may reach
-    (default: the report's budget less what was held at the cell's start, `budget_for_tf`).
+    (default: the report's budget less what was held at the cell's start, `budget_for_tf`). `host=False`: the budget
+    is a GPU's a CPU report is modelled for (advise/gpu_target.py): no process margin, no note on this process.
     """
     basis = basis_of(report)
     kind = kind_of(basis)
@@ -606,10 +608,11 @@ def predict(
     notes += _spanned_notes(band, own_band)
     judged = kind.judged_peak(knobs, report)  # what 'fits' judges: a saved trace's first step, where it is higher
     budget, judged_notes = _budget(report, kind, tf_budget)
-    notes += judged_notes + _restart_notes(report, basis, knobs, budget) + _first_step_notes(peak, judged)
+    notes += judged_notes + (_restart_notes(report, basis, knobs, budget) if host else [])
+    notes += _first_step_notes(peak, judged)
     # a CPU's process budget, where the process was measured: above the cell's peak (or anywhere, where the cell
     # stopped before its peak) the process can grow by more than the allocator's bytes in use
-    process = budget is not None and kind.process_budget and not report.on_gpu and report.rss.peak_bytes > 0
+    process = host and budget is not None and kind.process_budget and not report.on_gpu and report.rss.peak_bytes > 0
     extra = PROCESS_MARGIN if process else 0.0
     measured = kind.measured()  # the peak the process was measured at: none where the cell stopped early, or refused
     margin = judging_margin(peak, measured, band, extra)

@@ -82,6 +82,24 @@ _OPTIMIZER_SCOPES = {
 # asks TensorFlow for `allocate_temp(DT_UINT8, TensorShape({bytes}))`: a 1-D uint8 temp tensor of the op itself.
 _WORKSPACE_OPS = re.compile(r"^_?(?:Fused)?(?:Conv[23]D|DepthwiseConv2dNative|MatMul|BatchMatMul|CudnnRNN)")
 CUBLAS_OPS = re.compile(r"^_?(?:Fused)?(?:Batch)?MatMul")  # of those, cuBLAS's: no cap on their workspace
+# grappler's remapper names a fused kernel (_FusedConv2D, _FusedMatMul) after the last node it fuses: the activation,
+# else the BiasAdd or FusedBatchNorm (docs/gpu.md, "Workspaces"); a trace names such a kernel's workspace so
+_FUSED_LAST = re.compile(
+    r"^(?:BiasAdd|Relu6?|Elu|LeakyRelu|Selu|Sigmoid|Tanh|Gelu|Softplus|Swish|Mish|FusedBatchNorm(?:V[23])?)(?:_\d+)?$"
+)
+_CONV_SCOPE = re.compile(r"conv", re.IGNORECASE)
+
+
+def is_cudnn_workspace(op: str | None, layer: str | None) -> bool:
+    """A workspace (phase "workspace") that cuDNN's convolution autotuner sized, under TF_CUDNN_WORKSPACE_LIMIT_IN_MB:
+    a convolution's own op, or a fused kernel's (named after its last node) in a convolution's scope. cuBLAS's
+    (a matrix product's) has no cap."""
+    name = op or ""
+    if _WORKSPACE_OPS.match(name):
+        return not CUBLAS_OPS.match(name)
+    return _FUSED_LAST.match(name) is not None and _CONV_SCOPE.search(layer or "") is not None
+
+
 _ONE_DIMENSION = re.compile(r"^\[\d+\]$")
 _UINT8 = 4  # TF's DataType enum: DT_UINT8
 _RUNTIME_SCOPES = {"StatefulPartitionedCall", "PartitionedCall", "while", "cond", "body"}
@@ -304,7 +322,7 @@ def attribute_events(trace: Trace, ctx: TraceContext) -> Attributed:
         lut_layer[k] = -1 if att.layer is None else intern(layers, layer_index, att.layer)
         lut_phase[k] = phase_of[att.phase]
         lut_eager[k] = "/" not in path
-        lut_workspace[k] = _WORKSPACE_OPS.match(att.op) is not None
+        lut_workspace[k] = _WORKSPACE_OPS.match(att.op) is not None or _FUSED_LAST.match(att.op) is not None
     key = np.where(ev.op >= 0, ev.op, len(ev.strings))
     op, layer, phase, eager = lut_op[key].copy(), lut_layer[key].copy(), lut_phase[key].copy(), lut_eager[key]
 

@@ -119,14 +119,12 @@ def _layer_info(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None = None)
         shape = fed[1] if fed is not None else _first(layer.output).shape
     except (AttributeError, ValueError):
         shape = None
-    per_sample = 0
-    if shape is not None:
-        try:
-            dims = [int(d) for d in shape[1:]]
-            per_sample = math.prod(dims) * _dtype_size(getattr(layer, "compute_dtype", "float32"))
-        except (TypeError, ValueError):
-            per_sample = 0
-    per_sample += _internal_bytes(layer)
+    try:
+        input_shape = fed[0] if fed is not None else _first(layer.input).shape
+    except (AttributeError, ValueError, RuntimeError):  # never called symbolically, or called on several inputs
+        input_shape = None
+    size = _dtype_size(getattr(layer, "compute_dtype", "float32"))
+    per_sample = _per_sample(shape, size) + _internal_bytes(layer)
     try:
         params = int(layer.count_params())
     except ValueError:  # not built
@@ -138,7 +136,18 @@ def _layer_info(layer: KerasLayer, fed: tuple[TFTensor, TFTensor] | None = None)
         output_shape=_shape_text(shape),
         activation_bytes_per_sample=per_sample,
         kept_bytes_per_sample=_recurrent_kept_bytes(layer, fed[0] if fed is not None else None),
+        input_bytes_per_sample=_per_sample(input_shape, size),
     )
+
+
+def _per_sample(shape: TFTensor, size: int) -> int:
+    """Bytes per sample of a tensor of this shape (its first dimension the batch); 0 where a dimension is open."""
+    if shape is None:
+        return 0
+    try:
+        return math.prod(int(d) for d in shape[1:]) * size
+    except (TypeError, ValueError):
+        return 0
 
 
 def _open(shape: TFTensor) -> bool:

@@ -322,6 +322,7 @@ class LayerInfo:
     # what the layer keeps per sample for its backward pass beyond its output, training only (a recurrent layer's
     # gates and states of every time step): measured per layer kind, counted once (see analyze.modelinfo)
     kept_bytes_per_sample: int = 0
+    input_bytes_per_sample: int = 0  # its (first) input's bytes per sample: a convolution's workspace is sized on both
 
 
 @dataclass

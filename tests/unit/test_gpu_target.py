@@ -1,0 +1,94 @@
+"""A step measured on a CPU, modelled for a GPU (`predict(report, gpu=...)`, docs/gpu.md "From a CPU run to a GPU")."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+import tfmem_magic
+from tfmem_magic import GpuTarget, Report, TfmemUsageError
+from tfmem_magic.advise import gpu_target
+
+ZOO = Path(__file__).parents[1] / "data" / "prediction_zoo"
+MIB = 2**20
+T4_MEMORY = 15_843_721_216  # a Tesla T4 as nvidia-smi gives it (the public traces' machine)
+T4_LIMIT = 14_648_653_952  # GPU_0_bfc's limit in those traces: what TensorFlow set there
+
+
+def zoo(name: str) -> Report:
+    return Report.from_json(gzip.decompress((ZOO / name).read_bytes()).decode())
+
+
+def test_the_limit_reckoned_from_a_cards_memory_is_never_above_tensorflows():
+    """TensorFlow takes the free memory at its start less MinSystemMemory (1050 MiB at compute capability 7.x):
+    on the T4 traces' machine 14,648,653,952 B. The context allowance keeps the reckoned limit under it."""
+    t4 = GpuTarget(T4_MEMORY, 7.5)
+    assert T4_LIMIT - 600 * MIB < t4.limit_bytes <= T4_LIMIT
+    assert GpuTarget(T4_MEMORY).limit_bytes < t4.limit_bytes  # unknown capability: the most left to the system
+    assert gpu_target.min_system_memory(2**30, 9.0) == 225 * MIB
+    assert [gpu_target.min_system_memory(2**34, cc) for cc in (6.1, 7.0, 8.6, 9.0)] == [
+        500 * MIB,
+        1050 * MIB,
+        1536 * MIB,
+        1800 * MIB,
+    ]
+
+
+def test_a_cnn_measured_on_a_cpu_is_modelled_for_a_gpu_with_a_workspace_and_judged_with_the_cap():
+    rep = zoo("replay-small_cnn-32-1f5120e7.json.gz")
+    cpu = tfmem_magic.predict(rep)
+    gpu = tfmem_magic.predict(rep, gpu="16GB")
+    t = gpu_target.target_of("16GB")
+    copy = cpu.split.get("input", 0) - gpu.split["input"]
+    assert gpu.split["workspace"] > 0 and copy >= 0
+    assert gpu.peak_bytes == cpu.peak_bytes - copy + gpu.split["workspace"]
+    assert gpu.budget_bytes == t.limit_bytes - rep.main_device.baseline_bytes
+    assert gpu.fits is True and "modelled for a" in gpu.basis and gpu.process_margin == 0.0
+    assert any("TF_CUDNN_WORKSPACE_LIMIT_IN_MB=4096" in n for n in gpu.notes)
+    # the largest batch: its tensors' upper estimate and a whole cap fit; the next batch's do not
+    largest = tfmem_magic.largest_batch(rep, gpu="16GB")
+    assert largest == gpu.largest_batch and largest > rep.model.batch_size
+
+    def upper(batch: int) -> float:
+        w = tfmem_magic.predict(rep, batch_size=batch, gpu="16GB")
+        return (w.peak_bytes - w.split["workspace"]) * (1 + w.error_band) + t.workspace_cap_bytes
+
+    assert upper(largest) <= gpu.budget_bytes < upper(largest + 8)  # batches as people type them: 8s
+    assert gpu.below >= gpu_target.GPU_BELOW
+
+
+def test_where_the_tensors_fit_but_not_beside_a_whole_cap_it_cannot_tell_and_names_the_cap_that_would():
+    rep = zoo("replay-small_cnn-32-1f5120e7.json.gz")
+    tensors = tfmem_magic.predict(rep, batch_size=4096)
+    need = (tensors.peak_bytes - tensors.split.get("input", 0)) * 1.3 + rep.main_device.baseline_bytes
+    memory = int(need + 2 * 1800 * MIB)  # the tensors fit the limit; a 4 GiB cap beside them does not
+    small = GpuTarget(memory)
+    w = tfmem_magic.predict(rep, batch_size=4096, gpu=small)
+    assert w.fits is None
+    said = [n for n in w.notes if n.startswith("Cannot tell")]
+    assert said and "TF_CUDNN_WORKSPACE_LIMIT_IN_MB=" in said[0]
+    cap = int(said[0].split("TF_CUDNN_WORKSPACE_LIMIT_IN_MB=")[1].split()[0])
+    capped = GpuTarget(memory, workspace_limit_mb=cap)
+    assert tfmem_magic.predict(rep, batch_size=4096, gpu=capped).fits is True  # the cap it names makes it fit
+    assert tfmem_magic.predict(rep, batch_size=1 << 20, gpu=small).fits is False  # the tensors alone do not
+
+
+def test_a_model_without_convolutions_gets_no_workspace():
+    rep = zoo("analytic-mlp-128-ba21c29d.json.gz")
+    w = tfmem_magic.predict(rep, gpu="8GB")
+    assert w.split["workspace"] == 0 and w.fits is True
+    assert any(n.startswith("No convolution") for n in w.notes)
+
+
+def test_gpu_is_for_a_report_measured_on_a_cpu_and_takes_a_memory_size():
+    with pytest.raises(TfmemUsageError, match="measured on a CPU"):
+        tfmem_magic.predict(zoo("from-trace-gpu.json.gz"), gpu="16GB")
+    rep = zoo("analytic-mlp-128-ba21c29d.json.gz")
+    with pytest.raises(TfmemUsageError, match="16GB"):
+        tfmem_magic.predict(rep, gpu="lots")
+    with pytest.raises(TfmemUsageError, match="at least 1 GiB"):
+        tfmem_magic.predict(rep, gpu="512MB")
+    with pytest.raises(TfmemUsageError, match="not both"):
+        tfmem_magic.largest_batch(rep, budget="8GB", gpu="16GB")

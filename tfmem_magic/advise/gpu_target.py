@@ -1,0 +1,260 @@
+"""What a step measured on a CPU would need on a GPU: `predict(report, gpu="16GB")` (docs/gpu.md, "From a CPU run
+to a GPU"). The step's tensors are the CPU prediction's (its basis and band), less what stays in host memory on a GPU
+(fit's copy of numpy arrays); to them the GPU adds one cuDNN workspace at a time, whose size TensorFlow's autotuner
+picks on the GPU itself: the peak shown carries a typical one, "fits" and the largest batch judge the cap
+TensorFlow puts on it. The allocator's limit is reckoned from the card's memory as TensorFlow does at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.sizes import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from tfmem_magic.advise.prediction import WhatIf, WhatIfKnobs
+    from tfmem_magic.core.report import Report
+
+MIB = 2**20
+# TF_CUDNN_WORKSPACE_LIMIT_IN_MB's default: 4 GiB per convolution (docs/gpu.md, "Workspaces")
+DEFAULT_WORKSPACE_LIMIT_MB = 4096
+# what the CUDA context takes before TensorFlow asks for free memory: 90 MiB on the public T4 traces' machine, more
+# with newer CUDA; taken high, so that the limit reckoned is never above TensorFlow's
+CONTEXT_BYTES = 512 * MIB
+# the largest cuDNN workspace of a step over its largest convolution's input + output bytes, on the public T4
+# traces (docs/gpu.md, "From a CPU run to a GPU"): the peak shown carries it; no verdict rests on it
+TYPICAL_WORKSPACE_PER_CONV_IO = 3.3
+# how far below the prediction a GPU's step can be: the public T4 steps were 20% and 35% under what their CPU
+# rebuilds predicted (docs/gpu.md, "From a CPU run to a GPU"): the band's low side
+GPU_BELOW = 0.4
+# the convolutions whose GPU kernels take a cuDNN workspace, as Keras names their layers
+CONV_LAYERS = (
+    "Conv1D",
+    "Conv2D",
+    "Conv3D",
+    "Conv1DTranspose",
+    "Conv2DTranspose",
+    "Conv3DTranspose",
+    "DepthwiseConv1D",
+    "DepthwiseConv2D",
+    "SeparableConv1D",
+    "SeparableConv2D",
+)
+
+
+def min_system_memory(available: int, compute_capability: float | None) -> int:
+    """What TensorFlow leaves to the system of a GPU's free memory (`MinSystemMemory`,
+    tensorflow/core/common_runtime/gpu/gpu_device.cc): 225 MiB under 2 GiB; else by the compute capability's major
+    version, 500 MiB up to 6.x, 1050 to 7.x, 1536 to 8.x, 1800 above. Unknown: the most (the safe side)."""
+    if available < 2**31:
+        return 225 * MIB
+    major = None if compute_capability is None else int(compute_capability)
+    if major is None or major > 8:
+        return 1800 * MIB
+    return (500 if major <= 6 else 1050 if major <= 7 else 1536) * MIB
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The GPU a CPU-measured step is predicted for: its memory (the card's, as `nvidia-smi` gives it), its compute
+    capability where known (7.5 for a T4, 8.0 an A100, 9.0 an H100) and TF_CUDNN_WORKSPACE_LIMIT_IN_MB as it will be
+    set there (TensorFlow's 4096 unless set)."""
+
+    memory_bytes: int
+    compute_capability: float | None = None
+    workspace_limit_mb: int = DEFAULT_WORKSPACE_LIMIT_MB
+    notes: list[str] = field(default_factory=list, compare=False)
+
+    @property
+    def limit_bytes(self) -> int:
+        """The allocator's limit TensorFlow would set: the free memory at its start less `min_system_memory`."""
+        available = self.memory_bytes - CONTEXT_BYTES
+        return max(0, available - min_system_memory(available, self.compute_capability))
+
+    @property
+    def workspace_cap_bytes(self) -> int:
+        return self.workspace_limit_mb * MIB
+
+
+def target_of(gpu: str | int | GpuTarget) -> GpuTarget:
+    """`gpu` as `predict` takes it: a GpuTarget, or the card's memory ("16GB", bytes)."""
+    if isinstance(gpu, GpuTarget):
+        target = gpu
+    else:
+        try:
+            target = GpuTarget(parse_size(gpu) if isinstance(gpu, str) else int(gpu))
+        except (TypeError, ValueError) as exc:
+            raise TfmemUsageError(f'gpu={gpu!r}: give the GPU\'s memory ("16GB") or a tfmem_magic.GpuTarget') from exc
+    if target.memory_bytes < 2**30:
+        raise TfmemUsageError(f'gpu={gpu!r}: a GPU\'s memory of at least 1 GiB, as nvidia-smi gives it ("16GB")')
+    if target.workspace_limit_mb < 0:
+        raise TfmemUsageError("GpuTarget.workspace_limit_mb: 0 or more MiB, as TF_CUDNN_WORKSPACE_LIMIT_IN_MB takes")
+    return target
+
+
+def conv_io_bytes(report: Report, micro_batch: float, dtype_ratio: float = 1.0) -> int:
+    """The largest convolution's input + output bytes at this micro-batch (0: the model has none, or none known)."""
+    model = report.model
+    if model is None:
+        return 0
+    per_sample = max(
+        (
+            layer.input_bytes_per_sample + layer.activation_bytes_per_sample
+            for layer in model.layers
+            if _conv(layer.type)
+        ),
+        default=0,
+    )
+    return round(per_sample * micro_batch * dtype_ratio)
+
+
+def _conv(kind: str) -> bool:
+    return kind in CONV_LAYERS
+
+
+def has_convolutions(report: Report) -> bool:
+    return report.model is not None and any(_conv(layer.type) for layer in report.model.layers)
+
+
+def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[WhatIfKnobs]) -> WhatIf:
+    """`predict`'s answer for a GPU from a report measured on a CPU: over the cell's baseline, the step's tensors (the
+    CPU prediction less fit's copy of numpy arrays, which a GPU keeps in host memory) and a typical cuDNN workspace;
+    its budget the allocator's limit less what the cell started with. `fits` is True only where the tensors' upper
+    estimate and a whole workspace cap fit (TensorFlow's autotuner holds one workspace at a time, each within the
+    cap), False only where the tensors' lower estimate alone does not, None (cannot tell) between."""
+    from tfmem_magic.advise.prediction import _input_copy, predict
+
+    target = target_of(gpu)
+    if report.on_gpu:
+        raise TfmemUsageError(
+            f"this report measured {report.main_device_name or 'a GPU'} itself: predict(report, ...) judges that "
+            "GPU's own limit; gpu= is for a report measured on a CPU"
+        )
+    mem = report.main_device
+    held = mem.baseline_bytes if mem is not None else 0
+    budget = max(0, target.limit_bytes - held)
+    copy = _input_copy(report)[0]
+    cpu = predict(report, tf_budget=budget, host=False, **knobs)
+    at = _GpuStep(report, target, copy)
+    tensors = at.tensors(cpu)
+    workspace = at.workspace(cpu)
+    below = max(cpu.below, GPU_BELOW)
+    hi, lo = at.upper(cpu), round(tensors * (1 - below))
+    fits = True if hi <= budget else False if lo > budget else None
+    largest = _largest(report, at, budget, knobs)
+    split = {k: v for k, v in cpu.split.items()}
+    if copy:
+        split["input"] = max(0, split.get("input", 0) - copy)
+    split["workspace"] = workspace
+    notes = [*_notes(report, target, held, copy, workspace, at, cpu, fits, hi, budget), *cpu.notes]
+    return replace(
+        cpu,
+        peak_bytes=tensors + workspace,
+        basis=f"{cpu.basis}, on a CPU; modelled for a {format_bytes(target.memory_bytes)} GPU",
+        split=split,
+        budget_bytes=budget,
+        fits=fits,
+        largest_batch=largest,
+        notes=notes,
+        fit_margin=cpu.error_band,
+        error_band_below=below,
+        process_margin=0.0,
+        measured_peak=0.0,
+    )
+
+
+@dataclass
+class _GpuStep:
+    """One batch's step on the GPU, from the CPU prediction at that batch."""
+
+    report: Report
+    target: GpuTarget
+    copy: int
+
+    def tensors(self, cpu: WhatIf) -> int:
+        return max(0, cpu.peak_bytes - self.copy)
+
+    def workspace(self, cpu: WhatIf) -> int:
+        return round(TYPICAL_WORKSPACE_PER_CONV_IO * self.io(cpu))
+
+    def io(self, cpu: WhatIf) -> int:
+        knobs = cpu.knobs
+        ratio = 0.5 if knobs.policy and "16" in knobs.policy else 1.0
+        return conv_io_bytes(self.report, knobs.batch_size / knobs.split * knobs.input_scale, ratio)
+
+    def bound(self) -> int:
+        """What a workspace may take at most: the cap, where the model has convolutions."""
+        return self.target.workspace_cap_bytes if has_convolutions(self.report) else 0
+
+    def upper(self, cpu: WhatIf) -> int:
+        return round(self.tensors(cpu) * (1 + cpu.error_band)) + self.bound()
+
+
+def _largest(report: Report, at: _GpuStep, budget: int, knobs: WhatIfKnobs) -> int | None:
+    """The largest batch (as people type it) whose tensors' upper estimate and a whole workspace cap fit `budget`;
+    None where batch 1 does not. With `replicas` or `accumulation_steps`, a multiple of them."""
+    from tfmem_magic.advise.prediction import MAX_BATCH, predict
+    from tfmem_magic.advise.preflight import _largest as largest_within
+
+    step = max(1, (knobs.get("replicas") or 1) * (knobs.get("accumulation_steps") or 1))
+
+    def need(batch: int) -> float:
+        asked: WhatIfKnobs = {**knobs, "batch_size": max(step, batch // step * step)}
+        return at.upper(predict(report, tf_budget=budget, host=False, **asked))
+
+    found = largest_within(need, budget, MAX_BATCH)
+    return None if found is None else max(step, found // step * step)
+
+
+def _notes(
+    report: Report,
+    target: GpuTarget,
+    held: int,
+    copy: int,
+    workspace: int,
+    at: _GpuStep,
+    cpu: WhatIf,
+    fits: bool | None,
+    hi: int,
+    budget: int,
+) -> list[str]:
+    cc = (
+        f"compute capability {target.compute_capability}" if target.compute_capability else "compute capability unknown"
+    )
+    notes = [
+        f"Modelled for a GPU from a run on a CPU: TensorFlow's allocator there would have "
+        f"{format_bytes(target.limit_bytes)} of the {format_bytes(target.memory_bytes)} ({cc}: what TensorFlow "
+        f"leaves to the system and the CUDA context taken off), less the {format_bytes(held)} the cell started with. "
+        "The step's tensors are the CPU's; a GPU's kernels can hold other temporaries (cuDNN's layouts, fused "
+        "kernels): checked on two public Keras CNNs traced on a Tesla T4 (docs/gpu.md, 'From a CPU run to a GPU')."
+    ]
+    if copy:
+        notes.append(f"fit's {format_bytes(copy)} copy of the numpy arrays stays in host memory on a GPU: not counted.")
+    if not has_convolutions(report):
+        notes.append(
+            "No convolution: no cuDNN workspace counted (cuBLAS's matrix-product workspaces are small and "
+            "uncapped; not modelled)."
+        )
+        return notes
+    notes.append(
+        f"A typical cuDNN workspace ({format_bytes(workspace)}: {TYPICAL_WORKSPACE_PER_CONV_IO}x the largest "
+        "convolution's input and output, as on the public T4 traces) is in the peak shown; which algorithm, and so "
+        "which workspace, only the GPU's autotuner decides, run to run. 'fits' and the largest batch judge the cap "
+        f"instead: TF_CUDNN_WORKSPACE_LIMIT_IN_MB={target.workspace_limit_mb}, one workspace live at a time, the "
+        "first step's trials included."
+    )
+    if fits is None:
+        room = (budget - (hi - at.bound())) // MIB
+        notes.append(
+            "Cannot tell whether it fits: the tensors fit, but not with a whole workspace cap beside them. "
+            + (
+                f"With TF_CUDNN_WORKSPACE_LIMIT_IN_MB={room} set on the GPU machine (before TensorFlow's first "
+                "convolution) it would, at the price of slower convolutions where a faster algorithm needs more."
+                if room > 0
+                else "The tensors' upper estimate alone fills the GPU."
+            )
+        )
+    return notes
