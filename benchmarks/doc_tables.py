@@ -421,7 +421,13 @@ def render_gpu(results: dict) -> str:
         only = lambda rows: ", ".join(f"{k} {mib(v)}" for k, v in rows) or "none"  # noqa: E731
         lines.append(
             f"- {m['model']} ({m['source']}): TensorFlow's limit {m['gpu_limit']:,} B, reckoned {m['limit_reckoned']:,}"
-            f" B; largest batch named {m['largest_batch']:,}. Only on the T4: {only(m['gpu_only'])}. Only on the "
+            f" B; largest batch named {m['largest_batch']:,}"
+            + (
+                " (the rows the rebuild trained on: fit runs them as one batch)"
+                if m.get("rows") == m["largest_batch"]
+                else ""
+            )
+            + f". Only on the T4: {only(m['gpu_only'])}. Only on the "
             f"CPU: {only(m['cpu_only'])}."
         )
     return "\n".join(lines) + "\n"

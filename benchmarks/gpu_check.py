@@ -31,8 +31,14 @@ Scenarios and what each checks:
             fit at batch 256 (a new batch autotunes again) against the what-if from the steady 128: how much a first
             step holds over a steady one, and whether the what-if's judgement covers it (docs/gpu.md, "The first step")
 - preflight: the kernel holds the GPU as TensorFlow does by default (no memory growth) and a fit's batch cannot fit
-            the GPU: what the pre-flight says (its probes need GPU memory the kernel reserved), that it never says
-            "fits", and that the process lives on
+            the GPU: the pre-flight reads the GPU's limit, runs its probes on the CPU (every GPU hidden from them),
+            refuses on the GPU's judgement, and the process lives on (docs/gpu.md, "A pre-flight while the kernel
+            holds the GPU")
+- fromcpu:  the model's fit at batch 128 profiled in a fresh process with every GPU hidden, modelled for this GPU
+            (`predict(report, batch_size=256, gpu=...)` with nvidia-smi's memory and the compute capability), against
+            a fresh model's first and steady fit at 256 on the GPU: the limit reckoned is under TensorFlow's, "fits"
+            is never said where the first step did not fit, and how far the modelled peak is from the steady one
+            (docs/gpu.md, "From a CPU run to a GPU")
 - peaks:    what a MultiWorkerMirroredStrategy worker other than the chief serves instead of traces
             (measure/remote.window_peaks) while a fit runs on the GPU: GPU:0's allocator, its peak over the window
 """
@@ -58,6 +64,7 @@ SCENARIOS = (
     "firststep",
     "preflight",
     "peaks",
+    "fromcpu",
 )
 # a fresh process's fit, for the workspace scenario (argv: batch, "trace" or "plain"; the cap from its environment)
 FIT_IN_A_FRESH_PROCESS = """
@@ -81,6 +88,20 @@ if traced:  # the largest workspace at a profiled fit's peak: what the fix's cap
         model.fit(x[:2 * batch], y[:2 * batch], batch_size=batch, epochs=1, verbose=0)
     out["largest_workspace"] = max((g.bytes for g in p.report.trace.at_peak if g.phase == "workspace"), default=0)
 print(json.dumps(out))
+"""
+# a fresh process's profiled fit at batch 128 with every GPU hidden, its report on stdout (the fromcpu scenario)
+PROFILE_ON_THE_CPU = """
+import sys
+sys.path.insert(0, {folder!r})
+import tfmem_magic
+tfmem_magic.prepare()
+import gpu_check, keras
+x, y = gpu_check._data()
+model = gpu_check._model(keras)
+model.fit(x[:128], y[:128], batch_size=128, epochs=1, verbose=0)
+with tfmem_magic.profile(label="on the cpu") as p:
+    model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+print(p.report.to_json())
 """
 MiB = 2**20
 
@@ -388,10 +409,12 @@ def _preflight(tfmem_magic, keras, tf) -> dict:
         status=report.status,
         verdict=info.verdict if info else None,
         basis=info.basis if info else None,
+        gpu=info.gpu and {"verdict": info.gpu.verdict, "limit": info.gpu.limit_bytes, "step": info.gpu.step_bytes},
         notes=[n for n in report.notes if "re-flight" in n][:2],
         seconds=round(time.perf_counter() - started, 1),
         alive=alive,
-        ok=alive and on_gpu and (info is None or info.verdict != "fits") and report.status in ("refused", "oom"),
+        # the GPU judged (its limit read in the kernel), by probes on the CPU: refused before anything ran
+        ok=alive and on_gpu and info is not None and info.gpu is not None and report.status == "refused",
     )
     return out
 
@@ -424,7 +447,75 @@ def _peaks(tfmem_magic, keras, tf) -> dict:
     return out
 
 
-CHECKS = {"workspace": _workspace, "firststep": _firststep, "preflight": _preflight, "peaks": _peaks}
+def _fromcpu(tfmem_magic, keras, tf) -> dict:
+    """A CPU run's report modelled for this GPU, against the GPU's own first and steady step at batch 256."""
+    out: dict = {}
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE_ON_THE_CPU.format(folder=os.path.dirname(os.path.abspath(__file__)))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"},
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr[-300:], "ok": False}
+    cpu = tfmem_magic.Report.from_json(done.stdout.strip().splitlines()[-1])
+    gpus = tf.config.list_physical_devices("GPU")
+    details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
+    capability = details.get("compute_capability")
+    try:  # the card's memory as nvidia-smi gives it (MiB)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True, text=True
+        )
+        memory = int(smi.stdout.split()[0]) * MiB
+    except (OSError, ValueError, IndexError):
+        memory = 16 * 2**30  # no GPU here: the scenario's code runs, its check fails
+    target = tfmem_magic.GpuTarget(memory, float(".".join(map(str, capability))) if capability else None)
+    modelled = tfmem_magic.predict(cpu, batch_size=256, gpu=target)
+    x, y = _data()
+    model = _model(keras, name="gpu_cnn_256")
+    device = "GPU:0" if gpus else "CPU:0"
+    tf.config.experimental.reset_memory_stats(device)
+    model.fit(x[:256], y[:256], batch_size=256, epochs=1, verbose=0)  # its first step: autotuning inside
+    first = tf.config.experimental.get_memory_info(device)["peak"]
+    with tfmem_magic.profile(label="steady 256") as steady:
+        model.fit(x, y, batch_size=256, epochs=1, verbose=0)
+    limit = None
+    if gpus:
+        from tensorflow.python.client import device_lib
+
+        limit = next((int(d.memory_limit) for d in device_lib.list_local_devices() if d.device_type == "GPU"), None)
+    step = (steady.report.tf_peak_bytes or 0) - (
+        steady.report.main_device.baseline_bytes if steady.report.main_device else 0
+    )
+    out.update(
+        memory=memory,
+        capability=capability,
+        limit=limit,
+        limit_reckoned=target.limit_bytes,
+        modelled=modelled.peak_bytes,
+        workspace=modelled.split["workspace"],
+        band=[modelled.below, modelled.error_band],
+        fits=modelled.fits,
+        largest_batch=modelled.largest_batch,
+        steady=step,
+        first=first,
+        steady_over_modelled=round(step / max(1, modelled.peak_bytes), 2),
+        ok=bool(gpus)
+        and limit is not None
+        and target.limit_bytes <= limit
+        and (modelled.fits is not True or first <= (limit or 0)),
+    )
+    return out
+
+
+CHECKS = {
+    "workspace": _workspace,
+    "firststep": _firststep,
+    "preflight": _preflight,
+    "peaks": _peaks,
+    "fromcpu": _fromcpu,
+}
 
 
 def _budget(args: list[str]) -> float:

@@ -128,6 +128,7 @@ def compare(name: str, trace_path: Path, report_path: Path) -> dict:
         "upper": round((pred.peak_bytes - pred.split["workspace"]) * (1 + pred.error_band))
         + target.workspace_cap_bytes,
         "largest_batch": pred.largest_batch,
+        "rows": cpu.model.samples if cpu.model else None,  # the rows the rebuild trained on: the largest batch's cap
         "error": pred.peak_bytes / step - 1,
         "in_band": pred.peak_bytes * (1 - pred.below) <= step <= pred.peak_bytes * (1 + pred.error_band),
         "tensors_gpu": sum(g_live.values()),

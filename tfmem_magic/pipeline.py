@@ -200,6 +200,7 @@ class Profiler:
                 f"Pre-flight of {info.call}() at batch {info.batch_size} ({how}): predicted "
                 f"~{format_bytes(info.predicted_rss_bytes)} for the process ({preflight.band_words(info)}) against "
                 f"{format_bytes(info.threshold_bytes)} allowed; it reached {format_bytes(reached)}."
+                + preflight.gpu_words(info)
             )
 
     def _analyse_and_advise(self, report: Report, m: Measured) -> None:

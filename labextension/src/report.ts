@@ -367,6 +367,22 @@ export interface PreflightInfo {
   floor_bytes: number;
   replay: ReplayCurve | null;
   by_line: LineGroup[];
+  gpu: GpuPreflight | null;
+}
+/**
+ * The pre-flight's judgement of the GPU a call's steps run on: its probes ran on the CPU (they never need the GPU the kernel holds), and their step is modelled for the GPU as `predict(report, gpu=...)` models a CPU report (advise/gpu_target.py): the step's tensors, and a whole cuDNN workspace cap beside them for "fits".
+ */
+export interface GpuPreflight {
+  device: string;
+  limit_bytes: number;
+  in_use_bytes: number;
+  workspace_cap_bytes: number;
+  conv_io_bytes_per_sample: number;
+  extra_bytes: number;
+  model_known: boolean;
+  step_bytes: number;
+  verdict: string;
+  largest_batch: number | null;
 }
 /**
  * What TensorFlow still held when the cell ended, and who holds it.

@@ -76,3 +76,5 @@ def test_the_scenarios_of_a_gpus_own_memory_run_on_a_cpu():
     assert preflight["on_gpu"] is False and preflight["ok"] is False
     peaks = scenario("peaks")
     assert peaks["device"] == "CPU:0" and peaks["tf_peak_bytes"] > peaks["tf_start_bytes"] and peaks["ok"] is False
+    fromcpu = scenario("fromcpu")  # a CPU report modelled for a GPU (docs/gpu.md, "From a CPU run to a GPU")
+    assert fromcpu["modelled"] > fromcpu["workspace"] > 0 and fromcpu["steady"] > 0 and fromcpu["ok"] is False

@@ -404,3 +404,58 @@ def test_a_refusal_names_the_line_that_made_the_layer_holding_its_peak(tmp_path_
     assert "At the replay's peak: " in r["error"] and "In [2] line 3 (`keras.layers.Dense(4096),`)" in r["error"]
     assert "Refused   what the replayed step held at its peak at batch 16384" in r["text"]
     assert "In [2] line 3  keras.layers.Dense(4096)," in r["text"]
+
+
+# A GPU the kernel holds, simulated on a CPU: the pre-flight's view of it (`gpu_room`) is the GPU's limit this test
+# sets; the probe processes' environment is recorded as each starts (on a GPU they must never need it)
+SIMULATED_GPU = """
+from tfmem_magic.advise import preflight, probe_runs
+from tfmem_magic.core.report import GpuPreflight
+GPU_LIMIT = 400 * 2**20
+probe_env = []
+_spawn = probe_runs._spawn
+def _spied(flavour):
+    probe_env.append(probe_runs.probe_environment().get("CUDA_VISIBLE_DEVICES"))
+    return _spawn(flavour)
+probe_runs._spawn = _spied
+def _room(parts):
+    io = preflight.first_step_allowance(parts, 1, 0) - preflight.REDZONES_BYTES
+    return GpuPreflight("GPU:0", GPU_LIMIT, 0, workspace_cap_bytes=64 * 2**20, conv_io_bytes_per_sample=io)
+preflight.gpu_room = _room
+probe_runs.kernel_has_gpu = lambda: True  # warm probes start as the pre-flight's do: with the GPUs hidden
+"""
+
+
+def test_on_a_gpu_the_probes_run_on_the_cpu_and_the_gpus_limit_refuses_what_the_process_would_take(tmp_path_factory):
+    """docs/gpu.md, "A pre-flight while the kernel holds the GPU": the process's limit (3 GB) lets batch 256 run,
+    the GPU's (400 MiB, simulated) does not: refused before its first step, on the GPU's judgement, by probes that
+    ran with every GPU hidden; the batch it names is accepted from the kept replay, and its step, run, fits the
+    GPU's room with the first step's workspace allowance beside it."""
+    k = Kernel(tmp_path_factory.mktemp("preflight-gpu"))
+    try:
+        assert k.run(SETUP + SIMULATED_GPU)["error"] is None
+        cell, r = fit(k, 256)
+        assert cell["error"] == "PreflightRefused", cell["stdout"][-2000:]
+        pre, gpu = r["preflight"], r["preflight"]["gpu"]
+        assert gpu["verdict"] == "refused" and pre["verdict"] == "refused" and pre["basis"] == "replay", pre
+        assert pre["predicted_rss_bytes"] < pre["threshold_bytes"]  # the process alone would have let it run
+        assert gpu["step_bytes"] * (1 - pre["band_below"]) > gpu["limit_bytes"] - gpu["in_use_bytes"]
+        assert "on GPU:0" in r["error"] and "The probes ran on the CPU" in r["error"], r["error"]
+        probes = k.run(f"print({MARK!r} + json.dumps(probe_env))")["data"]
+        assert probes and set(probes) == {"-1"}, probes  # every probe process started with the GPUs hidden
+        named = pre["largest_batch"]
+        assert named is not None and named < 256 and named == min(named, gpu["largest_batch"])
+        cell, r = fit(k, named)
+        assert cell["error"] is None and r["status"] == "ok", (cell["stdout"][-2000:], r["notes"])
+        again = r["preflight"]
+        assert again["kept"] and again["gpu"]["verdict"] in ("fits", "uncertain"), again
+        started = k.run(f"print({MARK!r} + json.dumps(probe_env))")["data"]
+        assert set(started) == {"-1"}, started  # the warm probes each cell starts ahead: GPUs hidden too
+        allowance = 64 * 2**20 + again["gpu"]["conv_io_bytes_per_sample"] * named + 32 * 2**20
+        print(f"\nGPU limit 400 MiB: batch 256 refused, {named} named; its step took {r['tf_peak'] / 2**20:.0f} MiB")
+        # the step, run (on the CPU standing in), fits the room; fit's copy of the arrays (the replay's extra) stays
+        # in host memory on a GPU
+        assert r["tf_peak"] - again["extra_bytes"] + allowance <= 400 * 2**20, (r["tf_peak"], again["extra_bytes"])
+        assert any("On GPU:0 (probes on the CPU" in n for n in r["notes"]), r["notes"]
+    finally:
+        k.close()

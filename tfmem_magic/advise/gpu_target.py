@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Unpack
 
     from tfmem_magic.advise.prediction import WhatIf, WhatIfKnobs
-    from tfmem_magic.core.report import Report
+    from tfmem_magic.core.report import ModelInfo, Report
 
 MIB = 2**20
 # TF_CUDNN_WORKSPACE_LIMIT_IN_MB's default: 4 GiB per convolution (docs/gpu.md, "Workspaces")
@@ -24,10 +24,16 @@ DEFAULT_WORKSPACE_LIMIT_MB = 4096
 # what the CUDA context takes before TensorFlow asks for free memory: 90 MiB on the public T4 traces' machine, more
 # with newer CUDA; taken high, so that the limit reckoned is never above TensorFlow's
 CONTEXT_BYTES = 512 * MIB
+# the card's memory as nvidia-smi or a data sheet gives it can be above the total CUDA reports: that much more is
+# taken off (docs/gpu.md, "From a CPU run to a GPU")
+CARD_OVER_CUDA = 0.02
+# the first step's autotuner checks each trial's buffers with redzones around them (RedzoneAllocator, 8 MiB a side):
+# four beside the trial's workspace and its copy of the output
+REDZONES_BYTES = 4 * 8 * MIB
 # the largest cuDNN workspace of a step over its largest convolution's input + output bytes, on the public T4
 # traces (docs/gpu.md, "From a CPU run to a GPU"): the peak shown carries it; no verdict rests on it
 TYPICAL_WORKSPACE_PER_CONV_IO = 3.3
-# how far below the prediction a GPU's step can be: the public T4 steps were 20% and 35% under what their CPU
+# how far below the prediction a GPU's step can be: the public T4 steps were up to 35% under what their CPU
 # rebuilds predicted (docs/gpu.md, "From a CPU run to a GPU"): the band's low side
 GPU_BELOW = 0.4
 # the convolutions whose GPU kernels take a cuDNN workspace, as Keras names their layers
@@ -71,7 +77,7 @@ class GpuTarget:
     @property
     def limit_bytes(self) -> int:
         """The allocator's limit TensorFlow would set: the free memory at its start less `min_system_memory`."""
-        available = self.memory_bytes - CONTEXT_BYTES
+        available = round(self.memory_bytes * (1 - CARD_OVER_CUDA)) - CONTEXT_BYTES
         return max(0, available - min_system_memory(available, self.compute_capability))
 
     @property
@@ -95,8 +101,32 @@ def target_of(gpu: str | int | GpuTarget) -> GpuTarget:
     return target
 
 
+# Keras layers that run no convolution: a model made of these alone takes no cuDNN convolution workspace
+NO_CONVOLUTION = frozenset(
+    {
+        "InputLayer", "Dense", "EinsumDense", "Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise",
+        "Flatten", "Reshape", "Permute", "RepeatVector", "Activation", "ReLU", "LeakyReLU", "Softmax", "ELU",
+        "BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization", "Normalization",
+        "Rescaling", "Resizing", "CenterCrop", "RandomFlip", "RandomRotation", "RandomZoom", "RandomCrop",
+        "RandomTranslation", "RandomContrast", "MaxPooling1D", "MaxPooling2D", "MaxPooling3D",
+        "AveragePooling1D", "AveragePooling2D", "AveragePooling3D", "GlobalMaxPooling1D", "GlobalMaxPooling2D",
+        "GlobalMaxPooling3D", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D",
+        "ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D", "Cropping1D", "Cropping2D", "Cropping3D",
+        "UpSampling1D", "UpSampling2D", "UpSampling3D", "Embedding", "Add", "Subtract", "Multiply", "Average",
+        "Maximum", "Minimum", "Concatenate", "Dot", "MultiHeadAttention", "Attention", "AdditiveAttention",
+        "LSTM", "GRU", "SimpleRNN", "Bidirectional", "StringLookup", "IntegerLookup", "TextVectorization",
+        "Masking", "Identity",
+    }
+)  # fmt: skip
+
+
+def _maybe_conv(kind: str) -> bool:
+    """A layer that is, or may hold, a convolution: one, a model used as a layer, a wrapper or a custom layer."""
+    return kind in CONV_LAYERS or kind not in NO_CONVOLUTION
+
+
 def conv_io_bytes(report: Report, micro_batch: float, dtype_ratio: float = 1.0) -> int:
-    """The largest convolution's input + output bytes at this micro-batch (0: the model has none, or none known)."""
+    """The largest input + output bytes at this micro-batch of a layer that is or may hold a convolution (0: none)."""
     model = report.model
     if model is None:
         return 0
@@ -104,19 +134,38 @@ def conv_io_bytes(report: Report, micro_batch: float, dtype_ratio: float = 1.0) 
         (
             layer.input_bytes_per_sample + layer.activation_bytes_per_sample
             for layer in model.layers
-            if _conv(layer.type)
+            if _maybe_conv(layer.type)
         ),
         default=0,
     )
     return round(per_sample * micro_batch * dtype_ratio)
 
 
-def _conv(kind: str) -> bool:
-    return kind in CONV_LAYERS
+def may_convolve(model: ModelInfo | None) -> bool:
+    """Whether the step may run a cuDNN convolution: unless every layer is known to run none (a model not described,
+    a model used as a layer, a custom layer: may)."""
+    return model is None or not model.layers or any(_maybe_conv(layer.type) for layer in model.layers)
 
 
 def has_convolutions(report: Report) -> bool:
-    return report.model is not None and any(_conv(layer.type) for layer in report.model.layers)
+    return may_convolve(report.model)
+
+
+def first_step_allowance(model: ModelInfo | None, micro_batch: float, cap_bytes: int, dtype_ratio: float = 1.0) -> int:
+    """What the first step's autotuning may hold beside the step's tensors, where the step may run a convolution:
+    one trial's workspace (at most the cap), its copy of the output (the layer's input + output taken for it) and
+    the redzones around both; 0 where it runs none."""
+    if not may_convolve(model):
+        return 0
+    per_sample = max(
+        (
+            layer.input_bytes_per_sample + layer.activation_bytes_per_sample
+            for layer in (model.layers if model is not None else [])
+            if _maybe_conv(layer.type)
+        ),
+        default=0,
+    )
+    return cap_bytes + round(per_sample * micro_batch * dtype_ratio) + REDZONES_BYTES
 
 
 def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[WhatIfKnobs]) -> WhatIf:
@@ -125,7 +174,7 @@ def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[W
     its budget the allocator's limit less what the cell started with. `fits` is True only where the tensors' upper
     estimate and a whole workspace cap fit (TensorFlow's autotuner holds one workspace at a time, each within the
     cap), False only where the tensors' lower estimate alone does not, None (cannot tell) between."""
-    from tfmem_magic.advise.prediction import _input_copy, predict
+    from tfmem_magic.advise.prediction import _input_copy, basis_of, predict
 
     target = target_of(gpu)
     if report.on_gpu:
@@ -136,15 +185,16 @@ def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[W
     mem = report.main_device
     held = mem.baseline_bytes if mem is not None else 0
     budget = max(0, target.limit_bytes - held)
-    copy = _input_copy(report)[0]
     cpu = predict(report, tf_budget=budget, host=False, **knobs)
+    # the copy in the peak, as the input_scale asked scales it (advise/parts.py)
+    copy = round(_input_copy(report)[0] * cpu.knobs.input_scale / basis_of(report).knobs.input_scale)
     at = _GpuStep(report, target, copy)
     tensors = at.tensors(cpu)
     workspace = at.workspace(cpu)
     below = max(cpu.below, GPU_BELOW)
     hi, lo = at.upper(cpu), round(tensors * (1 - below))
     fits = True if hi <= budget else False if lo > budget else None
-    largest = _largest(report, at, budget, knobs)
+    largest = _largest(report, at, budget, knobs, cpu.knobs.split)
     split = {k: v for k, v in cpu.split.items()}
     if copy:
         split["input"] = max(0, split.get("input", 0) - copy)
@@ -166,6 +216,11 @@ def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[W
     )
 
 
+def _dtype_ratio(policy: str | None) -> float:
+    """A mixed-precision policy's activations are half the size of float32's."""
+    return 0.5 if policy and "16" in policy else 1.0
+
+
 @dataclass
 class _GpuStep:
     """One batch's step on the GPU, from the CPU prediction at that batch."""
@@ -182,31 +237,48 @@ class _GpuStep:
 
     def io(self, cpu: WhatIf) -> int:
         knobs = cpu.knobs
-        ratio = 0.5 if knobs.policy and "16" in knobs.policy else 1.0
-        return conv_io_bytes(self.report, knobs.batch_size / knobs.split * knobs.input_scale, ratio)
+        micro = knobs.batch_size / knobs.split * knobs.input_scale
+        return conv_io_bytes(self.report, micro, _dtype_ratio(knobs.policy))
 
-    def bound(self) -> int:
-        """What a workspace may take at most: the cap, where the model has convolutions."""
-        return self.target.workspace_cap_bytes if has_convolutions(self.report) else 0
+    def bound(self, cpu: WhatIf) -> int:
+        """What the first step's autotuning may add at most (`first_step_allowance`)."""
+        knobs = cpu.knobs
+        return first_step_allowance(
+            self.report.model,
+            knobs.batch_size / knobs.split * knobs.input_scale,
+            self.target.workspace_cap_bytes,
+            _dtype_ratio(knobs.policy),
+        )
+
+    def judged(self, cpu: WhatIf) -> int:
+        """The tensors 'fits' judges: the CPU prediction's judged peak (a saved trace's earlier, higher moment)."""
+        from tfmem_magic.advise.bases import kind_of
+        from tfmem_magic.advise.prediction import basis_of
+
+        judged = kind_of(basis_of(self.report)).judged_peak(cpu.knobs, self.report)
+        return max(0, round(max(cpu.peak_bytes, judged)) - self.copy)
 
     def upper(self, cpu: WhatIf) -> int:
-        return round(self.tensors(cpu) * (1 + cpu.error_band)) + self.bound()
+        return round(self.judged(cpu) * (1 + cpu.error_band)) + self.bound(cpu)
 
 
-def _largest(report: Report, at: _GpuStep, budget: int, knobs: WhatIfKnobs) -> int | None:
-    """The largest batch (as people type it) whose tensors' upper estimate and a whole workspace cap fit `budget`;
-    None where batch 1 does not. With `replicas` or `accumulation_steps`, a multiple of them."""
-    from tfmem_magic.advise.prediction import MAX_BATCH, predict
+def _largest(report: Report, at: _GpuStep, budget: int, knobs: WhatIfKnobs, step: int) -> int | None:
+    """The largest batch (as people type it, a multiple of `step`: the replicas and accumulation steps the
+    prediction resolved) whose tensors' upper estimate and the first step's workspace allowance fit `budget`; None
+    where the smallest does not. Never more than the rows the cell trained on (fit runs them as one batch)."""
+    from tfmem_magic.advise.prediction import MAX_BATCH, predict, typeable_batch
     from tfmem_magic.advise.preflight import _largest as largest_within
 
-    step = max(1, (knobs.get("replicas") or 1) * (knobs.get("accumulation_steps") or 1))
-
     def need(batch: int) -> float:
-        asked: WhatIfKnobs = {**knobs, "batch_size": max(step, batch // step * step)}
+        asked: WhatIfKnobs = {**knobs, "batch_size": typeable_batch(max(step, batch), step)}
         return at.upper(predict(report, tf_budget=budget, host=False, **asked))
 
-    found = largest_within(need, budget, MAX_BATCH)
-    return None if found is None else max(step, found // step * step)
+    found = largest_within(need, budget, MAX_BATCH // step * step)
+    if found is None:
+        return None
+    rows = report.model.samples if report.model is not None else None
+    batch = typeable_batch(max(step, found), step)
+    return min(batch, rows) if rows else batch
 
 
 def _notes(
@@ -247,7 +319,7 @@ def _notes(
         "first step's trials included."
     )
     if fits is None:
-        room = (budget - (hi - at.bound())) // MIB
+        room = (budget - (hi - at.bound(cpu)) - at.io(cpu) - REDZONES_BYTES) // MIB
         notes.append(
             "Cannot tell whether it fits: the tensors fit, but not with a whole workspace cap beside them. "
             + (

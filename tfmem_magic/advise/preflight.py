@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 import weakref
@@ -50,12 +50,27 @@ from tfmem_magic.advise.bands import (
 )
 from tfmem_magic.advise.bases import larger_order_peak, refused_call_start
 from tfmem_magic.advise.calibration import line_slope
+from tfmem_magic.advise.gpu_target import (
+    DEFAULT_WORKSPACE_LIMIT_MB,
+    GPU_BELOW,
+    REDZONES_BYTES,
+    first_step_allowance,
+    may_convolve,
+)
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
 from tfmem_magic.analyze.modelinfo import describe_model, forward_macs_per_sample
 from tfmem_magic.core.errors import PreflightRefused, TfmemUsageError
 from tfmem_magic.core.fallbacks import fallback
-from tfmem_magic.core.report import Basis, LineGroup, ModelInfo, PreflightInfo, ReplayCurve, Report
+from tfmem_magic.core.report import (
+    Basis,
+    GpuPreflight,
+    LineGroup,
+    ModelInfo,
+    PreflightInfo,
+    ReplayCurve,
+    Report,
+)
 from tfmem_magic.core.session import SESSION
 from tfmem_magic.core.sizes import format_bytes, variable_bytes
 from tfmem_magic.core.types import KerasModel
@@ -66,7 +81,7 @@ from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.holders import optimizer_variables
 from tfmem_magic.measure.instrument import ModelUse
 from tfmem_magic.measure.model_print import fingerprint
-from tfmem_magic.measure.sampling import bytes_in_use
+from tfmem_magic.measure.sampling import bytes_in_use, memory_info
 
 if TYPE_CHECKING:  # NumPy and the simulator: imported only when a pre-flight probes
     from tfmem_magic.analyze.lines import LayerRecord
@@ -181,7 +196,7 @@ class Preflight:
                 f"Pre-flight of {call}() at batch {batch}: the predicted peak "
                 f"({format_bytes(info.predicted_rss_bytes)} for the process) is within {band_words(info)} of "
                 f"what {source} allows ({format_bytes(info.threshold_bytes)}): it ran, and the guard "
-                "watched it." + (f" Its probes ran at {info.fed_note}." if info.fed_note else "")
+                "watched it." + (f" Its probes ran at {info.fed_note}." if info.fed_note else "") + gpu_words(info)
             )
 
     def _note(self, text: str) -> None:
@@ -199,21 +214,47 @@ def check(
 ) -> PreflightInfo:
     """Predict `call`'s step at its batch (the model's own parts, else the step replay of a clone's probes or of the
     model's own saved step, else the probes' line), and say whether the process stays under `threshold` (bytes): a
-    PreflightInfo with its verdict. Raises TfmemUsageError when the probes cannot run."""
+    PreflightInfo with its verdict. Where the kernel has a GPU, the probes run on the CPU and the GPU is judged too
+    (`gpu_room`, `PreflightInfo.gpu`): the stricter verdict and the smaller batch stand. Raises TfmemUsageError when
+    the probes cannot run."""
+    use, fed = with_fed_shapes(use)
+    # the model's own parts: an upper bound that spares the probes, and a floor; open lengths: they count nothing
+    # for them (layer outputs of unknown size): the probes must run
+    parts = described(use, call in TRAINING_CALLS)
+    gpu = gpu_room(parts)
+    with probe_runs.on_cpu(probe_runs.kernel_has_gpu()):  # probes never need the GPU, its limit read or not
+        info = _check(model, call, use, fed, threshold, rss, tf_current, tf_held, gpu, parts)
+    return info
+
+
+def _check(
+    model: KerasModel,
+    call: str,
+    use: ModelUse,
+    fed: FedShapes | None,
+    threshold: int,
+    rss: int,
+    tf_current: int,
+    tf_held: int,
+    gpu: GpuPreflight | None,
+    parts: ModelInfo | None,
+) -> PreflightInfo:
     batch = int(use.batch_size or 0)
     train = call in TRAINING_CALLS
-    use, fed = with_fed_shapes(use)
     copies = sum(a.copy_bytes for a in use.input_arrays)  # fit/evaluate/predict copy numpy arrays into tensors
     arrays = copies
     began = (psutil.Process().memory_info().rss, bytes_in_use() or 0)  # what the pre-flight's own work adds: from here
     slots = _slots_to_build(model) if train else 0
-    # open lengths: the model's parts count nothing for them (layer outputs of unknown size): the probes must run
-    parts = described(use, train)  # the model's own parts: an upper bound that spares the probes, and a floor
     generous = None if fed is not None else model_upper_bound(parts, train, batch)
     # "fits" never counts the allocator's held regions as reusable: which of the call's tensors they can hold is not
     # known (docs/preflight.md, "Held regions count only against a refusal")
-    if generous is not None and rss + generous + slots + copies <= threshold:
+    gpu_fits = gpu is None or (
+        gpu.model_known and generous is not None and generous + slots + _first_step(gpu, batch) <= gpu.room
+    )
+    if generous is not None and rss + generous + slots + copies <= threshold and gpu_fits:
         # the model's own parts, at several times what they usually are, fit: no need to spend seconds on probes
+        if gpu is not None:
+            gpu.step_bytes, gpu.extra_bytes, gpu.verdict = generous, slots, "fits"
         return PreflightInfo(
             call=call,
             batch_size=batch,
@@ -225,6 +266,7 @@ def check(
             verdict="fits",
             basis="model",
             predicted_rss_bytes=round(rss + generous + slots + copies),
+            gpu=gpu,
         )
     info = PreflightInfo(
         call=call,
@@ -233,6 +275,7 @@ def check(
         threshold_bytes=threshold,
         tf_bytes=tf_current,
         reusable_bytes=max(0, tf_held - tf_current),
+        gpu=gpu,
     )
     # a step of the model's own (an overridden train_step, a model Keras cannot clone): a clone's fit would not run it
     # evaluate/predict: a clone runs its class's own test/predict step, when Keras can write and rebuild it; else
@@ -242,7 +285,7 @@ def check(
     kept = kept_replay(key, model, batch)
     if kept is not None and kept.line is not None:  # a refusal's probes' line: judged as that refusal judged
         info.probe_batches, info.replay_note, info.kept = kept.probes, kept.replay_note, True
-        return _line_verdict(info, kept.line, slots + copies, tf_current, tf_held, floor, fed)
+        return _line_verdict(info, kept.line, slots + copies, tf_current, tf_held, floor, fed, slots)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
@@ -262,6 +305,7 @@ def check(
         if own is not None:
             step_at, info.probe_batches, built = own_replayed_step(model, use, batch, generous, method)
             info.own_step, copies = own, copies + built
+            _gpu_now(gpu)  # saving the step built its slots in the kernel: on the GPU now
         # the replay's peak has the slots the call builds: only the arrays' copy is added (and, for the model's own
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
@@ -287,7 +331,7 @@ def check(
         # what the replay's path set before it failed is not the line's (its low end, its replay and lines)
         info.band_below, info.replay, info.by_line = 0.0, None, []
     line, info.probe_batches = probed_step(model, use, train, batch)
-    _line_verdict(info, line, slots + copies, tf_current, tf_held, floor, fed)
+    _line_verdict(info, line, slots + copies, tf_current, tf_held, floor, fed, slots)
     if info.verdict == "refused":  # the call at the batch it names is judged on this line, not on new probes
         keep_replay(key, model, call, use, info, line=line)
     return info
@@ -301,11 +345,14 @@ def _line_verdict(
     tf_held: int,
     floor: float | None,
     fed: FedShapes | None,
+    slots: int = 0,
 ) -> PreflightInfo:
     """The verdict on the probes' line, its band, with `extra` the call adds besides the step (the slots it builds,
     the arrays' copies): never "fits" (the line missed a step by up to 80%, under: docs/preflight.md, "A floor from
     the model's own parts"): the guard runs what it does not refuse."""
     info.basis, info.band, info.extra_bytes = "probes", PROBE_LINE_BAND, extra
+    if info.gpu is not None:
+        info.gpu.extra_bytes = slots
     _judge(info, line, tf_current, tf_held, floor)
     if info.verdict == "fits":
         info.verdict = "uncertain"
@@ -512,6 +559,7 @@ def _as_left(
     tf_grew = (bytes_in_use() or 0) - began[1]
     info.rss_bytes, info.tf_bytes = info.rss_bytes + max(0, rss_grew), info.tf_bytes + max(0, tf_grew)
     held = max(tf_held, info.tf_bytes)
+    _gpu_now(info.gpu)
     if rss_grew > 0 or tf_grew > 0:  # what saving built is held now
         info.reusable_bytes, info.extra_bytes = max(0, held - info.tf_bytes), arrays
     # judged again even where nothing grew: the first judgement left the restart hint to this one (one search of it)
@@ -565,10 +613,12 @@ def _judge(
     if decided:
         info.verdict = "refused"
     info.largest_batch = _largest(lambda b: rss + grows_anew(b) * (1 + band), threshold, batch, tried)
+    if info.gpu is not None:
+        _judge_gpu(info, info.gpu, step_at, judged, tried)
     info.restart_batch, held = None, info.reusable_bytes
     # on a CPU the held regions are resident: without them the process would start that much lower, judged alike
     # (on a GPU they are the GPU's, not the process's)
-    if hint and info.verdict == "refused" and held >= RESTART_HINT_BYTES and not _on_gpu():
+    if hint and info.verdict == "refused" and held >= RESTART_HINT_BYTES and not probe_runs.kernel_has_gpu():
         known = step_at.replayed if isinstance(step_at, ReplayedStep) else tried  # the first search's, replayed
         try:
             after = _largest(lambda b: rss - held + grows_anew(b) * (1 + band), threshold, batch, known)
@@ -577,6 +627,108 @@ def _judge(
         if after is not None and after > (info.largest_batch or 0):
             info.restart_batch = after
     return info
+
+
+def _judge_gpu(
+    info: PreflightInfo,
+    gpu: GpuPreflight,
+    step_at: Callable[[float], float],
+    judged: Callable[[float], float],
+    tried: Iterable[int],
+) -> None:
+    """The GPU's verdict (the probes ran on the CPU; their step modelled for the GPU as advise/gpu_target.py models a
+    CPU report): refused where the step's lower estimate alone passes the GPU's room (its limit less what TensorFlow
+    holds there now), "fits" only where its upper estimate and a whole cuDNN workspace cap fit (the first step's
+    autotuning included); the call's verdict and largest batch are then the stricter of the two."""
+    batch, band, room, extra = info.batch_size, info.band, gpu.room, gpu.extra_bytes
+    gpu.step_bytes = round(step_at(batch))
+    if (step_at(batch) + extra) * (1 - gpu_band_below(info)) > room:
+        gpu.verdict = "refused"
+    elif (judged(batch) + extra) * (1 + band) + _first_step(gpu, batch) <= room and gpu.model_known:
+        gpu.verdict = "fits"
+    else:
+        gpu.verdict = "uncertain"
+    gpu.largest_batch = _largest(lambda b: (judged(b) + extra) * (1 + band) + _first_step(gpu, b), room, batch, tried)
+    order = ("fits", "uncertain", "refused")
+    info.verdict = max(info.verdict, gpu.verdict, key=order.index)
+    if info.largest_batch is None or gpu.largest_batch is None:
+        info.largest_batch = None
+    else:
+        info.largest_batch = min(info.largest_batch, gpu.largest_batch)
+
+
+def gpu_band_below(info: PreflightInfo) -> float:
+    """How far under the prediction the GPU's step may be: the probes' band, or what the CPU-to-GPU model earned on
+    the public T4 traces where that is wider (gpu_target.GPU_BELOW)."""
+    return max(band_below(info), GPU_BELOW)
+
+
+def _gpu_now(gpu: GpuPreflight | None) -> None:
+    """What TensorFlow holds on the GPU now (the pre-flight's own work can have built slots there)."""
+    if gpu is None:
+        return
+    now = memory_info(gpu.device)
+    if now is not None:
+        gpu.in_use_bytes = max(gpu.in_use_bytes, int(now["current"]))
+
+
+def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
+    """The GPU the call's steps run on, as the pre-flight judges it: its allocator's limit and what TensorFlow holds
+    there now, and the cuDNN workspace cap where the model has convolutions (this process's
+    TF_CUDNN_WORKSPACE_LIMIT_IN_MB, 4 GiB unless set). None on a CPU, and where the GPU's limit cannot be read (the
+    process is then judged alone, as before)."""
+    if not probe_runs.kernel_has_gpu():
+        return None
+    device = "GPU:0"
+    limit = gpu_limit_bytes(device)
+    current = memory_info(device)
+    if limit is None or current is None:
+        return None
+    convolves = may_convolve(parts)
+    return GpuPreflight(
+        device=device,
+        limit_bytes=limit,
+        in_use_bytes=int(current["current"]),
+        workspace_cap_bytes=workspace_cap_bytes() if convolves else 0,
+        conv_io_bytes_per_sample=first_step_allowance(parts, 1, 0) - REDZONES_BYTES if convolves else 0,
+        model_known=parts is not None,
+    )
+
+
+def _first_step(gpu: GpuPreflight, batch: float) -> float:
+    """What the first step's autotuning may hold beside the step's tensors at `batch` (gpu_target.first_step_allowance):
+    a trial's workspace, its copy of the output and redzones; 0 where the model runs no convolution."""
+    if not gpu.workspace_cap_bytes:
+        return 0.0
+    return gpu.workspace_cap_bytes + gpu.conv_io_bytes_per_sample * batch + REDZONES_BYTES
+
+
+def gpu_limit_bytes(device: str) -> int | None:
+    """TensorFlow's allocator limit on `device`: the memory limit the user gave its logical device, else the one
+    TensorFlow set at start-up (its device attributes' memory_limit); None where neither can be read."""
+    import tensorflow as tf
+
+    try:
+        index = int(device.split(":")[1])
+        configs = tf.config.get_logical_device_configuration(tf.config.list_physical_devices("GPU")[index])
+        if configs and configs[0].memory_limit:
+            return int(configs[0].memory_limit) * 2**20
+        from tensorflow.python.client import device_lib  # noqa: PLC0415 - TensorFlow's own device list
+
+        for d in device_lib.list_local_devices():
+            if d.device_type == "GPU" and d.name.endswith(f"GPU:{index}"):
+                return int(d.memory_limit)
+    except Exception as exc:  # noqa: BLE001 - no limit known: the GPU is not judged
+        fallback(_log, f"{device}'s memory limit could not be read: the pre-flight judges the process alone", exc)
+    return None
+
+
+def workspace_cap_bytes() -> int:
+    """TF_CUDNN_WORKSPACE_LIMIT_IN_MB as this process has it (TensorFlow reads it at its first GPU convolution)."""
+    try:
+        return int(os.environ.get("TF_CUDNN_WORKSPACE_LIMIT_IN_MB", DEFAULT_WORKSPACE_LIMIT_MB)) * 2**20
+    except ValueError:
+        return DEFAULT_WORKSPACE_LIMIT_MB * 2**20
 
 
 # the least of held regions a refusal names a batch without: below it, what a restart gives back is too little to
@@ -611,9 +763,9 @@ def replayed_step(
     probes = step_replay.odd_probes(replay_probe_target(model, use, batch), probe_runs.weight_dims(model))
     if probes[1] >= batch:
         raise NoReplay(f"batch {batch} is too small for two odd probe batches below it")
-    on_gpu = _on_gpu()
     one_probe = probe_runs.PROBE_PROCESS_BYTES + (generous or 0) * probes[1] / max(batch, 1)
-    parallel = not on_gpu and 2 * one_probe < 0.5 * psutil.virtual_memory().available  # a GPU's room is not RAM
+    # a GPU's room is not RAM (a pre-flight's probes run on the CPU: on_cpu)
+    parallel = not probe_runs.probes_use_gpu() and 2 * one_probe < 0.5 * psutil.virtual_memory().available
     growth = probe_runs.probes_grow_gpu()
     folder = tempfile.mkdtemp(prefix="tfmem-preflight-")
     try:
@@ -787,17 +939,6 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     return replayed
 
 
-def _on_gpu() -> bool:
-    """Whether this process's TensorFlow (running already: the pre-flight checks calls of a running model) has a
-    GPU."""
-    tf = sys.modules.get("tensorflow")
-    try:
-        return bool(tf is not None and tf.config.list_logical_devices("GPU"))
-    except Exception as exc:  # noqa: BLE001 - TensorFlow not started, or no device list: taken as no GPU
-        fallback(_log, "TensorFlow's GPUs could not be listed: taken as none", exc)
-        return False
-
-
 def probed_step(
     model: KerasModel, use: ModelUse, train: bool, batch: int
 ) -> tuple[Callable[[float], float], list[int]]:
@@ -947,6 +1088,16 @@ def refusal(info: PreflightInfo, source: str) -> str:
         else "Not even batch 1 fits: free memory first (del large arrays, restart the kernel to give back a model's "
         "memory), or raise the limit."
     )
+    gpu = info.gpu
+    if gpu is not None and gpu.verdict == "refused":
+        return (
+            f"tfmem's pre-flight stopped {info.call}() before its first step: at batch {info.batch_size} the step "
+            f"needs ~{format_bytes(gpu.step_bytes)} on {gpu.device} (-{gpu_band_below(info):.0%}/+{info.band:.0%}), "
+            "where TensorFlow holds "
+            f"{format_bytes(gpu.in_use_bytes)} of its {format_bytes(gpu.limit_bytes)} limit now. Nothing of the call "
+            f"ran. {held_words(info)}{fix}{_cap_words(gpu)} (The probes ran on the CPU, never on the GPU the kernel "
+            f"holds, and their step is modelled for it; {how_predicted(info)}; --no-preflight skips it.)"
+        )
     return (
         f"tfmem's pre-flight stopped {info.call}() before its first step: at batch {info.batch_size} the process "
         f"would reach ~{format_bytes(info.predicted_rss_bytes)} ({band_words(info)}: it holds "
@@ -954,6 +1105,30 @@ def refusal(info: PreflightInfo, source: str) -> str:
         + (f", plus {format_bytes(info.extra_bytes)} the call adds ({_extra_words(info)})" if info.extra_bytes else "")
         + f"), and {source} allows {format_bytes(info.threshold_bytes)}. Nothing of the call ran. {held_words(info)}"
         f"{fix}{restart_words(info)} ({how_predicted(info)}; --no-preflight skips it.)"
+    )
+
+
+def gpu_words(info: PreflightInfo) -> str:
+    """The GPU's judgement in a sentence (with its leading space), or "" on a CPU."""
+    gpu = info.gpu
+    if gpu is None or not gpu.verdict:
+        return ""
+    said = {"fits": "fits", "uncertain": "within the band: cannot tell", "refused": "does not fit"}[gpu.verdict]
+    allowance = " with the first step's cuDNN workspace allowance beside it" if gpu.workspace_cap_bytes else ""
+    return (
+        f" On {gpu.device} (probes on the CPU, modelled for it): the step's ~{format_bytes(gpu.step_bytes)}"
+        f"{allowance} against {format_bytes(gpu.room)} free of its {format_bytes(gpu.limit_bytes)} limit: {said}."
+    )
+
+
+def _cap_words(gpu: GpuPreflight) -> str:
+    """What the batch named leaves beside the step on a GPU (with its leading space), or ""."""
+    if not gpu.workspace_cap_bytes:
+        return ""
+    return (
+        f" The batch named leaves room for one cuDNN workspace of up to {format_bytes(gpu.workspace_cap_bytes)} "
+        "(TF_CUDNN_WORKSPACE_LIMIT_IN_MB, read at TensorFlow's first convolution: lower it in a fresh kernel for a "
+        "larger batch, at the price of slower convolutions)."
     )
 
 

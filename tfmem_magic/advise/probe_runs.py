@@ -13,7 +13,9 @@ A fresh process also starts with an empty allocator, like the run being predicte
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
@@ -30,12 +32,16 @@ from typing import IO, Any
 import psutil
 
 from tfmem_magic.core.errors import TfmemUsageError
+from tfmem_magic.core.fallbacks import fallback
 from tfmem_magic.core.types import KerasModel, NotebookValue
 from tfmem_magic.measure import kerases
+from tfmem_magic.measure.environment import tensorflow_initialized
 from tfmem_magic.measure.fed_shapes import has_open_dims
 from tfmem_magic.measure.feeding import structure_leaves
 from tfmem_magic.measure.instrument import all_layers
 from tfmem_magic.measure.tracer import remove_leftovers
+
+_log = logging.getLogger(__name__)
 
 TIMEOUT_S = 600
 # steps of each probe's fit: fit's input pipeline holds prefetched batches once it is running, as in the cell
@@ -502,10 +508,50 @@ def _not_rebuildable(model: KerasModel, exc: BaseException, culprit: str | None 
 def probe_environment() -> dict[str, str]:
     """The probe process's environment: the kernel's, quieter, and on a GPU with memory growth, so that the probe
     takes from the GPU only what its steps use instead of reserving all of what is left (the kernel keeps its own
-    reservation; a user's own TF_FORCE_GPU_ALLOW_GROWTH is kept)."""
+    reservation; a user's own TF_FORCE_GPU_ALLOW_GROWTH is kept). Inside `on_cpu` (a pre-flight's probes) every GPU
+    is hidden from it."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.setdefault(GPU_GROWTH_ENV, "true")
+    if _cpu_only:
+        env[HIDE_GPUS_ENV] = "-1"
     return env
+
+
+HIDE_GPUS_ENV = "CUDA_VISIBLE_DEVICES"
+_cpu_only = False  # set by on_cpu (the pre-flight runs on the kernel's main thread; its probes' threads read it)
+
+
+def probes_use_gpu() -> bool:
+    """Whether probes started now may take GPU memory: the kernel has a GPU and they are not inside `on_cpu`."""
+    return not _cpu_only and kernel_has_gpu()
+
+
+@contextlib.contextmanager
+def on_cpu(active: bool = True) -> Iterator[None]:
+    """Probes started inside run on the CPU, every GPU hidden from them: a pre-flight's, which must never need the GPU
+    the kernel holds (TensorFlow reserves nearly all of it unless memory growth is on; a probe's CUDA context alone
+    could fail there). Their step is modelled for the GPU (docs/gpu.md, "A pre-flight while the kernel holds the
+    GPU")."""
+    global _cpu_only
+    before = _cpu_only
+    _cpu_only = before or active
+    try:
+        yield
+    finally:
+        _cpu_only = before
+
+
+def kernel_has_gpu() -> bool:
+    """Whether this process's TensorFlow has a GPU; False before its runtime started (listing devices would start it,
+    and a cell's own memory-growth setting would then raise)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not tensorflow_initialized():
+        return False
+    try:
+        return bool(tf.config.list_logical_devices("GPU"))
+    except Exception as exc:  # noqa: BLE001 - TensorFlow not started, or no device list: taken as no GPU
+        fallback(_log, "TensorFlow's GPUs could not be listed: taken as none", exc)
+        return False
 
 
 GPU_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
@@ -645,7 +691,13 @@ def _take_warm(flavour: str) -> _Probe | None:
 
 def warm_up(flavour: str) -> int:
     """Start probe processes for the Keras `flavour` ahead of a pre-flight, up to WARM_PROBES waiting, where the
-    machine has room for them, their probes' work and a margin. Returns how many wait now. Cheap to call again."""
+    machine has room for them, their probes' work and a margin (on the CPU where the kernel has a GPU, as the
+    pre-flight's probes run: `on_cpu`). Returns how many wait now. Cheap to call again."""
+    with on_cpu(kernel_has_gpu()):
+        return _warm_up(flavour)
+
+
+def _warm_up(flavour: str) -> int:
     key = _warm_key(flavour)
     with _warm_lock:
         _drop_stale()

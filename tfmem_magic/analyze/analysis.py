@@ -92,11 +92,14 @@ _CONV_SCOPE = re.compile(r"conv", re.IGNORECASE)
 
 def is_cudnn_workspace(op: str | None, layer: str | None) -> bool:
     """A workspace (phase "workspace") that cuDNN's convolution autotuner sized, under TF_CUDNN_WORKSPACE_LIMIT_IN_MB:
-    a convolution's own op, or a fused kernel's (named after its last node) in a convolution's scope. cuBLAS's
-    (a matrix product's) has no cap."""
+    a convolution's own op, or a fused kernel's named after its activation or BiasAdd in a scope whose name holds
+    "conv" (Keras' default names; a convolution in a scope named otherwise is not told from a matrix product).
+    cuBLAS's (a matrix product's) and batch normalisation's have no cap."""
     name = op or ""
     if _WORKSPACE_OPS.match(name):
         return not CUBLAS_OPS.match(name)
+    if name.startswith("FusedBatchNorm"):  # cuDNN's batch norm's own workspace (or a fused one's): no cap on it
+        return False
     return _FUSED_LAST.match(name) is not None and _CONV_SCOPE.search(layer or "") is not None
 
 

@@ -267,6 +267,31 @@ class TraceInfo:
 
 
 @dataclass
+class GpuPreflight:
+    """The pre-flight's judgement of the GPU a call's steps run on: its probes ran on the CPU (they never need the
+    GPU the kernel holds), and their step is modelled for the GPU as `predict(report, gpu=...)` models a CPU report
+    (advise/gpu_target.py): the step's tensors, and a whole cuDNN workspace cap beside them for "fits"."""
+
+    device: str  # "GPU:0"
+    limit_bytes: int  # its allocator's limit
+    in_use_bytes: int  # TF's bytes in use on it when the call began: the step's tensors come on top
+    workspace_cap_bytes: int = 0  # what one cuDNN workspace may take (TF_CUDNN_WORKSPACE_LIMIT_IN_MB); 0: no conv
+    # the largest input + output per sample of a layer that is or may hold a convolution: the first step's autotuner
+    # holds a copy of a convolution's output beside its trial workspace
+    conv_io_bytes_per_sample: int = 0
+    extra_bytes: int = 0  # what the call adds on the GPU besides its step: slots it builds that the step does not hold
+    model_known: bool = True  # False: the model's layers could not be read; never "fits" (its convolutions unknown)
+    step_bytes: int = 0  # the step's tensors at the call's batch (the probes' replay)
+    verdict: str = ""  # "fits" | "refused" | "uncertain", the GPU's alone
+    largest_batch: int | None = None  # the largest batch whose tensors' upper estimate and the cap fit, as typed
+
+    @property
+    def room(self) -> int:
+        """What the step may take on the GPU: its limit less what TensorFlow held there when the call began."""
+        return max(0, self.limit_bytes - self.in_use_bytes)
+
+
+@dataclass
 class PreflightInfo:
     """The pre-flight of a fit/evaluate/predict under a memory limit: a clone of the model ran its steps at two small
     batches in another process, and the step replay of their allocations (or, where it could not be used, the line
@@ -310,6 +335,9 @@ class PreflightInfo:
     # refusal"): a layer's tensors by the line that made the layer; the rest by what they are. Empty where the
     # replay was not used, or it was kept from an earlier refusal
     by_line: list[LineGroup] = field(default_factory=list)
+    # on a GPU: the GPU's own judgement (the verdict and the largest batch above are the stricter of it and the
+    # process's); None on a CPU
+    gpu: GpuPreflight | None = None
 
 
 @dataclass
