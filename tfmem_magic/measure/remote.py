@@ -352,7 +352,7 @@ def trace_workers(workers: list[str], seconds: float, logdir: str | os.PathLike[
             fallback(_log, "a worker could not be traced", exc)
             result.error = (
                 _why(exc)
-                if _answers(host, int(port))
+                if _still_answers(host, int(port))
                 else (
                     "the worker stopped answering during the capture: it may have crashed (TensorFlow 2.21 crashes "
                     "MultiWorkerMirroredStrategy workers other than the chief when a capture ends, now and then: "
@@ -379,6 +379,19 @@ def trace_workers(workers: list[str], seconds: float, logdir: str | os.PathLike[
         if thread.is_alive() and result.path is None and result.error is None:
             result.error = "no answer within the capture's time and two minutes more"
     return results
+
+
+def _still_answers(host: str, port: int) -> bool:
+    """Whether a worker whose capture failed still answers a moment later: one that TensorFlow's profiler crashes as
+    the capture ends can answer "no trace event" and go down within the second after (a CI run named such a worker
+    idle)."""
+    if not _answers(host, port):
+        return False
+    time.sleep(STILL_ANSWERS_S)
+    return _answers(host, port)
+
+
+STILL_ANSWERS_S = 1.5
 
 
 def _answers(host: str, port: int) -> bool:
