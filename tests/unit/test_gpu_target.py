@@ -57,7 +57,9 @@ def test_a_cnn_measured_on_a_cpu_is_modelled_for_a_gpu_with_a_workspace_and_judg
 
     def upper(batch: int) -> float:
         w = tfmem_magic.predict(rep, batch_size=batch, gpu="16GB")
-        allowance = gpu_target.first_step_allowance(rep.model, batch, t.workspace_cap_bytes)
+        # the first step's allowance: the cap, the largest convolution's input + output, 32 MiB of redzones
+        io = gpu_target.conv_io_per_sample(rep.model) * batch
+        allowance = t.workspace_cap_bytes + io + 32 * MIB
         return (w.peak_bytes - w.split["workspace"]) * (1 + w.error_band) + allowance
 
     assert upper(largest) <= gpu.budget_bytes < upper(largest + 8)  # batches as people type them: 8s

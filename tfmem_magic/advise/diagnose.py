@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from tfmem_magic.advise.diagnose_held import HELD_MIN, HELD_RULES, held_lines_words, holder_words
 from tfmem_magic.advise.diagnose_model import MODEL_RULES
+from tfmem_magic.advise.gpu_target import DEFAULT_WORKSPACE_LIMIT_MB
 from tfmem_magic.core.errors import clip_message
 from tfmem_magic.core.report import Finding, Holder, Report
 from tfmem_magic.core.sizes import format_bytes
@@ -25,7 +26,6 @@ MIN_COPY_BYTES = 64 * 2**20  # or this large in itself
 RAN_ON = 1.05  # a peak this far past where the guard tripped: the step ran on inside TensorFlow
 MIN_WORKSPACE_SHARE = 0.1  # GPU workspaces worth a finding: this share of what was live at the peak,
 MIN_WORKSPACE_BYTES = 256 * 2**20  # or this much in itself
-CUDNN_WORKSPACE_CAP = 1 << 32  # TensorFlow's cap on one convolution's workspace, TF_CUDNN_WORKSPACE_LIMIT_IN_MB unset
 KERAS_STEP_FUNCTIONS = (
     "multi_step_on_iterator",
     "one_step_on_iterator",
@@ -279,8 +279,8 @@ def gpu_workspaces(report: Report) -> Finding | None:
         parts.append(
             "For each convolution TensorFlow's autotuner times cuDNN's algorithms on its first run and keeps the "
             "fastest whose workspace fits under TF_CUDNN_WORKSPACE_LIMIT_IN_MB "
-            f"({format_bytes(CUDNN_WORKSPACE_CAP)} per convolution unless set): a faster algorithm is paid for in "
-            "memory. A lower cap makes it choose among the algorithms that fit, which can run slower; "
+            f"({format_bytes(DEFAULT_WORKSPACE_LIMIT_MB * 2**20)} per convolution unless set): a faster algorithm is "
+            "paid for in memory. A lower cap makes it choose among the algorithms that fit, which can run slower; "
             "TF_CUDNN_USE_AUTOTUNE=0 skips the timing and takes cuDNN's heuristic choice, which can run slower too. "
             "The trials of a process's first step hold each algorithm's workspace in turn: that step can peak "
             "above this one."

@@ -6,7 +6,7 @@ TensorFlow puts on it. The allocator's limit is reckoned from the card's memory 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tfmem_magic.core.errors import TfmemUsageError
@@ -72,7 +72,6 @@ class GpuTarget:
     memory_bytes: int
     compute_capability: float | None = None
     workspace_limit_mb: int = DEFAULT_WORKSPACE_LIMIT_MB
-    notes: list[str] = field(default_factory=list, compare=False)
 
     @property
     def limit_bytes(self) -> int:
@@ -125,20 +124,13 @@ def _maybe_conv(kind: str) -> bool:
     return kind in CONV_LAYERS or kind not in NO_CONVOLUTION
 
 
-def conv_io_bytes(report: Report, micro_batch: float, dtype_ratio: float = 1.0) -> int:
-    """The largest input + output bytes at this micro-batch of a layer that is or may hold a convolution (0: none)."""
-    model = report.model
-    if model is None:
-        return 0
-    per_sample = max(
-        (
-            layer.input_bytes_per_sample + layer.activation_bytes_per_sample
-            for layer in model.layers
-            if _maybe_conv(layer.type)
-        ),
+def conv_io_per_sample(model: ModelInfo | None) -> int:
+    """The largest input + output bytes per sample of a layer that is or may hold a convolution (0: none known)."""
+    layers = model.layers if model is not None else []
+    return max(
+        (la.input_bytes_per_sample + la.activation_bytes_per_sample for la in layers if _maybe_conv(la.type)),
         default=0,
     )
-    return round(per_sample * micro_batch * dtype_ratio)
 
 
 def may_convolve(model: ModelInfo | None) -> bool:
@@ -147,25 +139,11 @@ def may_convolve(model: ModelInfo | None) -> bool:
     return model is None or not model.layers or any(_maybe_conv(layer.type) for layer in model.layers)
 
 
-def has_convolutions(report: Report) -> bool:
-    return may_convolve(report.model)
-
-
-def first_step_allowance(model: ModelInfo | None, micro_batch: float, cap_bytes: int, dtype_ratio: float = 1.0) -> int:
-    """What the first step's autotuning may hold beside the step's tensors, where the step may run a convolution:
-    one trial's workspace (at most the cap), its copy of the output (the layer's input + output taken for it) and
-    the redzones around both; 0 where it runs none."""
-    if not may_convolve(model):
-        return 0
-    per_sample = max(
-        (
-            layer.input_bytes_per_sample + layer.activation_bytes_per_sample
-            for layer in (model.layers if model is not None else [])
-            if _maybe_conv(layer.type)
-        ),
-        default=0,
-    )
-    return cap_bytes + round(per_sample * micro_batch * dtype_ratio) + REDZONES_BYTES
+def first_step_allowance(cap_bytes: int, io_bytes: float) -> int:
+    """What the first step's autotuning may hold beside the step's tensors where it runs a convolution: one trial's
+    workspace (at most the cap), its copy of the output (`io_bytes`: the layer's input + output taken for it) and
+    the redzones around both."""
+    return cap_bytes + round(io_bytes) + REDZONES_BYTES
 
 
 def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[WhatIfKnobs]) -> WhatIf:
@@ -195,7 +173,7 @@ def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[W
     hi, lo = at.upper(cpu), round(tensors * (1 - below))
     fits = True if hi <= budget else False if lo > budget else None
     largest = _largest(report, at, budget, knobs, cpu.knobs.split)
-    split = {k: v for k, v in cpu.split.items()}
+    split = dict(cpu.split)
     if copy:
         split["input"] = max(0, split.get("input", 0) - copy)
     split["workspace"] = workspace
@@ -236,19 +214,16 @@ class _GpuStep:
         return round(TYPICAL_WORKSPACE_PER_CONV_IO * self.io(cpu))
 
     def io(self, cpu: WhatIf) -> int:
+        """The largest convolution's input + output bytes at the prediction's knobs."""
         knobs = cpu.knobs
         micro = knobs.batch_size / knobs.split * knobs.input_scale
-        return conv_io_bytes(self.report, micro, _dtype_ratio(knobs.policy))
+        return round(conv_io_per_sample(self.report.model) * micro * _dtype_ratio(knobs.policy))
 
     def bound(self, cpu: WhatIf) -> int:
-        """What the first step's autotuning may add at most (`first_step_allowance`)."""
-        knobs = cpu.knobs
-        return first_step_allowance(
-            self.report.model,
-            knobs.batch_size / knobs.split * knobs.input_scale,
-            self.target.workspace_cap_bytes,
-            _dtype_ratio(knobs.policy),
-        )
+        """What the first step's autotuning may add at most (`first_step_allowance`); 0 where it runs no convolution."""
+        if not may_convolve(self.report.model):
+            return 0
+        return first_step_allowance(self.target.workspace_cap_bytes, self.io(cpu))
 
     def judged(self, cpu: WhatIf) -> int:
         """The tensors 'fits' judges: the CPU prediction's judged peak (a saved trace's earlier, higher moment)."""
@@ -305,7 +280,7 @@ def _notes(
     ]
     if copy:
         notes.append(f"fit's {format_bytes(copy)} copy of the numpy arrays stays in host memory on a GPU: not counted.")
-    if not has_convolutions(report):
+    if not may_convolve(report.model):
         notes.append(
             "No convolution: no cuDNN workspace counted (cuBLAS's matrix-product workspaces are small and "
             "uncapped; not modelled)."
@@ -319,7 +294,7 @@ def _notes(
         "first step's trials included."
     )
     if fits is None:
-        room = (budget - (hi - at.bound(cpu)) - at.io(cpu) - REDZONES_BYTES) // MIB
+        room = (budget - hi + target.workspace_cap_bytes) // MIB  # the cap that takes the rest
         notes.append(
             "Cannot tell whether it fits: the tensors fit, but not with a whole workspace cap beside them. "
             + (

@@ -595,8 +595,8 @@ def predict(
     calibration.measured_basis ran, which `tfmem_magic.predict(..., calibrate=True)` does); its kind
     (advise/bases.py) gives the peak, the band and its notes. `tf_budget` replaces what the TF peak may reach
     (default: the report's budget less what was held at the cell's start, `budget_for_tf`). `host=False`: the budget
-    is a GPU's a CPU report is modelled for (advise/gpu_target.py): no process margin, no note on this process.
-    """
+    is a GPU's a CPU report is modelled for (advise/gpu_target.py): no process margin, no note on this process, no
+    largest batch (the GPU model judges its own)."""
     basis = basis_of(report)
     kind = kind_of(basis)
     knobs = _asked(basis.knobs, batch_size, policy, optimizer, accumulation_steps, input_scale, replicas)
@@ -620,7 +620,7 @@ def predict(
     parts = parts_at(basis, knobs)
     requested = sum(parts.values())  # the ratio shown is the one the peak has: the cell's and what a knob adds
     named, largest = kind.named_batch(knobs, report) if tf_budget is None else (False, None)  # a refusal's
-    if budget is None:
+    if budget is None or not host:  # host=False: the GPU model judges its own largest batch (gpu_target._largest)
         largest = None
     elif not named:
         largest = largest_batch(basis, knobs, budget, own_band, extra, measured, report, beside)

@@ -53,7 +53,7 @@ from tfmem_magic.advise.calibration import line_slope
 from tfmem_magic.advise.gpu_target import (
     DEFAULT_WORKSPACE_LIMIT_MB,
     GPU_BELOW,
-    REDZONES_BYTES,
+    conv_io_per_sample,
     first_step_allowance,
     may_convolve,
 )
@@ -690,7 +690,7 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
         limit_bytes=limit,
         in_use_bytes=int(current["current"]),
         workspace_cap_bytes=workspace_cap_bytes() if convolves else 0,
-        conv_io_bytes_per_sample=first_step_allowance(parts, 1, 0) - REDZONES_BYTES if convolves else 0,
+        conv_io_bytes_per_sample=conv_io_per_sample(parts) if convolves else 0,
         model_known=parts is not None,
     )
 
@@ -700,7 +700,7 @@ def _first_step(gpu: GpuPreflight, batch: float) -> float:
     a trial's workspace, its copy of the output and redzones; 0 where the model runs no convolution."""
     if not gpu.workspace_cap_bytes:
         return 0.0
-    return gpu.workspace_cap_bytes + gpu.conv_io_bytes_per_sample * batch + REDZONES_BYTES
+    return first_step_allowance(gpu.workspace_cap_bytes, gpu.conv_io_bytes_per_sample * batch)
 
 
 def gpu_limit_bytes(device: str) -> int | None:
