@@ -101,3 +101,24 @@ def test_gpu_is_for_a_report_measured_on_a_cpu_and_takes_a_memory_size():
         tfmem_magic.predict(rep, gpu="512MB")
     with pytest.raises(TfmemUsageError, match="not both"):
         tfmem_magic.largest_batch(rep, budget="8GB", gpu="16GB")
+
+
+def test_the_workspace_scales_with_the_policy_and_input_asked_against_the_cells_own():
+    """The layers' bytes are the cell's: a float32 cell asked for mixed_float16 halves its convolutions' input and
+    output, a cell asked at its own policy keeps them, twice the input elements double them."""
+    rep = zoo("replay-small_cnn-32-1f5120e7.json.gz")
+    io = gpu_target.conv_io_per_sample(rep.model) * 32  # conv_a's output at the cell's batch, float32
+
+    def workspace(**knobs: object) -> int:
+        return tfmem_magic.predict(rep, gpu="16GB", **knobs).split["workspace"]
+
+    assert rep.whatif_basis.knobs.policy in (None, "float32") and io == 115_200 * 32
+    assert workspace() == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * io)
+    assert workspace(policy="mixed_float16") == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * io / 2)
+    assert workspace(input_scale=2.0) == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * io * 2)
+    # a cell that ran mixed_bfloat16 (its layers' bytes are bfloat16's), asked at its own policy: not halved again
+    bf16 = zoo("analytic-bf16.json.gz")
+    assert bf16.whatif_basis.knobs.policy == "mixed_bfloat16" and bf16.model.batch_size == 64
+    own = tfmem_magic.predict(bf16, gpu="16GB").split["workspace"]
+    assert own == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * 115_200 * 64)
+    assert tfmem_magic.predict(bf16, gpu="16GB", policy="float32").split["workspace"] == 2 * own

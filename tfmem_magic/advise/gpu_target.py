@@ -194,11 +194,6 @@ def predict_on_gpu(report: Report, gpu: str | int | GpuTarget, **knobs: Unpack[W
     )
 
 
-def _dtype_ratio(policy: str | None) -> float:
-    """A mixed-precision policy's activations are half the size of float32's."""
-    return 0.5 if policy and "16" in policy else 1.0
-
-
 @dataclass
 class _GpuStep:
     """One batch's step on the GPU, from the CPU prediction at that batch."""
@@ -214,10 +209,14 @@ class _GpuStep:
         return round(TYPICAL_WORKSPACE_PER_CONV_IO * self.io(cpu))
 
     def io(self, cpu: WhatIf) -> int:
-        """The largest convolution's input + output bytes at the prediction's knobs."""
+        """The largest convolution's input + output bytes at the prediction's knobs (the layers' bytes are the
+        cell's: its policy and input scale)."""
+        from tfmem_magic.advise.parts import activation_scale
+        from tfmem_magic.advise.prediction import basis_of
+
         knobs = cpu.knobs
-        micro = knobs.batch_size / knobs.split * knobs.input_scale
-        return round(conv_io_per_sample(self.report.model) * micro * _dtype_ratio(knobs.policy))
+        scale = activation_scale(basis_of(self.report).knobs, knobs)
+        return round(conv_io_per_sample(self.report.model) * knobs.batch_size / knobs.split * scale)
 
     def bound(self, cpu: WhatIf) -> int:
         """What the first step's autotuning may add at most (`first_step_allowance`); 0 where it runs no convolution."""

@@ -38,6 +38,12 @@ def _bytes_per_element(policy: str | None) -> int:
     return POLICIES.get(policy or "float32", 4)
 
 
+def activation_scale(now: Knobs, knobs: Knobs) -> float:
+    """What one sample's activations are multiplied by at `knobs` against the cell's `now`: the compute dtype's size
+    and the input's elements."""
+    return _bytes_per_element(knobs.policy) / _bytes_per_element(now.policy) * knobs.input_scale / now.input_scale
+
+
 def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str, float]:
     """The requested-bytes parts of the peak at `knobs` (at the micro-batch `micro` instead of the knobs' own, when
     given: the step replay's share of a prediction, see peak_at)."""
@@ -64,7 +70,7 @@ def parts_at(basis: Basis, knobs: Knobs, micro: float | None = None) -> dict[str
         # of the cell's peak than the activations it put in: the rest comes off "other", so that the total is the
         # cell's peak less what leaves with the batch (clamped here, a GRU's batch 8 was predicted 0 bytes)
         shortfall, per_batch = min(0.0, per_batch), max(0.0, per_batch)
-    scale = dtype_ratio * knobs.input_scale / now.input_scale
+    scale = activation_scale(now, knobs)
     activations = per_batch * scale
     batch_input = basis.input_per_sample * knobs.input_scale / now.input_scale * micro
     optimizer = float(basis.optimizer)
