@@ -377,6 +377,7 @@ export interface GpuPreflight {
   limit_bytes: number;
   in_use_bytes: number;
   workspace_cap_bytes: number;
+  convolves: boolean;
   conv_io_bytes_per_sample: number;
   extra_bytes: number;
   model_known: boolean;

@@ -420,7 +420,8 @@ def _spied(flavour):
 probe_runs._spawn = _spied
 def _room(parts):
     io = preflight.conv_io_per_sample(parts)
-    return GpuPreflight("GPU:0", GPU_LIMIT, 0, workspace_cap_bytes=64 * 2**20, conv_io_bytes_per_sample=io)
+    return GpuPreflight("GPU:0", GPU_LIMIT, 0, workspace_cap_bytes=64 * 2**20, convolves=True,
+                        conv_io_bytes_per_sample=io)
 preflight.gpu_room = _room
 probe_runs.kernel_has_gpu = lambda: True  # warm probes start as the pre-flight's do: with the GPUs hidden
 """

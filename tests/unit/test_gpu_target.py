@@ -122,3 +122,29 @@ def test_the_workspace_scales_with_the_policy_and_input_asked_against_the_cells_
     own = tfmem_magic.predict(bf16, gpu="16GB").split["workspace"]
     assert own == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * 115_200 * 64)
     assert tfmem_magic.predict(bf16, gpu="16GB", policy="float32").split["workspace"] == 2 * own
+
+
+def test_a_gpu_model_asked_for_mixed_float16_says_nothing_of_its_speed_on_a_cpu():
+    """mixed_float16 is the GPU's own policy: the CPU's note (74-260x slower there, use mixed_bfloat16) would steer a
+    GPU user away from it. The CPU prediction keeps it."""
+    rep = zoo("replay-small_cnn-32-1f5120e7.json.gz")
+    cpu = tfmem_magic.predict(rep, policy="mixed_float16")
+    gpu = tfmem_magic.predict(rep, policy="mixed_float16", gpu="16GB")
+    assert any("slower on CPU" in n for n in cpu.notes)
+    assert not any("slower on CPU" in n or "mixed_bfloat16" in n for n in gpu.notes), gpu.notes
+
+
+def test_a_workspace_cap_of_0_still_leaves_the_first_steps_output_copy_and_redzones():
+    """TF_CUDNN_WORKSPACE_LIMIT_IN_MB=0 caps the workspace, not the autotuner's copy of the output and its redzones:
+    the pre-flight's allowance keeps those for a model that convolves, and is 0 only for one that does not."""
+    from tfmem_magic.advise import preflight
+    from tfmem_magic.core.report import GpuPreflight
+
+    io = 1000
+    capped = GpuPreflight("GPU:0", 2**30, 0, workspace_cap_bytes=0, convolves=True, conv_io_bytes_per_sample=io)
+    assert preflight._first_step(capped, 64) == 64 * io + gpu_target.REDZONES_BYTES
+    assert preflight._cap_words(capped) == ""  # no workspace to leave room for
+    plain = GpuPreflight("GPU:0", 2**30, 0, workspace_cap_bytes=64 * MIB, convolves=True, conv_io_bytes_per_sample=io)
+    assert preflight._first_step(plain, 64) == 64 * MIB + 64 * io + gpu_target.REDZONES_BYTES
+    assert "64 MiB" in preflight._cap_words(plain)
+    assert preflight._first_step(GpuPreflight("GPU:0", 2**30, 0), 64) == 0  # no convolution

@@ -601,7 +601,7 @@ def predict(
     kind = kind_of(basis)
     knobs = _asked(basis.knobs, batch_size, policy, optimizer, accumulation_steps, input_scale, replicas)
     kind.check(knobs)
-    notes = _replica_notes(knobs) + kind.notes(report, knobs) + _basis_notes(report, basis, knobs)
+    notes = _replica_notes(knobs) + kind.notes(report, knobs) + _basis_notes(report, basis, knobs, host)
     peak, own_band = kind.peak_at(knobs), kind.band(knobs)
     beside = analytic_beside(report, basis)
     band = judged_band(own_band, peak, beside, basis, knobs)  # below the cell's batch: the analytic high end too
@@ -726,16 +726,17 @@ def _replica_notes(knobs: Knobs) -> list[str]:
     ]
 
 
-def _basis_notes(report: Report, basis: Basis, knobs: Knobs) -> list[str]:
+def _basis_notes(report: Report, basis: Basis, knobs: Knobs, host: bool = True) -> list[str]:
     """What any kind of basis notes: a slope that is an upper bound, fit's copy counted in, a cell with no peak to
-    anchor on, mixed_float16 on a CPU."""
+    anchor on, mixed_float16 on a CPU. `host=False` (a GPU the report is modelled for): neither fit's copy, which
+    stays in host memory there, nor mixed_float16's speed on a CPU, the GPU's own policy."""
     notes = []
     if basis.slope_source == UPPER_BOUND_SOURCE and knobs.batch_size > basis.knobs.batch_size:
         notes.append(
             "The trace stopped before the cell's peak, so the slope is the cell's whole peak over its "
             "batch: an upper bound (calibrate to measure it)."
         )
-    if basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
+    if host and basis.copy_missing > 0.05 * max(basis.measured_peak or 0, 1):
         notes.append(
             f"Includes the {format_bytes(basis.copy_missing)} copy fit() makes of the numpy arrays: this run "
             "had freed it before its peak, most runs keep it through the peak (tf.data streaming removes "
@@ -751,7 +752,7 @@ def _basis_notes(report: Report, basis: Basis, knobs: Knobs) -> list[str]:
             "TensorFlow's allocator was not measured in this cell: the prediction comes from the model "
             "alone, without the cell's peak to anchor it."
         )
-    if knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):
+    if host and knobs.policy == "mixed_float16" and "GPU" not in " ".join(report.env.devices):
         notes.append("mixed_float16 runs 74-260x slower on CPU (TF 2.21): use mixed_bfloat16 there.")
     return notes
 

@@ -690,6 +690,7 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
         limit_bytes=limit,
         in_use_bytes=int(current["current"]),
         workspace_cap_bytes=workspace_cap_bytes() if convolves else 0,
+        convolves=convolves,
         conv_io_bytes_per_sample=conv_io_per_sample(parts) if convolves else 0,
         model_known=parts is not None,
     )
@@ -698,7 +699,7 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
 def _first_step(gpu: GpuPreflight, batch: float) -> float:
     """What the first step's autotuning may hold beside the step's tensors at `batch` (gpu_target.first_step_allowance):
     a trial's workspace, its copy of the output and redzones; 0 where the model runs no convolution."""
-    if not gpu.workspace_cap_bytes:
+    if not gpu.convolves:
         return 0.0
     return first_step_allowance(gpu.workspace_cap_bytes, gpu.conv_io_bytes_per_sample * batch)
 
@@ -1114,7 +1115,7 @@ def gpu_words(info: PreflightInfo) -> str:
     if gpu is None or not gpu.verdict:
         return ""
     said = {"fits": "fits", "uncertain": "within the band: cannot tell", "refused": "does not fit"}[gpu.verdict]
-    allowance = " with the first step's cuDNN workspace allowance beside it" if gpu.workspace_cap_bytes else ""
+    allowance = " with the first step's cuDNN workspace allowance beside it" if gpu.convolves else ""
     return (
         f" On {gpu.device} (probes on the CPU, modelled for it): the step's ~{format_bytes(gpu.step_bytes)}"
         f"{allowance} against {format_bytes(gpu.room)} free of its {format_bytes(gpu.limit_bytes)} limit: {said}."
@@ -1123,7 +1124,7 @@ def gpu_words(info: PreflightInfo) -> str:
 
 def _cap_words(gpu: GpuPreflight) -> str:
     """What the batch named leaves beside the step on a GPU (with its leading space), or ""."""
-    if not gpu.workspace_cap_bytes:
+    if not gpu.convolves or not gpu.workspace_cap_bytes:
         return ""
     return (
         f" The batch named leaves room for one cuDNN workspace of up to {format_bytes(gpu.workspace_cap_bytes)} "
