@@ -29,10 +29,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from _fresh import fresh_env
 
 HEADROOM_MIB = 1536
+REALCODE = Path(__file__).resolve().parents[1] / "tests" / "realcode"  # public examples as published
 
 PROGRAMS: dict[str, dict[str, object]] = {
     # keras-io "Timeseries anomaly detection using an Autoencoder": Conv1D / Conv1DTranspose on 288 steps
@@ -388,6 +390,74 @@ PROGRAMS: dict[str, dict[str, object]] = {
                 return model
         """,
         "fit": "model.fit(x=x_train, y=y_train, batch_size={batch}, epochs=1, validation_split=0.1, steps_per_epoch=3, "
+        "verbose=0)",
+    },
+    # keras-io "Variational AutoEncoder" as tests/realcode/vae.py has it (the example as published): a subclassed
+    # Model with its own train_step (a GradientTape, three metric trackers), a Sampling layer drawing from a
+    # SeedGenerator, fed numpy arrays of x only; the example's code runs again for each new model
+    "vae": {
+        "own": 128,
+        "over": 16384,
+        "setup": f"""
+            import numpy as np, keras
+            from pathlib import Path
+            EXAMPLE = Path({str(REALCODE / "vae.py")!r}).read_text().split('\"\"\"\\n## Train the VAE')[0]
+            mnist_digits = np.random.rand(20000, 28, 28, 1).astype("float32")
+            def build():
+                ns = {{}}
+                exec(compile(EXAMPLE, "vae.py", "exec"), ns)  # its encoder, decoder and VAE class, made anew
+                model = ns["VAE"](ns["encoder"], ns["decoder"])
+                model.compile(optimizer=keras.optimizers.Adam())
+                return model
+        """,
+        "fit": "model.fit(mnist_digits, epochs=1, batch_size={batch}, steps_per_epoch=3, verbose=0)",
+    },
+    # keras-io "Character-level text generation with LSTM": one-hot sequences as bool arrays, LSTM(128), RMSprop
+    "charlstm": {
+        "own": 128,
+        "over": 65536,
+        "setup": """
+            import numpy as np, keras
+            from keras import layers
+            maxlen, chars = 40, 57
+            rng = np.random.default_rng(0)
+            x = np.zeros((100000, maxlen, chars), dtype="bool")
+            y = np.zeros((100000, chars), dtype="bool")
+            x[np.arange(100000)[:, None], np.arange(maxlen)[None, :], rng.integers(0, chars, (100000, maxlen))] = 1
+            y[np.arange(100000), rng.integers(0, chars, 100000)] = 1
+            def build():
+                model = keras.Sequential([keras.Input(shape=(maxlen, chars)), layers.LSTM(128),
+                                          layers.Dense(chars, activation="softmax")])
+                model.compile(loss="categorical_crossentropy", optimizer=keras.optimizers.RMSprop(learning_rate=0.01))
+                return model
+        """,
+        "fit": "model.fit(x, y, batch_size={batch}, epochs=1, steps_per_epoch=3, verbose=0)",
+    },
+    # keras-io "Timeseries classification from scratch" on FordA's shapes: three Conv1D + BatchNormalization + ReLU
+    # blocks on 500 steps, global average pooling, a validation split
+    "fordA": {
+        "own": 32,
+        "over": 16384,
+        "setup": """
+            import numpy as np, keras
+            rng = np.random.default_rng(0)
+            x_train = rng.standard_normal((3601, 500, 1)).astype("float32")
+            y_train = rng.integers(0, 2, 3601)
+            def build():
+                input_layer = keras.layers.Input((500, 1))
+                x = input_layer
+                for _ in range(3):
+                    x = keras.layers.Conv1D(filters=64, kernel_size=3, padding="same")(x)
+                    x = keras.layers.BatchNormalization()(x)
+                    x = keras.layers.ReLU()(x)
+                gap = keras.layers.GlobalAveragePooling1D()(x)
+                output_layer = keras.layers.Dense(2, activation="softmax")(gap)
+                model = keras.models.Model(inputs=input_layer, outputs=output_layer)
+                model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                              metrics=["sparse_categorical_accuracy"])
+                return model
+        """,
+        "fit": "model.fit(x_train, y_train, batch_size={batch}, epochs=1, validation_split=0.2, steps_per_epoch=3, "
         "verbose=0)",
     },
 }

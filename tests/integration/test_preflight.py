@@ -460,3 +460,48 @@ def test_on_a_gpu_the_probes_run_on_the_cpu_and_the_gpus_limit_refuses_what_the_
         assert any("On GPU:0 (probes on the CPU" in n for n in r["notes"]), r["notes"]
     finally:
         k.close()
+
+
+CUSTOM_LAYERS = """
+import tensorflow as tf
+class Block(keras.layers.Layer):  # keras-io's TransformerBlock, shortened: no convolution, a kind tfmem cannot list
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.att = keras.layers.MultiHeadAttention(num_heads=2, key_dim=32)
+        self.ffn = keras.layers.Dense(64, activation="relu")
+        self.norm = keras.layers.LayerNormalization()
+    def call(self, inputs):
+        return self.norm(inputs + self.ffn(self.att(inputs, inputs)))
+class Blur(keras.layers.Layer):  # a fixed 3x3 blur: a convolution with no convolution layer
+    def call(self, inputs):
+        return tf.nn.conv2d(inputs, tf.ones((3, 3, 3, 3)) / 27.0, strides=1, padding="SAME")
+seq, labels = np.random.rand(8192, 64, 64).astype("float32"), np.random.randint(0, 10, 8192)
+attention = keras.Sequential([keras.Input((64, 64)), Block(), keras.layers.GlobalAveragePooling1D(),
+                              keras.layers.Dense(10)])
+attention.compile("adam", "sparse_categorical_crossentropy")
+blurred = keras.Sequential([keras.Input((64, 64, 3)), Blur(), keras.layers.Flatten(), keras.layers.Dense(10)])
+blurred.compile("adam", "sparse_categorical_crossentropy")
+"""
+
+
+def test_on_a_gpu_a_custom_layer_gets_a_workspace_allowance_only_where_its_traced_ops_convolve(tmp_path_factory):
+    """docs/gpu.md, "A pre-flight while the kernel holds the GPU": a custom layer may convolve (its `call` is the
+    user's), so its model's layers alone leave it open; the probes' op names decide: keras-io's Transformer block
+    runs none (no first-step allowance on the GPU), a layer calling tf.nn.conv2d does."""
+    k = Kernel(tmp_path_factory.mktemp("preflight-gpu-custom"))
+    try:
+        assert k.run(SETUP + SIMULATED_GPU + CUSTOM_LAYERS)["error"] is None
+        cell, r = fit(k, 0, code="attention.fit(seq, labels, batch_size=8192, epochs=1, verbose=0)")
+        gpu = r["preflight"]["gpu"]
+        assert r["preflight"]["basis"] == "replay" and gpu["verdict"] == "refused", (r["preflight"], cell["stdout"])
+        assert gpu["convolves"] is False and gpu["workspace_cap_bytes"] == 0, gpu
+        assert "Its step runs no convolution" in r["error"], r["error"]
+        # a batch between, judged from the kept replay (no new probes): still none
+        cell, r = fit(k, 0, code="attention.fit(seq, labels, batch_size=4096, epochs=1, verbose=0)")
+        assert r["preflight"]["kept"] and r["preflight"]["gpu"]["convolves"] is False, r["preflight"]
+        cell, r = fit(k, 0, code="blurred.fit(x, y, batch_size=4096, epochs=1, verbose=0)")
+        gpu = r["preflight"]["gpu"]
+        assert r["preflight"]["basis"] == "replay" and gpu["convolves"] is True, (r["preflight"], cell["stdout"])
+        assert gpu["workspace_cap_bytes"] == 64 * 2**20
+    finally:
+        k.close()

@@ -147,4 +147,41 @@ def test_a_workspace_cap_of_0_still_leaves_the_first_steps_output_copy_and_redzo
     plain = GpuPreflight("GPU:0", 2**30, 0, workspace_cap_bytes=64 * MIB, convolves=True, conv_io_bytes_per_sample=io)
     assert preflight._first_step(plain, 64) == 64 * MIB + 64 * io + gpu_target.REDZONES_BYTES
     assert "64 MiB" in preflight._cap_words(plain)
-    assert preflight._first_step(GpuPreflight("GPU:0", 2**30, 0), 64) == 0  # no convolution
+    none = GpuPreflight("GPU:0", 2**30, 0)
+    assert preflight._first_step(none, 64) == 0 and "runs no convolution" in preflight._cap_words(none)
+
+
+class Dense:  # stand-ins named as Keras names its layers: the rule reads the kinds
+    name = "dense"
+
+
+class Conv2D:
+    name = "conv2d"
+
+
+class MultiHeadAttention:
+    name = "multi_head_attention"
+
+
+class TransformerBlock:  # a custom layer: its `call` is the user's
+    name = "transformer_block"
+
+
+def test_whether_a_step_convolves_comes_from_its_layers_and_where_they_leave_it_open_from_its_traced_ops():
+    ops = [
+        "StatefulPartitionedCall/sequential/transformer_block/multi_head_attention/einsum/Einsum",
+        "StatefulPartitionedCall/gradient_tape/sequential/dense/MatMul",
+    ]
+    names = ["dense", "transformer_block", "multi_head_attention"]
+    assert gpu_target.ops_convolve(ops, names) is False
+    assert gpu_target.ops_convolve([*ops, "StatefulPartitionedCall/sequential/blur/Conv2D"], names) is True
+    assert gpu_target.ops_convolve(["gradient_tape/x/conv2d_1/convolution/Conv2DBackpropFilter"], []) is True
+    # a step under XLA, or one whose ops do not name the model's layers: cannot tell
+    assert gpu_target.ops_convolve([*ops, "cluster_0_1/xla_run"], names) is None
+    assert gpu_target.ops_convolve(["IteratorGetNext", "GatherV2"], names) is None
+    custom, dense, conv = [TransformerBlock(), Dense()], [Dense(), MultiHeadAttention()], [Dense(), Conv2D()]
+    assert gpu_target.step_convolves(conv, False) is True  # a convolution's layer, whatever the ops say
+    assert gpu_target.step_convolves(dense, None) is False  # every kind known to run none
+    assert gpu_target.step_convolves(custom, False) is False  # a custom layer whose traced ops name none
+    assert gpu_target.step_convolves(custom, None) is True and gpu_target.step_convolves(custom, True) is True
+    assert gpu_target.step_convolves(None, False) is True  # layers unknown

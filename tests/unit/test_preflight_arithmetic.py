@@ -402,6 +402,9 @@ class _AskedStep:
     def replayed(self) -> list[int]:
         return list(self.asked)
 
+    def op_names(self) -> set[str]:  # ReplayedStep's: the probes' ops (read where a GPU is judged)
+        return set()
+
 
 def test_on_the_replays_path_the_restart_batch_is_searched_once_as_the_pre_flight_leaves_the_kernel():
     """The replay's refusal is judged twice (as the call began, then as the pre-flight leaves the kernel): the

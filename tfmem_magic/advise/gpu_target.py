@@ -6,6 +6,8 @@ TensorFlow puts on it. The allocator's limit is reckoned from the card's memory 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
     from tfmem_magic.advise.prediction import WhatIf, WhatIfKnobs
     from tfmem_magic.core.report import ModelInfo, Report
+    from tfmem_magic.core.types import KerasLayer, KerasModel
 
 MIB = 2**20
 # TF_CUDNN_WORKSPACE_LIMIT_IN_MB's default: 4 GiB per convolution (docs/gpu.md, "Workspaces")
@@ -114,14 +117,57 @@ NO_CONVOLUTION = frozenset(
         "UpSampling1D", "UpSampling2D", "UpSampling3D", "Embedding", "Add", "Subtract", "Multiply", "Average",
         "Maximum", "Minimum", "Concatenate", "Dot", "MultiHeadAttention", "Attention", "AdditiveAttention",
         "LSTM", "GRU", "SimpleRNN", "Bidirectional", "StringLookup", "IntegerLookup", "TextVectorization",
-        "Masking", "Identity",
+        "Masking", "Identity", "LSTMCell", "GRUCell", "SimpleRNNCell", "StackedRNNCells", "RNN", "TimeDistributed",
     }
 )  # fmt: skip
+# what walking a model's layers passes through on the way to its own: their layers are walked themselves
+CONTAINERS = frozenset({"Functional", "Sequential", "Model"})
+# an op that names a convolution in a traced step (a layer's scope, `convolution`, `Conv2D`, the gradients'
+# `Conv2DBackpropInput` / `Filter`, `depthwise`): on a CPU too, where the probes run
+CONV_OP = re.compile(r"conv|depthwise", re.IGNORECASE)
+# a step run under XLA allocates as one computation: its convolutions are not named
+XLA_OP = re.compile(r"xla|cluster_\d", re.IGNORECASE)
 
 
 def _maybe_conv(kind: str) -> bool:
     """A layer that is, or may hold, a convolution: one, a model used as a layer, a wrapper or a custom layer."""
     return kind in CONV_LAYERS or kind not in NO_CONVOLUTION
+
+
+def flat_layers(model: KerasModel) -> list[KerasLayer] | None:
+    """Every layer a Keras model holds, walked as Keras walks them (a model used as a layer and a custom layer's own
+    layers included); None where it cannot be walked."""
+    try:
+        return list(model._flatten_layers(include_self=False, recursive=True))
+    except Exception:  # noqa: BLE001 - not a Keras model as known: its layers are unknown
+        return None
+
+
+def ops_convolve(ops: Iterable[str], layer_names: Iterable[str]) -> bool | None:
+    """What a step's traced op names say of its convolutions: True where one names a convolution; False where none
+    does and the model's layers are seen in them (its ops were traced one by one); None where they are not (a step
+    under XLA, or nothing of the model traced)."""
+    names = [n for n in ops if n]
+    if any(CONV_OP.search(n) for n in names):
+        return True
+    layers = [n.lower() for n in layer_names if n]
+    if any(XLA_OP.search(n) for n in names) or not any(la in n.lower() for n in names for la in layers):
+        return None
+    return False
+
+
+def step_convolves(layers: list[KerasLayer] | None, ops: bool | None) -> bool:
+    """Whether a step may run a cuDNN convolution, from every layer's kind (`flat_layers`) and its traced ops
+    (`ops_convolve`): a convolution's layer anywhere, yes; every layer known to run none, no; a custom layer or a
+    `Lambda` (whose `call` may convolve): no only where the traced ops name none; layers unknown: yes."""
+    if layers is None:
+        return True
+    own = [k for k in (type(layer).__name__ for layer in layers) if k not in CONTAINERS]
+    if any(k in CONV_LAYERS for k in own):
+        return True
+    if all(k in NO_CONVOLUTION for k in own):
+        return False
+    return ops is not False
 
 
 def conv_io_per_sample(model: ModelInfo | None) -> int:

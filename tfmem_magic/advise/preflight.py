@@ -55,7 +55,10 @@ from tfmem_magic.advise.gpu_target import (
     GPU_BELOW,
     conv_io_per_sample,
     first_step_allowance,
+    flat_layers,
     may_convolve,
+    ops_convolve,
+    step_convolves,
 )
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
@@ -287,6 +290,7 @@ def _check(
         info.probe_batches, info.replay_note, info.kept = kept.probes, kept.replay_note, True
         return _line_verdict(info, kept.line, slots + copies, tf_current, tf_held, floor, fed, slots)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
+        _convolves_as_traced(gpu, model, kept.conv_ops)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
         info.kept = True
@@ -310,6 +314,7 @@ def _check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below = PREFLIGHT_GROWTH_LOW
+        conv_ops = _convolves_as_traced(gpu, model, step_at.op_names)
         # a replay that fails on the way raises NoReplay too; a refusal's restart hint waits for _as_left's judgement
         _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
@@ -320,7 +325,7 @@ def _check(
             _as_left(info, step_at, arrays, tf_held, began, floor)
             _replay_named(info, step_at)  # the batch named as the pre-flight leaves the kernel: in the curve too
             info.replay = step_at.curve(batch, budget_s=0.0)
-            keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
+            keep_replay(key, model, call, use, info, info.replay, step_at.fixed, conv_ops=conv_ops)
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
@@ -443,6 +448,7 @@ class KeptReplay:
     line: Callable[[float], float] | None = None
     refused: int = 0
     replay_note: str = ""
+    conv_ops: bool | None = None  # what the probes' op names said of the step's convolutions (ops_convolve)
 
     def covers(self, batch: int) -> bool:
         if self.curve is None:  # a line: from the smaller probe to the refused batch (a named batch is below it)
@@ -487,6 +493,7 @@ def keep_replay(
     curve: ReplayCurve | None = None,
     fixed: int = 0,
     line: Callable[[float], float] | None = None,
+    conv_ops: bool | None = None,
 ) -> None:
     """Keep the replay under `key`, the model's as the pre-flight began (a model built again is in that state), and
     under its key now (the same model, whose state the pre-flight may have moved: its own step's slots built). Where
@@ -510,6 +517,7 @@ def keep_replay(
             line=line,
             refused=info.batch_size,
             replay_note=info.replay_note or "",
+            conv_ops=conv_ops,
         )
     while len(kept) > KEPT_MOST:
         del kept[next(iter(kept))]
@@ -696,6 +704,23 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
     )
 
 
+def _convolves_as_traced(
+    gpu: GpuPreflight | None, model: KerasModel, ops: Callable[[], set[str]] | bool | None
+) -> bool | None:
+    """Where the model's layers alone leave it open whether the step convolves on the GPU (a custom layer, a
+    `Lambda`), the probes' op names decide it (`gpu_target.ops_convolve`, `step_convolves`): a step with none gets
+    no first-step allowance there. `ops`: the op names (read only where a GPU is judged), or what a kept replay's
+    said. Returns what they said, kept with a refusal's replay for the next call (None on a CPU)."""
+    if gpu is None or not gpu.convolves:
+        return None if callable(ops) else ops
+    layers = flat_layers(model)
+    names = [la.name for la in layers or []] + [getattr(model, "name", "")]
+    said = ops_convolve(ops(), names) if callable(ops) else ops
+    if not step_convolves(layers, said):
+        gpu.convolves, gpu.workspace_cap_bytes, gpu.conv_io_bytes_per_sample = False, 0, 0
+    return said
+
+
 def _first_step(gpu: GpuPreflight, batch: float) -> float:
     """What the first step's autotuning may hold beside the step's tensors at `batch` (gpu_target.first_step_allowance):
     a trial's workspace, its copy of the output and redzones; 0 where the model runs no convolution."""
@@ -834,6 +859,15 @@ class ReplayedStep:
     def replayed(self) -> list[int]:
         """The batches replayed so far (answered again without a replay)."""
         return list(self._peaks)
+
+    def op_names(self) -> set[str]:
+        """The names of the ops both probes' steps allocated in (a saved curve's: none)."""
+        names: set[str] = set()
+        for replay in self._check.replays:
+            ev = replay.events
+            if ev is not None:
+                names |= {ev.strings[i] for i in set(ev.op.tolist()) if i >= 0}
+        return names
 
     def _replayed(self, b: float) -> tuple[int, int, int]:
         n = max(1, round(b))
@@ -1115,7 +1149,11 @@ def gpu_words(info: PreflightInfo) -> str:
     if gpu is None or not gpu.verdict:
         return ""
     said = {"fits": "fits", "uncertain": "within the band: cannot tell", "refused": "does not fit"}[gpu.verdict]
-    allowance = " with the first step's cuDNN workspace allowance beside it" if gpu.convolves else ""
+    allowance = (
+        " with the first step's cuDNN workspace allowance beside it"
+        if gpu.convolves
+        else " (it runs no convolution: no cuDNN workspace beside it)"
+    )
     return (
         f" On {gpu.device} (probes on the CPU, modelled for it): the step's ~{format_bytes(gpu.step_bytes)}"
         f"{allowance} against {format_bytes(gpu.room)} free of its {format_bytes(gpu.limit_bytes)} limit: {said}."
@@ -1124,7 +1162,9 @@ def gpu_words(info: PreflightInfo) -> str:
 
 def _cap_words(gpu: GpuPreflight) -> str:
     """What the batch named leaves beside the step on a GPU (with its leading space), or ""."""
-    if not gpu.convolves or not gpu.workspace_cap_bytes:
+    if not gpu.convolves:
+        return " Its step runs no convolution: no cuDNN workspace is counted beside it."
+    if not gpu.workspace_cap_bytes:
         return ""
     return (
         f" The batch named leaves room for one cuDNN workspace of up to {format_bytes(gpu.workspace_cap_bytes)} "
