@@ -472,9 +472,12 @@ class Block(keras.layers.Layer):  # keras-io's TransformerBlock, shortened: no c
         self.norm = keras.layers.LayerNormalization()
     def call(self, inputs):
         return self.norm(inputs + self.ffn(self.att(inputs, inputs)))
-class Blur(keras.layers.Layer):  # a fixed 3x3 blur: a convolution with no convolution layer
+class Blur(keras.layers.Layer):  # a fixed 3x3 blur, a bias and a ReLU: Grappler fuses them into one op named Relu,
+    def build(self, shape):      # and nothing flows back into the constant kernel (no gradient's convolution)
+        self.b = self.add_weight(shape=(3,), initializer="zeros")
     def call(self, inputs):
-        return tf.nn.conv2d(inputs, tf.ones((3, 3, 3, 3)) / 27.0, strides=1, padding="SAME")
+        blurred = tf.nn.conv2d(inputs, tf.ones((3, 3, 3, 3)) / 27.0, strides=1, padding="SAME")
+        return tf.nn.relu(tf.nn.bias_add(blurred, self.b))
 seq, labels = np.random.rand(8192, 64, 64).astype("float32"), np.random.randint(0, 10, 8192)
 attention = keras.Sequential([keras.Input((64, 64)), Block(), keras.layers.GlobalAveragePooling1D(),
                               keras.layers.Dense(10)])
@@ -486,8 +489,9 @@ blurred.compile("adam", "sparse_categorical_crossentropy")
 
 def test_on_a_gpu_a_custom_layer_gets_a_workspace_allowance_only_where_its_traced_ops_convolve(tmp_path_factory):
     """docs/gpu.md, "A pre-flight while the kernel holds the GPU": a custom layer may convolve (its `call` is the
-    user's), so its model's layers alone leave it open; the probes' op names decide: keras-io's Transformer block
-    runs none (no first-step allowance on the GPU), a layer calling tf.nn.conv2d does."""
+    user's), so its model's layers alone leave it open; the op types of the probes' graphs decide: keras-io's
+    Transformer block runs none (no first-step allowance on the GPU), a layer calling tf.nn.conv2d does, fused with
+    its bias and ReLU into an op named after the ReLU."""
     k = Kernel(tmp_path_factory.mktemp("preflight-gpu-custom"))
     try:
         assert k.run(SETUP + SIMULATED_GPU + CUSTOM_LAYERS)["error"] is None

@@ -147,41 +147,53 @@ def test_a_workspace_cap_of_0_still_leaves_the_first_steps_output_copy_and_redzo
     plain = GpuPreflight("GPU:0", 2**30, 0, workspace_cap_bytes=64 * MIB, convolves=True, conv_io_bytes_per_sample=io)
     assert preflight._first_step(plain, 64) == 64 * MIB + 64 * io + gpu_target.REDZONES_BYTES
     assert "64 MiB" in preflight._cap_words(plain)
-    none = GpuPreflight("GPU:0", 2**30, 0)
+    none = GpuPreflight("GPU:0", 2**30, 0, convolves=False)
     assert preflight._first_step(none, 64) == 0 and "runs no convolution" in preflight._cap_words(none)
 
 
-class Dense:  # stand-ins named as Keras names its layers: the rule reads the kinds
-    name = "dense"
+class Conv2D:  # stand-ins named as Keras names its layers: the rule reads the kinds
+    pass
 
 
-class Conv2D:
-    name = "conv2d"
+class Dense:
+    pass
 
 
-class MultiHeadAttention:
-    name = "multi_head_attention"
+class KerasAttention:
+    pass
+
+
+Dense.__module__ = "keras.src.layers.core.dense"  # Keras' own
+KerasAttention.__name__, KerasAttention.__module__ = "MultiHeadAttention", "keras.src.layers.attention"
+
+
+class WeightStandardized(Conv2D):  # a user's subclass of a convolution's layer
+    pass
 
 
 class TransformerBlock:  # a custom layer: its `call` is the user's
-    name = "transformer_block"
+    pass
 
 
-def test_whether_a_step_convolves_comes_from_its_layers_and_where_they_leave_it_open_from_its_traced_ops():
-    ops = [
-        "StatefulPartitionedCall/sequential/transformer_block/multi_head_attention/einsum/Einsum",
-        "StatefulPartitionedCall/gradient_tape/sequential/dense/MatMul",
-    ]
-    names = ["dense", "transformer_block", "multi_head_attention"]
-    assert gpu_target.ops_convolve(ops, names) is False
-    assert gpu_target.ops_convolve([*ops, "StatefulPartitionedCall/sequential/blur/Conv2D"], names) is True
-    assert gpu_target.ops_convolve(["gradient_tape/x/conv2d_1/convolution/Conv2DBackpropFilter"], []) is True
-    # a step under XLA, or one whose ops do not name the model's layers: cannot tell
-    assert gpu_target.ops_convolve([*ops, "cluster_0_1/xla_run"], names) is None
-    assert gpu_target.ops_convolve(["IteratorGetNext", "GatherV2"], names) is None
-    custom, dense, conv = [TransformerBlock(), Dense()], [Dense(), MultiHeadAttention()], [Dense(), Conv2D()]
-    assert gpu_target.step_convolves(conv, False) is True  # a convolution's layer, whatever the ops say
+class MultiHeadAttention:  # a user's class named as a Keras layer that runs no convolution
+    pass
+
+
+def test_whether_a_step_convolves_comes_from_its_graphs_op_types_and_its_layers():
+    """The op types of the graphs the probes ran (read before Grappler names a fused convolution after its
+    activation) decide where they were read; a convolution's layer anywhere counts whatever they say."""
+    dense_step = ["MatMul", "BiasAdd", "Relu", "Einsum", "StatefulPartitionedCall", "ResourceApplyAdam"]
+    assert gpu_target.types_convolve(dense_step) is False
+    assert gpu_target.types_convolve([*dense_step, "Conv2D"]) is True
+    assert gpu_target.types_convolve(["DepthwiseConv2dNativeBackpropFilter"]) is True
+    assert gpu_target.types_convolve(None) is None
+    custom, dense, conv = [TransformerBlock(), Dense()], [Dense(), KerasAttention()], [Dense(), Conv2D()]
+    assert gpu_target.step_convolves([WeightStandardized()], None) is True
+    assert gpu_target.step_convolves([MultiHeadAttention()], None) is True  # not Keras' own: may convolve
+    assert gpu_target.step_convolves(conv, False) is True  # a convolution's layer, whatever the graphs hold
+    assert gpu_target.step_convolves(dense, True) is True  # a loss's or a train_step's own convolution
+    assert gpu_target.step_convolves(custom, False) is False  # a custom layer whose graphs hold none
+    # graphs not read: from the layers alone
     assert gpu_target.step_convolves(dense, None) is False  # every kind known to run none
-    assert gpu_target.step_convolves(custom, False) is False  # a custom layer whose traced ops name none
-    assert gpu_target.step_convolves(custom, None) is True and gpu_target.step_convolves(custom, True) is True
-    assert gpu_target.step_convolves(None, False) is True  # layers unknown
+    assert gpu_target.step_convolves(custom, None) is True
+    assert gpu_target.step_convolves(None, None) is True and gpu_target.step_convolves([], None) is True

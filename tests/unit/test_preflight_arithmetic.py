@@ -402,8 +402,7 @@ class _AskedStep:
     def replayed(self) -> list[int]:
         return list(self.asked)
 
-    def op_names(self) -> set[str]:  # ReplayedStep's: the probes' ops (read where a GPU is judged)
-        return set()
+    op_types = None  # ReplayedStep's: the probes' graphs' op types (not read)
 
 
 def test_on_the_replays_path_the_restart_batch_is_searched_once_as_the_pre_flight_leaves_the_kernel():

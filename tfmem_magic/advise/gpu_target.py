@@ -51,6 +51,9 @@ CONV_LAYERS = (
     "DepthwiseConv2D",
     "SeparableConv1D",
     "SeparableConv2D",
+    "ConvLSTM1D",
+    "ConvLSTM2D",
+    "ConvLSTM3D",
 )
 
 
@@ -122,11 +125,10 @@ NO_CONVOLUTION = frozenset(
 )  # fmt: skip
 # what walking a model's layers passes through on the way to its own: their layers are walked themselves
 CONTAINERS = frozenset({"Functional", "Sequential", "Model"})
-# an op that names a convolution in a traced step (a layer's scope, `convolution`, `Conv2D`, the gradients'
-# `Conv2DBackpropInput` / `Filter`, `depthwise`): on a CPU too, where the probes run
-CONV_OP = re.compile(r"conv|depthwise", re.IGNORECASE)
-# a step run under XLA allocates as one computation: its convolutions are not named
-XLA_OP = re.compile(r"xla|cluster_\d", re.IGNORECASE)
+# a TensorFlow op type that convolves: Conv2D, Conv3D, DepthwiseConv2dNative, their gradients
+# (Conv2DBackpropInput / Filter, ...), the fused ones; a type that merely contains "Conv" (ConvertToCooTensor) counts
+# too, on the safe side
+CONV_TYPE = re.compile(r"Conv|Depthwise")
 
 
 def _maybe_conv(kind: str) -> bool:
@@ -143,38 +145,49 @@ def flat_layers(model: KerasModel) -> list[KerasLayer] | None:
         return None
 
 
-def ops_convolve(ops: Iterable[str], layer_names: Iterable[str]) -> bool | None:
-    """What a step's traced op names say of its convolutions: True where one names a convolution; False where none
-    does and the model's layers are seen in them (its ops were traced one by one); None where they are not (a step
-    under XLA, or nothing of the model traced)."""
-    names = [n for n in ops if n]
-    if any(CONV_OP.search(n) for n in names):
-        return True
-    layers = [n.lower() for n in layer_names if n]
-    if any(XLA_OP.search(n) for n in names) or not any(la in n.lower() for n in names for la in layers):
+def types_convolve(types: Iterable[str] | None) -> bool | None:
+    """What the op types of the graphs a step ran (`step_replay.op_types`: every function the probe process
+    registered, read before Grappler fuses a convolution into an op named after its activation) say of its
+    convolutions; None where they were not read."""
+    if types is None:
         return None
-    return False
+    return any(CONV_TYPE.search(t) for t in types)
 
 
-def step_convolves(layers: list[KerasLayer] | None, ops: bool | None) -> bool:
-    """Whether a step may run a cuDNN convolution, from every layer's kind (`flat_layers`) and its traced ops
-    (`ops_convolve`): a convolution's layer anywhere, yes; every layer known to run none, no; a custom layer or a
-    `Lambda` (whose `call` may convolve): no only where the traced ops name none; layers unknown: yes."""
-    if layers is None:
+def step_convolves(layers: list[KerasLayer] | None, types: bool | None) -> bool:
+    """Whether a step may run a cuDNN convolution: yes where a convolution's layer is anywhere in the model
+    (`flat_layers`) or the step's graphs hold a convolution's op (`types_convolve`: a custom layer's, a loss's, a
+    train_step's own); where those graphs were read and hold none, no; else from the layers alone: no only where
+    every one is of a kind known to run none (a custom layer, a `Lambda`, unknown layers: yes)."""
+    own = None if layers is None else [la for la in layers if type(la).__name__ not in CONTAINERS]
+    if types is True or (own is not None and any(_is_conv(la) for la in own)):
         return True
-    own = [k for k in (type(layer).__name__ for layer in layers) if k not in CONTAINERS]
-    if any(k in CONV_LAYERS for k in own):
-        return True
-    if all(k in NO_CONVOLUTION for k in own):
+    if types is False:
         return False
-    return ops is not False
+    return own is None or not own or not all(_runs_none(la) for la in own)
 
 
-def conv_io_per_sample(model: ModelInfo | None) -> int:
-    """The largest input + output bytes per sample of a layer that is or may hold a convolution (0: none known)."""
+def _is_conv(layer: KerasLayer) -> bool:
+    """A convolution's layer, or a subclass of one (a weight-standardised Conv2D)."""
+    return any(base.__name__ in CONV_LAYERS for base in type(layer).__mro__)
+
+
+def _runs_none(layer: KerasLayer) -> bool:
+    """A layer of Keras' own whose kind runs no convolution (a class of the user's named alike may)."""
+    kind = type(layer)
+    return kind.__name__ in NO_CONVOLUTION and kind.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+
+
+def conv_io_per_sample(model: ModelInfo | None, every_layer: bool = False) -> int:
+    """The largest input + output bytes per sample of a layer that is or may hold a convolution (0: none known);
+    `every_layer`: of any layer."""
     layers = model.layers if model is not None else []
     return max(
-        (la.input_bytes_per_sample + la.activation_bytes_per_sample for la in layers if _maybe_conv(la.type)),
+        (
+            la.input_bytes_per_sample + la.activation_bytes_per_sample
+            for la in layers
+            if every_layer or _maybe_conv(la.type)
+        ),
         default=0,
     )
 

@@ -57,8 +57,8 @@ from tfmem_magic.advise.gpu_target import (
     first_step_allowance,
     flat_layers,
     may_convolve,
-    ops_convolve,
     step_convolves,
+    types_convolve,
 )
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
 from tfmem_magic.advise.prediction import activation_bytes, replay_moved, typeable_batch
@@ -314,7 +314,7 @@ def _check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below = PREFLIGHT_GROWTH_LOW
-        conv_ops = _convolves_as_traced(gpu, model, step_at.op_names)
+        conv_ops = _convolves_as_traced(gpu, model, types_convolve(step_at.op_types))
         # a replay that fails on the way raises NoReplay too; a refusal's restart hint waits for _as_left's judgement
         _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
@@ -448,7 +448,7 @@ class KeptReplay:
     line: Callable[[float], float] | None = None
     refused: int = 0
     replay_note: str = ""
-    conv_ops: bool | None = None  # what the probes' op names said of the step's convolutions (ops_convolve)
+    conv_ops: bool | None = None  # what the probes' op types said of the step's convolutions (types_convolve)
 
     def covers(self, batch: int) -> bool:
         if self.curve is None:  # a line: from the smaller probe to the refused batch (a named batch is below it)
@@ -699,25 +699,21 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
         in_use_bytes=int(current["current"]),
         workspace_cap_bytes=workspace_cap_bytes() if convolves else 0,
         convolves=convolves,
-        conv_io_bytes_per_sample=conv_io_per_sample(parts) if convolves else 0,
+        # where no layer may hold one, any layer's: the probes' graphs can still show a convolution (a loss's)
+        conv_io_bytes_per_sample=conv_io_per_sample(parts) or conv_io_per_sample(parts, every_layer=True),
         model_known=parts is not None,
     )
 
 
-def _convolves_as_traced(
-    gpu: GpuPreflight | None, model: KerasModel, ops: Callable[[], set[str]] | bool | None
-) -> bool | None:
-    """Where the model's layers alone leave it open whether the step convolves on the GPU (a custom layer, a
-    `Lambda`), the probes' op names decide it (`gpu_target.ops_convolve`, `step_convolves`): a step with none gets
-    no first-step allowance there. `ops`: the op names (read only where a GPU is judged), or what a kept replay's
-    said. Returns what they said, kept with a refusal's replay for the next call (None on a CPU)."""
-    if gpu is None or not gpu.convolves:
-        return None if callable(ops) else ops
-    layers = flat_layers(model)
-    names = [la.name for la in layers or []] + [getattr(model, "name", "")]
-    said = ops_convolve(ops(), names) if callable(ops) else ops
-    if not step_convolves(layers, said):
-        gpu.convolves, gpu.workspace_cap_bytes, gpu.conv_io_bytes_per_sample = False, 0, 0
+def _convolves_as_traced(gpu: GpuPreflight | None, model: KerasModel, said: bool | None) -> bool | None:
+    """Whether the step convolves on the GPU, judged again once the probes ran: from the model's layers walked as
+    Keras walks them and what the op types of the probes' graphs said (`said`: `gpu_target.types_convolve`, or a
+    kept replay's; `step_convolves`): a step with no convolution gets no first-step allowance there, one whose
+    graphs hold one (a custom layer's, a loss's) gets it. Returns `said`, kept with a refusal's replay."""
+    if gpu is not None:
+        convolves = step_convolves(flat_layers(model), said)
+        if convolves != gpu.convolves:
+            gpu.convolves, gpu.workspace_cap_bytes = convolves, workspace_cap_bytes() if convolves else 0
     return said
 
 
@@ -809,6 +805,7 @@ def replayed_step(
         try:
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             fed = step_replay.fed_bytes(paths[probes[0]])
+            types = [step_replay.op_types(paths[b]) for b in probes]
             check = step_replay.checked(low, high, *probes, gpu_growth=growth)
         except Exception as exc:  # noqa: BLE001 - an empty or unreadable trace: the two probe steps' line stands in
             raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
@@ -822,7 +819,8 @@ def replayed_step(
         held = variable_bytes(kerases.variables_of(model))
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
-    return ReplayedStep(check, held + fed, "step" if saved is not None else "probes"), list(probes)
+    ops = None if None in types else sorted({t for kinds in types for t in kinds or []})
+    return ReplayedStep(check, held + fed, "step" if saved is not None else "probes", ops), list(probes)
 
 
 def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:
@@ -846,10 +844,11 @@ class ReplayedStep:
     replayed once, where asked (a long sequence, an LSTM's, takes ~0.3 s a replay); `curve` gives the batches
     replayed as the report's ReplayCurve."""
 
-    def __init__(self, check: CheckedReplays, fixed: int, source: str) -> None:
+    def __init__(self, check: CheckedReplays, fixed: int, source: str, op_types: list[str] | None = None) -> None:
         self._check = check  # step_replay.CheckedReplays whose self-check passed
         self.fixed = fixed  # what the probe process held that the kernel holds already, and the probes' own data
         self._source = source
+        self.op_types = op_types  # every op type in the probes' graphs (step_replay.op_types; None: not read)
         self._peaks: dict[int, tuple[int, int, int]] = {}  # batch: (probe one's order, probe two's, regions)
 
     def __call__(self, b: float) -> float:
@@ -859,15 +858,6 @@ class ReplayedStep:
     def replayed(self) -> list[int]:
         """The batches replayed so far (answered again without a replay)."""
         return list(self._peaks)
-
-    def op_names(self) -> set[str]:
-        """The names of the ops both probes' steps allocated in (a saved curve's: none)."""
-        names: set[str] = set()
-        for replay in self._check.replays:
-            ev = replay.events
-            if ev is not None:
-                names |= {ev.strings[i] for i in set(ev.op.tolist()) if i >= 0}
-        return names
 
     def _replayed(self, b: float) -> tuple[int, int, int]:
         n = max(1, round(b))

@@ -129,6 +129,14 @@ def tupled(v):  # tf.data stacks a list into one tensor: several inputs (or outp
     return tuple(tupled(a) for a in v) if isinstance(v, list) else (
         {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
 
+def op_types():  # every op type in the functions this process registered (its steps' graphs, before Grappler fuses)
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    try:
+        return sorted({n.op for name in ctx.list_function_names() for n in ctx.get_function_def(name).node_def})
+    except Exception:  # not readable in this TensorFlow: the kernel cannot tell from them
+        return None
+
 def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
     try:
         return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
@@ -157,7 +165,7 @@ if spec.get("saved"):  # the cell's own train_step, saved with its variables (ad
         loaded.step(data)
     trace = xplane.read_segments(recorder.finish())
     from tfmem_magic.analyze.step_replay import save_events
-    save_events(trace.events, spec["replay"], fed_bytes=fed)
+    save_events(trace.events, spec["replay"], fed_bytes=fed, op_types=op_types())
     print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
     sys.exit(0)
 
@@ -227,7 +235,7 @@ for i, batch in enumerate(spec["batches"]):
         step()
         trace = xplane.read_segments(recorder.finish())
         from tfmem_magic.analyze.step_replay import save_events
-        save_events(trace.events, spec["replay"], fed_bytes=fed)
+        save_events(trace.events, spec["replay"], fed_bytes=fed, op_types=op_types())
         print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
         sys.exit(0)
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))

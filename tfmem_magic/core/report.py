@@ -276,9 +276,9 @@ class GpuPreflight:
     limit_bytes: int  # its allocator's limit
     in_use_bytes: int  # TF's bytes in use on it when the call began: the step's tensors come on top
     workspace_cap_bytes: int = 0  # what one cuDNN workspace may take (TF_CUDNN_WORKSPACE_LIMIT_IN_MB, 0 allowed)
-    # whether the step may run a cuDNN convolution (gpu_target.may_convolve): the first step's allowance applies,
-    # its output copy and redzones too where the user set the cap to 0
-    convolves: bool = False
+    # whether the step may run a cuDNN convolution (gpu_target.step_convolves; unknown: it may): the first step's
+    # allowance applies, its output copy and redzones too where the user set the cap to 0
+    convolves: bool = True
     # the largest input + output per sample of a layer that is or may hold a convolution: the first step's autotuner
     # holds a copy of a convolution's output beside its trial workspace
     conv_io_bytes_per_sample: int = 0
