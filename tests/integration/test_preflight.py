@@ -484,6 +484,19 @@ attention = keras.Sequential([keras.Input((64, 64)), Block(), keras.layers.Globa
 attention.compile("adam", "sparse_categorical_crossentropy")
 blurred = keras.Sequential([keras.Input((64, 64, 3)), Blur(), keras.layers.Flatten(), keras.layers.Dense(10)])
 blurred.compile("adam", "sparse_categorical_crossentropy")
+def edge_loss(y_true, y_pred):  # a loss that convolves, on a model whose layers run no convolution
+    edges = tf.constant([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])[:, :, None, None] * tf.ones((1, 1, 3, 3))
+    return tf.reduce_mean(tf.square(tf.nn.conv2d(y_true - y_pred, edges, strides=1, padding="SAME")))
+dense_only = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Dense(3)])
+dense_only.compile("adam", edge_loss)
+import os
+from tfmem_magic.advise.gpu_target import may_convolve
+os.environ["TF_CUDNN_WORKSPACE_LIMIT_IN_MB"] = "64"  # what the pre-flight reads where it finds a convolution
+def _room_by_layers(parts):  # as gpu_room judges before the probes: from the model's layers
+    conv = may_convolve(parts)
+    return GpuPreflight("GPU:0", GPU_LIMIT, 0, workspace_cap_bytes=64 * 2**20 if conv else 0, convolves=conv,
+                        conv_io_bytes_per_sample=preflight.conv_io_per_sample(parts, every_layer=True))
+preflight.gpu_room = _room_by_layers
 """
 
 
@@ -504,6 +517,11 @@ def test_on_a_gpu_a_custom_layer_gets_a_workspace_allowance_only_where_its_trace
         cell, r = fit(k, 0, code="attention.fit(seq, labels, batch_size=4096, epochs=1, verbose=0)")
         assert r["preflight"]["kept"] and r["preflight"]["gpu"]["convolves"] is False, r["preflight"]
         cell, r = fit(k, 0, code="blurred.fit(x, y, batch_size=4096, epochs=1, verbose=0)")
+        gpu = r["preflight"]["gpu"]
+        assert r["preflight"]["basis"] == "replay" and gpu["convolves"] is True, (r["preflight"], cell["stdout"])
+        assert gpu["workspace_cap_bytes"] == 64 * 2**20
+        # judged by its layers, no convolution; its graphs hold the loss's: the allowance comes back
+        cell, r = fit(k, 0, code="dense_only.fit(x, x, batch_size=2048, epochs=1, verbose=0)")
         gpu = r["preflight"]["gpu"]
         assert r["preflight"]["basis"] == "replay" and gpu["convolves"] is True, (r["preflight"], cell["stdout"])
         assert gpu["workspace_cap_bytes"] == 64 * 2**20

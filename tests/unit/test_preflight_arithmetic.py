@@ -757,3 +757,29 @@ def test_the_largest_batch_is_the_one_halving_finds_in_fewer_replays():
     assert replays["again"] < 0.55 * replays["search"], replays
     assert preflight._largest(lambda b: 2.0 * b, 1.0, 64) is None  # not even 1
     assert preflight._largest(lambda b: 1.0 * b, 1000.0, 64) == 64
+
+
+class _Sublayer:
+    pass
+
+
+class _Flat(_Model):
+    """A model whose layers Keras' walk gives (gpu_target.flat_layers)."""
+
+    def _flatten_layers(self, include_self: bool = False, recursive: bool = True) -> list[object]:
+        return [_Sublayer(), _Sublayer()]
+
+
+def test_the_probes_graphs_say_what_the_step_runs_only_where_both_were_read_and_the_clone_is_the_kernels():
+    """The op types both probes' graphs hold (gpu_target.types_convolve judges them); None where one probe's were
+    not read, or where a clone's layers are not the kernel model's (a config rebuilt without some of them); the
+    model's own saved step is no clone."""
+    layers = ["_Sublayer", "_Sublayer"]
+    both = [{"op_types": ["Conv2D"], "layers": layers}, {"op_types": ["MatMul"], "layers": layers}]
+    assert preflight._graphs_ops(_Flat(), both, None) == ["Conv2D", "MatMul"]
+    assert preflight._graphs_ops(_Flat(), [both[0], {"op_types": None, "layers": layers}], None) is None
+    assert preflight._graphs_ops(_Flat(), [both[0], {}], None) is None  # a file written without them
+    fewer = [both[0], {"op_types": ["MatMul"], "layers": ["_Sublayer"]}]
+    assert preflight._graphs_ops(_Flat(), fewer, None) is None
+    saved = [{"op_types": ["MatMul"], "layers": None}] * 2
+    assert preflight._graphs_ops(_Model(), saved, "a saved step") == ["MatMul"]

@@ -40,6 +40,18 @@ def test_saved_events_load_back_column_for_column(tmp_path):
     assert again.strings == low.strings and again.allocator == low.allocator == "bfc_cpu_allocator_for_gpu"
 
 
+def test_a_probes_graph_loads_back_and_a_file_without_one_says_nothing(tmp_path):
+    """What the GPU pre-flight judges a step's convolutions from: the op types of the graphs the probe ran (None:
+    not read) and its clone's layers; a file written before them (the recorded traces) has neither."""
+    low, _ = probes("cnn")
+    graph: dict[str, list[str] | None] = {"op_types": ["Conv2D", "MatMul"], "layers": ["Conv2D", "Dense"]}
+    step_replay.save_events(low, tmp_path / "graph.npz", graph=graph)
+    assert step_replay.graph_of(tmp_path / "graph.npz") == graph
+    step_replay.save_events(low, tmp_path / "unread.npz", graph={"op_types": None, "layers": None})
+    assert step_replay.graph_of(tmp_path / "unread.npz") == {"op_types": None, "layers": None}
+    assert step_replay.graph_of(DATA / "cnn-23.npz") == {}
+
+
 @pytest.mark.parametrize("name", ["cnn", "mlp-fit"])
 def test_a_probe_traced_from_a_fresh_allocator_replays_to_the_byte(name):
     for events in probes(name):

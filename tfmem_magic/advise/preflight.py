@@ -314,7 +314,10 @@ def _check(
         # step, what saving it built in the kernel, its slots and its graph: they came after `rss` was read)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below = PREFLIGHT_GROWTH_LOW
-        conv_ops = _convolves_as_traced(gpu, model, types_convolve(step_at.op_types))
+        said = types_convolve(step_at.op_types)
+        if said is False and own is None and call not in TRAINING_CALLS and STEP_OF_CALL[call] != "predict_step":
+            said = None  # an evaluation's clone probes predict: its loss and metrics were not traced
+        conv_ops = _convolves_as_traced(gpu, model, said)
         # a replay that fails on the way raises NoReplay too; a refusal's restart hint waits for _as_left's judgement
         _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
@@ -805,7 +808,7 @@ def replayed_step(
         try:
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             fed = step_replay.fed_bytes(paths[probes[0]])
-            types = [step_replay.op_types(paths[b]) for b in probes]
+            graphs = [step_replay.graph_of(paths[b]) for b in probes]
             check = step_replay.checked(low, high, *probes, gpu_growth=growth)
         except Exception as exc:  # noqa: BLE001 - an empty or unreadable trace: the two probe steps' line stands in
             raise NoReplay(f"its traces could not be replayed ({type(exc).__name__}: {str(exc)[:200]})") from exc
@@ -819,8 +822,22 @@ def replayed_step(
         held = variable_bytes(kerases.variables_of(model))
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
-    ops = None if None in types else sorted({t for kinds in types for t in kinds or []})
-    return ReplayedStep(check, held + fed, "step" if saved is not None else "probes", ops), list(probes)
+    return ReplayedStep(
+        check, held + fed, "step" if saved is not None else "probes", _graphs_ops(model, graphs, saved)
+    ), list(probes)
+
+
+def _graphs_ops(model: KerasModel, graphs: list[dict[str, list[str] | None]], saved: object) -> list[str] | None:
+    """Every op type the probes' graphs hold; None where one was not read, or where a clone's layers are not the
+    kernel model's (a config rebuilt without some of them: its graphs would not be the call's)."""
+    types = [g.get("op_types") for g in graphs]
+    if any(t is None for t in types):
+        return None
+    if saved is None:
+        kernel = sorted(type(la).__name__ for la in flat_layers(model) or [])
+        if not kernel or any(g.get("layers") != kernel for g in graphs):
+            return None
+    return sorted({t for kinds in types for t in kinds or []})
 
 
 def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:

@@ -129,13 +129,28 @@ def tupled(v):  # tf.data stacks a list into one tensor: several inputs (or outp
     return tuple(tupled(a) for a in v) if isinstance(v, list) else (
         {k: tupled(a) for k, a in v.items()} if isinstance(v, dict) else v)
 
-def op_types():  # every op type in the functions this process registered (its steps' graphs, before Grappler fuses)
+def graph(clone):  # what the kernel judges the step's convolutions from (gpu_target.types_convolve)
+    # every op type in the functions this process registered (its steps' graphs as traced, before Grappler fuses a
+    # convolution into an op named after its activation), and the clone's layers, to be told from the kernel's
+    import gc
     from tensorflow.python.eager import context
+    gc.collect()  # a function collected between its listing and its reading is not the live step's
     ctx = context.context()
+    types = set()
     try:
-        return sorted({n.op for name in ctx.list_function_names() for n in ctx.get_function_def(name).node_def})
+        for name in ctx.list_function_names():
+            try:
+                types.update(n.op for n in ctx.get_function_def(name).node_def)
+            except tf.errors.NotFoundError:
+                continue
     except Exception:  # not readable in this TensorFlow: the kernel cannot tell from them
-        return None
+        types = None
+    try:
+        layers = None if clone is None else sorted(type(la).__name__ for la in clone._flatten_layers(
+            include_self=False, recursive=True))
+    except Exception:
+        layers = None
+    return {"op_types": None if types is None else sorted(types), "layers": layers}
 
 def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
     try:
@@ -165,7 +180,7 @@ if spec.get("saved"):  # the cell's own train_step, saved with its variables (ad
         loaded.step(data)
     trace = xplane.read_segments(recorder.finish())
     from tfmem_magic.analyze.step_replay import save_events
-    save_events(trace.events, spec["replay"], fed_bytes=fed, op_types=op_types())
+    save_events(trace.events, spec["replay"], fed_bytes=fed, graph=graph(None))
     print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
     sys.exit(0)
 
@@ -235,7 +250,7 @@ for i, batch in enumerate(spec["batches"]):
         step()
         trace = xplane.read_segments(recorder.finish())
         from tfmem_magic.analyze.step_replay import save_events
-        save_events(trace.events, spec["replay"], fed_bytes=fed, op_types=op_types())
+        save_events(trace.events, spec["replay"], fed_bytes=fed, graph=graph(model))
         print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
         sys.exit(0)
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))

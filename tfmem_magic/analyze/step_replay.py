@@ -63,10 +63,12 @@ REPLAY_BUDGET_S = 15.0
 _COLUMNS = ("t_ps", "is_alloc", "live", "requested", "chunk", "addr", "dtype", "op", "region", "shape", "thread")
 
 
-def save_events(events: MemoryEvents, path: str | Path, fed_bytes: int = 0, op_types: list[str] | None = None) -> None:
+def save_events(
+    events: MemoryEvents, path: str | Path, fed_bytes: int = 0, graph: dict[str, list[str] | None] | None = None
+) -> None:
     """Write one allocator's events (the probe process's trace) to an .npz file `load_events` reads. `fed_bytes`:
-    the probe's synthetic data made as tensors before its steps (`fed_bytes` reads it back); `op_types`: every op
-    type in the graphs the probe process ran (`op_types` reads it back; None: not known)."""
+    the probe's synthetic data made as tensors before its steps (`fed_bytes` reads it back); `graph`: every op type
+    in the graphs the probe process ran and its clone's layers (`graph_of` reads it back)."""
     names = json.dumps({"strings": events.strings, "threads": events.threads, "allocator": events.allocator})
     limit = events.limit if events.limit is not None else np.zeros(len(events), np.int64)
     np.savez_compressed(
@@ -74,15 +76,16 @@ def save_events(events: MemoryEvents, path: str | Path, fed_bytes: int = 0, op_t
         names=np.array(names),
         limit=limit,
         fed=np.int64(fed_bytes),
-        op_types=np.array(json.dumps(op_types)),
+        graph=np.array(json.dumps(graph or {})),
         **{k: getattr(events, k) for k in _COLUMNS},
     )
 
 
-def op_types(path: str | Path) -> list[str] | None:
-    """The op types of the graphs a probe process ran (`save_events`); None in a file written without them."""
+def graph_of(path: str | Path) -> dict[str, list[str] | None]:
+    """A probe's graph as `save_events` wrote it: "op_types" (None: not read) and "layers" (the clone's layer kinds;
+    None for the model's own saved step); {} in a file written without it."""
     with np.load(path) as data:
-        return json.loads(str(data["op_types"])) if "op_types" in data.files else None
+        return dict(json.loads(str(data["graph"]))) if "graph" in data.files else {}
 
 
 def fed_bytes(path: str | Path) -> int:
