@@ -776,10 +776,10 @@ def test_the_probes_graphs_say_what_the_step_runs_only_where_both_were_read_and_
     model's own saved step is no clone."""
     layers = ["_Sublayer", "_Sublayer"]
     both = [{"op_types": ["Conv2D"], "layers": layers}, {"op_types": ["MatMul"], "layers": layers}]
-    assert preflight._graphs_ops(_Flat(), both, None) == ["Conv2D", "MatMul"]
-    assert preflight._graphs_ops(_Flat(), [both[0], {"op_types": None, "layers": layers}], None) is None
-    assert preflight._graphs_ops(_Flat(), [both[0], {}], None) is None  # a file written without them
+    assert preflight._graphs_ops(_Flat(), both, False) == ["Conv2D", "MatMul"]
+    assert preflight._graphs_ops(_Flat(), [both[0], {"op_types": None, "layers": layers}], False) is None
+    assert preflight._graphs_ops(_Flat(), [both[0], {}], False) is None  # a file written without them
     fewer = [both[0], {"op_types": ["MatMul"], "layers": ["_Sublayer"]}]
-    assert preflight._graphs_ops(_Flat(), fewer, None) is None
+    assert preflight._graphs_ops(_Flat(), fewer, False) is None
     saved = [{"op_types": ["MatMul"], "layers": None}] * 2
-    assert preflight._graphs_ops(_Model(), saved, "a saved step") == ["MatMul"]
+    assert preflight._graphs_ops(_Model(), saved, True) == ["MatMul"]

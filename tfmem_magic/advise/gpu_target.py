@@ -145,6 +145,12 @@ def flat_layers(model: KerasModel) -> list[KerasLayer] | None:
         return None
 
 
+def layer_kinds(model: KerasModel) -> list[str] | None:
+    """The class names of `flat_layers`, sorted: what a probe's clone and the kernel's model are told apart by."""
+    layers = flat_layers(model)
+    return None if layers is None else sorted(type(la).__name__ for la in layers)
+
+
 def types_convolve(types: Iterable[str] | None) -> bool | None:
     """What the op types of the graphs a step ran (`step_replay.op_types`: every function the probe process
     registered, read before Grappler fuses a convolution into an op named after its activation) say of its

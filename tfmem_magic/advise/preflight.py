@@ -56,6 +56,7 @@ from tfmem_magic.advise.gpu_target import (
     conv_io_per_sample,
     first_step_allowance,
     flat_layers,
+    layer_kinds,
     may_convolve,
     step_convolves,
     types_convolve,
@@ -317,7 +318,7 @@ def _check(
         said = types_convolve(step_at.op_types)
         if said is False and own is None and call not in TRAINING_CALLS and STEP_OF_CALL[call] != "predict_step":
             said = None  # an evaluation's clone probes predict: its loss and metrics were not traced
-        conv_ops = _convolves_as_traced(gpu, model, said)
+        _convolves_as_traced(gpu, model, said)
         # a replay that fails on the way raises NoReplay too; a refusal's restart hint waits for _as_left's judgement
         _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
@@ -328,7 +329,7 @@ def _check(
             _as_left(info, step_at, arrays, tf_held, began, floor)
             _replay_named(info, step_at)  # the batch named as the pre-flight leaves the kernel: in the curve too
             info.replay = step_at.curve(batch, budget_s=0.0)
-            keep_replay(key, model, call, use, info, info.replay, step_at.fixed, conv_ops=conv_ops)
+            keep_replay(key, model, call, use, info, info.replay, step_at.fixed, conv_ops=said)
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
@@ -708,16 +709,15 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
     )
 
 
-def _convolves_as_traced(gpu: GpuPreflight | None, model: KerasModel, said: bool | None) -> bool | None:
+def _convolves_as_traced(gpu: GpuPreflight | None, model: KerasModel, said: bool | None) -> None:
     """Whether the step convolves on the GPU, judged again once the probes ran: from the model's layers walked as
     Keras walks them and what the op types of the probes' graphs said (`said`: `gpu_target.types_convolve`, or a
     kept replay's; `step_convolves`): a step with no convolution gets no first-step allowance there, one whose
-    graphs hold one (a custom layer's, a loss's) gets it. Returns `said`, kept with a refusal's replay."""
+    graphs hold one (a custom layer's, a loss's) gets it."""
     if gpu is not None:
         convolves = step_convolves(flat_layers(model), said)
         if convolves != gpu.convolves:
             gpu.convolves, gpu.workspace_cap_bytes = convolves, workspace_cap_bytes() if convolves else 0
-    return said
 
 
 def _first_step(gpu: GpuPreflight, batch: float) -> float:
@@ -823,18 +823,19 @@ def replayed_step(
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     return ReplayedStep(
-        check, held + fed, "step" if saved is not None else "probes", _graphs_ops(model, graphs, saved)
+        check, held + fed, "step" if saved is not None else "probes", _graphs_ops(model, graphs, saved is not None)
     ), list(probes)
 
 
-def _graphs_ops(model: KerasModel, graphs: list[dict[str, list[str] | None]], saved: object) -> list[str] | None:
+def _graphs_ops(model: KerasModel, graphs: list[dict[str, list[str] | None]], own_step: bool) -> list[str] | None:
     """Every op type the probes' graphs hold; None where one was not read, or where a clone's layers are not the
-    kernel model's (a config rebuilt without some of them: its graphs would not be the call's)."""
+    kernel model's (a config rebuilt without some of them: its graphs would not be the call's). `own_step`: the
+    probes ran the model's own step, saved (no clone)."""
     types = [g.get("op_types") for g in graphs]
     if any(t is None for t in types):
         return None
-    if saved is None:
-        kernel = sorted(type(la).__name__ for la in flat_layers(model) or [])
+    if not own_step:
+        kernel = layer_kinds(model)
         if not kernel or any(g.get("layers") != kernel for g in graphs):
             return None
     return sorted({t for kinds in types for t in kinds or []})

@@ -145,11 +145,8 @@ def graph(clone):  # what the kernel judges the step's convolutions from (gpu_ta
                 continue
     except Exception:  # not readable in this TensorFlow: the kernel cannot tell from them
         types = None
-    try:
-        layers = None if clone is None else sorted(type(la).__name__ for la in clone._flatten_layers(
-            include_self=False, recursive=True))
-    except Exception:
-        layers = None
+    from tfmem_magic.advise.gpu_target import layer_kinds
+    layers = None if clone is None else layer_kinds(clone)
     return {"op_types": None if types is None else sorted(types), "layers": layers}
 
 def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)

@@ -279,8 +279,8 @@ class GpuPreflight:
     # whether the step may run a cuDNN convolution (gpu_target.step_convolves; unknown: it may): the first step's
     # allowance applies, its output copy and redzones too where the user set the cap to 0
     convolves: bool = True
-    # the largest input + output per sample of a layer that is or may hold a convolution: the first step's autotuner
-    # holds a copy of a convolution's output beside its trial workspace
+    # the largest input + output per sample of a layer that is or may hold a convolution (where none may, of any
+    # layer): the first step's autotuner holds a copy of a convolution's output beside its trial workspace
     conv_io_bytes_per_sample: int = 0
     extra_bytes: int = 0  # what the call adds on the GPU besides its step: slots it builds that the step does not hold
     model_known: bool = True  # False: the model's layers could not be read; never "fits" (its convolutions unknown)
