@@ -327,6 +327,7 @@ export interface ReplayCurve {
   negligible: number;
   sized: number;
   summed: boolean;
+  convolves: boolean | null;
 }
 /**
  * The memory limit in force for the cell, and what enforced it (see guard.py).

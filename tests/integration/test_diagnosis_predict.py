@@ -106,6 +106,7 @@ def test_prediction_is_exact_at_the_cells_settings_and_tracks_real_runs(tf_shell
     # most allocations matched one to one (the rest, where TensorFlow forwarded a buffer in one probe and not the
     # other, keep a size known at any batch: step_replay.aligned_enough)
     assert curve.passed and curve.own_error < 0.01 and curve.aligned >= 0.9 * curve.allocations
+    assert curve.convolves is True  # the probes' graphs ran its Conv2D (what a GPU's what-if judges its workspace by)
     assert any(n.startswith("Replayed:") for n in measured.notes)
     assert guess.basis == "analytic" and guess.error_band == bands.ANALYTIC_BAND
     assert guess.peak_bytes > same.peak_bytes and measured.peak_bytes > same.peak_bytes

@@ -333,6 +333,9 @@ model.compile("adam", "categorical_crossentropy")
     what = tfmem_magic.predict(report, batch_size=64, calibrate=True)
     assert what.basis == "replay" and report.whatif_basis.replay.source == "step", report.whatif_basis.replay
     assert any("TwoTowers.train_step, Keras' own" in note for note in what.notes), what.notes
+    # a model used as a layer may hold a convolution; the graphs its step ran hold none: no workspace on a GPU
+    assert report.whatif_basis.replay.convolves is False
+    assert tfmem_magic.predict(report, gpu="16GB").split["workspace"] == 0
 
 
 def test_which_steps_are_the_models_own_and_how_their_batches_are_passed(shell):

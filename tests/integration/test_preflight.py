@@ -495,7 +495,7 @@ os.environ["TF_CUDNN_WORKSPACE_LIMIT_IN_MB"] = "64"  # what the pre-flight reads
 def _room_by_layers(parts):  # as gpu_room judges before the probes: from the model's layers
     conv = may_convolve(parts)
     return GpuPreflight("GPU:0", GPU_LIMIT, 0, workspace_cap_bytes=64 * 2**20 if conv else 0, convolves=conv,
-                        conv_io_bytes_per_sample=preflight.conv_io_per_sample(parts, every_layer=True))
+                        conv_io_bytes_per_sample=preflight.conv_io_per_sample(parts, convolving=True))
 preflight.gpu_room = _room_by_layers
 """
 
@@ -513,6 +513,13 @@ def test_on_a_gpu_a_custom_layer_gets_a_workspace_allowance_only_where_its_trace
         assert r["preflight"]["basis"] == "replay" and gpu["verdict"] == "refused", (r["preflight"], cell["stdout"])
         assert gpu["convolves"] is False and gpu["workspace_cap_bytes"] == 0, gpu
         assert "Its step runs no convolution" in r["error"], r["error"]
+        # the refused report's what-if on a GPU judges by the same graphs: no workspace, where its layers give one
+        assert r["preflight"]["replay"]["convolves"] is False
+        said = k.run(
+            "import tfmem_magic; w = tfmem_magic.predict(r, gpu='16GB')\n"
+            "print(w.split['workspace'], any(n.startswith('No convolution') for n in w.notes))"
+        )
+        assert said["error"] is None and said["stdout"].strip().endswith("0 True"), said
         # a batch between, judged from the kept replay (no new probes): still none
         cell, r = fit(k, 0, code="attention.fit(seq, labels, batch_size=4096, epochs=1, verbose=0)")
         assert r["preflight"]["kept"] and r["preflight"]["gpu"]["convolves"] is False, r["preflight"]
@@ -524,6 +531,6 @@ def test_on_a_gpu_a_custom_layer_gets_a_workspace_allowance_only_where_its_trace
         cell, r = fit(k, 0, code="dense_only.fit(x, x, batch_size=2048, epochs=1, verbose=0)")
         gpu = r["preflight"]["gpu"]
         assert r["preflight"]["basis"] == "replay" and gpu["convolves"] is True, (r["preflight"], cell["stdout"])
-        assert gpu["workspace_cap_bytes"] == 64 * 2**20
+        assert gpu["workspace_cap_bytes"] == 64 * 2**20 and r["preflight"]["replay"]["convolves"] is True
     finally:
         k.close()

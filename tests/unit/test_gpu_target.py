@@ -197,3 +197,34 @@ def test_whether_a_step_convolves_comes_from_its_graphs_op_types_and_its_layers(
     assert gpu_target.step_convolves(dense, None) is False  # every kind known to run none
     assert gpu_target.step_convolves(custom, None) is True
     assert gpu_target.step_convolves(None, None) is True and gpu_target.step_convolves([], None) is True
+
+
+def test_what_the_probes_graphs_said_decides_the_workspace_before_the_layers():
+    """A calibration's or a refusal's probes read every op type their graphs ran (`ReplayCurve.convolves`): a model
+    whose custom layer runs no convolution gets no workspace on a GPU, where its layers alone would give it one; a
+    model of dense layers whose step convolves (a loss's convolution) gets one; a convolution's layer keeps it."""
+    rep = zoo("replay-small_cnn-32-1f5120e7.json.gz")
+    replay = rep.whatif_basis.replay
+    assert replay is not None and replay.convolves is None  # saved before the graphs were read: the layers decide
+    rep.model.samples = None  # the largest batch as found, not the rows the cell had
+    cnn = tfmem_magic.predict(rep, gpu="16GB")
+    replay.convolves = False  # a Conv2D of Keras' own is there all the same
+    assert gpu_target.report_convolves(rep) and tfmem_magic.predict(rep, gpu="16GB").split["workspace"] > 0
+    for layer in rep.model.layers:  # the convolutions as a user's own layer: it may convolve
+        if layer.type in gpu_target.CONV_LAYERS:
+            layer.type = "Blur"
+    replay.convolves = None
+    assert tfmem_magic.predict(rep, gpu="16GB").split["workspace"] == cnn.split["workspace"] > 0
+    replay.convolves = False  # its graphs ran none
+    w = tfmem_magic.predict(rep, gpu="16GB")
+    assert w.split["workspace"] == 0 and w.peak_bytes == cnn.peak_bytes - cnn.split["workspace"]
+    assert any(n.startswith("No convolution") for n in w.notes), w.notes
+    assert w.largest_batch > cnn.largest_batch  # no cap beside its tensors
+    # every layer known to run none, yet the step's graphs convolve: the cap, and a workspace of the largest layer's
+    for layer in rep.model.layers:
+        layer.type = "Dense"
+    replay.convolves = True
+    w = tfmem_magic.predict(rep, gpu="16GB")
+    io = max(la.input_bytes_per_sample + la.activation_bytes_per_sample for la in rep.model.layers) * 32
+    assert w.split["workspace"] == round(gpu_target.TYPICAL_WORKSPACE_PER_CONV_IO * io) > 0
+    assert any("TF_CUDNN_WORKSPACE_LIMIT_IN_MB" in n for n in w.notes)

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from test_fixes import report as fixes_report
 
-from tfmem_magic.advise import bands, diagnose_model, prediction, preflight
+from tfmem_magic.advise import bands, diagnose_model, gpu_target, prediction, preflight
 from tfmem_magic.advise.preflight import NoReplay, line_through
 from tfmem_magic.analyze import step_replay
 from tfmem_magic.core.report import DeviceMemory, LineGroup, PreflightInfo, Report, RssInfo
@@ -776,10 +776,10 @@ def test_the_probes_graphs_say_what_the_step_runs_only_where_both_were_read_and_
     model's own saved step is no clone."""
     layers = ["_Sublayer", "_Sublayer"]
     both = [{"op_types": ["Conv2D"], "layers": layers}, {"op_types": ["MatMul"], "layers": layers}]
-    assert preflight._graphs_ops(_Flat(), both, False) == ["Conv2D", "MatMul"]
-    assert preflight._graphs_ops(_Flat(), [both[0], {"op_types": None, "layers": layers}], False) is None
-    assert preflight._graphs_ops(_Flat(), [both[0], {}], False) is None  # a file written without them
+    assert gpu_target.traced_op_types(_Flat(), both, False) == ["Conv2D", "MatMul"]
+    assert gpu_target.traced_op_types(_Flat(), [both[0], {"op_types": None, "layers": layers}], False) is None
+    assert gpu_target.traced_op_types(_Flat(), [both[0], {}], False) is None  # a file written without them
     fewer = [both[0], {"op_types": ["MatMul"], "layers": ["_Sublayer"]}]
-    assert preflight._graphs_ops(_Flat(), fewer, False) is None
+    assert gpu_target.traced_op_types(_Flat(), fewer, False) is None
     saved = [{"op_types": ["MatMul"], "layers": None}] * 2
-    assert preflight._graphs_ops(_Model(), saved, True) == ["MatMul"]
+    assert gpu_target.traced_op_types(_Model(), saved, True) == ["MatMul"]

@@ -15,6 +15,7 @@ from typing import Any
 from tfmem_magic.advise import fixes, probe_runs, step_export
 from tfmem_magic.advise.bases import from_trace
 from tfmem_magic.advise.diagnose_model import large_batch
+from tfmem_magic.advise.gpu_target import traced_op_types, types_convolve
 from tfmem_magic.advise.prediction import CALIBRATED, analytic_basis, budget_for_tf, peak_at, summary
 from tfmem_magic.core.errors import TfmemUsageError
 from tfmem_magic.core.report import Basis, ReplayCurve, Report
@@ -395,6 +396,7 @@ def replay_curve(
                 progress("replaying the step through the allocator", 0.95)
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             out = step_replay.curve(low, high, *probes, cell, gpu_growth=growth)
+            out.convolves = _convolves(model, [step_replay.graph_of(paths[b]) for b in probes], train, saved)
             # about one large model's probe trace in twenty does not replay to the byte (docs/bfc-replay.md); the
             # next run of the same probes does: one more try, not more (a model that never replays says why)
             if out.passed or out.own_error <= step_replay.OWN_TOLERANCE or tries == 2:
@@ -411,6 +413,15 @@ def replay_curve(
         out.why_not = f"{out.why_not} (second try; the first: {first})" if not out.passed else ""
     out.seconds = round(time.perf_counter() - started, 2)
     return out
+
+
+def _convolves(
+    model: KerasModel, graphs: list[dict[str, list[str] | None]], train: bool, saved: str | None
+) -> bool | None:
+    """What the probes' graphs say of the step's convolutions (`ReplayCurve.convolves`). A "none" only where they
+    ran the training step: probes of a predict step did not trace an evaluation's loss and metrics."""
+    said = types_convolve(traced_op_types(model, graphs, saved is not None))
+    return None if said is False and not train else said
 
 
 def _unused(probes: tuple[int, int], why: str) -> ReplayCurve:

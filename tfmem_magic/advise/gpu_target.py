@@ -160,6 +160,20 @@ def types_convolve(types: Iterable[str] | None) -> bool | None:
     return any(CONV_TYPE.search(t) for t in types)
 
 
+def traced_op_types(model: KerasModel, graphs: list[dict[str, list[str] | None]], own_step: bool) -> list[str] | None:
+    """Every op type the probes' graphs hold (`step_replay.graph_of` of each probe's file); None where one was not
+    read, or where a clone's layers are not the kernel model's (a config rebuilt without some of them: its graphs
+    would not be the call's). `own_step`: the probes ran the model's own step, saved (no clone)."""
+    types = [g.get("op_types") for g in graphs]
+    if any(t is None for t in types):
+        return None
+    if not own_step:
+        kernel = layer_kinds(model)
+        if not kernel or any(g.get("layers") != kernel for g in graphs):
+            return None
+    return sorted({t for kinds in types for t in kinds or []})
+
+
 def step_convolves(layers: list[KerasLayer] | None, types: bool | None) -> bool:
     """Whether a step may run a cuDNN convolution: yes where a convolution's layer is anywhere in the model
     (`flat_layers`) or the step's graphs hold a convolution's op (`types_convolve`: a custom layer's, a loss's, a
@@ -184,18 +198,28 @@ def _runs_none(layer: KerasLayer) -> bool:
     return kind.__name__ in NO_CONVOLUTION and kind.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow")
 
 
-def conv_io_per_sample(model: ModelInfo | None, every_layer: bool = False) -> int:
+def report_convolves(report: Report) -> bool:
+    """Whether a report's step may run a cuDNN convolution, as `step_convolves` judges a live model: yes where the
+    probes' graphs (a calibration's or a refusal's replay: `ReplayCurve.convolves`) hold a convolution or a layer
+    of the report is one; no where those graphs were read and hold none; else from the layers (`may_convolve`)."""
+    from tfmem_magic.advise.prediction import basis_of
+
+    replay = basis_of(report).replay
+    said = replay.convolves if replay is not None else None
+    layers = report.model.layers if report.model is not None else []
+    if said is True or any(layer.type in CONV_LAYERS for layer in layers):
+        return True
+    return False if said is False else may_convolve(report.model)
+
+
+def conv_io_per_sample(model: ModelInfo | None, convolving: bool = False) -> int:
     """The largest input + output bytes per sample of a layer that is or may hold a convolution (0: none known);
-    `every_layer`: of any layer."""
+    `convolving`: the step convolves (its graphs can show a loss's or a train_step's convolution), so where no layer
+    may hold it, of any layer."""
     layers = model.layers if model is not None else []
-    return max(
-        (
-            la.input_bytes_per_sample + la.activation_bytes_per_sample
-            for la in layers
-            if every_layer or _maybe_conv(la.type)
-        ),
-        default=0,
-    )
+    sizes = [la.input_bytes_per_sample + la.activation_bytes_per_sample for la in layers]
+    found = max((n for n, la in zip(sizes, layers, strict=True) if _maybe_conv(la.type)), default=0)
+    return found or (max(sizes, default=0) if convolving else 0)
 
 
 def may_convolve(model: ModelInfo | None) -> bool:
@@ -271,7 +295,8 @@ class _GpuStep:
         return max(0, cpu.peak_bytes - self.copy)
 
     def workspace(self, cpu: WhatIf) -> int:
-        return round(TYPICAL_WORKSPACE_PER_CONV_IO * self.io(cpu))
+        """A typical cuDNN workspace beside the step's tensors; 0 where it runs no convolution."""
+        return round(TYPICAL_WORKSPACE_PER_CONV_IO * self.io(cpu)) if report_convolves(self.report) else 0
 
     def io(self, cpu: WhatIf) -> int:
         """The largest convolution's input + output bytes at the prediction's knobs (the layers' bytes are the
@@ -281,11 +306,11 @@ class _GpuStep:
 
         knobs = cpu.knobs
         scale = activation_scale(basis_of(self.report).knobs, knobs)
-        return round(conv_io_per_sample(self.report.model) * knobs.batch_size / knobs.split * scale)
+        return round(conv_io_per_sample(self.report.model, convolving=True) * knobs.batch_size / knobs.split * scale)
 
     def bound(self, cpu: WhatIf) -> int:
         """What the first step's autotuning may add at most (`first_step_allowance`); 0 where it runs no convolution."""
-        if not may_convolve(self.report.model):
+        if not report_convolves(self.report):
             return 0
         return first_step_allowance(self.target.workspace_cap_bytes, self.io(cpu))
 
@@ -344,7 +369,7 @@ def _notes(
     ]
     if copy:
         notes.append(f"fit's {format_bytes(copy)} copy of the numpy arrays stays in host memory on a GPU: not counted.")
-    if not may_convolve(report.model):
+    if not report_convolves(report):
         notes.append(
             "No convolution: no cuDNN workspace counted (cuBLAS's matrix-product workspaces are small and "
             "uncapped; not modelled)."

@@ -56,9 +56,9 @@ from tfmem_magic.advise.gpu_target import (
     conv_io_per_sample,
     first_step_allowance,
     flat_layers,
-    layer_kinds,
     may_convolve,
     step_convolves,
+    traced_op_types,
     types_convolve,
 )
 from tfmem_magic.advise.parts import OPTIMIZER_SLOTS, growth_ratio, parts_at
@@ -291,7 +291,7 @@ def _check(
         info.probe_batches, info.replay_note, info.kept = kept.probes, kept.replay_note, True
         return _line_verdict(info, kept.line, slots + copies, tf_current, tf_held, floor, fed, slots)
     if kept is not None:  # this model and inputs were replayed before (a refusal): judged from it, no new probes
-        _convolves_as_traced(gpu, model, kept.conv_ops)
+        _convolves_as_traced(gpu, model, kept.curve.convolves if kept.curve is not None else None)
         info.basis, info.band, info.extra_bytes = "replay", PREFLIGHT_GROWTH_HIGH, copies
         info.band_below, info.probe_batches, info.own_step = PREFLIGHT_GROWTH_LOW, kept.probes, kept.own_step
         info.kept = True
@@ -323,13 +323,13 @@ def _check(
         _judge(info, step_at, tf_current, tf_held, floor, hint=False)
         _lower_bound_only(info, fed)
         if info.verdict == "refused":  # the report's what-if predicts from it: nothing of the call will run
-            _replay_named(info, step_at)
-            info.replay = step_at.curve(batch)
+            _replay_named(info, step_at)  # the bracket's low end for _as_left's search
             info.by_line = replayed_lines(model, step_at, batch, own is None)
             _as_left(info, step_at, arrays, tf_held, began, floor)
             _replay_named(info, step_at)  # the batch named as the pre-flight leaves the kernel: in the curve too
-            info.replay = step_at.curve(batch, budget_s=0.0)
-            keep_replay(key, model, call, use, info, info.replay, step_at.fixed, conv_ops=said)
+            info.replay = step_at.curve(batch)
+            info.replay.convolves = said  # the what-if's GPU model judges its workspace by it (gpu_target)
+            keep_replay(key, model, call, use, info, info.replay, step_at.fixed)
         return info
     except NoReplay as exc:
         if own is not None:  # the probes' line needs a clone's fit
@@ -452,7 +452,6 @@ class KeptReplay:
     line: Callable[[float], float] | None = None
     refused: int = 0
     replay_note: str = ""
-    conv_ops: bool | None = None  # what the probes' op types said of the step's convolutions (types_convolve)
 
     def covers(self, batch: int) -> bool:
         if self.curve is None:  # a line: from the smaller probe to the refused batch (a named batch is below it)
@@ -497,7 +496,6 @@ def keep_replay(
     curve: ReplayCurve | None = None,
     fixed: int = 0,
     line: Callable[[float], float] | None = None,
-    conv_ops: bool | None = None,
 ) -> None:
     """Keep the replay under `key`, the model's as the pre-flight began (a model built again is in that state), and
     under its key now (the same model, whose state the pre-flight may have moved: its own step's slots built). Where
@@ -521,7 +519,6 @@ def keep_replay(
             line=line,
             refused=info.batch_size,
             replay_note=info.replay_note or "",
-            conv_ops=conv_ops,
         )
     while len(kept) > KEPT_MOST:
         del kept[next(iter(kept))]
@@ -703,8 +700,7 @@ def gpu_room(parts: ModelInfo | None) -> GpuPreflight | None:
         in_use_bytes=int(current["current"]),
         workspace_cap_bytes=workspace_cap_bytes() if convolves else 0,
         convolves=convolves,
-        # where no layer may hold one, any layer's: the probes' graphs can still show a convolution (a loss's)
-        conv_io_bytes_per_sample=conv_io_per_sample(parts) or conv_io_per_sample(parts, every_layer=True),
+        conv_io_bytes_per_sample=conv_io_per_sample(parts, convolving=True),
         model_known=parts is not None,
     )
 
@@ -823,22 +819,8 @@ def replayed_step(
         if train:  # the optimizer's variables the kernel holds already (none before its first step)
             held += variable_bytes(optimizer_variables(getattr(model, "optimizer", None)))
     return ReplayedStep(
-        check, held + fed, "step" if saved is not None else "probes", _graphs_ops(model, graphs, saved is not None)
+        check, held + fed, "step" if saved is not None else "probes", traced_op_types(model, graphs, saved is not None)
     ), list(probes)
-
-
-def _graphs_ops(model: KerasModel, graphs: list[dict[str, list[str] | None]], own_step: bool) -> list[str] | None:
-    """Every op type the probes' graphs hold; None where one was not read, or where a clone's layers are not the
-    kernel model's (a config rebuilt without some of them: its graphs would not be the call's). `own_step`: the
-    probes ran the model's own step, saved (no clone)."""
-    types = [g.get("op_types") for g in graphs]
-    if any(t is None for t in types):
-        return None
-    if not own_step:
-        kernel = layer_kinds(model)
-        if not kernel or any(g.get("layers") != kernel for g in graphs):
-            return None
-    return sorted({t for kinds in types for t in kinds or []})
 
 
 def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:
@@ -852,8 +834,10 @@ def replay_probe_target(model: KerasModel, use: ModelUse, batch: int) -> int:
 
 
 # what a refused call's replay may spend on more batches for the report's what-if (advise/preflight.refused_basis):
-# the batches the verdict and the largest batch asked are replayed already
-CURVE_BUDGET_S = 1.5
+# the batches the verdict and the largest batch asked are replayed already; the what-if's slope at the refused batch
+# needs SLOPE_POINTS of them from a quarter to twice it, which the curve replays whatever the time
+CURVE_BUDGET_S = 0.5
+SLOPE_POINTS = 3
 
 
 class ReplayedStep:
@@ -914,7 +898,7 @@ class ReplayedStep:
         probes = (self._check.curve.probes[0], self._check.curve.probes[1])
         wanted = [b for b in step_replay.grid(batch, probes, top=2 * batch) if b not in self._peaks]
         for b in sorted(wanted, key=lambda b: abs(math.log(b / batch))):
-            if time.perf_counter() - started > budget_s:
+            if time.perf_counter() - started > budget_s and len(slope_batches(self._peaks, batch)) >= SLOPE_POINTS:
                 break
             try:
                 self._replayed(b)
@@ -971,8 +955,8 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     # the replayed peaks from a quarter to twice the batch: BFC's staircase makes any two of them a poor guide (the
     # recorded CNN's: 1.9 MiB a sample from batch 1 to 320, where a region had just doubled, 1.1 from 320 to 640)
     batch = basis.knobs.batch_size
-    near = [b for b in info.replay.batches if batch / 4 <= b <= 2 * batch]
-    if len(near) >= 3:
+    near = slope_batches(info.replay.batches, batch)
+    if len(near) >= SLOPE_POINTS:
         grows = line_slope(near, [larger_order_peak(info.replay, b) for b in near])
     else:
         grows = replay_moved(replayed, batch, 1) / max(1, batch - 1)
@@ -980,6 +964,11 @@ def refused_basis(report: Report, basis: Basis) -> Basis | None:
     replayed.activations_per_sample = max(0.0, max(0.0, grows) / growth_ratio(replayed) - basis.input_per_sample)
     replayed.other = round(anchor / basis.fragmentation - sum(parts_at(replayed, basis.knobs).values()))
     return replayed
+
+
+def slope_batches(batches: Iterable[int], batch: int) -> list[int]:
+    """The replayed batches the what-if's slope at `batch` is drawn through (refused_basis): a quarter to twice it."""
+    return [b for b in batches if batch / 4 <= b <= 2 * batch]
 
 
 def probed_step(

@@ -149,6 +149,12 @@ def graph(clone):  # what the kernel judges the step's convolutions from (gpu_ta
     layers = None if clone is None else layer_kinds(clone)
     return {"op_types": None if types is None else sorted(types), "layers": layers}
 
+def answer(line):  # the last line, and out at once: TensorFlow's teardown at exit held up the kernel's wait for the
+    # answer (docs/preflight.md, "Warm probes"), and nothing in it is the probe's (its files are written and closed)
+    print(line, flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+
 def in_use():  # the traced allocator's bytes in use (its device: the GPU's when there is one, as the trace's)
     try:
         return tf.config.experimental.get_memory_info("GPU:0" if tf.config.list_logical_devices("GPU")
@@ -178,8 +184,7 @@ if spec.get("saved"):  # the cell's own train_step, saved with its variables (ad
     trace = xplane.read_segments(recorder.finish())
     from tfmem_magic.analyze.step_replay import save_events
     save_events(trace.events, spec["replay"], fed_bytes=fed, graph=graph(None))
-    print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
-    sys.exit(0)
+    answer("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
 
 model = keras.models.model_from_json(spec["model"])
 from tfmem_magic.measure.kerases import flavour_of
@@ -248,14 +253,13 @@ for i, batch in enumerate(spec["batches"]):
         trace = xplane.read_segments(recorder.finish())
         from tfmem_magic.analyze.step_replay import save_events
         save_events(trace.events, spec["replay"], fed_bytes=fed, graph=graph(model))
-        print("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
-        sys.exit(0)
+        answer("TFMEM-REPLAY " + json.dumps({"events": len(trace.events), "allocator": trace.events.allocator}))
     probe = Profiler(Options(mode="trace", publish=False, label="tfmem calibration probe"))
     with probe:
         step()
     trace = probe.report.trace
     peaks[batch] = [probe.report.tf_peak_bytes, trace.peak_requested_bytes if trace is not None else None]
-print("TFMEM-PROBE " + json.dumps(peaks))
+answer("TFMEM-PROBE " + json.dumps(peaks))
 """
 
 

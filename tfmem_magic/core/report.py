@@ -544,6 +544,9 @@ class ReplayCurve:
     # a saved trace that begins mid-run, whose sequence the simulator could not give back: its chunks summed over the
     # bytes in use at its start instead, without the allocator's placement (step_replay.SummedTrace)
     summed: bool = False
+    # whether the probes' graphs hold a convolution's op (gpu_target.types_convolve of `traced_op_types`): what a
+    # GPU's what-if judges its workspace by, before the report's layers (None: not read, or not the call's step)
+    convolves: bool | None = None
 
 
 @dataclass
