@@ -783,3 +783,11 @@ def test_the_probes_graphs_say_what_the_step_runs_only_where_both_were_read_and_
     assert gpu_target.traced_op_types(_Flat(), fewer, False) is None
     saved = [{"op_types": ["MatMul"], "layers": None}] * 2
     assert gpu_target.traced_op_types(_Model(), saved, True) == ["MatMul"]
+    # what a calibration keeps on its curve (ReplayCurve.convolves): a "none" only where the probes' step was all
+    # the cell ran (a predict step's probes did not trace an evaluation's loss); a convolution stands either way
+    from tfmem_magic.advise.calibration import _convolves
+
+    assert _convolves(_Model(), saved, True, "folder") is False
+    assert _convolves(_Model(), saved, False, "folder") is None
+    assert _convolves(_Flat(), both, False, None) is True
+    assert _convolves(_Flat(), fewer, True, None) is None  # not the kernel model's clone: the layers decide

@@ -164,6 +164,7 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
             entry[3],
             progress,
             lambda folder: step_export.export_step(model, entry[2], folder, method),
+            whole_step=method != "predict_step" or "evaluate" not in calls,  # its loss traced where it ran
         )
 
     own = (
@@ -306,6 +307,7 @@ def own_step_basis(
     fix_context: fixes.FixContext | None,
     progress: Callable[[str, float], None] | None,
     export: Callable[[str], step_export.SavedStep],
+    whole_step: bool = True,
 ) -> Basis:
     """Calibrate a model that trains in a step of its own (`own`: the method it overrides, e.g. GAN.train_step, or
     a GradientTape loop's tf.function): that step is saved with its variables (`export(folder)`, step_export.py)
@@ -313,7 +315,8 @@ def own_step_basis(
     the replay follows the allocations of the step the cell ran, not of Keras' default one on a clone. There are
     no parts probes (they need a clone): the replay predicts the batch, the cell's parts the other knobs. Raises a
     TfmemUsageError that says why when the step cannot be saved or its replay's self-check fails (the analytic
-    basis stays)."""
+    basis stays). `whole_step`: the saved step is all the cell ran (not a predict step of a cell that evaluated too),
+    so that its graphs' "no convolution" stands (`_convolves`)."""
     if report.model is None or basis.measured_peak is None:  # before saving anything: the replay is anchored on it
         raise TfmemUsageError(
             "calibration replays the cell's own step anchored on the cell's measured peak, and "
@@ -334,6 +337,7 @@ def own_step_basis(
             report.model.samples,
             report.on_gpu,
             saved=saved.folder,
+            whole_step=whole_step,
         )
     if progress:
         progress("done", 1.0)
@@ -365,6 +369,7 @@ def replay_curve(
     samples: int | None = None,
     on_gpu: bool = False,
     saved: str | None = None,
+    whole_step: bool | None = None,
 ) -> ReplayCurve:
     """The step replay's curve for the cell's model: two probe processes trace it at two odd batches around the
     cell's (probe_runs.replay_traces), fed as the cell was (`feed`; `samples`: the rows of the cell's arrays), and
@@ -396,7 +401,8 @@ def replay_curve(
                 progress("replaying the step through the allocator", 0.95)
             low, high = (step_replay.load_events(paths[b]) for b in probes)
             out = step_replay.curve(low, high, *probes, cell, gpu_growth=growth)
-            out.convolves = _convolves(model, [step_replay.graph_of(paths[b]) for b in probes], train, saved)
+            graphs = [step_replay.graph_of(paths[b]) for b in probes]
+            out.convolves = _convolves(model, graphs, train if whole_step is None else whole_step, saved)
             # about one large model's probe trace in twenty does not replay to the byte (docs/bfc-replay.md); the
             # next run of the same probes does: one more try, not more (a model that never replays says why)
             if out.passed or out.own_error <= step_replay.OWN_TOLERANCE or tries == 2:
@@ -416,12 +422,13 @@ def replay_curve(
 
 
 def _convolves(
-    model: KerasModel, graphs: list[dict[str, list[str] | None]], train: bool, saved: str | None
+    model: KerasModel, graphs: list[dict[str, list[str] | None]], whole_step: bool, saved: str | None
 ) -> bool | None:
-    """What the probes' graphs say of the step's convolutions (`ReplayCurve.convolves`). A "none" only where they
-    ran the training step: probes of a predict step did not trace an evaluation's loss and metrics."""
+    """What the probes' graphs say of the step's convolutions (`ReplayCurve.convolves`). A "none" only where their
+    step is the whole of what the cell ran (`whole_step`): a predict step's probes did not trace an evaluation's
+    loss and metrics."""
     said = types_convolve(traced_op_types(model, graphs, saved is not None))
-    return None if said is False and not train else said
+    return None if said is False and not whole_step else said
 
 
 def _unused(probes: tuple[int, int], why: str) -> ReplayCurve:

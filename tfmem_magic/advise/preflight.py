@@ -898,7 +898,9 @@ class ReplayedStep:
         probes = (self._check.curve.probes[0], self._check.curve.probes[1])
         wanted = [b for b in step_replay.grid(batch, probes, top=2 * batch) if b not in self._peaks]
         for b in sorted(wanted, key=lambda b: abs(math.log(b / batch))):
-            if time.perf_counter() - started > budget_s and len(slope_batches(self._peaks, batch)) >= SLOPE_POINTS:
+            over = time.perf_counter() - started > budget_s
+            # past the budget only the slope's batches are replayed (nearest first: the first outside ends them)
+            if over and (len(slope_batches(self._peaks, batch)) >= SLOPE_POINTS or not slope_batches([b], batch)):
                 break
             try:
                 self._replayed(b)

@@ -51,7 +51,7 @@ creation order: they only break ties between equal-sized free chunks of differen
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +70,9 @@ UNLIMITED = 1 << 62
 # synthetic addresses: regions are laid out one after another from here, with a gap so they are never adjacent
 _BASE_ADDRESS = 1 << 40
 _REGION_GAP = 1 << 30
+
+
+_ROUND_DOWN = -MIN_ALLOCATION_SIZE  # a mask that clears the bits below 256
 
 
 def rounded_bytes(nbytes: int) -> int:
@@ -196,9 +199,49 @@ class BFCSimulator:
         raises BFCOutOfMemory where TensorFlow's allocation fails."""
         if nbytes <= 0:
             raise ValueError("BFC does not allocate 0 bytes (AllocateRawInternal returns nullptr)")
-        rounded = rounded_bytes(nbytes)
-        chunk = self._find_chunk(rounded)
-        if chunk is None and self._extend(rounded):
+        rounded = (nbytes + MIN_ALLOCATION_SIZE - 1) & _ROUND_DOWN  # rounded_bytes, inline
+        # the common case, `_find_chunk` + `_take` + `_split` + `_finish` written out: a replay comes here once an
+        # allocation (docs/bfc-replay.md, "The peaks alone")
+        bins = self._bins
+        start = (rounded >> MIN_ALLOCATION_BITS).bit_length() - 1  # bin_for_size: rounded is 256 or more
+        if start >= NUM_BINS:
+            start = NUM_BINS - 1
+        keys = bins[start]
+        i = bisect_left(keys, (rounded, -1))
+        found: list[tuple[int, int]] | None = keys
+        if i == len(keys):
+            found = None
+            for b in range(start + 1, NUM_BINS):
+                if bins[b]:
+                    found, i = bins[b], 0
+                    break
+        if found is not None:
+            _, ptr = found.pop(i)
+            taken = self._free.pop(ptr)
+            taken.bin = -1
+            size = taken.size
+            if size >= rounded * 2 or size - rounded >= self.max_internal_fragmentation:
+                after = taken.next
+                rest = _Chunk(ptr + rounded, size - rounded, taken.region, prev=taken, next=after)
+                if after is not None:
+                    after.prev = rest
+                taken.next = rest
+                taken.size = size = rounded
+                self._insert_free(rest)
+            handle = self._next_handle
+            self._next_handle = handle + 1
+            taken.handle, taken.requested = handle, nbytes
+            self._live[handle] = taken
+            self.num_allocs += 1
+            self.bytes_in_use += size
+            self.requested_in_use += nbytes
+            if self.bytes_in_use > self.peak_bytes_in_use:
+                self.peak_bytes_in_use = self.bytes_in_use
+            if size > self.largest_alloc_size:
+                self.largest_alloc_size = size
+            return handle
+        chunk: _Chunk | None = None
+        if self._extend(rounded):
             chunk = self._find_chunk(rounded)
         if chunk is None and self._release_free_regions(rounded) and self._extend(rounded):
             chunk = self._find_chunk(rounded)
@@ -216,13 +259,21 @@ class BFCSimulator:
             return None
 
     def free(self, handle: int) -> None:
-        """`DeallocateRawInternal`: mark free, coalesce with free neighbours, put the result in its bin."""
+        """`DeallocateRawInternal`: mark free, coalesce with free neighbours, put the result in its bin
+        (`_insert_free` written out, as in `allocate`)."""
         chunk = self._live.pop(handle)
         chunk.handle = -1
         self.bytes_in_use -= chunk.size
         self.requested_in_use -= chunk.requested
         chunk.requested = 0
-        self._insert_free(self._coalesce(chunk))
+        chunk = self._coalesce(chunk)
+        size = chunk.size
+        b = (size >> MIN_ALLOCATION_BITS).bit_length() - 1  # bin_for_size: a chunk is 256 bytes or more
+        if b >= NUM_BINS:
+            b = NUM_BINS - 1
+        chunk.bin = b
+        insort(self._bins[b], (size, chunk.ptr))
+        self._free[chunk.ptr] = chunk
 
     def grow(self, regions: int = 1) -> None:
         """Add `regions` empty regions as `Extend` would for a small request (each the current region size, which
@@ -292,7 +343,7 @@ class BFCSimulator:
         bin all chunks fit and the first is the smallest."""
         start = bin_for_size(rounded)
         keys = self._bins[start]
-        i = bisect.bisect_left(keys, (rounded, -1))
+        i = bisect_left(keys, (rounded, -1))
         if i < len(keys):
             return self._take(start, i, rounded)
         for b in range(start + 1, NUM_BINS):
@@ -338,24 +389,24 @@ class BFCSimulator:
         """`InsertFreeChunk`."""
         b = bin_for_size(chunk.size)
         chunk.bin = b
-        bisect.insort(self._bins[b], (chunk.size, chunk.ptr))
+        insort(self._bins[b], (chunk.size, chunk.ptr))
         self._free[chunk.ptr] = chunk
 
     def _remove_free(self, chunk: _Chunk) -> None:
         """`RemoveFreeChunkFromBin`."""
         keys = self._bins[chunk.bin]
-        del keys[bisect.bisect_left(keys, (chunk.size, chunk.ptr))]
+        del keys[bisect_left(keys, (chunk.size, chunk.ptr))]
         del self._free[chunk.ptr]
         chunk.bin = -1
 
     def _coalesce(self, chunk: _Chunk) -> _Chunk:
         """`TryToCoalesce`: merge the next chunk into this one, then this one into the previous, when free."""
         nxt = chunk.next
-        if nxt is not None and not nxt.in_use:
+        if nxt is not None and nxt.handle == -1:  # free (`in_use`, without a property's call: a hot path)
             self._remove_free(nxt)
             self._merge(chunk, nxt)
         prev = chunk.prev
-        if prev is not None and not prev.in_use:
+        if prev is not None and prev.handle == -1:
             self._remove_free(prev)
             self._merge(prev, chunk)
             chunk = prev
@@ -735,20 +786,19 @@ def replay_peaks(
     every event: what the step replay's searches ask at each batch, in about half the time (docs/bfc-replay.md)."""
     sim, handles = _seeded(trace, None, memory_limit)
     sizes = trace.requested if requested is None else requested
-    allocate, free = sim.allocate, sim.free
+    allocate, free, live = sim.allocate, sim.free, handles.pop
     for a, is_a, nbytes in zip(trace.addr, trace.is_alloc, sizes, strict=True):
-        if is_a:
-            if a >= 0 and a in handles:  # an allocation at a live key: the free the trace missed, first
-                free(handles.pop(a))
-            if nbytes > 0:
-                try:
-                    handle = allocate(int(nbytes))
-                except BFCOutOfMemory:  # replay's stop_at_oom
-                    break
-                if a >= 0:  # an unknown address is a key of its own, never freed
-                    handles[a] = handle
-        elif a >= 0 and a in handles:  # a free of a key never allocated here is skipped
-            free(handles.pop(a))
+        if a >= 0:  # an allocation at a live key: the free the trace missed, first; a free of a key never
+            old = live(a, None)  # allocated here is skipped
+            if old is not None:
+                free(old)
+        if is_a and nbytes > 0:
+            try:
+                handle = allocate(int(nbytes))
+            except BFCOutOfMemory:  # replay's stop_at_oom
+                break
+            if a >= 0:  # an unknown address is a key of its own, never freed
+                handles[a] = handle
     return sim.peak_bytes_in_use, sim.peak_region_bytes
 
 
