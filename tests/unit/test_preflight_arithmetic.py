@@ -475,6 +475,21 @@ def _refused(monkeypatch) -> tuple[PreflightInfo, Report]:
     return info, rep
 
 
+def test_a_refused_curve_past_its_budget_replays_only_the_slope_batches_it_lacks(monkeypatch):
+    """The refused report's curve (ReplayedStep.curve): with no time left, it still replays the batches from a
+    quarter to twice the refused one that the what-if's slope is drawn through (refused_basis), and nothing else."""
+    monkeypatch.setattr(preflight.probe_runs, "replay_traces", recorded_traces())
+    use = ModelUse(model_ref=lambda: None, calls=["fit"], batch_size=320, feed="arrays")
+    at, _ = preflight.replayed_step(_Model(), use, True, 320)
+    before = set(at.replayed)
+    assert len(preflight.slope_batches(before, 320)) < preflight.SLOPE_POINTS
+    curve = at.curve(320, budget_s=0.0)
+    added = set(curve.batches) - before
+    assert len(preflight.slope_batches(curve.batches, 320)) == preflight.SLOPE_POINTS
+    assert added and all(preflight.slope_batches([b], 320) for b in added), added
+    assert len(set(at.curve(320).batches)) > len(curve.batches)  # with its budget, more of the grid
+
+
 def test_a_refused_calls_what_if_is_its_replay_anchored_on_what_it_predicted(monkeypatch):
     info, rep = _refused(monkeypatch)
     assert info.verdict == "refused" and info.reusable_bytes == 30 * MiB and info.tf_bytes == 60 * MiB

@@ -164,7 +164,8 @@ def measured_basis(report: Report, progress: Callable[[str, float], None] | None
             entry[3],
             progress,
             lambda folder: step_export.export_step(model, entry[2], folder, method),
-            whole_step=method != "predict_step" or "evaluate" not in calls,  # its loss traced where it ran
+            # a predict step is the whole of a cell that computed no loss
+            whole_step=method != "predict_step" or not any(c in calls for c in ("evaluate", "test_on_batch")),
         )
 
     own = (

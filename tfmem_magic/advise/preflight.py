@@ -898,10 +898,11 @@ class ReplayedStep:
         probes = (self._check.curve.probes[0], self._check.curve.probes[1])
         wanted = [b for b in step_replay.grid(batch, probes, top=2 * batch) if b not in self._peaks]
         for b in sorted(wanted, key=lambda b: abs(math.log(b / batch))):
-            over = time.perf_counter() - started > budget_s
-            # past the budget only the slope's batches are replayed (nearest first: the first outside ends them)
-            if over and (len(slope_batches(self._peaks, batch)) >= SLOPE_POINTS or not slope_batches([b], batch)):
-                break
+            if time.perf_counter() - started > budget_s:  # past the budget, only the slope's missing batches
+                if len(slope_batches(self._peaks, batch)) >= SLOPE_POINTS:
+                    break
+                if not slope_batches([b], batch):  # (the window is not even in log distance: go on past it)
+                    continue
             try:
                 self._replayed(b)
             except NoReplay:
